@@ -1,0 +1,47 @@
+# moe.c build. `make` builds ./moe and the bundled tinyshakespeare token files; `make test` runs
+# every test and ends with "N passed, N failed". Two builds share the sources: build/f32 (the
+# program) and build/f64 (double precision, used by the unit tests for finite-difference checks).
+
+CC      ?= cc
+ARCH    ?= -march=native
+CFLAGS  ?= -O3 $(ARCH) -g
+CFLAGS  += -std=gnu11 -fopenmp -Wall -Wextra -Wno-unused-parameter -Isrc -MMD -MP
+LDLIBS  += -fopenmp -ljansson -lm
+
+LIB_SRC  := $(wildcard src/common/*.c src/io/*.c src/model/*.c src/ops/*.c src/ops/cpu/*.c src/train/*.c)
+CLI_SRC  := $(wildcard src/cli/*.c)
+TEST_SRC := $(wildcard tests/*.c)
+
+F32_OBJ  := $(patsubst %.c,build/f32/%.o,$(LIB_SRC) $(CLI_SRC))
+TEST_OBJ := $(patsubst %.c,build/f64/%.o,$(LIB_SRC) $(TEST_SRC))
+
+DATA := data/tinyshakespeare_train.npy data/tinyshakespeare_val.npy
+
+.PHONY: all test clean
+all: moe $(DATA)
+
+moe: $(F32_OBJ)
+	$(CC) -o $@ $^ $(LDLIBS)
+
+build/test_unit: $(TEST_OBJ)
+	$(CC) -o $@ $^ $(LDLIBS)
+
+build/f32/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+build/f64/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DMOE_F64 -Itests -c $< -o $@
+
+$(DATA) &: data/tinyshakespeare.txt moe
+	./moe data prepare data/tinyshakespeare.txt data/tinyshakespeare_train.npy \
+		--val-out data/tinyshakespeare_val.npy --val-fraction 0.1
+
+test: moe build/test_unit $(DATA)
+	@bash tests/run_all.sh
+
+clean:
+	rm -rf build moe $(DATA)
+
+-include $(F32_OBJ:.o=.d) $(TEST_OBJ:.o=.d)

@@ -1,0 +1,73 @@
+// Option parsing and usage text shared by every command.
+#include "cli.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "train/config.h"
+
+void cli_usage(const CliSpec *spec, bool keys) {
+    printf("usage: %s %s\n\n%s\n", spec->command, spec->usage, spec->summary);
+    if (spec->opts && spec->opts[0].name) printf("\noptions:\n");
+    for (const CliOption *o = spec->opts; o && o->name; o++) {
+        char left[64];
+        snprintf(left, sizeof left, "%s%s%s", o->name, o->value ? " " : "", o->value ? o->value : "");
+        printf("  %-22s %s\n", left, o->help);
+    }
+    printf("  %-22s %s\n", "--help", "show this help");
+    if (keys) {
+        printf("\nconfig keys (JSON sections model/train/data, or key=value on the command line):\n");
+        config_print_keys(stdout);
+    }
+}
+
+static const CliOption *find_option(const CliSpec *spec, const char *name) {
+    for (const CliOption *o = spec->opts; o && o->name; o++)
+        if (!strcmp(o->name, name)) return o;
+    return NULL;
+}
+
+static void unknown_option(const CliSpec *spec, const char *arg) {
+    const char *names[64];
+    size_t n = 0;
+    for (const CliOption *o = spec->opts; o && o->name && n < 63; o++) names[n++] = o->name;
+    names[n++] = "--help";
+    const char *guess = moe_suggest(arg, names, n);
+    if (guess) moe_fatal("%s: unknown option '%s' (did you mean '%s'?)", spec->command, arg, guess);
+    moe_fatal("%s: unknown option '%s' (see `%s --help`)", spec->command, arg, spec->command);
+}
+
+void cli_parse(const CliSpec *spec, int argc, char **argv, const char **values, char ***positional,
+               int *n_positional) {
+    *positional = moe_calloc((size_t)argc + 1, sizeof(char *));
+    *n_positional = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *arg = argv[i];
+        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
+            cli_usage(spec, !strcmp(spec->command, "moe train"));
+            exit(0);
+        }
+        if (strncmp(arg, "--", 2)) {
+            (*positional)[(*n_positional)++] = argv[i];
+            continue;
+        }
+        const CliOption *o = find_option(spec, arg);
+        if (!o) unknown_option(spec, arg);
+        if (o->value && i + 1 >= argc)
+            moe_fatal("%s: option %s needs a value (%s)", spec->command, arg, o->value);
+        values[o - spec->opts] = o->value ? argv[++i] : "1";
+    }
+}
+
+double cli_number(const char *option, const char *text, double lo, double hi) {
+    char *end;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (!*text || *end || errno || !(v >= lo && v <= hi))
+        moe_fatal("option %s: '%s' is not a number between %g and %g", option, text, lo, hi);
+    return v;
+}

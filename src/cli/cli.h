@@ -1,0 +1,33 @@
+// Command-line plumbing shared by the commands: option tables with help and suggestions, and the
+// entry points of each command (one file per command).
+#pragma once
+#include <stdbool.h>
+
+typedef struct {
+    const char *name;  // "--ckpt"
+    const char *value; // value placeholder ("DIR"), NULL for a flag
+    const char *help;
+} CliOption;
+
+#define CLI_OPTION_CKPT {"--ckpt", "DIR", "checkpoint directory, or a run directory (its newest checkpoint)"}
+
+typedef struct {
+    const char *command;    // "moe eval"
+    const char *usage;      // after the command name
+    const char *summary;
+    const CliOption *opts;  // NULL-terminated by name
+} CliSpec;
+
+// Parses argv (after the command name). Option values land in values[i] (flags: "1"); other
+// arguments are collected as positionals. `--help` prints the usage and exits 0; an unknown
+// option exits with a suggestion.
+void cli_parse(const CliSpec *spec, int argc, char **argv, const char **values, char ***positional,
+               int *n_positional);
+void cli_usage(const CliSpec *spec, bool keys);
+double cli_number(const char *option, const char *text, double lo, double hi);
+
+int cmd_train(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
+int cmd_sample(int argc, char **argv);
+int cmd_inspect(int argc, char **argv);
+int cmd_data(int argc, char **argv);

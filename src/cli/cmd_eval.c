@@ -1,0 +1,43 @@
+// `moe eval --ckpt DIR [--data FILE]`: validation loss of a checkpoint.
+#include <stdio.h>
+
+#include "cli.h"
+#include "train/train.h"
+
+static const CliSpec SPEC = {
+    .command = "moe eval",
+    .usage = "--ckpt DIR [--data FILE] [--max-seqs N]",
+    .summary = "Prints the mean cross-entropy (nats per token) of a checkpoint on held-out data:\n"
+               "the run's data.val unless --data names other token files.",
+    .opts = (const CliOption[]){
+        CLI_OPTION_CKPT,
+        {"--data", "FILE", "token file, comma list or mix file"},
+        {"--max-seqs", "N", "evaluate at most N sequences (default: all)"},
+        {NULL}},
+};
+
+int cmd_eval(int argc, char **argv) {
+    const char *values[3] = {0};
+    char **pos;
+    int n_pos;
+    cli_parse(&SPEC, argc, argv, values, &pos, &n_pos);
+    if (!values[0] || n_pos) {
+        cli_usage(&SPEC, false);
+        return 1;
+    }
+    Config cfg;
+    Model m;
+    ckpt_open_model(values[0], &cfg, &m, 0, 0);
+    const char *data = values[1] ? values[1] : cfg.data.val;
+    if (!data[0]) moe_fatal("moe eval: the run has no data.val; pass --data FILE");
+    Dataset ds;
+    train_open_dataset(&ds, &cfg, data, false);
+    size_t max_seqs = values[2] ? (size_t)cli_number("--max-seqs", values[2], 1, 1e15) : ds.n_seqs;
+    double loss = eval_loss(&m, &ds, max_seqs);
+    size_t n = max_seqs < ds.n_seqs ? max_seqs : ds.n_seqs;
+    printf("val loss %.4f nats/token (%zu sequences of %d tokens from %s)\n", loss, n,
+           cfg.train.seq_len, data);
+    dataset_close(&ds);
+    model_free(&m);
+    return 0;
+}

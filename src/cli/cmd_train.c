@@ -1,0 +1,85 @@
+// `moe train [CONFIG.json] [key=value ...]`: starts a run, or resumes the newest checkpoint in
+// train.out. A resumed run takes its model from the checkpoint (which must match any model keys
+// given) and its run length, device and layout from this command line.
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "train/train.h"
+
+static const CliSpec SPEC = {
+    .command = "moe train",
+    .usage = "[CONFIG.json] [key=value ...]",
+    .summary = "Trains the model of CONFIG.json (default: a small MoE on tinyshakespeare) with\n"
+               "dotted overrides such as train.steps=50 model.n_experts=8. If train.out already\n"
+               "holds a checkpoint, training resumes from the newest one.",
+    .opts = (const CliOption[]){
+        {"--stop-at", "STEP", "stop at this step with a checkpoint (the schedule still follows "
+                              "train.steps); run again to continue"},
+        {NULL}},
+};
+
+static void apply_overrides(Config *cfg, int n, char **kv) {
+    MoeErr err;
+    for (int i = 0; i < n; i++)
+        if (config_apply_override(cfg, kv[i], err)) moe_fatal("%s", err);
+}
+
+// Splits positionals into an optional config path and key=value overrides.
+static const char *split_args(int n, char **pos, char **kv, int *n_kv) {
+    const char *config = NULL;
+    *n_kv = 0;
+    for (int i = 0; i < n; i++) {
+        if (strchr(pos[i], '=')) kv[(*n_kv)++] = pos[i];
+        else if (!config) config = pos[i];
+        else moe_fatal("moe train: more than one config file ('%s' and '%s'); overrides are "
+                       "key=value", config, pos[i]);
+    }
+    return config;
+}
+
+static void check_resumable(const Config *cfg, const Config *saved, const char *ckpt) {
+    char a[256], b[256];
+    const char *key = config_model_diff(saved, cfg, a, b, sizeof a);
+    if (key)
+        moe_fatal("%s: the checkpoint has %s = %s but this run asks for %s; the model must match "
+                  "to resume (choose another train.out to start a new run)", ckpt, key, a, b);
+}
+
+int cmd_train(int argc, char **argv) {
+    const char *values[1] = {0};
+    char **pos;
+    int n_pos, n_kv;
+    cli_parse(&SPEC, argc, argv, values, &pos, &n_pos);
+    char **kv = moe_calloc((size_t)n_pos + 1, sizeof(char *));
+    const char *config_path = split_args(n_pos, pos, kv, &n_kv);
+    MoeErr err;
+    Config cfg;
+    config_defaults(&cfg);
+    if (config_path && config_load_file(&cfg, config_path, err)) moe_fatal("%s", err);
+    apply_overrides(&cfg, n_kv, kv);
+    ckpt_clean_partial(cfg.train.out);
+    char ckpt[4200];
+    bool resume = ckpt_latest(cfg.train.out, ckpt, sizeof ckpt) >= 0;
+    Config saved;
+    TrainState state;
+    if (resume && ckpt_read_state(ckpt, &saved, &state, err)) moe_fatal("%s", err);
+    if (resume && !config_path) { // the run's own config, then this command line's overrides
+        cfg = saved;
+        apply_overrides(&cfg, n_kv, kv);
+    }
+    if (config_validate(&cfg, err)) moe_fatal("%s", err);
+    if (resume) {
+        check_resumable(&cfg, &saved, ckpt);
+        if (state.step >= cfg.train.steps) {
+            printf("%s: already at step %d of train.steps = %d; pass a larger train.steps to "
+                   "continue\n", ckpt, state.step, cfg.train.steps);
+            return 0;
+        }
+    }
+    int stop_at = values[0] ? (int)cli_number("--stop-at", values[0], 1, 2147483647.0) : 0;
+    train_run(&cfg, resume ? ckpt : NULL, stop_at);
+    free(kv);
+    free(pos);
+    return 0;
+}

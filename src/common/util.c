@@ -1,0 +1,114 @@
+// Implementation of the shared helpers declared in util.h.
+#include "util.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static void (*fatal_hook)(void);
+
+void moe_set_fatal_hook(void (*hook)(void)) { fatal_hook = hook; }
+
+void moe_fatal(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fflush(stdout);
+    fputs("error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    fflush(stderr);
+    va_end(ap);
+    if (fatal_hook) fatal_hook();
+    exit(1);
+}
+
+int moe_err(MoeErr err, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, MOE_ERR_LEN, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+void *moe_malloc(size_t bytes) {
+    void *p = malloc(bytes ? bytes : 1);
+    MOE_CHECK(p, "out of host memory allocating %zu bytes", bytes);
+    return p;
+}
+
+void *moe_calloc(size_t count, size_t size) {
+    void *p = calloc(count ? count : 1, size ? size : 1);
+    MOE_CHECK(p, "out of host memory allocating %zu x %zu bytes", count, size);
+    return p;
+}
+
+void *moe_realloc(void *p, size_t bytes) {
+    void *q = realloc(p, bytes ? bytes : 1);
+    MOE_CHECK(q, "out of host memory growing a buffer to %zu bytes", bytes);
+    return q;
+}
+
+char *moe_strdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    return memcpy(moe_malloc(n), s, n);
+}
+
+double moe_time_sec(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+uint64_t rng_hash_str(uint64_t seed, const char *s) {
+    uint64_t h = 0xcbf29ce484222325ULL; // FNV-1a, then mixed with the seed
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ULL;
+    return rng_hash64(seed, h);
+}
+
+static size_t edit_distance(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    size_t *row = moe_malloc((lb + 1) * sizeof(size_t));
+    for (size_t j = 0; j <= lb; j++) row[j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= lb; j++) {
+            size_t up = row[j];
+            size_t best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best) best = up + 1;
+            if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    size_t d = row[lb];
+    free(row);
+    return d;
+}
+
+const char *moe_suggest(const char *name, const char *const *candidates, size_t n) {
+    const char *best = NULL;
+    size_t best_d = (size_t)-1;
+    for (size_t i = 0; i < n; i++) {
+        size_t d = edit_distance(name, candidates[i]);
+        if (d < best_d) best_d = d, best = candidates[i];
+    }
+    size_t len = strlen(name);
+    size_t limit = len < 6 ? 2 : len / 3;
+    return best_d <= limit ? best : NULL;
+}
+
+char *moe_fmt_count(char *buf, size_t len, uint64_t n) {
+    char digits[32];
+    int nd = snprintf(digits, sizeof digits, "%llu", (unsigned long long)n);
+    size_t o = 0;
+    for (int i = 0; i < nd && o + 1 < len; i++) {
+        if (i > 0 && (nd - i) % 3 == 0 && o + 2 < len) buf[o++] = ',';
+        buf[o++] = digits[i];
+    }
+    buf[o] = 0;
+    return buf;
+}

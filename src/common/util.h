@@ -1,0 +1,45 @@
+// Small helpers every layer uses: fatal errors with a hint, checked allocation, timing, and
+// "did you mean" suggestions for mistyped names. Random numbers live in rng.h.
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/rng.h"
+
+#define MOE_ERR_LEN 512
+typedef char MoeErr[MOE_ERR_LEN]; // filled by functions that report bad input instead of exiting
+
+// Prints "error: <message>" and ends the process (all ranks, once a fatal hook is installed).
+void moe_fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+// Called by moe_fatal before exiting; the distributed layer installs one that aborts every rank.
+void moe_set_fatal_hook(void (*hook)(void));
+// Formats into an MoeErr; returns -1 so that `return moe_err(err, ...)` reads naturally.
+int moe_err(MoeErr err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#define MOE_CHECK(cond, ...)                                                                     \
+    do {                                                                                         \
+        if (!(cond)) moe_fatal(__VA_ARGS__);                                                     \
+    } while (0)
+
+// Internal invariants (a bug in moe.c, not bad input): file and line help the report.
+#define MOE_ASSERT(cond)                                                                         \
+    do {                                                                                         \
+        if (!(cond)) moe_fatal("%s:%d: internal check failed: %s", __FILE__, __LINE__, #cond);   \
+    } while (0)
+
+void *moe_malloc(size_t bytes);
+void *moe_calloc(size_t count, size_t size);
+void *moe_realloc(void *p, size_t bytes);
+char *moe_strdup(const char *s);
+
+double moe_time_sec(void); // monotonic wall clock
+
+// Mixes a name into an RNG key (e.g. a tensor name for its initial values).
+uint64_t rng_hash_str(uint64_t seed, const char *s);
+
+// The candidate closest to `name` by edit distance, or NULL if none is close enough to suggest.
+const char *moe_suggest(const char *name, const char *const *candidates, size_t n);
+
+// Thousands separators for user-facing numbers ("1,115,394"); returns buf.
+char *moe_fmt_count(char *buf, size_t len, uint64_t n);

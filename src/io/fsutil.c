@@ -1,0 +1,93 @@
+// Crash-safe file-system helpers (see fsutil.h).
+#include "fsutil.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int fs_mkdir_p(const char *path, MoeErr err) {
+    char buf[4096];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
+        return moe_err(err, "%s: path too long", path);
+    for (char *p = buf + 1;; p++) {
+        bool end = *p == 0;
+        if (*p == '/' || end) {
+            *p = 0;
+            if (mkdir(buf, 0777) && errno != EEXIST)
+                return moe_err(err, "%s: cannot create directory (%s)", buf, strerror(errno));
+            if (!fs_is_dir(buf)) return moe_err(err, "%s: exists and is not a directory", buf);
+            if (end) break;
+            *p = '/';
+        }
+    }
+    return 0;
+}
+
+int fs_fsync_dir(const char *path, MoeErr err) {
+    int fd = open(path, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) return moe_err(err, "%s: cannot open directory (%s)", path, strerror(errno));
+    int rc = fsync(fd);
+    int saved = errno;
+    close(fd);
+    if (rc && saved != EINVAL) return moe_err(err, "%s: fsync failed (%s)", path, strerror(saved));
+    return 0;
+}
+
+int fs_remove_tree(const char *path) {
+    struct stat st;
+    if (lstat(path, &st)) return errno == ENOENT ? 0 : -1;
+    if (!S_ISDIR(st.st_mode)) return unlink(path);
+    DIR *d = opendir(path);
+    if (!d) return -1;
+    struct dirent *e;
+    int rc = 0;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        char child[4096];
+        snprintf(child, sizeof child, "%s/%s", path, e->d_name);
+        rc |= fs_remove_tree(child);
+    }
+    closedir(d);
+    return rc | rmdir(path);
+}
+
+bool fs_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+bool fs_is_dir(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+int fs_write_json_synced(const char *path, json_t *root, MoeErr err) {
+    FILE *f = fopen(path, "w");
+    if (!f) return moe_err(err, "%s: cannot write (%s)", path, strerror(errno));
+    int bad = json_dumpf(root, f, JSON_INDENT(2) | JSON_REAL_PRECISION(17)) || fputc('\n', f) == EOF;
+    bad |= fflush(f) != 0 || fsync(fileno(f)) != 0;
+    int saved = errno;
+    bad |= fclose(f) != 0;
+    if (bad) {
+        unlink(path);
+        return moe_err(err, "%s: write failed (%s%s)", path, strerror(saved ? saved : errno),
+                       saved == ENOSPC ? ": disk full?" : "");
+    }
+    return 0;
+}
+
+int fs_write_json_atomic(const char *path, json_t *root, MoeErr err) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    if (fs_write_json_synced(tmp, root, err)) return -1;
+    if (rename(tmp, path)) {
+        int saved = errno;
+        unlink(tmp);
+        return moe_err(err, "%s: cannot rename into place (%s)", path, strerror(saved));
+    }
+    return 0;
+}

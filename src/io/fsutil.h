@@ -1,0 +1,16 @@
+// File-system helpers for crash-safe output: recursive mkdir, directory fsync, tree removal,
+// and JSON files written to a temporary name, fsynced and renamed into place.
+#pragma once
+#include <jansson.h>
+
+#include "common/util.h"
+
+int fs_mkdir_p(const char *path, MoeErr err);
+int fs_fsync_dir(const char *path, MoeErr err);
+int fs_remove_tree(const char *path); // 0 or -1; a missing path counts as removed
+bool fs_exists(const char *path);
+bool fs_is_dir(const char *path);
+// Writes `root` as indented JSON to path via "path.tmp", fsync and rename.
+int fs_write_json_atomic(const char *path, json_t *root, MoeErr err);
+// Writes `root` to a new file (no rename) and fsyncs it: for files inside a temporary directory.
+int fs_write_json_synced(const char *path, json_t *root, MoeErr err);

@@ -1,0 +1,58 @@
+// Token data as OLMo-core writes it (docs/FORMATS.md): headerless little-endian uint16/uint32
+// arrays (often named *.npy), real .npy files with a header, or a mix file listing such files.
+// A Dataset cuts every file into fixed-length sequences of S+1 tokens (inputs plus the shifted
+// targets) and serves them by global index in a seeded, per-epoch shuffled order, so every
+// data-parallel rank can read its own slice of a batch without talking to the others.
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/util.h"
+
+typedef struct {
+    char *path;
+    int token_bytes;     // 2 (uint16) or 4 (uint32)
+    size_t n_tokens;
+    const uint8_t *base; // mmap of the whole file
+    size_t map_bytes;
+    size_t data_offset;  // bytes before the first token (the .npy header, else 0)
+} TokenFile;
+
+// Opens a token file. A real .npy must be a 1-D C-order '<u2' or '<u4' array. A headerless file
+// uses `token_bytes` (2 or 4; 0 = choose from the vocabulary: uint16 when vocab_size <= 65536).
+// Errors name the file: missing, empty, not a whole number of tokens, bad .npy header.
+int token_file_open(TokenFile *f, const char *path, int token_bytes, size_t vocab_size, MoeErr err);
+void token_file_close(TokenFile *f);
+uint32_t token_file_get(const TokenFile *f, size_t i);
+
+typedef struct {
+    TokenFile *files;
+    size_t n_files;
+    size_t seq_len;       // S
+    size_t vocab_size;    // ids must be < vocab_size
+    size_t *first_seq;    // (n_files + 1) prefix sums of sequences per file
+    size_t n_seqs;        // sequences per epoch
+    uint64_t seed;
+    bool shuffle;
+    uint64_t perm_epoch;  // epoch whose permutation is cached in perm
+    uint64_t *perm;       // (n_seqs)
+} Dataset;
+
+// `spec` is one path or a comma-separated list. A path ending in .txt, .mix or .list is a mix
+// file: token-file paths one per line, relative to the mix file's folder, '#' starts a comment.
+// Sequences never cross file boundaries: a file of n tokens gives (n - 1) / S sequences.
+int dataset_open(Dataset *ds, const char *spec, size_t seq_len, size_t vocab_size, int token_bytes,
+                 uint64_t seed, bool shuffle, MoeErr err);
+void dataset_close(Dataset *ds);
+
+// Writes sequence `index` of the endless stream (epoch = index / n_seqs) as S+1 int32 ids.
+// Fails, naming file and position, on an id >= vocab_size.
+int dataset_read(Dataset *ds, uint64_t index, int32_t *out, MoeErr err);
+
+// `moe data prepare`: byte-level tokens (ids 0..255, EOS = 256) of a text file. The last
+// `val_fraction` of the text (cut at a line start) goes to val_path; each output ends with EOS and
+// is a headerless uint16 array, written to a temporary name and renamed.
+#define BYTE_VOCAB 257
+#define BYTE_EOS 256
+int data_prepare_bytes(const char *text_path, const char *train_path, const char *val_path,
+                       double val_fraction, MoeErr err);

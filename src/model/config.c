@@ -1,0 +1,138 @@
+// Model config defaults, validation with messages that name the key, and derived counts.
+#include "config.h"
+
+
+// The bundled default: a small MoE that learns tinyshakespeare bytes in minutes on two cores.
+void model_config_defaults(ModelConfig *c) {
+    *c = (ModelConfig){
+        .vocab_size = 257, // bytes + EOS
+        .d_model = 128,
+        .n_layers = 4,
+        .n_heads = 4,
+        .n_kv_heads = 2,
+        .head_dim = 0,
+        .rope_theta = 10000,
+        .norm_eps = 1e-5,
+        .qk_norm = QK_NORM_FULL,
+        .norm_placement = NORM_PRE,
+        .n_dense_layers = 0,
+        .dense_hidden = 512,
+        .n_experts = 8,
+        .top_k = 2,
+        .expert_hidden = 256,
+        .shared_hidden = 0,
+        .router = ROUTER_SOFTMAX,
+        .norm_topk_prob = false,
+        .capacity_factor = 0,
+        .random_routing = false,
+        .lb_coef = 0.01,
+        .z_coef = 0.001,
+        .lm_z_coef = 0,
+        .bias_gamma = 0,
+        .init_std = 0.02,
+    };
+}
+
+static int positive(int v, const char *key, MoeErr err) {
+    return v > 0 ? 0 : moe_err(err, "config key '%s' must be a positive integer, got %d", key, v);
+}
+
+static int check_sizes(const ModelConfig *c, MoeErr err) {
+    const struct { int v; const char *key; } sizes[] = {
+        {c->vocab_size, "model.vocab_size"}, {c->d_model, "model.d_model"},
+        {c->n_layers, "model.n_layers"},     {c->n_heads, "model.n_heads"},
+        {c->n_kv_heads, "model.n_kv_heads"},
+    };
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        if (positive(sizes[i].v, sizes[i].key, err)) return -1;
+    if (c->n_dense_layers < 0 || c->n_dense_layers > c->n_layers)
+        return moe_err(err, "config key 'model.n_dense_layers' = %d must be between 0 and "
+                       "model.n_layers = %d", c->n_dense_layers, c->n_layers);
+    if (c->n_dense_layers > 0 && positive(c->dense_hidden, "model.dense_hidden", err)) return -1;
+    if (c->shared_hidden < 0)
+        return moe_err(err, "config key 'model.shared_hidden' = %d must be >= 0 (0: no shared "
+                       "expert)", c->shared_hidden);
+    return 0;
+}
+
+static int check_heads(ModelConfig *c, MoeErr err) {
+    if (c->n_heads % c->n_kv_heads)
+        return moe_err(err, "model.n_kv_heads = %d must divide model.n_heads = %d (grouped-query "
+                       "attention shares each key/value head among n_heads / n_kv_heads query "
+                       "heads)", c->n_kv_heads, c->n_heads);
+    if (c->head_dim == 0) {
+        if (c->d_model % c->n_heads)
+            return moe_err(err, "model.d_model = %d is not divisible by model.n_heads = %d (or set "
+                           "model.head_dim explicitly)", c->d_model, c->n_heads);
+        c->head_dim = c->d_model / c->n_heads;
+    }
+    if (c->head_dim < 2 || c->head_dim % 2)
+        return moe_err(err, "model.head_dim = %d must be even and positive (RoPE rotates pairs)",
+                       c->head_dim);
+    return 0;
+}
+
+static int check_experts(const ModelConfig *c, MoeErr err) {
+    if (model_n_moe_layers(c) == 0) return 0;
+    if (positive(c->n_experts, "model.n_experts", err) || positive(c->top_k, "model.top_k", err) ||
+        positive(c->expert_hidden, "model.expert_hidden", err))
+        return -1;
+    if (c->top_k > c->n_experts)
+        return moe_err(err, "model.top_k = %d is larger than model.n_experts = %d", c->top_k,
+                       c->n_experts);
+    return 0;
+}
+
+static int check_reals(const ModelConfig *c, MoeErr err) {
+    const struct { double v; const char *key; bool strict; } reals[] = {
+        {c->rope_theta, "model.rope_theta", true},  {c->norm_eps, "model.norm_eps", true},
+        {c->init_std, "model.init_std", true},      {c->capacity_factor, "model.capacity_factor", false},
+        {c->lb_coef, "model.lb_coef", false},       {c->z_coef, "model.z_coef", false},
+        {c->lm_z_coef, "model.lm_z_coef", false},   {c->bias_gamma, "model.bias_gamma", false},
+    };
+    for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++) {
+        double v = reals[i].v;
+        if (!(reals[i].strict ? v > 0 : v >= 0)) // also rejects NaN
+            return moe_err(err, "config key '%s' = %g must be %s", reals[i].key, v,
+                           reals[i].strict ? "> 0" : ">= 0");
+    }
+    return 0;
+}
+
+int model_config_validate(ModelConfig *c, MoeErr err) {
+    if (check_sizes(c, err) || check_heads(c, err) || check_experts(c, err) || check_reals(c, err))
+        return -1;
+    return 0;
+}
+
+static double attention_params(const ModelConfig *c) {
+    double D = c->d_model, hd = c->head_dim;
+    double qk_norm = c->qk_norm == QK_NORM_FULL ? (c->n_heads + c->n_kv_heads) * hd
+                     : c->qk_norm == QK_NORM_HEAD ? 2 * hd : 0;
+    return D * (double)model_qkv_width(c) + c->n_heads * hd * D + qk_norm + 2 * D; // + 2 norms
+}
+
+ParamCounts model_param_counts(const ModelConfig *c) {
+    double D = c->d_model, V = c->vocab_size;
+    double dense_ffn = 3.0 * D * c->dense_hidden;
+    double expert = 3.0 * D * c->expert_hidden, shared = 3.0 * D * c->shared_hidden;
+    double router = (double)c->n_experts * D;
+    int n_moe = model_n_moe_layers(c);
+    ParamCounts p = {.embedding = V * D};
+    double common = V * D + D + V * D + c->n_layers * attention_params(c) +
+                    c->n_dense_layers * dense_ffn + n_moe * (router + shared);
+    p.total = common + n_moe * c->n_experts * expert;
+    p.active = common + n_moe * c->top_k * expert;
+    return p;
+}
+
+double model_forward_flops_per_token(const ModelConfig *c, size_t S) {
+    double D = c->d_model, hd = c->head_dim, Hq = c->n_heads, Hkv = c->n_kv_heads;
+    double attn = 2 * D * (2 * Hq * hd + 2 * Hkv * hd) + 2.0 * 2.0 * (double)S * Hq * hd / 2;
+    double dense = 2 * 3 * D * c->dense_hidden;
+    double moe = 2 * D * c->n_experts + 2 * 3 * D * c->expert_hidden * c->top_k +
+                 2 * 3 * D * c->shared_hidden;
+    int n_moe = model_n_moe_layers(c);
+    return c->n_layers * attn + c->n_dense_layers * dense + n_moe * moe +
+           2 * D * c->vocab_size;
+}

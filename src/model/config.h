@@ -1,0 +1,61 @@
+// The model's shape and options (the "model" section of a config file), their validation, and
+// what follows from them: parameter counts and FLOPs per token (accounting of moe-model.md).
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "common/util.h"
+#include "ops/ops.h"
+
+typedef enum { NORM_PRE, NORM_REORDERED } NormPlacement;
+
+typedef struct {
+    int vocab_size;        // V
+    int d_model;           // D
+    int n_layers;          // L
+    int n_heads;           // Hq
+    int n_kv_heads;        // Hkv (divides Hq)
+    int head_dim;          // hd (0: d_model / n_heads)
+    double rope_theta;
+    double norm_eps;
+    QkNorm qk_norm;
+    NormPlacement norm_placement;
+    int n_dense_layers;    // the first layers use a dense SwiGLU instead of experts
+    int dense_hidden;      // hidden width of those dense layers
+    int n_experts;         // E
+    int top_k;             // K
+    int expert_hidden;     // H
+    int shared_hidden;     // hidden width of a shared expert added to every MoE layer (0: none)
+    RouterKind router;
+    bool norm_topk_prob;   // renormalise the chosen weights to sum 1
+    double capacity_factor; // 0: dropless; else capacity = ceil(cf * T * K / E) per expert
+    bool random_routing;   // benchmark mode: uniform noise replaces the scores
+    double lb_coef;        // load-balance loss coefficient (OLMo-core formula)
+    double z_coef;         // router z-loss coefficient
+    double lm_z_coef;      // LM-head z-loss coefficient
+    double bias_gamma;     // loss-free balancing step (0: off)
+    double init_std;
+} ModelConfig;
+
+void model_config_defaults(ModelConfig *c);
+// Fills derived values (head_dim) and checks every constraint; on failure names the key.
+int model_config_validate(ModelConfig *c, MoeErr err);
+
+static inline bool model_layer_is_moe(const ModelConfig *c, int layer) {
+    return layer >= c->n_dense_layers;
+}
+static inline int model_n_moe_layers(const ModelConfig *c) {
+    return c->n_layers - c->n_dense_layers;
+}
+static inline size_t model_qkv_width(const ModelConfig *c) { // C: packed q, k, v per token
+    return (size_t)(c->n_heads + 2 * c->n_kv_heads) * c->head_dim;
+}
+
+typedef struct {
+    double total, active;       // parameters (active: what one token's forward touches)
+    double embedding;           // input embedding (excluded from FLOPs)
+} ParamCounts;
+
+ParamCounts model_param_counts(const ModelConfig *c);
+// Forward FLOPs per token at sequence length S (causal attention counted at half).
+double model_forward_flops_per_token(const ModelConfig *c, size_t S);

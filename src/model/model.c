@@ -1,0 +1,486 @@
+// Model orchestration: parameter registration in fused layouts, memory planning, and the forward
+// and backward passes of every block, expressed only through the ops interface.
+#include "model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+
+// ---------------------------------------------------------------- registry and memory
+
+static size_t add_layer_param(Model *m, int l, int expert, const char *suffix, size_t rows,
+                              size_t cols, bool decay, bool ones) {
+    char name[256];
+    snprintf(name, sizeof name, "model.layers.%d.%s", l, suffix);
+    return params_add(&m->reg, name, rows, cols, decay, ones, l, expert);
+}
+
+// gate_proj and up_proj registered back to back form one (2H, D) weight; experts registered one
+// after another make expert e's fused weight block e of an (E, 2H, D) tensor.
+static size_t add_gate_up(Model *m, int l, const char *prefix, int expert, size_t H) {
+    char suffix[128];
+    snprintf(suffix, sizeof suffix, "%s.gate_proj.weight", prefix);
+    size_t gu = add_layer_param(m, l, expert, suffix, H, m->cfg.d_model, true, false);
+    snprintf(suffix, sizeof suffix, "%s.up_proj.weight", prefix);
+    add_layer_param(m, l, expert, suffix, H, m->cfg.d_model, true, false);
+    return gu;
+}
+
+static size_t add_down(Model *m, int l, const char *prefix, int expert, size_t H) {
+    char suffix[128];
+    snprintf(suffix, sizeof suffix, "%s.down_proj.weight", prefix);
+    return add_layer_param(m, l, expert, suffix, m->cfg.d_model, H, true, false);
+}
+
+static void register_attention(Model *m, int l, LayerParams *p) {
+    const ModelConfig *c = &m->cfg;
+    size_t D = c->d_model, hd = c->head_dim, Hq = c->n_heads, Hkv = c->n_kv_heads;
+    p->attn_norm = add_layer_param(m, l, -1, "input_layernorm.weight", D, 0, false, true);
+    p->wqkv = add_layer_param(m, l, -1, "self_attn.q_proj.weight", Hq * hd, D, true, false);
+    add_layer_param(m, l, -1, "self_attn.k_proj.weight", Hkv * hd, D, true, false);
+    add_layer_param(m, l, -1, "self_attn.v_proj.weight", Hkv * hd, D, true, false);
+    if (c->qk_norm != QK_NORM_NONE) {
+        bool head = c->qk_norm == QK_NORM_HEAD;
+        p->q_norm = add_layer_param(m, l, -1, "self_attn.q_norm.weight", head ? hd : Hq * hd, 0, false, true);
+        p->k_norm = add_layer_param(m, l, -1, "self_attn.k_norm.weight", head ? hd : Hkv * hd, 0, false, true);
+    }
+    p->wo = add_layer_param(m, l, -1, "self_attn.o_proj.weight", D, Hq * hd, true, false);
+    p->ffn_norm = add_layer_param(m, l, -1, "post_attention_layernorm.weight", D, 0, false, true);
+}
+
+static void register_ffn(Model *m, int l, LayerParams *p) {
+    const ModelConfig *c = &m->cfg;
+    if (!model_layer_is_moe(c, l)) {
+        p->dense_gu = add_gate_up(m, l, "mlp", -1, c->dense_hidden);
+        p->dense_down = add_down(m, l, "mlp", -1, c->dense_hidden);
+        return;
+    }
+    p->router = add_layer_param(m, l, -1, "mlp.gate.weight", c->n_experts, c->d_model, true, false);
+    char prefix[64];
+    for (int pass = 0; pass < 2; pass++) // all gate|up blocks, then all down blocks
+        for (int e = 0; e < c->n_experts; e++) {
+            snprintf(prefix, sizeof prefix, "mlp.experts.%d", e);
+            size_t off = pass ? add_down(m, l, prefix, e, c->expert_hidden)
+                              : add_gate_up(m, l, prefix, e, c->expert_hidden);
+            if (e == 0) *(pass ? &p->experts_down : &p->experts_gu) = off;
+        }
+    if (c->shared_hidden) {
+        p->shared_gu = add_gate_up(m, l, "mlp.shared_expert", -1, c->shared_hidden);
+        p->shared_down = add_down(m, l, "mlp.shared_expert", -1, c->shared_hidden);
+    }
+}
+
+static void register_params(Model *m) {
+    const ModelConfig *c = &m->cfg;
+    size_t D = c->d_model, V = c->vocab_size;
+    m->wte = params_add(&m->reg, "model.embed_tokens.weight", V, D, false, false, -1, -1);
+    m->layer = moe_calloc(c->n_layers, sizeof(LayerParams));
+    for (int l = 0; l < c->n_layers; l++) {
+        register_attention(m, l, &m->layer[l]);
+        register_ffn(m, l, &m->layer[l]);
+    }
+    m->final_norm = params_add(&m->reg, "model.norm.weight", D, 0, false, true, -1, -1);
+    m->lm_head = params_add(&m->reg, "lm_head.weight", V, D, true, false, -1, -1);
+}
+
+void *model_alloc(Model *m, size_t bytes) {
+    void *p = m->ops->alloc(bytes);
+    m->allocs = moe_realloc(m->allocs, (m->n_allocs + 1) * sizeof(void *));
+    m->allocs[m->n_allocs++] = p;
+    m->bytes += bytes;
+    return p;
+}
+
+void *model_act(const Model *m, void *base, size_t offset) {
+    return (char *)base + offset * m->ops->act_size;
+}
+
+void *model_f32(const Model *m, void *base, size_t offset) {
+    return (char *)base + offset * m->ops->f32_size;
+}
+
+static void *act_buf(Model *m, size_t n) { return model_alloc(m, n * m->ops->act_size); }
+static void *f32_buf(Model *m, size_t n) { return model_alloc(m, n * m->ops->f32_size); }
+static int32_t *i32_buf(Model *m, size_t n) { return model_alloc(m, n * sizeof(int32_t)); }
+
+// Rows of the expert buffers: every routed slot (dropless) or E x capacity, whichever is smaller.
+static size_t expert_capacity(const ModelConfig *c, size_t T) {
+    if (c->capacity_factor <= 0) return 0;
+    return (size_t)ceil(c->capacity_factor * (double)T * c->top_k / c->n_experts);
+}
+
+static size_t expert_rows(const ModelConfig *c, size_t T) {
+    size_t slots = T * c->top_k, cap = expert_capacity(c, T);
+    return cap && cap * c->n_experts < slots ? cap * c->n_experts : slots;
+}
+
+static void alloc_layer_acts(Model *m, int l, LayerActs *a, size_t T) {
+    const ModelConfig *c = &m->cfg;
+    size_t D = c->d_model, C = model_qkv_width(c), Dq = (size_t)c->n_heads * c->head_dim;
+    a->n1 = act_buf(m, T * D), a->n1_rstd = f32_buf(m, T);
+    a->qkv_raw = act_buf(m, T * C), a->qkv = act_buf(m, T * C);
+    a->qk_rstd = f32_buf(m, T * (c->n_heads + c->n_kv_heads));
+    a->att = act_buf(m, T * Dq), a->att_lse = f32_buf(m, T * c->n_heads);
+    a->ap = act_buf(m, T * D), a->h = act_buf(m, T * D);
+    a->n2 = act_buf(m, T * D), a->n2_rstd = f32_buf(m, T), a->f = act_buf(m, T * D);
+    if (!model_layer_is_moe(c, l)) {
+        a->gu = act_buf(m, T * 2 * c->dense_hidden), a->hact = act_buf(m, T * c->dense_hidden);
+        return;
+    }
+    size_t E = c->n_experts, K = c->top_k, H = c->expert_hidden, R = expert_rows(c, T);
+    a->logits = act_buf(m, T * E), a->scores = f32_buf(m, T * E);
+    a->topk_idx = i32_buf(m, T * K), a->topk_w = f32_buf(m, T * K);
+    a->counts = i32_buf(m, E), a->offsets = i32_buf(m, E + 1), a->slot_pos = i32_buf(m, T * K);
+    a->xp = act_buf(m, R * D), a->gu = act_buf(m, R * 2 * H), a->hact = act_buf(m, R * H);
+    a->y = act_buf(m, R * D);
+    if (c->shared_hidden)
+        a->sgu = act_buf(m, T * 2 * c->shared_hidden), a->sact = act_buf(m, T * c->shared_hidden);
+}
+
+static void alloc_scratch(Model *m, size_t T) {
+    const ModelConfig *c = &m->cfg;
+    size_t D = c->d_model, C = model_qkv_width(c), Dq = (size_t)c->n_heads * c->head_dim;
+    bool moe = model_n_moe_layers(c) > 0;
+    size_t R = moe ? expert_rows(c, T) : 0, rows = R > T ? R : T;
+    size_t hidden = c->n_dense_layers ? (size_t)c->dense_hidden : 0;
+    if (moe && (size_t)c->expert_hidden > hidden) hidden = c->expert_hidden;
+    if ((size_t)c->shared_hidden > hidden) hidden = c->shared_hidden;
+    Scratch *s = &m->s;
+    s->dres = act_buf(m, T * D), s->dn = act_buf(m, T * D), s->datt = act_buf(m, T * Dq);
+    s->dqkv = act_buf(m, T * C), s->dqkv_raw = act_buf(m, T * C);
+    s->dgu = act_buf(m, rows * 2 * hidden), s->dhact = act_buf(m, rows * hidden);
+    s->dxf = act_buf(m, T * D);
+    if (moe) {
+        s->dy = act_buf(m, R * D), s->dxp = act_buf(m, R * D);
+        s->dlogits = act_buf(m, T * c->n_experts), s->dtopk_w = f32_buf(m, T * c->top_k);
+    }
+}
+
+// cos and sin of position s times frequency theta^(-2i / hd), for i < hd / 2
+static void upload_rope(Model *m, size_t S) {
+    size_t hd = m->cfg.head_dim, half = hd / 2;
+    float *tab = moe_malloc(S * hd * sizeof(float));
+    for (size_t s = 0; s < S; s++)
+        for (size_t i = 0; i < half; i++) {
+            double angle = (double)s * pow(m->cfg.rope_theta, -2.0 * (double)i / (double)hd);
+            tab[s * hd + 2 * i] = (float)cos(angle);
+            tab[s * hd + 2 * i + 1] = (float)sin(angle);
+        }
+    m->rope = f32_buf(m, S * hd);
+    m->ops->upload_f32(m->rope, tab, S * hd);
+    free(tab);
+}
+
+size_t model_metrics_len(const ModelConfig *c) {
+    return METRIC_ROUTER + (size_t)model_n_moe_layers(c) * router_stats_len((size_t)c->n_experts);
+}
+
+void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, size_t B, size_t S) {
+    memset(m, 0, sizeof *m);
+    m->cfg = *cfg;
+    m->ops = ops;
+    m->B = B, m->S = S;
+    register_params(m);
+    size_t P = m->reg.total, T = B * S, D = cfg->d_model;
+    m->params = f32_buf(m, P);
+    m->params_act = ops->act_aliases_f32 ? m->params : act_buf(m, P);
+    m->grads = f32_buf(m, P), m->adam_m = f32_buf(m, P), m->adam_v = f32_buf(m, P);
+    m->expert_bias = f32_buf(m, (size_t)cfg->n_layers * cfg->n_experts);
+    m->step_info = model_alloc(m, sizeof(StepInfo));
+    m->ops->zero(m->step_info, sizeof(StepInfo));
+    m->metrics_scratch = f32_buf(m, model_metrics_len(cfg));
+    upload_rope(m, S);
+    m->tokens = i32_buf(m, T), m->targets = i32_buf(m, T);
+    m->acts = moe_calloc(cfg->n_layers, sizeof(LayerActs));
+    for (int l = 0; l < cfg->n_layers; l++) alloc_layer_acts(m, l, &m->acts[l], T);
+    m->resid = moe_calloc(cfg->n_layers + 1, sizeof(void *));
+    for (int l = 0; l <= cfg->n_layers; l++) m->resid[l] = act_buf(m, T * D);
+    m->xf = act_buf(m, T * D), m->xf_rstd = f32_buf(m, T);
+    size_t chunk = ((size_t)1 << 22) / cfg->vocab_size; // about 4M logits at a time
+    m->logit_rows = chunk < 1 ? 1 : chunk > T ? T : chunk;
+    m->logits = act_buf(m, m->logit_rows * cfg->vocab_size);
+    alloc_scratch(m, T);
+}
+
+void model_free(Model *m) {
+    for (size_t i = 0; i < m->n_allocs; i++) m->ops->free(m->allocs[i]);
+    free(m->allocs);
+    free(m->acts);
+    free(m->resid);
+    free(m->layer);
+    params_free(&m->reg);
+    memset(m, 0, sizeof *m);
+}
+
+void model_init_weights(Model *m, unsigned seed) {
+    const Ops *ops = m->ops;
+    for (size_t i = 0; i < m->reg.n; i++) {
+        const ParamInfo *p = &m->reg.p[i];
+        float *host = moe_malloc(p->numel * sizeof(float));
+        params_init_values(p, seed, m->cfg.init_std, host);
+        ops->upload_f32(model_f32(m, m->params, p->offset), host, p->numel);
+        free(host);
+    }
+    size_t P = m->reg.total, f = ops->f32_size;
+    ops->zero(m->grads, P * f), ops->zero(m->adam_m, P * f), ops->zero(m->adam_v, P * f);
+    ops->zero(m->expert_bias, (size_t)m->cfg.n_layers * m->cfg.n_experts * f);
+    model_sync_compute_weights(m);
+}
+
+void model_sync_compute_weights(Model *m) {
+    if (!m->ops->act_aliases_f32) m->ops->cast_f32_to_act(m->params_act, m->params, m->reg.total);
+}
+
+void model_set_batch(Model *m, const int32_t *seqs, size_t B, size_t S) {
+    MOE_ASSERT(B <= m->B && S <= m->S);
+    int32_t *in = moe_malloc(2 * B * S * sizeof(int32_t)), *tg = in + B * S;
+    for (size_t b = 0; b < B; b++) {
+        memcpy(in + b * S, seqs + b * (S + 1), S * sizeof(int32_t));
+        memcpy(tg + b * S, seqs + b * (S + 1) + 1, S * sizeof(int32_t));
+    }
+    m->ops->upload(m->tokens, in, B * S * sizeof(int32_t));
+    m->ops->upload(m->targets, tg, B * S * sizeof(int32_t));
+    free(in);
+}
+
+// ---------------------------------------------------------------- forward
+
+static void *W(const Model *m, size_t off) { return model_act(m, m->params_act, off); }
+static void *G(const Model *m, size_t off) { return model_f32(m, m->grads, off); }
+
+static AttnDims attn_dims(const Model *m, size_t B, size_t S) {
+    const ModelConfig *c = &m->cfg;
+    return (AttnDims){B, S, (size_t)c->n_heads, (size_t)c->n_kv_heads, (size_t)c->head_dim};
+}
+
+static int moe_index(const ModelConfig *c, int l) { return l - c->n_dense_layers; }
+
+static RouterArgs router_args(const Model *m, int l, const ForwardArgs *a) {
+    const ModelConfig *c = &m->cfg;
+    return (RouterArgs){
+        .T = a->B * a->S, .E = c->n_experts, .K = c->top_k, .kind = c->router,
+        .renorm = c->norm_topk_prob, .random = c->random_routing,
+        .salt = a->batch_id * 1000003ULL + (uint64_t)l, .lb_grad = a->scales.lb, .z_grad = a->scales.z,
+    };
+}
+
+static void swiglu_mlp_forward(const Model *m, void *out, const void *in, void *gu, void *hact,
+                               size_t gu_w, size_t down_w, size_t T, size_t H, bool accumulate) {
+    const Ops *ops = m->ops;
+    size_t D = m->cfg.d_model;
+    ops->matmul_forward(gu, in, W(m, gu_w), T, 2 * H, D, false);
+    ops->swiglu_forward(hact, gu, T, H, NULL);
+    ops->matmul_forward(out, hact, W(m, down_w), T, D, H, accumulate);
+}
+
+static void moe_forward(Model *m, int l, const void *in, const ForwardArgs *a) {
+    const Ops *ops = m->ops;
+    const ModelConfig *c = &m->cfg;
+    LayerActs *x = &m->acts[l];
+    const LayerParams *p = &m->layer[l];
+    size_t T = a->B * a->S, D = c->d_model, E = c->n_experts, K = c->top_k, H = c->expert_hidden;
+    void *stats = model_f32(m, a->metrics, model_metric_router(c, moe_index(c, l)));
+    const void *bias = c->bias_gamma > 0 ? model_f32(m, m->expert_bias, (size_t)l * E) : NULL;
+    ops->matmul_forward(x->logits, in, W(m, p->router), T, E, D, false);
+    ops->router_forward(x->scores, x->topk_idx, x->topk_w, x->counts, stats, x->logits, bias,
+                        m->step_info, router_args(m, l, a));
+    ops->moe_dispatch_forward(x->xp, x->slot_pos, x->offsets, stats, in, x->topk_idx, x->counts,
+                              T, K, E, D, expert_capacity(c, T));
+    size_t R = expert_rows(c, T);
+    ops->grouped_matmul_forward(x->gu, x->xp, W(m, p->experts_gu), x->offsets, E, 2 * H, D);
+    ops->swiglu_forward(x->hact, x->gu, R, H, x->offsets + E);
+    ops->grouped_matmul_forward(x->y, x->hact, W(m, p->experts_down), x->offsets, E, D, H);
+    ops->moe_combine_forward(x->f, x->y, x->slot_pos, x->topk_w, T, K, D, false);
+    if (c->shared_hidden)
+        swiglu_mlp_forward(m, x->f, in, x->sgu, x->sact, p->shared_gu, p->shared_down, T,
+                           c->shared_hidden, true);
+}
+
+static void ffn_forward(Model *m, int l, const void *in, const ForwardArgs *a) {
+    LayerActs *x = &m->acts[l];
+    const LayerParams *p = &m->layer[l];
+    if (model_layer_is_moe(&m->cfg, l)) moe_forward(m, l, in, a);
+    else swiglu_mlp_forward(m, x->f, in, x->gu, x->hact, p->dense_gu, p->dense_down, a->B * a->S,
+                            m->cfg.dense_hidden, false);
+}
+
+static void attention_forward(Model *m, int l, const void *in, AttnDims d) {
+    const Ops *ops = m->ops;
+    const ModelConfig *c = &m->cfg;
+    LayerActs *x = &m->acts[l];
+    const LayerParams *p = &m->layer[l];
+    size_t T = d.B * d.S, D = c->d_model, C = model_qkv_width(c);
+    ops->matmul_forward(x->qkv_raw, in, W(m, p->wqkv), T, C, D, false);
+    ops->qkv_norm_rope_forward(x->qkv, x->qk_rstd, x->qkv_raw, W(m, p->q_norm), W(m, p->k_norm),
+                               m->rope, d, c->qk_norm, (float)c->norm_eps);
+    ops->attention_forward(x->att, x->att_lse, x->qkv, d);
+    ops->matmul_forward(x->ap, x->att, W(m, p->wo), T, D, d.Hq * d.hd, false);
+}
+
+// pre-norm:   h = x + attn(norm1(x));  out = h + ffn(norm2(h))
+// reordered:  h = x + norm1(attn(x));  out = h + norm2(ffn(h))
+static void layer_forward(Model *m, int l, const ForwardArgs *a) {
+    const Ops *ops = m->ops;
+    const ModelConfig *c = &m->cfg;
+    LayerActs *x = &m->acts[l];
+    const LayerParams *p = &m->layer[l];
+    size_t T = a->B * a->S, D = c->d_model;
+    float eps = (float)c->norm_eps;
+    const void *in = m->resid[l];
+    void *out = m->resid[l + 1];
+    if (c->norm_placement == NORM_PRE) {
+        ops->rmsnorm_forward(x->n1, x->n1_rstd, in, W(m, p->attn_norm), T, D, eps);
+        attention_forward(m, l, x->n1, attn_dims(m, a->B, a->S));
+        ops->add(x->h, in, x->ap, T * D);
+        ops->rmsnorm_forward(x->n2, x->n2_rstd, x->h, W(m, p->ffn_norm), T, D, eps);
+        ffn_forward(m, l, x->n2, a);
+        ops->add(out, x->h, x->f, T * D);
+    } else {
+        attention_forward(m, l, in, attn_dims(m, a->B, a->S));
+        ops->rmsnorm_forward(x->n1, x->n1_rstd, x->ap, W(m, p->attn_norm), T, D, eps);
+        ops->add(x->h, in, x->n1, T * D);
+        ffn_forward(m, l, x->h, a);
+        ops->rmsnorm_forward(x->n2, x->n2_rstd, x->f, W(m, p->ffn_norm), T, D, eps);
+        ops->add(out, x->h, x->n2, T * D);
+    }
+}
+
+// Final norm, LM head and loss in chunks of rows, so the full (T, V) logits never exist; in
+// training each chunk's logit gradient is folded into the LM-head and final-norm gradients at once.
+static void head_forward(Model *m, const ForwardArgs *a) {
+    const Ops *ops = m->ops;
+    size_t T = a->B * a->S, D = m->cfg.d_model, V = m->cfg.vocab_size;
+    ops->rmsnorm_forward(m->xf, m->xf_rstd, m->resid[m->cfg.n_layers], W(m, m->final_norm), T, D,
+                         (float)m->cfg.norm_eps);
+    for (size_t r0 = 0; r0 < T; r0 += m->logit_rows) {
+        size_t n = T - r0 < m->logit_rows ? T - r0 : m->logit_rows;
+        void *xf = model_act(m, m->xf, r0 * D);
+        ops->matmul_forward(m->logits, xf, W(m, m->lm_head), n, V, D, false);
+        ops->cross_entropy(m->logits, model_f32(m, a->metrics, METRIC_CE), m->targets + r0, n, V,
+                           a->scales.ce, a->scales.lm_z, a->train);
+        if (a->train)
+            ops->matmul_backward(model_act(m, m->s.dxf, r0 * D), G(m, m->lm_head), m->logits, xf,
+                                 W(m, m->lm_head), n, V, D, false);
+    }
+    if (a->train)
+        ops->rmsnorm_backward(m->s.dres, G(m, m->final_norm), m->s.dxf, m->resid[m->cfg.n_layers],
+                              W(m, m->final_norm), m->xf_rstd, T, D, false);
+}
+
+void model_forward(Model *m, const ForwardArgs *a) {
+    MOE_ASSERT(a->B <= m->B && a->S <= m->S);
+    m->ops->embedding_forward(m->resid[0], m->tokens, W(m, m->wte), a->B * a->S, m->cfg.d_model);
+    for (int l = 0; l < m->cfg.n_layers; l++) layer_forward(m, l, a);
+    head_forward(m, a);
+}
+
+// ---------------------------------------------------------------- backward
+
+static void swiglu_mlp_backward(const Model *m, void *din, const void *dout, const void *in,
+                                const void *gu, const void *hact, size_t gu_w, size_t down_w,
+                                size_t T, size_t H, bool accumulate) {
+    const Ops *ops = m->ops;
+    size_t D = m->cfg.d_model;
+    ops->matmul_backward(m->s.dhact, G(m, down_w), dout, hact, W(m, down_w), T, D, H, false);
+    ops->swiglu_backward(m->s.dgu, m->s.dhact, gu, T, H, NULL);
+    ops->matmul_backward(din, G(m, gu_w), m->s.dgu, in, W(m, gu_w), T, 2 * H, D, accumulate);
+}
+
+static void moe_backward(Model *m, int l, void *din, const void *dout, const void *in,
+                         bool accumulate, const ForwardArgs *a) {
+    const Ops *ops = m->ops;
+    const ModelConfig *c = &m->cfg;
+    LayerActs *x = &m->acts[l];
+    const LayerParams *p = &m->layer[l];
+    const Scratch *s = &m->s;
+    size_t T = a->B * a->S, D = c->d_model, E = c->n_experts, K = c->top_k, H = c->expert_hidden;
+    if (c->shared_hidden) {
+        swiglu_mlp_backward(m, din, dout, in, x->sgu, x->sact, p->shared_gu, p->shared_down, T,
+                            c->shared_hidden, accumulate);
+        accumulate = true;
+    }
+    ops->moe_combine_backward(s->dy, s->dtopk_w, dout, x->y, x->slot_pos, x->topk_w, T, K, D);
+    ops->grouped_matmul_backward(s->dhact, G(m, p->experts_down), s->dy, x->hact,
+                                 W(m, p->experts_down), x->offsets, E, D, H);
+    ops->swiglu_backward(s->dgu, s->dhact, x->gu, expert_rows(c, T), H, x->offsets + E);
+    ops->grouped_matmul_backward(s->dxp, G(m, p->experts_gu), s->dgu, x->xp, W(m, p->experts_gu),
+                                 x->offsets, E, 2 * H, D);
+    ops->moe_dispatch_backward(din, s->dxp, x->slot_pos, T, K, D, accumulate);
+    ops->router_backward(s->dlogits, s->dtopk_w, x->logits, x->scores, x->topk_idx, x->topk_w,
+                         x->counts, router_args(m, l, a));
+    ops->matmul_backward(din, G(m, p->router), s->dlogits, in, W(m, p->router), T, E, D, true);
+}
+
+static void ffn_backward(Model *m, int l, void *din, const void *dout, const void *in,
+                         bool accumulate, const ForwardArgs *a) {
+    LayerActs *x = &m->acts[l];
+    const LayerParams *p = &m->layer[l];
+    if (model_layer_is_moe(&m->cfg, l)) moe_backward(m, l, din, dout, in, accumulate, a);
+    else swiglu_mlp_backward(m, din, dout, in, x->gu, x->hact, p->dense_gu, p->dense_down,
+                             a->B * a->S, m->cfg.dense_hidden, accumulate);
+}
+
+static void attention_backward(Model *m, int l, void *din, const void *dout, const void *in,
+                               bool accumulate, AttnDims d) {
+    const Ops *ops = m->ops;
+    const ModelConfig *c = &m->cfg;
+    LayerActs *x = &m->acts[l];
+    const LayerParams *p = &m->layer[l];
+    const Scratch *s = &m->s;
+    size_t T = d.B * d.S, D = c->d_model, C = model_qkv_width(c);
+    ops->matmul_backward(s->datt, G(m, p->wo), dout, x->att, W(m, p->wo), T, D, d.Hq * d.hd, false);
+    ops->attention_backward(s->dqkv, s->datt, x->qkv, x->att, x->att_lse, d);
+    ops->qkv_norm_rope_backward(s->dqkv_raw, G(m, p->q_norm), G(m, p->k_norm), s->dqkv, x->qkv_raw,
+                                W(m, p->q_norm), W(m, p->k_norm), x->qk_rstd, m->rope, d,
+                                c->qk_norm);
+    ops->matmul_backward(din, G(m, p->wqkv), s->dqkv_raw, in, W(m, p->wqkv), T, C, D, accumulate);
+}
+
+// On entry s.dres holds d(layer output); on return d(layer input).
+static void layer_backward(Model *m, int l, const ForwardArgs *a) {
+    const Ops *ops = m->ops;
+    const ModelConfig *c = &m->cfg;
+    LayerActs *x = &m->acts[l];
+    const LayerParams *p = &m->layer[l];
+    void *dres = m->s.dres, *dn = m->s.dn;
+    const void *in = m->resid[l];
+    size_t T = a->B * a->S, D = c->d_model;
+    AttnDims d = attn_dims(m, a->B, a->S);
+    if (c->norm_placement == NORM_PRE) {
+        ffn_backward(m, l, dn, dres, x->n2, false, a);
+        ops->rmsnorm_backward(dres, G(m, p->ffn_norm), dn, x->h, W(m, p->ffn_norm), x->n2_rstd, T, D, true);
+        attention_backward(m, l, dn, dres, x->n1, false, d);
+        ops->rmsnorm_backward(dres, G(m, p->attn_norm), dn, in, W(m, p->attn_norm), x->n1_rstd, T, D, true);
+    } else {
+        ops->rmsnorm_backward(dn, G(m, p->ffn_norm), dres, x->f, W(m, p->ffn_norm), x->n2_rstd, T, D, false);
+        ffn_backward(m, l, dres, dn, x->h, true, a);
+        ops->rmsnorm_backward(dn, G(m, p->attn_norm), dres, x->ap, W(m, p->attn_norm), x->n1_rstd, T, D, false);
+        attention_backward(m, l, dres, dn, in, true, d);
+    }
+}
+
+void model_backward(Model *m, const ForwardArgs *a) {
+    MOE_ASSERT(a->train);
+    for (int l = m->cfg.n_layers - 1; l >= 0; l--) layer_backward(m, l, a);
+    m->ops->embedding_backward(G(m, m->wte), m->s.dres, m->tokens, a->B * a->S, m->cfg.d_model,
+                               m->cfg.vocab_size);
+}
+
+// ---------------------------------------------------------------- inference
+
+void model_last_logits(Model *m, const int32_t *tokens, size_t n, float *logits) {
+    MOE_ASSERT(n >= 1 && n <= m->S);
+    const Ops *ops = m->ops;
+    size_t D = m->cfg.d_model, V = m->cfg.vocab_size;
+    ops->upload(m->tokens, tokens, n * sizeof(int32_t));
+    ForwardArgs a = {.B = 1, .S = n, .train = false, .metrics = m->metrics_scratch};
+    ops->embedding_forward(m->resid[0], m->tokens, W(m, m->wte), n, D);
+    for (int l = 0; l < m->cfg.n_layers; l++) layer_forward(m, l, &a);
+    ops->rmsnorm_forward(m->xf, m->xf_rstd, model_act(m, m->resid[m->cfg.n_layers], (n - 1) * D),
+                         W(m, m->final_norm), 1, D, (float)m->cfg.norm_eps);
+    ops->matmul_forward(m->logits, m->xf, W(m, m->lm_head), 1, V, D, false);
+    ops->download_act(logits, m->logits, V);
+}

@@ -1,0 +1,52 @@
+// Parameter registry: registration in flat-buffer order, lookup, and layout-independent init.
+#include "params.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+
+size_t params_add(ParamRegistry *r, const char *name, size_t rows, size_t cols, bool decay,
+                  bool ones, int layer, int expert) {
+    if (r->n == r->cap) {
+        r->cap = r->cap ? 2 * r->cap : 64;
+        r->p = moe_realloc(r->p, r->cap * sizeof(ParamInfo));
+    }
+    ParamInfo *p = &r->p[r->n++];
+    memset(p, 0, sizeof *p);
+    MOE_ASSERT(strlen(name) < PARAM_NAME_LEN);
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->ndim = cols ? 2 : 1;
+    p->shape[0] = rows;
+    p->shape[1] = cols;
+    p->numel = cols ? rows * cols : rows;
+    p->offset = r->total;
+    p->decay = decay;
+    p->ones = ones;
+    p->layer = layer;
+    p->expert = expert;
+    r->total += p->numel;
+    return p->offset;
+}
+
+const ParamInfo *params_find(const ParamRegistry *r, const char *name) {
+    for (size_t i = 0; i < r->n; i++)
+        if (!strcmp(r->p[i].name, name)) return &r->p[i];
+    return NULL;
+}
+
+void params_free(ParamRegistry *r) {
+    free(r->p);
+    memset(r, 0, sizeof *r);
+}
+
+void params_init_values(const ParamInfo *p, unsigned seed, double std, float *out) {
+    if (p->ones) {
+        for (size_t i = 0; i < p->numel; i++) out[i] = 1.0f;
+        return;
+    }
+    uint64_t key = rng_hash_str(seed, p->name);
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < p->numel; i++) out[i] = (float)(std * rng_trunc_normal(key, i, 3.0));
+}

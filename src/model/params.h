@@ -1,0 +1,39 @@
+// The parameter registry: every parameter tensor of this process with its global name (Hugging
+// Face OLMoE naming where one exists), global shape, and where it sits in this process's flat
+// buffers. Checkpoints, initialisation and the optimizer work from this table only, so a layout
+// that holds a subset of layers or experts registers just those and still reads and writes the
+// same global tensors.
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+
+#define PARAM_NAME_LEN 96
+
+typedef struct {
+    char name[PARAM_NAME_LEN];
+    int ndim;
+    size_t shape[2];
+    size_t numel;
+    size_t offset;   // first element in the flat buffers (params, grads, moments)
+    bool decay;      // AdamW weight decay applies (not to norms and embeddings)
+    bool ones;       // initialised to 1 (norm weights) rather than random
+    int layer;       // -1: embedding, final norm, LM head
+    int expert;      // global expert index; -1 when not an expert's tensor
+} ParamInfo;
+
+typedef struct {
+    ParamInfo *p;
+    size_t n, cap;
+    size_t total; // elements in each flat buffer
+} ParamRegistry;
+
+// Appends a tensor at the end of the flat buffers; returns its offset. Tensors registered one
+// after another are adjacent, which is how fused weights (q|k|v, gate|up) are laid out.
+size_t params_add(ParamRegistry *r, const char *name, size_t rows, size_t cols, bool decay,
+                  bool ones, int layer, int expert);
+const ParamInfo *params_find(const ParamRegistry *r, const char *name);
+void params_free(ParamRegistry *r);
+
+// Initial value of every element, a pure function of (seed, name, element index): any layout
+// computes the same values for the same global tensor.
+void params_init_values(const ParamInfo *p, unsigned seed, double std, float *out);

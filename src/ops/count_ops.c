@@ -1,0 +1,24 @@
+// A backend that allocates nothing and runs nothing: sizing a model on it measures the exact
+// memory plan of a real backend with the same element sizes (used by `moe inspect`).
+#include "ops.h"
+
+static char placeholder[64]; // every allocation points here; nothing is ever read or written
+
+static void *count_alloc(size_t bytes) { return placeholder; }
+static void count_free(void *p) {}
+static void count_zero(void *p, size_t bytes) {}
+static void count_upload(void *dst, const void *src, size_t bytes) {}
+static void count_upload_f32(void *dst, const float *src, size_t n) {}
+
+static Ops make_counting(size_t act_size) {
+    return (Ops){.name = "count", .act_size = act_size, .f32_size = 4, .act_aliases_f32 = act_size == 4,
+                 .alloc = count_alloc, .free = count_free, .zero = count_zero,
+                 .upload = count_upload, .upload_f32 = count_upload_f32};
+}
+
+const Ops *ops_counting(bool bf16_activations) {
+    static Ops fp32, bf16;
+    fp32 = make_counting(4);
+    bf16 = make_counting(2);
+    return bf16_activations ? &bf16 : &fp32;
+}

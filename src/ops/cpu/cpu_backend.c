@@ -1,0 +1,76 @@
+// The CPU backend: host memory and the table of CPU kernels behind the ops interface.
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "cpu_ops.h"
+
+static void *cpu_alloc(size_t bytes) {
+    void *p = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+    MOE_CHECK(p, "out of host memory allocating %zu bytes for the CPU backend", bytes);
+    return p;
+}
+
+static void cpu_free(void *p) { free(p); }
+static void cpu_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
+static void cpu_copy(void *dst, const void *src, size_t bytes) { memmove(dst, src, bytes); }
+static void cpu_sync(void) {}
+
+static void cpu_upload_f32(void *dst_, const float *src, size_t n) {
+    real *dst = dst_;
+    for (size_t i = 0; i < n; i++) dst[i] = (real)src[i];
+}
+
+static void cpu_download_f32(float *dst, const void *src_, size_t n) {
+    const real *src = src_;
+    for (size_t i = 0; i < n; i++) dst[i] = (float)src[i];
+}
+
+static void cpu_cast_f32_to_act(void *dst, const void *src, size_t n) {
+    if (dst != src) memcpy(dst, src, n * sizeof(real));
+}
+
+static const Ops CPU_OPS = {
+    .name = "cpu",
+    .act_size = sizeof(real),
+    .f32_size = sizeof(real),
+    .act_aliases_f32 = true,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .zero = cpu_zero,
+    .copy = cpu_copy,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .upload_f32 = cpu_upload_f32,
+    .download_f32 = cpu_download_f32,
+    .download_act = cpu_download_f32,
+    .cast_f32_to_act = cpu_cast_f32_to_act,
+    .sync = cpu_sync,
+    .embedding_forward = cpu_embedding_forward,
+    .embedding_backward = cpu_embedding_backward,
+    .matmul_forward = cpu_matmul_forward,
+    .matmul_backward = cpu_matmul_backward,
+    .rmsnorm_forward = cpu_rmsnorm_forward,
+    .rmsnorm_backward = cpu_rmsnorm_backward,
+    .add = cpu_add,
+    .qkv_norm_rope_forward = cpu_qkv_norm_rope_forward,
+    .qkv_norm_rope_backward = cpu_qkv_norm_rope_backward,
+    .attention_forward = cpu_attention_forward,
+    .attention_backward = cpu_attention_backward,
+    .swiglu_forward = cpu_swiglu_forward,
+    .swiglu_backward = cpu_swiglu_backward,
+    .router_forward = cpu_router_forward,
+    .router_backward = cpu_router_backward,
+    .moe_dispatch_forward = cpu_moe_dispatch_forward,
+    .moe_dispatch_backward = cpu_moe_dispatch_backward,
+    .moe_combine_forward = cpu_moe_combine_forward,
+    .moe_combine_backward = cpu_moe_combine_backward,
+    .grouped_matmul_forward = cpu_grouped_matmul_forward,
+    .grouped_matmul_backward = cpu_grouped_matmul_backward,
+    .router_bias_update = cpu_router_bias_update,
+    .cross_entropy = cpu_cross_entropy,
+    .sum_squares = cpu_sum_squares,
+    .adamw_update = cpu_adamw_update,
+};
+
+const Ops *ops_cpu(void) { return &CPU_OPS; }

@@ -1,0 +1,172 @@
+// CPU reference kernels for the dense ops: embedding, matmul, RMSNorm, residual add, SwiGLU and
+// cross-entropy. Reductions run in double and in a fixed order, so results do not depend on the
+// number of OpenMP threads.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "cpu_gemm.h"
+#include "cpu_ops.h"
+
+void cpu_embedding_forward(void *out_, const int32_t *tokens, const void *wte_, size_t T, size_t D) {
+    real *out = out_;
+    const real *wte = wte_;
+#pragma omp parallel for schedule(static)
+    for (size_t t = 0; t < T; t++) memcpy(out + t * D, wte + (size_t)tokens[t] * D, D * sizeof(real));
+}
+
+void cpu_embedding_backward(void *dwte_, const void *dout_, const int32_t *tokens, size_t T,
+                            size_t D, size_t V) {
+    real *dwte = dwte_;
+    const real *dout = dout_;
+    // Parallel over columns so each dwte element is summed by one thread in token order.
+#pragma omp parallel for schedule(static)
+    for (size_t j = 0; j < D; j++)
+        for (size_t t = 0; t < T; t++) dwte[(size_t)tokens[t] * D + j] += dout[t * D + j];
+}
+
+void cpu_matmul_forward(void *out, const void *x, const void *w, size_t M, size_t N, size_t K,
+                        bool accumulate) {
+    cpu_gemm(false, true, M, N, K, 1, x, K, w, K, accumulate ? 1 : 0, out, N);
+}
+
+void cpu_matmul_backward(void *dx, void *dw, const void *dout, const void *x, const void *w,
+                         size_t M, size_t N, size_t K, bool accumulate_dx) {
+    if (dx) cpu_gemm(false, false, M, K, N, 1, dout, N, w, K, accumulate_dx ? 1 : 0, dx, K);
+    cpu_gemm(true, false, N, K, M, 1, dout, N, x, K, 1, dw, K);
+}
+
+real cpu_rms_group_forward(real *y, const real *x, const real *w, size_t W, float eps) {
+    double ss = 0;
+    for (size_t j = 0; j < W; j++) ss += (double)x[j] * x[j];
+    real rstd = (real)(1.0 / sqrt(ss / (double)W + eps));
+    for (size_t j = 0; j < W; j++) y[j] = x[j] * rstd * w[j];
+    return rstd;
+}
+
+// y = x r w with r = (mean(x^2) + eps)^(-1/2):  dx = r w dy - x r^3 / W * sum(dy w x)
+void cpu_rms_group_backward(real *dx, const real *dy, const real *x, const real *w, real rstd,
+                            size_t W, bool accumulate) {
+    double dot = 0;
+    for (size_t j = 0; j < W; j++) dot += (double)dy[j] * w[j] * x[j];
+    real c = (real)(dot * rstd * rstd * rstd / (double)W);
+    for (size_t j = 0; j < W; j++) {
+        real g = rstd * w[j] * dy[j] - c * x[j];
+        dx[j] = accumulate ? dx[j] + g : g;
+    }
+}
+
+void cpu_rms_dw_accumulate(real *dw, const real *dy, const real *x, const real *rstd, size_t T,
+                           size_t G, size_t W, size_t ld, size_t ldr) {
+#pragma omp parallel for schedule(static)
+    for (size_t j = 0; j < W; j++) {
+        double acc = 0;
+        for (size_t t = 0; t < T; t++)
+            for (size_t g = 0; g < G; g++) {
+                size_t i = t * ld + g * W + j;
+                acc += (double)dy[i] * x[i] * rstd[t * ldr + g];
+            }
+        dw[j] += (real)acc;
+    }
+}
+
+void cpu_rmsnorm_forward(void *out_, void *rstd_, const void *x_, const void *w, size_t R, size_t W,
+                         float eps) {
+    real *out = out_, *rstd = rstd_;
+    const real *x = x_;
+#pragma omp parallel for schedule(static)
+    for (size_t r = 0; r < R; r++) rstd[r] = cpu_rms_group_forward(out + r * W, x + r * W, w, W, eps);
+}
+
+void cpu_rmsnorm_backward(void *dx_, void *dw, const void *dout_, const void *x_, const void *w,
+                          const void *rstd_, size_t R, size_t W, bool accumulate_dx) {
+    real *dx = dx_;
+    const real *dout = dout_, *x = x_, *rstd = rstd_;
+    cpu_rms_dw_accumulate(dw, dout, x, rstd, R, 1, W, W, 1);
+#pragma omp parallel for schedule(static)
+    for (size_t r = 0; r < R; r++)
+        cpu_rms_group_backward(dx + r * W, dout + r * W, x + r * W, w, rstd[r], W, accumulate_dx);
+}
+
+void cpu_add(void *out_, const void *a_, const void *b_, size_t n) {
+    real *out = out_;
+    const real *a = a_, *b = b_;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+static size_t rows_used(size_t R, const int32_t *row_count) {
+    return row_count && (size_t)*row_count < R ? (size_t)*row_count : R;
+}
+
+static real sigmoid(real x) { return 1 / (1 + exp(-x)); }
+
+void cpu_swiglu_forward(void *out_, const void *gu_, size_t R, size_t H, const int32_t *row_count) {
+    real *out = out_;
+    const real *gu = gu_;
+    size_t rows = rows_used(R, row_count);
+#pragma omp parallel for schedule(static)
+    for (size_t r = 0; r < rows; r++)
+        for (size_t j = 0; j < H; j++) {
+            real g = gu[r * 2 * H + j], u = gu[r * 2 * H + H + j];
+            out[r * H + j] = g * sigmoid(g) * u;
+        }
+}
+
+void cpu_swiglu_backward(void *dgu_, const void *dout_, const void *gu_, size_t R, size_t H,
+                         const int32_t *row_count) {
+    real *dgu = dgu_;
+    const real *dout = dout_, *gu = gu_;
+    size_t rows = rows_used(R, row_count);
+#pragma omp parallel for schedule(static)
+    for (size_t r = 0; r < rows; r++)
+        for (size_t j = 0; j < H; j++) {
+            real g = gu[r * 2 * H + j], u = gu[r * 2 * H + H + j], d = dout[r * H + j];
+            real s = sigmoid(g);
+            dgu[r * 2 * H + j] = d * u * s * (1 + g * (1 - s));
+            dgu[r * 2 * H + H + j] = d * g * s;
+        }
+}
+
+// One row: returns the loss and writes lse; with grad, turns the row into its gradient.
+static double cross_entropy_row(real *row, int32_t target, size_t V, float ce_scale,
+                                float z_scale, bool want_grad, double *lse_out) {
+    double mx = -INFINITY;
+    for (size_t v = 0; v < V; v++) mx = row[v] > mx ? row[v] : mx;
+    double sum = 0;
+    for (size_t v = 0; v < V; v++) sum += exp(row[v] - mx);
+    double lse = mx + log(sum);
+    double loss = lse - row[target];
+    *lse_out = lse;
+    if (want_grad) {
+        for (size_t v = 0; v < V; v++) {
+            double p = exp(row[v] - lse);
+            row[v] = (real)(ce_scale * (p - (v == (size_t)target)) + z_scale * 2.0 * lse * p);
+        }
+    }
+    return loss;
+}
+
+void cpu_cross_entropy(void *logits_, void *loss_acc_, const int32_t *targets, size_t N, size_t V,
+                       float ce_scale, float z_scale, bool want_grad) {
+    real *logits = logits_, *loss_acc = loss_acc_;
+    double *loss = moe_malloc(2 * N * sizeof(double)); // (N) losses, then (N) lse^2
+#pragma omp parallel for schedule(static)
+    for (size_t n = 0; n < N; n++) {
+        real *row = logits + n * V;
+        if (targets[n] < 0) { // ignored position: no loss, no gradient
+            if (want_grad) memset(row, 0, V * sizeof(real));
+            loss[n] = loss[N + n] = 0;
+            continue;
+        }
+        double lse;
+        loss[n] = cross_entropy_row(row, targets[n], V, ce_scale, z_scale, want_grad, &lse);
+        loss[N + n] = lse * lse;
+    }
+    double ce = 0, z = 0;
+    for (size_t n = 0; n < N; n++) ce += loss[n], z += loss[N + n];
+    loss_acc[0] += (real)ce;
+    loss_acc[1] += (real)z;
+    free(loss);
+}

@@ -1,0 +1,70 @@
+// Declarations shared by the CPU backend's files (src/ops/cpu/*.c): each file implements one
+// group of ops from ops.h in `real` precision, and cpu_backend.c collects them into the Ops table.
+#pragma once
+#include "common/real.h"
+#include "ops/ops.h"
+
+// Row-wise RMSNorm helpers, shared by rmsnorm and QK-norm. A "row group" is W consecutive values.
+real cpu_rms_group_forward(real *y, const real *x, const real *w, size_t W, float eps); // -> rstd
+void cpu_rms_group_backward(real *dx, const real *dy, const real *x, const real *w, real rstd,
+                            size_t W, bool accumulate);
+// dw[j] += sum over rows t < T and groups g < G of dy * x * rstd, where element j of group g of row
+// t sits at t * ld + g * W + j and its rstd at rstd[t * ldr + g].
+void cpu_rms_dw_accumulate(real *dw, const real *dy, const real *x, const real *rstd, size_t T,
+                           size_t G, size_t W, size_t ld, size_t ldr);
+
+// dense (cpu_dense.c)
+void cpu_embedding_forward(void *out, const int32_t *tokens, const void *wte, size_t T, size_t D);
+void cpu_embedding_backward(void *dwte, const void *dout, const int32_t *tokens, size_t T, size_t D,
+                            size_t V);
+void cpu_matmul_forward(void *out, const void *x, const void *w, size_t M, size_t N, size_t K,
+                        bool accumulate);
+void cpu_matmul_backward(void *dx, void *dw, const void *dout, const void *x, const void *w,
+                         size_t M, size_t N, size_t K, bool accumulate_dx);
+void cpu_rmsnorm_forward(void *out, void *rstd, const void *x, const void *w, size_t R, size_t W,
+                         float eps);
+void cpu_rmsnorm_backward(void *dx, void *dw, const void *dout, const void *x, const void *w,
+                          const void *rstd, size_t R, size_t W, bool accumulate_dx);
+void cpu_add(void *out, const void *a, const void *b, size_t n);
+void cpu_swiglu_forward(void *out, const void *gu, size_t R, size_t H, const int32_t *row_count);
+void cpu_swiglu_backward(void *dgu, const void *dout, const void *gu, size_t R, size_t H,
+                         const int32_t *row_count);
+void cpu_cross_entropy(void *logits, void *loss_acc, const int32_t *targets, size_t N, size_t V,
+                       float ce_scale, float z_scale, bool want_grad);
+
+// attention (cpu_attention.c)
+void cpu_qkv_norm_rope_forward(void *qkv, void *rstd, const void *qkv_raw, const void *wq,
+                               const void *wk, const void *rope, AttnDims d, QkNorm mode, float eps);
+void cpu_qkv_norm_rope_backward(void *dqkv_raw, void *dwq, void *dwk, const void *dqkv,
+                                const void *qkv_raw, const void *wq, const void *wk,
+                                const void *rstd, const void *rope, AttnDims d, QkNorm mode);
+void cpu_attention_forward(void *out, void *lse, const void *qkv, AttnDims d);
+void cpu_attention_backward(void *dqkv, const void *dout, const void *qkv, const void *out,
+                            const void *lse, AttnDims d);
+
+// mixture of experts (cpu_moe.c)
+void cpu_router_forward(void *scores, int32_t *topk_idx, void *topk_w, int32_t *counts, void *stats,
+                        const void *logits, const void *bias, const StepInfo *step, RouterArgs a);
+void cpu_router_backward(void *dlogits, const void *dtopk_w, const void *logits, const void *scores,
+                         const int32_t *topk_idx, const void *topk_w, const int32_t *counts,
+                         RouterArgs a);
+void cpu_moe_dispatch_forward(void *xp, int32_t *slot_pos, int32_t *offsets, void *stats,
+                              const void *x, const int32_t *topk_idx, const int32_t *counts,
+                              size_t T, size_t K, size_t E, size_t D, size_t capacity);
+void cpu_moe_dispatch_backward(void *dx, const void *dxp, const int32_t *slot_pos, size_t T,
+                               size_t K, size_t D, bool accumulate_dx);
+void cpu_moe_combine_forward(void *out, const void *y, const int32_t *slot_pos, const void *topk_w,
+                             size_t T, size_t K, size_t D, bool accumulate);
+void cpu_moe_combine_backward(void *dy, void *dtopk_w, const void *dout, const void *y,
+                              const int32_t *slot_pos, const void *topk_w, size_t T, size_t K,
+                              size_t D);
+void cpu_grouped_matmul_forward(void *out, const void *x, const void *w, const int32_t *offsets,
+                                size_t E, size_t N, size_t K);
+void cpu_grouped_matmul_backward(void *dx, void *dw, const void *dout, const void *x, const void *w,
+                                 const int32_t *offsets, size_t E, size_t N, size_t K);
+void cpu_router_bias_update(void *bias, const void *loads, size_t E, float gamma);
+
+// optimizer (cpu_optim.c)
+void cpu_sum_squares(void *acc, const void *x, size_t n);
+void cpu_adamw_update(void *param, void *param_act, const void *grad, void *m, void *v, size_t n,
+                      AdamWArgs a, const StepInfo *step, const void *grad_norm_sq);

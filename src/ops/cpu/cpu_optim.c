@@ -1,0 +1,42 @@
+// CPU reference kernels for the optimizer: deterministic sum of squares (gradient norm) and AdamW
+// with decoupled weight decay and global-norm clipping read from backend memory.
+#include <math.h>
+
+#include "cpu_ops.h"
+
+// Fixed-size chunks summed in order: the result does not depend on the thread count.
+#define SUMSQ_CHUNK 4096
+
+void cpu_sum_squares(void *acc_, const void *x_, size_t n) {
+    real *acc = acc_;
+    const real *x = x_;
+    size_t n_chunks = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
+    double total = 0;
+#pragma omp parallel for ordered schedule(static)
+    for (size_t c = 0; c < n_chunks; c++) {
+        double s = 0;
+        size_t end = (c + 1) * SUMSQ_CHUNK < n ? (c + 1) * SUMSQ_CHUNK : n;
+        for (size_t i = c * SUMSQ_CHUNK; i < end; i++) s += (double)x[i] * x[i];
+#pragma omp ordered
+        total += s;
+    }
+    acc[0] += (real)total;
+}
+
+void cpu_adamw_update(void *param_, void *param_act, const void *grad_, void *m_, void *v_,
+                      size_t n, AdamWArgs a, const StepInfo *step, const void *grad_norm_sq) {
+    real *p = param_, *m = m_, *v = v_;
+    const real *g = grad_;
+    double norm = sqrt((double)*(const real *)grad_norm_sq);
+    real scale = a.clip > 0 && norm > a.clip ? (real)(a.clip / (norm + 1e-6)) : 1;
+    real bc1 = (real)(1 - pow(a.beta1, step->step)), bc2 = (real)(1 - pow(a.beta2, step->step));
+    real lr = step->lr, decay = 1 - step->lr * a.weight_decay;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        real gi = g[i] * scale;
+        m[i] = a.beta1 * m[i] + (1 - a.beta1) * gi;
+        v[i] = a.beta2 * v[i] + (1 - a.beta2) * gi * gi;
+        p[i] = p[i] * decay - lr * (m[i] / bc1) / (sqrt(v[i] / bc2) + a.eps);
+    }
+    (void)param_act; // the CPU computes in the master precision: nothing to cast
+}

@@ -1,0 +1,173 @@
+// The ops interface: everything the model orchestration asks of a backend (memory and kernels),
+// as one struct of function pointers. The CPU backend (src/ops/cpu) is the readable reference and
+// the oracle for every other backend; a CUDA backend fills the same struct.
+//
+// Pointers named in shape comments live in backend memory. Their element types:
+//   act  compute precision (the CPU backend: `real`; a GPU backend: bf16)
+//   f32  fp32 for master weights, gradients, optimizer moments, norms, router and loss math
+//        (the CPU backend: `real` as well)
+//   i32  int32 (token ids, expert indices, offsets, counts)
+// Weight gradients always accumulate (+=) so micro-batches add up; activation gradients overwrite
+// unless an `accumulate` flag says otherwise. Per-step values that change every step (learning
+// rate, step number, routing-noise key) are read from a StepInfo in backend memory, so a backend
+// can record one step and replay it.
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { QK_NORM_NONE, QK_NORM_FULL, QK_NORM_HEAD } QkNorm;
+typedef enum { ROUTER_SOFTMAX, ROUTER_SIGMOID } RouterKind;
+
+typedef struct {
+    float lr;      // learning rate of this step
+    int32_t step;  // 1-based optimizer step (AdamW bias correction)
+    uint64_t seed; // key of this step's routing noise (random-routing mode)
+} StepInfo;
+
+typedef struct {
+    size_t B, S, Hq, Hkv, hd; // batch, sequence, query heads, key/value heads, head dim
+} AttnDims;
+
+typedef struct {
+    size_t T, E, K;    // tokens, experts, experts per token
+    RouterKind kind;
+    bool renorm;       // chosen weights renormalised to sum 1
+    bool random;       // scores replaced by uniform noise for choice and weights
+    uint64_t salt;     // distinguishes layers and micro-batches in the noise key
+    float lb_grad;     // d(total loss) / d(this call's load-balance loss)
+    float z_grad;      // d(total loss) / d(this call's router z-loss)
+} RouterArgs;
+
+// Per MoE layer, the router keeps running statistics in one f32 array of router_stats_len(E):
+// [0, E) routed slots per expert, then dropped slots, load-balance loss sum, z-loss sum.
+static inline size_t router_stats_len(size_t E) { return E + 3; }
+static inline size_t router_stat_dropped(size_t E) { return E; }
+static inline size_t router_stat_lb(size_t E) { return E + 1; }
+static inline size_t router_stat_z(size_t E) { return E + 2; }
+
+typedef struct {
+    float beta1, beta2, eps;
+    float weight_decay; // decoupled; 0 for norms and embeddings
+    float clip;         // global-norm clip threshold (0 = no clipping)
+} AdamWArgs;
+
+typedef struct Ops {
+    const char *name;
+    size_t act_size, f32_size;    // bytes per element of act and f32 buffers
+    bool act_aliases_f32;         // act and f32 are the same type: compute weights = master weights
+
+    // ---- memory (sizes in bytes) ----
+    void *(*alloc)(size_t bytes);
+    void (*free)(void *p);
+    void (*zero)(void *p, size_t bytes);
+    void (*copy)(void *dst, const void *src, size_t bytes);           // within the backend
+    void (*upload)(void *dst, const void *host_src, size_t bytes);    // raw bytes (i32, StepInfo)
+    void (*download)(void *host_dst, const void *src, size_t bytes);
+    void (*upload_f32)(void *dst, const float *host_src, size_t n);   // host float -> f32 buffer
+    void (*download_f32)(float *host_dst, const void *src, size_t n); // f32 buffer -> host float
+    void (*download_act)(float *host_dst, const void *src, size_t n); // act buffer -> host float
+    void (*cast_f32_to_act)(void *dst, const void *src, size_t n);
+    void (*sync)(void); // waits for queued work (no-op on the CPU)
+
+    // ---- dense layers ----
+    // out (T, D) = wte[tokens]; wte (V, D) act
+    void (*embedding_forward)(void *out, const int32_t *tokens, const void *wte, size_t T, size_t D);
+    // dwte (V, D) f32 += scatter of dout (T, D) act by tokens
+    void (*embedding_backward)(void *dwte, const void *dout, const int32_t *tokens, size_t T,
+                               size_t D, size_t V);
+    // out (M, N) act = x (M, K) act . w (N, K)^T act   (+ out when accumulate)
+    void (*matmul_forward)(void *out, const void *x, const void *w, size_t M, size_t N, size_t K,
+                           bool accumulate);
+    // dx (M, K) act = dout . w (+= when accumulate_dx; skipped when dx is NULL);
+    // dw (N, K) f32 += dout^T . x
+    void (*matmul_backward)(void *dx, void *dw, const void *dout, const void *x, const void *w,
+                            size_t M, size_t N, size_t K, bool accumulate_dx);
+    // out (R, W) act = x / rms(x) * w; rstd (R) f32 keeps 1 / rms for the backward
+    void (*rmsnorm_forward)(void *out, void *rstd, const void *x, const void *w, size_t R,
+                            size_t W, float eps);
+    // dx (R, W) act (= or +=); dw (W) f32 +=
+    void (*rmsnorm_backward)(void *dx, void *dw, const void *dout, const void *x, const void *w,
+                             const void *rstd, size_t R, size_t W, bool accumulate_dx);
+    // out = a + b, n elements act (out may alias a or b)
+    void (*add)(void *out, const void *a, const void *b, size_t n);
+
+    // ---- attention (packed qkv rows: C = (Hq + 2 Hkv) hd, q heads then k heads then v heads) ----
+    // qkv (T, C) act = RoPE(QK-norm(qkv_raw)); v copied. wq: (Hq hd) for FULL, (hd) for HEAD;
+    // wk likewise with Hkv; rstd (T, Hq + Hkv) f32; rope (S, hd / 2, 2) f32 cos, sin.
+    void (*qkv_norm_rope_forward)(void *qkv, void *rstd, const void *qkv_raw, const void *wq,
+                                  const void *wk, const void *rope, AttnDims d, QkNorm mode,
+                                  float eps);
+    // dqkv_raw (T, C) act = backward of the above; dwq, dwk f32 +=
+    void (*qkv_norm_rope_backward)(void *dqkv_raw, void *dwq, void *dwk, const void *dqkv,
+                                   const void *qkv_raw, const void *wq, const void *wk,
+                                   const void *rstd, const void *rope, AttnDims d, QkNorm mode);
+    // causal attention: out (T, Hq hd) act; lse (B, Hq, S) f32 log-sum-exp of each score row
+    void (*attention_forward)(void *out, void *lse, const void *qkv, AttnDims d);
+    // dqkv (T, C) act
+    void (*attention_backward)(void *dqkv, const void *dout, const void *qkv, const void *out,
+                               const void *lse, AttnDims d);
+
+    // ---- SwiGLU (rows of gu hold gate then up; rows used = *row_count when non-NULL, else R) ----
+    // out (R, H) act = silu(gate) * up
+    void (*swiglu_forward)(void *out, const void *gu, size_t R, size_t H, const int32_t *row_count);
+    // dgu (R, 2H) act
+    void (*swiglu_backward)(void *dgu, const void *dout, const void *gu, size_t R, size_t H,
+                            const int32_t *row_count);
+
+    // ---- mixture of experts ----
+    // From logits (T, E) act: scores (T, E) f32 (softmax or sigmoid; real scores even in random
+    // mode), the top-k choice by score + bias (bias (E) f32 or NULL) into topk_idx (T, K) i32,
+    // weights topk_w (T, K) f32, counts (E) i32 of routed slots; adds loads, lb and z to stats.
+    void (*router_forward)(void *scores, int32_t *topk_idx, void *topk_w, int32_t *counts,
+                           void *stats, const void *logits, const void *bias,
+                           const StepInfo *step, RouterArgs a);
+    // dlogits (T, E) act from dtopk_w (T, K) f32 and the aux losses
+    void (*router_backward)(void *dlogits, const void *dtopk_w, const void *logits,
+                            const void *scores, const int32_t *topk_idx, const void *topk_w,
+                            const int32_t *counts, RouterArgs a);
+    // Counting sort of the routed slots into expert-contiguous rows: offsets (E + 1) i32 (rows of
+    // expert e are [offsets[e], offsets[e+1])), slot_pos (T, K) i32 (row of each slot, -1 when
+    // dropped), xp (R, D) act rows gathered from x (T, D). Within an expert, rows keep token order.
+    // capacity 0 = dropless; else at most `capacity` rows per expert, the rest dropped and counted.
+    void (*moe_dispatch_forward)(void *xp, int32_t *slot_pos, int32_t *offsets, void *stats,
+                                 const void *x, const int32_t *topk_idx, const int32_t *counts,
+                                 size_t T, size_t K, size_t E, size_t D, size_t capacity);
+    // dx (T, D) act (= or +=) sum over a token's kept slots of dxp rows
+    void (*moe_dispatch_backward)(void *dx, const void *dxp, const int32_t *slot_pos, size_t T,
+                                  size_t K, size_t D, bool accumulate_dx);
+    // out (T, D) act (= or +=) sum_k topk_w[t, k] * y[slot_pos[t, k]]
+    void (*moe_combine_forward)(void *out, const void *y, const int32_t *slot_pos,
+                                const void *topk_w, size_t T, size_t K, size_t D, bool accumulate);
+    // dy (R, D) act for kept slots; dtopk_w (T, K) f32 (0 for dropped slots)
+    void (*moe_combine_backward)(void *dy, void *dtopk_w, const void *dout, const void *y,
+                                 const int32_t *slot_pos, const void *topk_w, size_t T, size_t K,
+                                 size_t D);
+    // Per expert e, rows [offsets[e], offsets[e+1]): out (R, N) act = x (R, K) . w[e] (N, K)^T
+    void (*grouped_matmul_forward)(void *out, const void *x, const void *w, const int32_t *offsets,
+                                   size_t E, size_t N, size_t K);
+    // dx (R, K) act = dout . w[e]; dw (E, N, K) f32 += dout^T . x per expert
+    void (*grouped_matmul_backward)(void *dx, void *dw, const void *dout, const void *x,
+                                    const void *w, const int32_t *offsets, size_t E, size_t N,
+                                    size_t K);
+    // Loss-free balancing: bias[e] += gamma * sign(mean(loads) - loads[e]); bias, loads (E) f32
+    void (*router_bias_update)(void *bias, const void *loads, size_t E, float gamma);
+
+    // ---- loss and optimizer ----
+    // Cross-entropy of logits (N, V) act against targets (N) i32 (< 0: ignored). Adds the summed
+    // loss and summed logsumexp^2 to loss_acc[0], loss_acc[1] (f32). With want_grad, overwrites
+    // logits with d(total)/d(logits) = ce_scale * (softmax - onehot) + z_scale * 2 lse softmax.
+    void (*cross_entropy)(void *logits, void *loss_acc, const int32_t *targets, size_t N, size_t V,
+                          float ce_scale, float z_scale, bool want_grad);
+    // acc[0] (f32) += sum of squares of x (n) f32
+    void (*sum_squares)(void *acc, const void *x, size_t n);
+    // AdamW step on n elements: param f32, param_act act (NULL when it aliases param), grad, m, v
+    // f32. Gradients are scaled by min(1, clip / norm) with norm = sqrt(*grad_norm_sq).
+    void (*adamw_update)(void *param, void *param_act, const void *grad, void *m, void *v,
+                         size_t n, AdamWArgs a, const StepInfo *step, const void *grad_norm_sq);
+} Ops;
+
+const Ops *ops_cpu(void);
+// Sizing only (allocations are counted by the model, no kernels): fp32 activations, or bf16 ones
+// as a GPU backend keeps them.
+const Ops *ops_counting(bool bf16_activations);

@@ -1,0 +1,348 @@
+// The key table and everything it drives: JSON config files, dotted overrides, help text, the
+// saved config.json, comparison of model sections, and suggestions for mistyped keys.
+#include "config.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum { KEY_INT, KEY_REAL, KEY_BOOL, KEY_STR, KEY_ENUM } KeyType;
+
+typedef struct {
+    const char *key;
+    KeyType type;
+    size_t offset;             // into Config
+    size_t size;               // bytes of a string field
+    const char *const *names;  // enum values, NULL-terminated
+    const char *help;
+} ConfigKey;
+
+static const char *const QK_NORM_NAMES[] = {"none", "full", "head", NULL};
+static const char *const NORM_NAMES[] = {"pre", "reordered", NULL};
+static const char *const ROUTER_NAMES[] = {"softmax", "sigmoid", NULL};
+static const char *const SCHED_NAMES[] = {"cosine", "linear", "constant", NULL};
+
+// One table row per key; the section and field names become the dotted key.
+#define F(sec, fld) .key = #sec "." #fld, .offset = offsetof(Config, sec.fld)
+#define INT(sec, fld, h) {F(sec, fld), .type = KEY_INT, .help = h}
+#define REAL(sec, fld, h) {F(sec, fld), .type = KEY_REAL, .help = h}
+#define BOOL(sec, fld, h) {F(sec, fld), .type = KEY_BOOL, .help = h}
+#define STR(sec, fld, h)                                                                         \
+    {F(sec, fld), .type = KEY_STR, .size = sizeof(((Config *)0)->sec.fld), .help = h}
+#define ENUM(sec, fld, n, h) {F(sec, fld), .type = KEY_ENUM, .names = n, .help = h}
+
+static const ConfigKey KEYS[] = {
+    INT(model, vocab_size, "vocabulary size V (token ids must be below it)"),
+    INT(model, d_model, "model width D"),
+    INT(model, n_layers, "number of transformer blocks L"),
+    INT(model, n_heads, "query heads"),
+    INT(model, n_kv_heads, "key/value heads (grouped-query attention; divides n_heads)"),
+    INT(model, head_dim, "head width (0: d_model / n_heads)"),
+    REAL(model, rope_theta, "RoPE base"),
+    REAL(model, norm_eps, "RMSNorm epsilon"),
+    ENUM(model, qk_norm, QK_NORM_NAMES, "QK-norm over the full q/k width, per head, or none"),
+    ENUM(model, norm_placement, NORM_NAMES, "pre-norm (HF OLMoE) or reordered norm (OLMo-core)"),
+    INT(model, n_dense_layers, "leading layers with a dense SwiGLU instead of experts"),
+    INT(model, dense_hidden, "hidden width of the dense layers"),
+    INT(model, n_experts, "experts per MoE layer E"),
+    INT(model, top_k, "experts per token K"),
+    INT(model, expert_hidden, "expert hidden width H"),
+    INT(model, shared_hidden, "hidden width of a shared expert (0: none)"),
+    ENUM(model, router, ROUTER_NAMES, "router score function"),
+    BOOL(model, norm_topk_prob, "renormalise the chosen expert weights to sum 1"),
+    REAL(model, capacity_factor, "0: dropless; else per-expert capacity ceil(cf T K / E)"),
+    BOOL(model, random_routing, "benchmark mode: uniform noise replaces router scores"),
+    REAL(model, lb_coef, "load-balance loss coefficient (OLMo-core formula, mean over layers)"),
+    REAL(model, z_coef, "router z-loss coefficient (mean over layers)"),
+    REAL(model, lm_z_coef, "LM-head z-loss coefficient"),
+    REAL(model, bias_gamma, "loss-free balancing bias step (0: off)"),
+    REAL(model, init_std, "std of the truncated-normal initialisation"),
+    INT(train, steps, "optimizer steps of the run"),
+    INT(train, micro_batch, "sequences per micro-batch B"),
+    INT(train, micro_batches, "micro-batches per optimizer step (gradient accumulation)"),
+    INT(train, seq_len, "sequence length S"),
+    REAL(train, lr, "peak learning rate"),
+    REAL(train, min_lr_ratio, "final learning rate as a fraction of lr"),
+    INT(train, warmup, "linear warmup steps"),
+    ENUM(train, schedule, SCHED_NAMES, "learning-rate decay after warmup"),
+    REAL(train, weight_decay, "AdamW decoupled weight decay (none on norms and embeddings)"),
+    REAL(train, beta1, "AdamW beta1"),
+    REAL(train, beta2, "AdamW beta2"),
+    REAL(train, eps, "AdamW epsilon"),
+    REAL(train, clip, "global gradient-norm clip (0: off)"),
+    INT(train, seed, "seed of initialisation, data order and routing noise"),
+    INT(train, log_every, "steps between progress lines"),
+    INT(train, eval_every, "steps between validation losses (0: never)"),
+    INT(train, eval_batches, "micro-batches of validation data per evaluation"),
+    INT(train, ckpt_every, "steps between checkpoints (0: only at the end)"),
+    INT(train, keep_ckpts, "checkpoints kept (older ones are deleted)"),
+    STR(train, out, "run directory: config.json, metrics.jsonl, step-N/ checkpoints"),
+    STR(train, device, "compute backend: cpu"),
+    INT(train, threads, "CPU threads (0: all cores)"),
+    STR(data, train, "training tokens: a file, a comma list, or a mix file (.txt/.mix)"),
+    STR(data, val, "validation tokens (empty: no validation)"),
+    INT(data, token_bytes, "2 or 4 bytes per token in headerless files (0: from vocab_size)"),
+};
+#define N_KEYS (sizeof KEYS / sizeof KEYS[0])
+
+void config_defaults(Config *c) {
+    memset(c, 0, sizeof *c);
+    model_config_defaults(&c->model);
+    c->train = (TrainConfig){
+        .steps = 600, .micro_batch = 16, .micro_batches = 1, .seq_len = 128,
+        .lr = 3e-3, .min_lr_ratio = 0.1, .warmup = 30, .schedule = SCHED_COSINE,
+        .weight_decay = 0.1, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .clip = 1.0,
+        .seed = 1, .log_every = 10, .eval_every = 100, .eval_batches = 20,
+        .ckpt_every = 200, .keep_ckpts = 2, .threads = 0,
+    };
+    snprintf(c->train.out, sizeof c->train.out, "runs/default");
+    snprintf(c->train.device, sizeof c->train.device, "cpu");
+    snprintf(c->data.train, sizeof c->data.train, "data/tinyshakespeare_train.npy");
+    snprintf(c->data.val, sizeof c->data.val, "data/tinyshakespeare_val.npy");
+}
+
+static const ConfigKey *find_key(const char *key) {
+    for (size_t i = 0; i < N_KEYS; i++)
+        if (!strcmp(KEYS[i].key, key)) return &KEYS[i];
+    return NULL;
+}
+
+static int unknown_key(const char *key, const char *source, MoeErr err) {
+    const char *names[N_KEYS];
+    for (size_t i = 0; i < N_KEYS; i++) names[i] = KEYS[i].key;
+    const char *guess = moe_suggest(key, names, N_KEYS);
+    char hint[160] = "";
+    if (guess) snprintf(hint, sizeof hint, " (did you mean '%s'?)", guess);
+    else snprintf(hint, sizeof hint, " (`moe train --help` lists every key)");
+    return moe_err(err, "%s: config key '%s' is unknown%s", source, key, hint);
+}
+
+// A section is known when some key starts with "section.".
+static bool known_section(const char *section) {
+    size_t len = strlen(section);
+    for (size_t i = 0; i < N_KEYS; i++)
+        if (!strncmp(KEYS[i].key, section, len) && KEYS[i].key[len] == '.') return true;
+    return false;
+}
+
+static int enum_index(const ConfigKey *k, const char *v) {
+    for (int i = 0; k->names[i]; i++)
+        if (!strcmp(k->names[i], v)) return i;
+    return -1;
+}
+
+static int bad_value(const ConfigKey *k, const char *text, const char *source, MoeErr err) {
+    static const char *const WHAT[] = {"an integer", "a number", "true or false", "a string", ""};
+    if (k->type != KEY_ENUM)
+        return moe_err(err, "%s: config key '%s' must be %s, got '%s'", source, k->key,
+                       WHAT[k->type], text);
+    char choices[256] = "";
+    for (int i = 0; k->names[i]; i++)
+        snprintf(choices + strlen(choices), sizeof choices - strlen(choices), "%s%s",
+                 i ? ", " : "", k->names[i]);
+    return moe_err(err, "%s: config key '%s' must be one of %s, got '%s'", source, k->key,
+                   choices, text);
+}
+
+// Parses text into the field of key k; the one parser serves both overrides and JSON values.
+static int set_from_text(Config *c, const ConfigKey *k, const char *text, const char *source,
+                         MoeErr err) {
+    char *field = (char *)c + k->offset, *end;
+    errno = 0;
+    switch (k->type) {
+    case KEY_INT: {
+        long v = strtol(text, &end, 10);
+        if (!*text || *end || errno || v < -2147483647L || v > 2147483647L) break;
+        *(int *)field = (int)v;
+        return 0;
+    }
+    case KEY_REAL: {
+        double v = strtod(text, &end);
+        if (!*text || *end || errno || !isfinite(v)) break;
+        *(double *)field = v;
+        return 0;
+    }
+    case KEY_BOOL:
+        if (strcmp(text, "true") && strcmp(text, "false") && strcmp(text, "1") && strcmp(text, "0"))
+            break;
+        *(bool *)field = !strcmp(text, "true") || !strcmp(text, "1");
+        return 0;
+    case KEY_STR:
+        if (strlen(text) >= k->size)
+            return moe_err(err, "%s: config key '%s' is longer than %zu characters", source,
+                           k->key, k->size - 1);
+        snprintf(field, k->size, "%s", text);
+        return 0;
+    case KEY_ENUM: {
+        int i = enum_index(k, text);
+        if (i < 0) break;
+        *(int *)field = i;
+        return 0;
+    }
+    }
+    return bad_value(k, text, source, err);
+}
+
+// A JSON scalar as the text set_from_text parses; -1 when its JSON type cannot fit the key
+// (buf then holds the JSON for the message). Integers are accepted for real-valued keys.
+static int json_value_text(const ConfigKey *k, json_t *v, char *buf, size_t len) {
+    bool textual = k->type == KEY_STR || k->type == KEY_ENUM;
+    if (json_is_string(v) && textual)
+        snprintf(buf, len, "%s", json_string_value(v));
+    else if (json_is_integer(v) && (k->type == KEY_INT || k->type == KEY_REAL))
+        snprintf(buf, len, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+    else if (json_is_real(v) && k->type == KEY_REAL)
+        snprintf(buf, len, "%.17g", json_real_value(v));
+    else if (json_is_boolean(v) && k->type == KEY_BOOL)
+        snprintf(buf, len, "%s", json_is_true(v) ? "true" : "false");
+    else {
+        char *s = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+        snprintf(buf, len, "%s", s ? s : "?");
+        free(s);
+        return -1;
+    }
+    return 0;
+}
+
+int config_apply_json(Config *c, json_t *root, const char *source, MoeErr err) {
+    if (!json_is_object(root))
+        return moe_err(err, "%s: a config must be a JSON object with sections \"model\", "
+                       "\"train\" and \"data\"", source);
+    const char *section;
+    json_t *obj;
+    json_object_foreach(root, section, obj) {
+        if (!known_section(section)) return unknown_key(section, source, err);
+        if (!json_is_object(obj))
+            return moe_err(err, "%s: section '%s' must be a JSON object", source, section);
+        const char *name;
+        json_t *v;
+        json_object_foreach(obj, name, v) {
+            char key[256], text[CONFIG_PATH_LEN + 64];
+            snprintf(key, sizeof key, "%s.%s", section, name);
+            const ConfigKey *k = find_key(key);
+            if (!k) return unknown_key(key, source, err);
+            if (json_value_text(k, v, text, sizeof text)) return bad_value(k, text, source, err);
+            if (set_from_text(c, k, text, source, err)) return -1;
+        }
+    }
+    return 0;
+}
+
+int config_load_file(Config *c, const char *path, MoeErr err) {
+    json_error_t jerr;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root) {
+        if (jerr.line < 0 || strstr(jerr.text, "unable to open"))
+            return moe_err(err, "%s: cannot read config file (%s)", path, jerr.text);
+        return moe_err(err, "%s:%d:%d: malformed JSON: %s", path, jerr.line, jerr.column,
+                       jerr.text);
+    }
+    int rc = config_apply_json(c, root, path, err);
+    json_decref(root);
+    return rc;
+}
+
+int config_apply_override(Config *c, const char *assignment, MoeErr err) {
+    const char *eq = strchr(assignment, '=');
+    if (!eq || eq == assignment)
+        return moe_err(err, "argument '%s' is not a key=value override (e.g. train.steps=50)",
+                       assignment);
+    char key[256];
+    snprintf(key, sizeof key, "%.*s", (int)(eq - assignment), assignment);
+    const ConfigKey *k = find_key(key);
+    if (!k) return unknown_key(key, "command line", err);
+    return set_from_text(c, k, eq + 1, "command line", err);
+}
+
+static int check_train(const TrainConfig *t, MoeErr err) {
+    const struct { int v; const char *key; int min; } ints[] = {
+        {t->steps, "train.steps", 1},         {t->micro_batch, "train.micro_batch", 1},
+        {t->micro_batches, "train.micro_batches", 1}, {t->seq_len, "train.seq_len", 1},
+        {t->warmup, "train.warmup", 0},       {t->log_every, "train.log_every", 1},
+        {t->eval_every, "train.eval_every", 0}, {t->eval_batches, "train.eval_batches", 1},
+        {t->ckpt_every, "train.ckpt_every", 0}, {t->keep_ckpts, "train.keep_ckpts", 1},
+        {t->threads, "train.threads", 0},
+    };
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+        if (ints[i].v < ints[i].min)
+            return moe_err(err, "config key '%s' = %d must be >= %d", ints[i].key, ints[i].v,
+                           ints[i].min);
+    if (!(t->lr > 0) || !(t->min_lr_ratio >= 0 && t->min_lr_ratio <= 1))
+        return moe_err(err, "train.lr = %g must be > 0 and train.min_lr_ratio = %g in [0, 1]",
+                       t->lr, t->min_lr_ratio);
+    if (!(t->beta1 >= 0 && t->beta1 < 1) || !(t->beta2 >= 0 && t->beta2 < 1) || !(t->eps > 0))
+        return moe_err(err, "train.beta1 = %g and train.beta2 = %g must be in [0, 1), train.eps "
+                       "= %g > 0", t->beta1, t->beta2, t->eps);
+    if (!(t->weight_decay >= 0) || !(t->clip >= 0))
+        return moe_err(err, "train.weight_decay = %g and train.clip = %g must be >= 0",
+                       t->weight_decay, t->clip);
+    if (strcmp(t->device, "cpu"))
+        return moe_err(err, "train.device = '%s' is not available in this build (choices: cpu)",
+                       t->device);
+    if (!t->out[0]) return moe_err(err, "train.out must name a run directory");
+    return 0;
+}
+
+int config_validate(Config *c, MoeErr err) {
+    if (model_config_validate(&c->model, err) || check_train(&c->train, err)) return -1;
+    if (c->data.token_bytes != 0 && c->data.token_bytes != 2 && c->data.token_bytes != 4)
+        return moe_err(err, "data.token_bytes = %d must be 0 (auto), 2 or 4", c->data.token_bytes);
+    if (!c->data.train[0]) return moe_err(err, "data.train must name the training tokens");
+    return 0;
+}
+
+static json_t *key_to_json(const Config *c, const ConfigKey *k) {
+    const char *field = (const char *)c + k->offset;
+    switch (k->type) {
+    case KEY_INT: return json_integer(*(const int *)field);
+    case KEY_REAL: return json_real(*(const double *)field);
+    case KEY_BOOL: return json_boolean(*(const bool *)field);
+    case KEY_STR: return json_string(field);
+    case KEY_ENUM: return json_string(k->names[*(const int *)field]);
+    }
+    return NULL;
+}
+
+json_t *config_to_json(const Config *c) {
+    json_t *root = json_object();
+    for (size_t i = 0; i < N_KEYS; i++) {
+        const char *dot = strchr(KEYS[i].key, '.');
+        char section[32];
+        snprintf(section, sizeof section, "%.*s", (int)(dot - KEYS[i].key), KEYS[i].key);
+        json_t *sec = json_object_get(root, section);
+        if (!sec) json_object_set_new(root, section, sec = json_object());
+        json_object_set_new(sec, dot + 1, key_to_json(c, &KEYS[i]));
+    }
+    return root;
+}
+
+static void key_text(const Config *c, const ConfigKey *k, char *buf, size_t len) {
+    json_t *v = key_to_json(c, k);
+    char *s = json_dumps(v, JSON_ENCODE_ANY | JSON_REAL_PRECISION(17));
+    snprintf(buf, len, "%s", s);
+    free(s);
+    json_decref(v);
+}
+
+const char *config_model_diff(const Config *x, const Config *y, char *a, char *b, size_t len) {
+    for (size_t i = 0; i < N_KEYS; i++) {
+        if (strncmp(KEYS[i].key, "model.", 6)) continue;
+        key_text(x, &KEYS[i], a, len);
+        key_text(y, &KEYS[i], b, len);
+        if (strcmp(a, b)) return KEYS[i].key;
+    }
+    return NULL;
+}
+
+void config_print_keys(FILE *f) {
+    static const char *const TYPE[] = {"int", "real", "bool", "string", "choice"};
+    Config d;
+    config_defaults(&d);
+    for (size_t i = 0; i < N_KEYS; i++) {
+        char v[CONFIG_PATH_LEN + 8];
+        key_text(&d, &KEYS[i], v, sizeof v);
+        fprintf(f, "  %-24s %-6s %-32s %s\n", KEYS[i].key, TYPE[KEYS[i].type], v, KEYS[i].help);
+    }
+}

@@ -1,0 +1,54 @@
+// The whole run configuration: model, train and data sections, read from a JSON file and from
+// dotted `key=value` overrides. One table of keys drives parsing, overrides, help, the saved
+// config.json and the "did you mean" suggestions, so a key exists in exactly one place.
+#pragma once
+#include <jansson.h>
+#include <stdio.h>
+
+#include "model/config.h"
+
+typedef enum { SCHED_COSINE, SCHED_LINEAR, SCHED_CONSTANT } LrSchedule;
+
+#define CONFIG_PATH_LEN 1024
+
+typedef struct {
+    int steps;           // optimizer steps of the whole run
+    int micro_batch;     // B: sequences per micro-batch
+    int micro_batches;   // micro-batches per optimizer step (gradient accumulation)
+    int seq_len;         // S
+    double lr;           // peak learning rate
+    double min_lr_ratio; // final learning rate = lr * min_lr_ratio
+    int warmup;          // linear warmup steps
+    LrSchedule schedule; // decay after warmup
+    double weight_decay, beta1, beta2, eps, clip;
+    int seed;
+    int log_every, eval_every, eval_batches, ckpt_every, keep_ckpts;
+    char out[CONFIG_PATH_LEN]; // run directory
+    char device[32];           // "cpu"
+    int threads;               // OpenMP threads (0: all cores)
+} TrainConfig;
+
+typedef struct {
+    char train[CONFIG_PATH_LEN]; // token file, comma list or mix file
+    char val[CONFIG_PATH_LEN];   // held-out data ("" : no validation)
+    int token_bytes;             // 2 or 4 for headerless files; 0: from the vocabulary size
+} DataConfig;
+
+typedef struct {
+    ModelConfig model;
+    TrainConfig train;
+    DataConfig data;
+} Config;
+
+void config_defaults(Config *c);
+// Applies every key of a JSON config file on top of c (unknown keys are errors).
+int config_load_file(Config *c, const char *path, MoeErr err);
+// Applies a JSON object (as written by config_to_json); `source` names it in messages.
+int config_apply_json(Config *c, json_t *root, const char *source, MoeErr err);
+// Applies one "section.key=value" override.
+int config_apply_override(Config *c, const char *assignment, MoeErr err);
+int config_validate(Config *c, MoeErr err);
+json_t *config_to_json(const Config *c);
+// The first model.* key whose value differs; NULL if the model sections match. Values into a, b.
+const char *config_model_diff(const Config *x, const Config *y, char *a, char *b, size_t len);
+void config_print_keys(FILE *f); // every key with its type, default and meaning

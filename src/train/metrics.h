@@ -1,0 +1,33 @@
+// What a training step reports: losses, learning rate, gradient norm, throughput, and per MoE
+// layer the real expert loads (a falling balance loss does not prove balanced work, so both are
+// shown). Built from the metrics buffer the model fills in backend memory.
+#pragma once
+#include <stdio.h>
+
+#include "model/model.h"
+
+typedef struct {
+    double *load;          // (E) routed slots per expert over the step
+    double imbalance;      // max load / mean load
+    double min_over_mean;  // min load / mean load
+    double drop_rate;      // dropped slots / routed slots
+    double lb, z;          // this layer's aux losses (mean over micro-batches)
+} LayerLoad;
+
+typedef struct {
+    int step, steps;
+    double loss, ce, lb, z, lm_z; // loss = ce + coefficients x aux losses
+    double lr, grad_norm;
+    double tokens_per_sec, elapsed_s;
+    int n_moe, E;
+    LayerLoad *layers;     // (n_moe)
+} StepReport;
+
+// `metrics` is the host copy of the model's metrics after a step of n_micro micro-batches of
+// T tokens each.
+void report_build(StepReport *r, const ModelConfig *c, const float *metrics, size_t n_micro,
+                  size_t T);
+void report_free(StepReport *r);
+bool report_finite(const StepReport *r);
+void report_print(const StepReport *r, FILE *f);          // one console line
+void report_write_json(const StepReport *r, FILE *f);     // one JSON line

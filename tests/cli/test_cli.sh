@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# Command-line tests of ./moe: bad input (clear message, non-zero exit, nothing overwritten),
+# training progress, exact resume, determinism, atomic checkpoints, and the other commands.
+# Prints one line per test and ends with "N passed, N failed".
+set -u
+cd "$(dirname "$0")/../.."
+MOE=./moe
+tmp=$(mktemp -d /tmp/moe-cli-XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+pass=0; fail=0
+ok()  { pass=$((pass + 1)); printf '  %-58s ok\n' "$1"; }
+bad() { fail=$((fail + 1)); printf '  %-58s FAIL\n' "$1"; shift; printf '    %s\n' "$@" >&2; }
+
+# A tiny model so each run takes a second or two.
+TINY="model.d_model=32 model.n_layers=2 model.n_heads=2 model.n_kv_heads=1 model.n_experts=4
+      model.top_k=2 model.expert_hidden=32 train.seq_len=32 train.micro_batch=4
+      train.eval_batches=2 train.log_every=5 train.warmup=5 train.lr=3e-3"
+
+# expect_error NAME PATTERN CMD...: CMD must exit non-zero and its stderr must match PATTERN.
+expect_error() {
+    local name=$1 pattern=$2; shift 2
+    local out; out=$("$@" 2>&1 >/dev/null); local rc=$?
+    if [ $rc -ne 0 ] && grep -qiE -- "$pattern" <<<"$out"; then ok "$name"
+    else bad "$name" "exit code $rc, wanted non-zero and a message matching: $pattern" "got: $out"; fi
+}
+
+# ---------------------------------------------------------------- bad configs and commands
+echo '{"model": {"d_model": 64,' > "$tmp/malformed.json"
+echo '{"model": {"n_expertz": 8}}' > "$tmp/typo.json"
+echo '{"model": {"d_model": "wide"}}' > "$tmp/wrongtype.json"
+[ -e "$tmp/never" ] && bad "test setup" "$tmp/never exists"
+expect_error "missing config file" "nope.json: cannot read config" $MOE train "$tmp/nope.json"
+expect_error "malformed config (line and column)" "malformed.json:[0-9]+:[0-9]+: malformed JSON" $MOE train "$tmp/malformed.json"
+expect_error "unknown key in config file suggests" "n_expertz' is unknown \(did you mean 'model.n_experts'" $MOE train "$tmp/typo.json"
+expect_error "wrong JSON type for a key" "'model.d_model' must be an integer, got '\"wide\"'" $MOE train "$tmp/wrongtype.json"
+expect_error "unknown override suggests" "did you mean 'train.steps'" $MOE train train.stpes=5 train.out="$tmp/never"
+expect_error "override value not an integer" "must be an integer, got '1.5'" $MOE train model.n_layers=1.5 train.out="$tmp/never"
+expect_error "enum override lists choices" "one of softmax, sigmoid" $MOE train model.router=relu train.out="$tmp/never"
+expect_error "d_model not divisible by heads" "d_model = 130 is not divisible by model.n_heads = 4" $MOE train model.d_model=130 train.out="$tmp/never"
+expect_error "top_k larger than n_experts" "top_k = 9 is larger than model.n_experts = 8" $MOE train model.top_k=9 train.out="$tmp/never"
+expect_error "n_kv_heads does not divide n_heads" "n_kv_heads = 3 must divide model.n_heads = 4" $MOE train model.n_kv_heads=3 train.out="$tmp/never"
+expect_error "zero layers" "'model.n_layers' must be a positive integer, got 0" $MOE train model.n_layers=0 train.out="$tmp/never"
+expect_error "zero batch" "'train.micro_batch' = 0 must be >= 1" $MOE train train.micro_batch=0 train.out="$tmp/never"
+expect_error "unknown command suggests" "did you mean 'train'" $MOE trian
+expect_error "unknown option suggests" "did you mean '--data'" $MOE eval --ckpt x --dta y
+expect_error "unknown device" "train.device = 'tpu' is not available" $MOE train train.device=tpu train.out="$tmp/never"
+
+# ---------------------------------------------------------------- bad data
+: > "$tmp/empty.npy"
+printf 'abc' > "$tmp/odd.npy"
+head -c 20 data/tinyshakespeare_train.npy > "$tmp/short.npy"
+expect_error "missing token file" "nope.npy.*(No such file|cannot)" $MOE train $TINY data.train="$tmp/nope.npy" train.out="$tmp/never"
+expect_error "empty token file" "empty.npy: empty token file" $MOE train $TINY data.train="$tmp/empty.npy" train.out="$tmp/never"
+expect_error "odd-sized token file" "odd.npy: 3 bytes is not a whole number of uint16 tokens" $MOE train $TINY data.train="$tmp/odd.npy" train.out="$tmp/never"
+expect_error "token id >= vocab_size" "is >= vocab_size 100" $MOE train $TINY model.vocab_size=100 train.out="$tmp/never"
+expect_error "sequence longer than the data" "short.npy: 10 tokens is fewer than seq_len \+ 1" $MOE train $TINY data.train="$tmp/short.npy" train.out="$tmp/never"
+expect_error "raw text as data gets a hint" "moe data prepare" $MOE train $TINY data.train=data/tinyshakespeare.txt train.out="$tmp/never"
+touch "$tmp/afile"
+expect_error "output directory not writable" "afile.*(not a directory|cannot create)" $MOE train $TINY train.steps=1 train.out="$tmp/afile/run"
+
+[ -e "$tmp/never/step-1" ] && bad "rejected runs leave no checkpoint" "$(ls "$tmp/never")"
+
+# ---------------------------------------------------------------- training, resume, determinism
+run() { $MOE train $TINY "$@" > "$tmp/last.log" 2>&1; }
+losses() { grep -o '"loss":[^,]*' "$1/metrics.jsonl"; }
+
+if run train.steps=60 train.eval_every=60 train.out="$tmp/learn"; then
+    first=$(losses "$tmp/learn" | head -1 | cut -d: -f2); last=$(losses "$tmp/learn" | tail -1 | cut -d: -f2)
+    if awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 1.0) }'; then ok "training reduces loss ($first -> $last)"
+    else bad "training reduces loss" "first $first, last $last: wanted a drop of more than 1 nat"; fi
+    grep -q '"val_loss"' "$tmp/learn/metrics.jsonl" && ok "validation loss logged" || bad "validation loss logged" "no val_loss in metrics.jsonl"
+    grep -q '"moe_layers":\[{"moe_layer":0,"load":\[' "$tmp/learn/metrics.jsonl" && ok "per-layer expert loads logged" \
+        || bad "per-layer expert loads logged" "no moe_layers load array in metrics.jsonl"
+else bad "training runs" "$(tail -5 "$tmp/last.log")"; fi
+
+run train.steps=20 train.ckpt_every=10 train.out="$tmp/straight" &&
+run train.steps=20 train.ckpt_every=10 train.out="$tmp/resumed" --stop-at 10 &&
+run train.steps=20 train.ckpt_every=10 train.out="$tmp/resumed"
+if grep -q "resumed from" "$tmp/last.log" && [ "$(losses "$tmp/straight")" = "$(losses "$tmp/resumed")" ]; then
+    ok "20 steps == 10 + resume + 10 (losses)"
+else bad "20 steps == 10 + resume + 10 (losses)" "$(diff <(losses "$tmp/straight") <(losses "$tmp/resumed") | head -5)"; fi
+cmp -s "$tmp/straight/step-20/model.safetensors" "$tmp/resumed/step-20/model.safetensors" &&
+cmp -s "$tmp/straight/step-20/optimizer.safetensors" "$tmp/resumed/step-20/optimizer.safetensors" &&
+    ok "resumed checkpoint is bit-identical" || bad "resumed checkpoint is bit-identical" "step-20 files differ"
+
+run train.steps=20 train.ckpt_every=10 train.out="$tmp/again"
+cmp -s "$tmp/straight/step-20/model.safetensors" "$tmp/again/step-20/model.safetensors" &&
+    ok "same seed twice: bit-identical weights" || bad "same seed twice: bit-identical weights" "files differ"
+run train.steps=20 train.ckpt_every=10 train.out="$tmp/threads1" train.threads=1
+cmp -s "$tmp/straight/step-20/model.safetensors" "$tmp/threads1/step-20/model.safetensors" &&
+    ok "1 thread and all threads give identical weights" || bad "1 thread and all threads give identical weights" "files differ"
+
+ls -d "$tmp"/straight/step-* | wc -l | grep -qx 2 && ok "keeps the last N checkpoints" || bad "keeps the last N checkpoints" "$(ls "$tmp/straight")"
+run train.steps=20 train.out="$tmp/straight" && grep -q "already at step 20" "$tmp/last.log" &&
+    ok "finished run: nothing to do" || bad "finished run: nothing to do" "$(cat "$tmp/last.log")"
+expect_error "resume with another model shape" "checkpoint has model.n_layers = 2 but this run asks for 3" $MOE train $TINY model.n_layers=3 train.steps=30 train.out="$tmp/straight"
+
+# ---------------------------------------------------------------- corrupted checkpoints
+cp -r "$tmp/straight" "$tmp/corrupt"
+snapshot=$(cd "$tmp/corrupt" && find . -type f | sort | xargs md5sum)
+ck="$tmp/corrupt/step-20/model.safetensors"
+head -c 1000 "$tmp/straight/step-20/model.safetensors" > "$ck"
+expect_error "truncated safetensors" "model.safetensors" $MOE train $TINY train.steps=30 train.out="$tmp/corrupt"
+printf '\xff\xff\xff\x00\x00\x00\x00\x00{}' > "$ck"
+expect_error "lying header length" "model.safetensors.*header" $MOE eval --ckpt "$tmp/corrupt"
+cp "$tmp/straight/step-20/model.safetensors" "$ck"
+sed -i 's/"expert_hidden": 32/"expert_hidden": 16/' "$tmp/corrupt/step-20/train_state.json"
+expect_error "tensor shape differs from config" "has shape \[32, 32\] in the file but the model needs \[16, 32\]" $MOE eval --ckpt "$tmp/corrupt"
+sed -i 's/"expert_hidden": 16/"expert_hidden": 32/' "$tmp/corrupt/step-20/train_state.json"
+python3 - "$ck" <<'PY' 2>/dev/null || sed -i 's/"F32"/"I32"/' "$ck"
+import sys; p = sys.argv[1]; b = bytearray(open(p, 'rb').read()); i = b.find(b'"F32"'); b[i:i+5] = b'"I32"'; open(p, 'wb').write(b)
+PY
+expect_error "wrong dtype in safetensors" "I32" $MOE eval --ckpt "$tmp/corrupt"
+cp "$tmp/straight/step-20/model.safetensors" "$ck"
+after=$(cd "$tmp/corrupt" && find . -type f | sort | xargs md5sum)
+[ "$snapshot" = "$after" ] && ok "failed resumes overwrite nothing" || bad "failed resumes overwrite nothing" "$(diff <(echo "$snapshot") <(echo "$after"))"
+
+# ---------------------------------------------------------------- crash and full disk mid-save
+run train.steps=10 train.ckpt_every=5 train.out="$tmp/crash"
+good=$(md5sum "$tmp/crash/step-10/model.safetensors" | cut -d' ' -f1)
+sh -c 'ulimit -f 64; "$@"; exit $?' sh $MOE train $TINY train.steps=15 train.ckpt_every=5 train.out="$tmp/crash" > /dev/null 2>&1
+crash_rc=$?
+if [ $crash_rc -ne 0 ] && [ ! -e "$tmp/crash/step-15" ] && [ "$(md5sum "$tmp/crash/step-10/model.safetensors" | cut -d' ' -f1)" = "$good" ]; then
+    ok "killed mid-save: previous checkpoint intact"
+else bad "killed mid-save: previous checkpoint intact" "rc $crash_rc; $(ls -a "$tmp/crash")"; fi
+out=$( trap '' XFSZ; ulimit -f 64; $MOE train $TINY train.steps=15 train.ckpt_every=5 train.out="$tmp/crash" 2>&1 >/dev/null ); rc=$?
+if [ $rc -ne 0 ] && grep -q "not written" <<<"$out" && [ ! -e "$tmp/crash/step-15" ]; then ok "write error mid-save: clear message, previous intact"
+else bad "write error mid-save: clear message, previous intact" "rc $rc: $out"; fi
+run train.steps=15 train.ckpt_every=5 train.out="$tmp/crash" && grep -q "resumed from .*step-10" "$tmp/last.log" && [ -e "$tmp/crash/step-15" ] &&
+    [ -z "$(ls -a "$tmp/crash" | grep '^\.tmp')" ] && ok "next run resumes from the whole checkpoint" \
+    || bad "next run resumes from the whole checkpoint" "$(tail -3 "$tmp/last.log")"
+
+# ---------------------------------------------------------------- divergence
+out=$($MOE train $TINY train.lr=1e30 train.warmup=0 train.clip=0 train.steps=20 train.ckpt_every=1 train.out="$tmp/nan" 2>&1); rc=$?
+if [ $rc -ne 0 ] && grep -q "training diverged" <<<"$out" && ls "$tmp/nan" | grep -q '^step-'; then ok "NaN/Inf loss stops with a message, keeps a checkpoint"
+else bad "NaN/Inf loss stops with a message, keeps a checkpoint" "rc $rc: $(tail -2 <<<"$out")"; fi
+
+# ---------------------------------------------------------------- other commands
+out=$($MOE eval --ckpt "$tmp/straight" 2>&1) && grep -qE "val loss [0-9.]+ nats/token" <<<"$out" && ok "eval prints a loss" || bad "eval prints a loss" "$out"
+out=$($MOE sample --ckpt "$tmp/straight" --tokens 40 --prompt "ROMEO:" 2>&1) && [ ${#out} -ge 40 ] && ok "sample generates text" || bad "sample generates text" "$out"
+out=$($MOE inspect "$tmp/straight" 2>&1) && grep -q "parameters" <<<"$out" && grep -q "GFLOP" <<<"$out" && ok "inspect a run directory" || bad "inspect a run directory" "$out"
+expect_error "sample without --ckpt shows usage" "" $MOE sample
+$MOE train --help | grep -q "model.n_experts" && ok "train --help lists config keys" || bad "train --help lists config keys" ""
+
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]

@@ -1,0 +1,197 @@
+// Tests of the model layout and the training layer: fused parameter layout, parameter counts,
+// layout-independent init, gradient accumulation over micro-batches, learning-rate schedule, step
+// reports, and checkpoint save/load/prune.
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/real.h"
+#include "io/fsutil.h"
+#include "model/model.h"
+#include "test.h"
+#include "train/ckpt.h"
+#include "train/metrics.h"
+#include "train/optim.h"
+
+static ModelConfig small_model(void) {
+    ModelConfig c;
+    model_config_defaults(&c);
+    c.vocab_size = 17, c.d_model = 8, c.n_layers = 3, c.n_heads = 2, c.n_kv_heads = 1;
+    c.n_experts = 4, c.top_k = 2, c.expert_hidden = 6, c.n_dense_layers = 1, c.dense_hidden = 12;
+    c.shared_hidden = 5;
+    MoeErr err;
+    if (model_config_validate(&c, err)) TEST_FAIL("%s", err);
+    return c;
+}
+
+static size_t offset_of(const Model *m, const char *name) {
+    const ParamInfo *p = params_find(&m->reg, name);
+    if (!p) TEST_FAIL("tensor %s not registered", name);
+    return p ? p->offset : (size_t)-1;
+}
+
+static void test_fused_layout(void) {
+    ModelConfig c = small_model();
+    Model m;
+    model_init(&m, &c, ops_cpu(), 2, 4);
+    size_t D = 8, hd = 4, H = 6;
+    CHECK(offset_of(&m, "model.layers.1.self_attn.k_proj.weight") ==
+          offset_of(&m, "model.layers.1.self_attn.q_proj.weight") + 2 * hd * D);
+    CHECK(offset_of(&m, "model.layers.1.self_attn.v_proj.weight") ==
+          offset_of(&m, "model.layers.1.self_attn.k_proj.weight") + hd * D);
+    for (int e = 0; e < 4; e++) {
+        char gate[96], up[96], down[96];
+        snprintf(gate, sizeof gate, "model.layers.2.mlp.experts.%d.gate_proj.weight", e);
+        snprintf(up, sizeof up, "model.layers.2.mlp.experts.%d.up_proj.weight", e);
+        snprintf(down, sizeof down, "model.layers.2.mlp.experts.%d.down_proj.weight", e);
+        CHECK(offset_of(&m, gate) == m.layer[2].experts_gu + e * 2 * H * D);
+        CHECK(offset_of(&m, up) == m.layer[2].experts_gu + e * 2 * H * D + H * D);
+        CHECK(offset_of(&m, down) == m.layer[2].experts_down + e * D * H);
+    }
+    CHECK(offset_of(&m, "model.layers.0.mlp.up_proj.weight") == m.layer[0].dense_gu + 12 * D);
+    CHECK(params_find(&m.reg, "model.layers.0.mlp.gate.weight") == NULL); // dense layer: no router
+    CHECK(params_find(&m.reg, "model.layers.2.mlp.shared_expert.down_proj.weight") != NULL);
+    ParamCounts pc = model_param_counts(&c);
+    CHECK_MSG(pc.total == (double)m.reg.total, "counted %.0f parameters, registry holds %zu", pc.total, m.reg.total);
+    const ParamInfo *norm = params_find(&m.reg, "model.norm.weight"), *emb = params_find(&m.reg, "model.embed_tokens.weight");
+    CHECK(norm && !norm->decay && norm->ones && emb && !emb->decay);
+    CHECK(params_find(&m.reg, "lm_head.weight")->decay);
+    model_free(&m);
+}
+
+// The same tensor gets the same values whatever else is registered (any layout, any rank).
+static void test_init_independent_of_layout(void) {
+    ParamInfo a = {.name = "model.layers.3.mlp.experts.7.up_proj.weight", .numel = 50, .offset = 0};
+    ParamInfo b = a;
+    b.offset = 12345;
+    float va[50], vb[50];
+    params_init_values(&a, 9, 0.02, va);
+    params_init_values(&b, 9, 0.02, vb);
+    CHECK(!memcmp(va, vb, sizeof va));
+    double mx = 0;
+    for (int i = 0; i < 50; i++) mx = fabs(va[i]) > mx ? fabs(va[i]) : mx;
+    CHECK_MSG(mx <= 0.06 + 1e-7 && mx > 0, "init magnitude %g outside the 3-sigma truncation", mx);
+}
+
+// Two micro-batches of one sequence accumulate the same gradient as one batch of two (CE only:
+// the router aux losses are defined per micro-batch).
+static void test_micro_batch_accumulation(void) {
+    ModelConfig c = small_model();
+    c.lb_coef = c.z_coef = 0;
+    size_t S = 5, P;
+    int32_t seqs[2 * 6];
+    for (int i = 0; i < 12; i++) seqs[i] = (int32_t)(rng_hash64(5, (uint64_t)i) % 17);
+    Model one, two;
+    model_init(&one, &c, ops_cpu(), 2, S);
+    model_init(&two, &c, ops_cpu(), 2, S);
+    model_init_weights(&one, 3);
+    model_init_weights(&two, 3);
+    P = one.reg.total;
+    real *metrics = calloc(model_metrics_len(&c), sizeof(real));
+    LossScales sc = {.ce = 1.0f / (2 * S)};
+    ForwardArgs a = {.B = 2, .S = S, .train = true, .scales = sc, .metrics = metrics};
+    memset(one.grads, 0, P * sizeof(real));
+    model_set_batch(&one, seqs, 2, S);
+    model_forward(&one, &a);
+    model_backward(&one, &a);
+    memset(two.grads, 0, P * sizeof(real));
+    for (int b = 0; b < 2; b++) {
+        ForwardArgs a1 = {.B = 1, .S = S, .train = true, .scales = sc, .metrics = metrics, .batch_id = (uint64_t)b};
+        model_set_batch(&two, seqs + b * (S + 1), 1, S);
+        model_forward(&two, &a1);
+        model_backward(&two, &a1);
+    }
+    double *g1 = malloc(P * sizeof(double)), *g2 = malloc(P * sizeof(double));
+    for (size_t i = 0; i < P; i++) g1[i] = ((real *)one.grads)[i], g2[i] = ((real *)two.grads)[i];
+    test_check_arrays("micro-batch gradients", g2, g1, P, 1e-10, 1e-13);
+    free(g1), free(g2), free(metrics);
+    model_free(&one);
+    model_free(&two);
+}
+
+static void test_lr_schedule(void) {
+    TrainConfig t = {.steps = 110, .lr = 1.0, .min_lr_ratio = 0.1, .warmup = 10, .schedule = SCHED_COSINE};
+    CHECK_CLOSE(optim_lr(&t, 1), 1.0 / 11, 1e-12, 0);
+    CHECK_CLOSE(optim_lr(&t, 10), 10.0 / 11, 1e-12, 0);
+    CHECK_CLOSE(optim_lr(&t, 60), 0.55, 1e-12, 0); // halfway: floor + half the range
+    CHECK_CLOSE(optim_lr(&t, 110), 0.1, 1e-12, 0);
+    t.schedule = SCHED_LINEAR;
+    CHECK_CLOSE(optim_lr(&t, 35), 1.0 - 0.9 * 0.25, 1e-12, 0);
+    CHECK_CLOSE(optim_lr(&t, 200), 0.1, 1e-12, 0); // past the end: stays at the floor
+    t.schedule = SCHED_CONSTANT;
+    CHECK_CLOSE(optim_lr(&t, 80), 1.0, 0, 0);
+}
+
+static void test_step_report(void) {
+    ModelConfig c = small_model(); // 2 MoE layers, E = 4
+    size_t len = model_metrics_len(&c);
+    float *m = calloc(len, sizeof(float));
+    m[METRIC_CE] = 2.0f * 100, m[METRIC_GRAD_NORM_SQ] = 9;
+    float *l0 = m + model_metric_router(&c, 0), *l1 = m + model_metric_router(&c, 1);
+    float loads[4] = {10, 30, 20, 20};
+    memcpy(l0, loads, sizeof loads);
+    l0[router_stat_lb(4)] = 2.4f, l0[router_stat_z(4)] = 0.4f, l0[router_stat_dropped(4)] = 8;
+    for (int e = 0; e < 4; e++) l1[e] = 20;
+    l1[router_stat_lb(4)] = 2.0f, l1[router_stat_z(4)] = 0.2f;
+    StepReport r = {0};
+    report_build(&r, &c, m, 2, 50);
+    CHECK_CLOSE(r.ce, 2.0, 1e-6, 0);
+    CHECK_CLOSE(r.grad_norm, 3.0, 1e-6, 0);
+    CHECK_CLOSE(r.layers[0].imbalance, 1.5, 1e-6, 0);
+    CHECK_CLOSE(r.layers[0].min_over_mean, 0.5, 1e-6, 0);
+    CHECK_CLOSE(r.layers[0].drop_rate, 0.1, 1e-6, 0);
+    CHECK_CLOSE(r.layers[1].imbalance, 1.0, 1e-6, 0);
+    CHECK_CLOSE(r.lb, (1.2 + 1.0) / 2, 1e-6, 0);
+    CHECK_CLOSE(r.loss, 2.0 + c.lb_coef * 1.1 + c.z_coef * 0.15, 1e-6, 0);
+    report_free(&r);
+    free(m);
+}
+
+static void test_checkpoint_round_trip_and_prune(void) {
+    char dir[] = "/tmp/moe-ckpt-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    ModelConfig mc = small_model();
+    Config cfg;
+    config_defaults(&cfg);
+    cfg.model = mc;
+    Model a, b;
+    model_init(&a, &mc, ops_cpu(), 1, 4);
+    model_init(&b, &mc, ops_cpu(), 1, 4);
+    model_init_weights(&a, 1);
+    model_init_weights(&b, 2);
+    real *ma = a.adam_m, *bias = a.expert_bias;
+    for (size_t i = 0; i < a.reg.total; i++) ma[i] = (real)(float)(0.001 * (double)i);
+    bias[2 * mc.n_experts + 1] = 0.25;
+    MoeErr err;
+    for (int step = 1; step <= 3; step++) {
+        TrainState st = {.step = step, .data_position = 40 * (uint64_t)step};
+        CHECK_MSG(ckpt_save(dir, &a, &cfg, &st, 2, err) == 0, "%s", err);
+    }
+    char path[4200], want[4200];
+    CHECK(ckpt_latest(dir, path, sizeof path) == 3);
+    snprintf(want, sizeof want, "%s/step-1", dir);
+    CHECK_MSG(!fs_exists(want), "step-1 should have been pruned (keep 2)");
+    CHECK_MSG(ckpt_load(path, &b, true, err) == 0, "%s", err);
+    size_t bad = 0;
+    for (size_t i = 0; i < a.reg.total; i++)
+        bad += ((real *)a.params)[i] != (real)(float)((real *)b.params)[i] ||
+               ((real *)b.adam_m)[i] != (real)(float)ma[i];
+    CHECK_MSG(bad == 0, "%zu parameters or moments differ after a round trip", bad);
+    CHECK(((real *)b.expert_bias)[2 * mc.n_experts + 1] == (real)0.25);
+    Config saved;
+    TrainState st;
+    CHECK_MSG(ckpt_read_state(path, &saved, &st, err) == 0, "%s", err);
+    CHECK(st.step == 3 && st.data_position == 120 && saved.model.shared_hidden == 5);
+    fs_remove_tree(dir);
+    model_free(&a);
+    model_free(&b);
+}
+
+const TestCase train_tests[] = {
+    {"model_fused_layout_and_counts", test_fused_layout},
+    {"model_init_independent_of_layout", test_init_independent_of_layout},
+    {"model_micro_batch_accumulation", test_micro_batch_accumulation},
+    {"train_lr_schedule", test_lr_schedule},
+    {"train_step_report", test_step_report},
+    {"train_checkpoint_round_trip_and_prune", test_checkpoint_round_trip_and_prune},
+    {0},
+};

@@ -1,0 +1,58 @@
+// Tests of the shared helpers: suggestions, number formatting, counter-based random numbers.
+#include <string.h>
+
+#include "common/util.h"
+#include "test.h"
+
+static void test_suggest(void) {
+    const char *keys[] = {"model.n_experts", "model.n_layers", "train.steps"};
+    const char *s = moe_suggest("model.n_expertz", keys, 3);
+    CHECK_MSG(s && !strcmp(s, "model.n_experts"), "suggested %s", s ? s : "nothing");
+    CHECK_MSG(!moe_suggest("completely.different", keys, 3), "suggested something for a far name");
+}
+
+static void test_fmt_count(void) {
+    char buf[32];
+    CHECK_MSG(!strcmp(moe_fmt_count(buf, sizeof buf, 1115394), "1,115,394"), "got %s", buf);
+    CHECK_MSG(!strcmp(moe_fmt_count(buf, sizeof buf, 999), "999"), "got %s", buf);
+    CHECK_MSG(!strcmp(moe_fmt_count(buf, sizeof buf, 0), "0"), "got %s", buf);
+}
+
+static void test_rng_is_a_pure_function(void) {
+    CHECK(rng_hash64(1, 2) == rng_hash64(1, 2));
+    CHECK(rng_hash64(1, 2) != rng_hash64(2, 1));
+    CHECK(rng_hash_str(7, "model.norm.weight") != rng_hash_str(7, "model.norm.weighs"));
+    CHECK(rng_hash_str(7, "a") != rng_hash_str(8, "a"));
+}
+
+static void test_trunc_normal_moments(void) {
+    size_t n = 200000;
+    double sum = 0, sq = 0, mx = 0;
+    for (size_t i = 0; i < n; i++) {
+        double z = rng_trunc_normal(42, i, 3.0);
+        sum += z, sq += z * z, mx = fabs(z) > mx ? fabs(z) : mx;
+    }
+    double mean = sum / n, var = sq / n - mean * mean;
+    CHECK_CLOSE(mean, 0, 0, 0.01);
+    CHECK_CLOSE(var, 0.9733, 0.02, 0); // variance of a standard normal truncated at 3 sigma
+    CHECK_MSG(mx <= 3.0, "a draw of %g exceeds the truncation", mx);
+}
+
+static void test_uniform_range(void) {
+    double lo = 1, hi = 0, sum = 0;
+    for (uint64_t i = 0; i < 100000; i++) {
+        double u = rng_uniform(3, i);
+        lo = u < lo ? u : lo, hi = u > hi ? u : hi, sum += u;
+    }
+    CHECK(lo >= 0 && hi < 1);
+    CHECK_CLOSE(sum / 100000, 0.5, 0, 0.01);
+}
+
+const TestCase util_tests[] = {
+    {"util_suggest", test_suggest},
+    {"util_fmt_count", test_fmt_count},
+    {"util_rng_pure_function", test_rng_is_a_pure_function},
+    {"util_trunc_normal_moments", test_trunc_normal_moments},
+    {"util_uniform_range", test_uniform_range},
+    {0},
+};
