@@ -20,6 +20,8 @@ size_t params_add(ParamRegistry *r, const char *name, size_t rows, size_t cols, 
     p->ndim = cols ? 2 : 1;
     p->shape[0] = rows;
     p->shape[1] = cols;
+    p->global_rows = rows;
+    p->row_begin = 0;
     p->numel = cols ? rows * cols : rows;
     p->offset = r->total;
     p->decay = decay;

@@ -12,8 +12,10 @@
 typedef struct {
     char name[PARAM_NAME_LEN];
     int ndim;
-    size_t shape[2];
-    size_t numel;
+    size_t shape[2];      // what this process holds: rows shape[0] of the global tensor
+    size_t global_rows;   // rows of the global tensor (its other dimension is held whole)
+    size_t row_begin;     // first global row held here
+    size_t numel;         // held elements
     size_t offset;   // first element in the flat buffers (params, grads, moments)
     bool decay;      // AdamW weight decay applies (not to norms and embeddings)
     bool ones;       // initialised to 1 (norm weights) rather than random
@@ -27,7 +29,7 @@ typedef struct {
     size_t total; // elements in each flat buffer
 } ParamRegistry;
 
-// Appends a tensor at the end of the flat buffers; returns its offset. Tensors registered one
+// Appends a whole tensor at the end of the flat buffers; returns its offset. Tensors registered one
 // after another are adjacent, which is how fused weights (q|k|v, gate|up) are laid out.
 size_t params_add(ParamRegistry *r, const char *name, size_t rows, size_t cols, bool decay,
                   bool ones, int layer, int expert);

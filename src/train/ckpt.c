@@ -17,8 +17,10 @@
 // One tensor of a checkpoint file: a name and where its values live in backend memory.
 typedef struct {
     char name[PARAM_NAME_LEN + 16];
-    size_t rows, cols; // cols 0: a vector
-    void *data;        // f32 buffer
+    size_t rows, cols;  // held here; cols 0: a vector
+    size_t global_rows; // rows of the global tensor in the file
+    size_t row_begin;   // first global row held here
+    void *data;         // f32 buffer
 } CkptTensor;
 
 // The tensors of model.safetensors (moments = false) or optimizer.safetensors (moments = true).
@@ -33,6 +35,7 @@ static CkptTensor *ckpt_tensors(Model *m, bool moments, size_t *n) {
             if (moments) snprintf(x->name, sizeof x->name, "%s.%s", p->name, which ? "exp_avg_sq" : "exp_avg");
             else snprintf(x->name, sizeof x->name, "%s", p->name);
             x->rows = p->shape[0], x->cols = p->ndim == 2 ? p->shape[1] : 0;
+            x->global_rows = p->global_rows, x->row_begin = p->row_begin;
             void *base = !moments ? m->params : which ? m->adam_v : m->adam_m;
             x->data = model_f32(m, base, p->offset);
         }
@@ -40,7 +43,7 @@ static CkptTensor *ckpt_tensors(Model *m, bool moments, size_t *n) {
     for (int l = c->n_dense_layers; l < c->n_layers && !moments; l++) {
         CkptTensor *x = &t[k++];
         snprintf(x->name, sizeof x->name, "model.layers.%d.mlp.expert_bias", l);
-        x->rows = c->n_experts, x->cols = 0;
+        x->rows = x->global_rows = c->n_experts, x->cols = 0;
         x->data = model_f32(m, m->expert_bias, (size_t)l * c->n_experts);
     }
     *n = k;
@@ -57,6 +60,7 @@ static int write_tensor_file(const char *path, Model *m, bool moments, int step,
     st_writer_meta(&w, "format", CKPT_FORMAT);
     st_writer_meta(&w, "step", step_text);
     for (size_t i = 0; i < n; i++) {
+        MOE_ASSERT(t[i].rows == t[i].global_rows); // slices are gathered before writing
         size_t shape[2] = {t[i].rows, t[i].cols};
         st_writer_add(&w, t[i].name, ST_F32, t[i].cols ? 2 : 1, shape);
     }
@@ -225,13 +229,13 @@ int ckpt_read_state(const char *ckpt_dir, Config *cfg, TrainState *st, MoeErr er
 static int load_tensor(const SafeTensors *sf, const CkptTensor *t, Model *m, MoeErr err) {
     const StTensor *x = st_find(sf, t->name);
     if (!x) return moe_err(err, "%s: tensor '%s' is missing", sf->path, t->name);
-    size_t ndim = t->cols ? 2 : 1, count = t->rows * (t->cols ? t->cols : 1);
-    if ((size_t)x->ndim != ndim || x->shape[0] != t->rows || (ndim == 2 && x->shape[1] != t->cols))
+    size_t ndim = t->cols ? 2 : 1, width = t->cols ? t->cols : 1, count = t->rows * width;
+    if ((size_t)x->ndim != ndim || x->shape[0] != t->global_rows || (ndim == 2 && x->shape[1] != t->cols))
         return moe_err(err, "%s: tensor '%s' has shape [%zu%s%zu] in the file but the model needs "
                        "[%zu%s%zu]", sf->path, t->name, x->shape[0], x->ndim > 1 ? ", " : "",
-                       x->ndim > 1 ? x->shape[1] : 0, t->rows, t->cols ? ", " : "", t->cols);
+                       x->ndim > 1 ? x->shape[1] : 0, t->global_rows, t->cols ? ", " : "", t->cols);
     float *host = moe_malloc(count * sizeof(float));
-    int rc = st_read_f32(sf, x, 0, count, host, err);
+    int rc = st_read_f32(sf, x, t->row_begin * width, count, host, err);
     if (!rc) m->ops->upload_f32(t->data, host, count);
     free(host);
     return rc;
