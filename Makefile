@@ -5,7 +5,7 @@
 CC      ?= cc
 ARCH    ?= -march=native
 CFLAGS  ?= -O3 $(ARCH) -g
-CFLAGS  += -std=gnu11 -fopenmp -Wall -Wextra -Wno-unused-parameter -Isrc -MMD -MP
+CFLAGS  += -std=gnu11 -fopenmp -fno-math-errno -Wall -Wextra -Wno-unused-parameter -Isrc -MMD -MP
 LDLIBS  += -fopenmp -ljansson -lm
 
 LIB_SRC  := $(wildcard src/common/*.c src/io/*.c src/model/*.c src/ops/*.c src/ops/cpu/*.c src/train/*.c)
@@ -17,7 +17,7 @@ TEST_OBJ := $(patsubst %.c,build/f64/%.o,$(LIB_SRC) $(TEST_SRC))
 
 DATA := data/tinyshakespeare_train.npy data/tinyshakespeare_val.npy
 
-.PHONY: all test clean
+.PHONY: all test bench clean
 all: moe $(DATA)
 
 moe: $(F32_OBJ)
@@ -37,6 +37,11 @@ build/f64/%.o: %.c
 $(DATA) &: data/tinyshakespeare.txt moe
 	./moe data prepare data/tinyshakespeare.txt data/tinyshakespeare_train.npy \
 		--val-out data/tinyshakespeare_val.npy --val-fraction 0.1
+
+bench: build/bench_gemm
+
+build/bench_gemm: build/f32/bench/bench_gemm.o build/f32/src/ops/cpu/cpu_gemm.o build/f32/src/common/util.o
+	$(CC) -o $@ $^ $(LDLIBS)
 
 test: moe build/test_unit $(DATA)
 	@bash tests/run_all.sh

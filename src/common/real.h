@@ -2,10 +2,14 @@
 // the gradient-check build (-DMOE_F64) uses double everywhere so finite differences are exact enough.
 #pragma once
 
+#include <math.h>
+
 #ifdef MOE_F64
 typedef double real;
-#define REAL_NAME "f64"
+#define real_exp exp
+#define real_sqrt sqrt
 #else
 typedef float real;
-#define REAL_NAME "f32"
+#define real_exp expf
+#define real_sqrt sqrtf
 #endif

@@ -108,7 +108,7 @@ void cpu_attention_forward(void *out_, void *lse_, const void *qkv_, AttnDims d)
                         mx = p[j] > mx ? p[j] : mx;
                     }
                     double sum = 0;
-                    for (size_t j = 0; j <= i; j++) sum += p[j] = exp(p[j] - mx);
+                    for (size_t j = 0; j <= i; j++) sum += p[j] = real_exp(p[j] - mx);
                     real *o = out + (b * d.S + i) * d.Hq * d.hd + h * d.hd;
                     memset(o, 0, d.hd * sizeof(real));
                     for (size_t j = 0; j <= i; j++)
@@ -147,7 +147,7 @@ void cpu_attention_backward(void *dqkv_, const void *dout_, const void *qkv_, co
                     for (size_t j = 0; j <= i; j++) {
                         size_t tj = b * d.S + j;
                         const real *k = qkv + tj * C + koff, *v = qkv + tj * C + voff;
-                        real p = (real)exp(scale * dot(q, k, d.hd) - l);
+                        real p = real_exp(scale * dot(q, k, d.hd) - l);
                         real ds = p * (dot(dO, v, d.hd) - Di);
                         axpy(dq, scale * ds, k, d.hd);
                         axpy(dqkv + tj * C + koff, scale * ds, q, d.hd);

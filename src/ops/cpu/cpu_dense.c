@@ -57,18 +57,31 @@ void cpu_rms_group_backward(real *dx, const real *dy, const real *x, const real 
     }
 }
 
+// Rows are summed in fixed chunks whose partial sums are added in chunk order: the result does
+// not depend on the thread count, and each chunk walks its rows contiguously.
+#define RMS_DW_CHUNK 64
+
 void cpu_rms_dw_accumulate(real *dw, const real *dy, const real *x, const real *rstd, size_t T,
                            size_t G, size_t W, size_t ld, size_t ldr) {
+    size_t n_chunks = (T + RMS_DW_CHUNK - 1) / RMS_DW_CHUNK;
+    double *partial = moe_calloc(n_chunks * W, sizeof(double));
 #pragma omp parallel for schedule(static)
-    for (size_t j = 0; j < W; j++) {
-        double acc = 0;
-        for (size_t t = 0; t < T; t++)
+    for (size_t c = 0; c < n_chunks; c++) {
+        double *acc = partial + c * W;
+        size_t end = (c + 1) * RMS_DW_CHUNK < T ? (c + 1) * RMS_DW_CHUNK : T;
+        for (size_t t = c * RMS_DW_CHUNK; t < end; t++)
             for (size_t g = 0; g < G; g++) {
-                size_t i = t * ld + g * W + j;
-                acc += (double)dy[i] * x[i] * rstd[t * ldr + g];
+                const real *dyr = dy + t * ld + g * W, *xr = x + t * ld + g * W;
+                real r = rstd[t * ldr + g];
+                for (size_t j = 0; j < W; j++) acc[j] += (double)(dyr[j] * xr[j] * r);
             }
-        dw[j] += (real)acc;
     }
+    for (size_t j = 0; j < W; j++) {
+        double s = 0;
+        for (size_t c = 0; c < n_chunks; c++) s += partial[c * W + j];
+        dw[j] += (real)s;
+    }
+    free(partial);
 }
 
 void cpu_rmsnorm_forward(void *out_, void *rstd_, const void *x_, const void *w, size_t R, size_t W,
@@ -100,7 +113,7 @@ static size_t rows_used(size_t R, const int32_t *row_count) {
     return row_count && (size_t)*row_count < R ? (size_t)*row_count : R;
 }
 
-static real sigmoid(real x) { return 1 / (1 + exp(-x)); }
+static real sigmoid(real x) { return 1 / (1 + real_exp(-x)); }
 
 void cpu_swiglu_forward(void *out_, const void *gu_, size_t R, size_t H, const int32_t *row_count) {
     real *out = out_;

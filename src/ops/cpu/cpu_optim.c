@@ -36,7 +36,7 @@ void cpu_adamw_update(void *param_, void *param_act, const void *grad_, void *m_
         real gi = g[i] * scale;
         m[i] = a.beta1 * m[i] + (1 - a.beta1) * gi;
         v[i] = a.beta2 * v[i] + (1 - a.beta2) * gi * gi;
-        p[i] = p[i] * decay - lr * (m[i] / bc1) / (sqrt(v[i] / bc2) + a.eps);
+        p[i] = p[i] * decay - lr * (m[i] / bc1) / (real_sqrt(v[i] / bc2) + a.eps);
     }
     (void)param_act; // the CPU computes in the master precision: nothing to cast
 }
