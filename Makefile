@@ -8,7 +8,18 @@ CFLAGS  ?= -O3 $(ARCH) -g
 CFLAGS  += -std=gnu11 -fopenmp -fno-math-errno -Wall -Wextra -Wno-unused-parameter -Isrc -MMD -MP
 LDLIBS  += -fopenmp -ljansson -lm
 
-LIB_SRC  := $(wildcard src/common/*.c src/io/*.c src/model/*.c src/ops/*.c src/ops/cpu/*.c src/train/*.c)
+# MPI (several ranks, `mpirun -np N ./moe train ...`): on when mpicc is installed; MPI=0 builds a
+# single-process moe without it.
+MPI ?= $(if $(shell command -v mpicc 2>/dev/null),1,0)
+ifeq ($(MPI),1)
+CFLAGS  += -DMOE_MPI $(shell mpicc --showme:compile)
+LDLIBS  += $(shell mpicc --showme:link)
+DIST_SRC := $(wildcard src/dist/*.c)
+else
+DIST_SRC := $(filter-out src/dist/comm_mpi.c,$(wildcard src/dist/*.c))
+endif
+
+LIB_SRC  := $(wildcard src/common/*.c src/io/*.c src/model/*.c src/ops/*.c src/ops/cpu/*.c src/train/*.c) $(DIST_SRC)
 CLI_SRC  := $(wildcard src/cli/*.c)
 TEST_SRC := $(wildcard tests/*.c)
 
@@ -24,6 +35,10 @@ moe: $(F32_OBJ)
 	$(CC) -o $@ $^ $(LDLIBS)
 
 build/test_unit: $(TEST_OBJ)
+	$(CC) -o $@ $^ $(LDLIBS)
+
+# Programs run under mpirun by tests/cli/test_mpi.sh (float build, like ./moe).
+build/test_comm: build/f32/tests/mpi/test_comm.o $(filter-out build/f32/src/cli/%,$(F32_OBJ))
 	$(CC) -o $@ $^ $(LDLIBS)
 
 build/f32/%.o: %.c
@@ -43,7 +58,7 @@ bench: build/bench_gemm
 build/bench_gemm: build/f32/bench/bench_gemm.o build/f32/src/ops/cpu/cpu_gemm.o build/f32/src/common/util.o
 	$(CC) -o $@ $^ $(LDLIBS)
 
-test: moe build/test_unit $(DATA)
+test: moe build/test_unit $(if $(filter 1,$(MPI)),build/test_comm) $(DATA)
 	@bash tests/run_all.sh
 
 clean:

@@ -5,9 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/real.h"
-#include "model/model.h"
 #include "test.h"
+#include "test_model.h"
 
 // Small enough for thousands of forwards, large enough that every expert sees tokens.
 static ModelConfig tiny_config(void) {
@@ -20,6 +19,7 @@ static ModelConfig tiny_config(void) {
 }
 
 typedef struct {
+    Parallel par;
     Model m;
     int32_t *seqs; // (B, S + 1)
     size_t B, S;
@@ -28,7 +28,7 @@ typedef struct {
 } GradProblem;
 
 static ForwardArgs forward_args(GradProblem *g, bool train) {
-    return (ForwardArgs){.B = g->B, .S = g->S, .train = train, .batch_id = 7, .scales = g->scales,
+    return (ForwardArgs){.B = g->B, .S = g->S, .train = train, .first_seq = 7, .scales = g->scales,
                          .metrics = g->metrics};
 }
 
@@ -51,7 +51,8 @@ static void problem_init(GradProblem *g, const ModelConfig *cfg, size_t B, size_
     MoeErr err;
     if (model_config_validate(&c, err)) TEST_FAIL("config invalid: %s", err);
     g->B = B, g->S = S;
-    model_init(&g->m, &c, ops_cpu(), B, S);
+    test_single_parallel(&g->par, &c);
+    model_init(&g->m, &c, ops_cpu(), &g->par, B, S, 1);
     model_init_weights(&g->m, seed);
     // Larger, non-unit weights than a real init so every path carries a visible gradient.
     real *p = g->m.params;
@@ -66,7 +67,7 @@ static void problem_init(GradProblem *g, const ModelConfig *cfg, size_t B, size_
     g->seqs = malloc(B * (S + 1) * sizeof(int32_t));
     for (size_t i = 0; i < B * (S + 1); i++)
         g->seqs[i] = (int32_t)(rng_hash64(seed + 3, i) % (uint64_t)c.vocab_size);
-    model_set_batch(&g->m, g->seqs, B, S);
+    model_set_batch(&g->m, 0, g->seqs, B, S);
     g->metrics = calloc(model_metrics_len(&c), sizeof(real));
     int n_moe = model_n_moe_layers(&c);
     g->scales = (LossScales){.ce = 1.0f / (float)(B * S), .lm_z = (float)c.lm_z_coef / (float)(B * S),
@@ -76,6 +77,7 @@ static void problem_init(GradProblem *g, const ModelConfig *cfg, size_t B, size_
 
 static void problem_free(GradProblem *g) {
     model_free(&g->m);
+    test_free_parallel(&g->par);
     free(g->seqs);
     free(g->metrics);
 }

@@ -263,7 +263,7 @@ static void test_cross_entropy_fd_and_ignore(void) {
 
 typedef struct {
     RouterArgs a;
-    real *logits, *scores, *w, *stats, *Rw, *bias;
+    real *logits, *scores, *w, *stats, *aux, *Rw, *bias;
     int32_t *idx, *counts;
     StepInfo step;
 } RouterCtx;
@@ -272,26 +272,29 @@ static double router_loss(void *p) {
     RouterCtx *c = p;
     size_t E = c->a.E;
     memset(c->stats, 0, router_stats_len(E) * sizeof(real));
-    ops->router_forward(c->scores, c->idx, c->w, c->counts, c->stats, c->logits, c->bias, &c->step, c->a);
+    ops->router_forward(c->scores, c->idx, c->w, c->counts, c->aux, c->logits, c->bias, &c->step, c->a);
+    ops->router_aux_loss(c->stats, c->aux, c->a, 1);
     return dot(c->w, c->Rw, c->a.T * c->a.K) + c->a.lb_grad * c->stats[router_stat_lb(E)] +
            c->a.z_grad * c->stats[router_stat_z(E)];
 }
 
 static void check_router(RouterKind kind, bool renorm, bool random, bool bias) {
     size_t T = 9, E = 5, K = 2;
-    RouterCtx c = {.a = {.T = T, .E = E, .K = K, .kind = kind, .renorm = renorm, .random = random,
-                         .salt = 3, .lb_grad = 0.7f, .z_grad = 0.2f},
+    RouterCtx c = {.a = {.T = T, .T_global = T, .E = E, .K = K, .kind = kind, .renorm = renorm,
+                         .random = random, .layer = 3, .lb_grad = 0.7f, .z_grad = 0.2f},
                    .logits = rnd(T * E, 21, 1.5), .scores = poisoned(T * E), .w = poisoned(T * K),
-                   .stats = calloc(router_stats_len(E), sizeof(real)), .Rw = rnd(T * K, 22, 1),
-                   .bias = bias ? rnd(E, 23, 0.3) : NULL, .idx = malloc(T * K * sizeof(int32_t)),
-                   .counts = malloc(E * sizeof(int32_t)), .step = {.seed = 99}};
+                   .stats = calloc(router_stats_len(E), sizeof(real)), .aux = poisoned(router_aux_len(E)),
+                   .Rw = rnd(T * K, 22, 1), .bias = bias ? rnd(E, 23, 0.3) : NULL,
+                   .idx = malloc(T * K * sizeof(int32_t)), .counts = malloc(E * sizeof(int32_t)),
+                   .step = {.seed = 99}};
     router_loss(&c);
     real *dlogits = poisoned(T * E);
-    ops->router_backward(dlogits, c.Rw, c.logits, c.scores, c.idx, c.w, c.counts, c.a);
+    ops->router_backward(dlogits, c.Rw, c.logits, c.scores, c.idx, c.w, c.aux, c.a);
     char what[96];
     snprintf(what, sizeof what, "router %s%s%s%s", kind == ROUTER_SOFTMAX ? "softmax" : "sigmoid",
              renorm ? " renorm" : "", random ? " random" : "", bias ? " bias" : "");
     fd_check(what, router_loss, &c, c.logits, T * E, dlogits);
+    router_loss(&c);
     // LB against its definition: (E / K) sum_e (c_e / T) * mean_t score
     double lb = 0;
     for (size_t e = 0; e < E; e++) {
@@ -305,8 +308,8 @@ static void check_router(RouterKind kind, bool renorm, bool random, bool bias) {
     CHECK_MSG(total == (int)(T * K), "counts sum to %d, expected %zu", total, T * K);
     if (renorm)
         for (size_t t = 0; t < T; t++) CHECK_CLOSE(c.w[t * K] + c.w[t * K + 1], 1, 1e-12, 1e-12);
-    free(c.logits), free(c.scores), free(c.w), free(c.stats), free(c.Rw), free(c.bias), free(c.idx);
-    free(c.counts), free(dlogits);
+    free(c.logits), free(c.scores), free(c.w), free(c.stats), free(c.aux), free(c.Rw), free(c.bias);
+    free(c.idx), free(c.counts), free(dlogits);
 }
 
 static void test_router_fd(void) {
@@ -318,30 +321,81 @@ static void test_router_fd(void) {
     check_router(ROUTER_SIGMOID, true, true, false);
 }
 
+// Two halves of a batch, their aux summaries summed, give the whole batch's losses and gradients:
+// what data-parallel ranks rely on.
+static void test_router_split_batch(void) {
+    size_t T = 8, E = 4, K = 2;
+    real *logits = rnd(T * E, 40, 1), *scores = poisoned(T * E), *w = poisoned(T * K), *Rw = rnd(T * K, 41, 1);
+    real aux[9], half_aux[9], stats[7] = {0}, split_stats[7] = {0};
+    int32_t idx[16], counts[4];
+    StepInfo step = {.seed = 1};
+    RouterArgs whole = {.T = T, .T_global = T, .E = E, .K = K, .kind = ROUTER_SOFTMAX, .lb_grad = 0.5f, .z_grad = 0.3f};
+    ops->router_forward(scores, idx, w, counts, aux, logits, NULL, &step, whole);
+    ops->router_aux_loss(stats, aux, whole, 1);
+    real *dl_whole = poisoned(T * E), *dl_split = poisoned(T * E);
+    ops->router_backward(dl_whole, Rw, logits, scores, idx, w, aux, whole);
+    RouterArgs half = whole;
+    half.T = T / 2;
+    real sum[9] = {0};
+    for (int h = 0; h < 2; h++) {
+        half.token_base = h * T / 2;
+        ops->router_forward(scores + h * (T / 2) * E, idx + h * (T / 2) * K, w + h * (T / 2) * K, counts,
+                            half_aux, logits + h * (T / 2) * E, NULL, &step, half);
+        for (int i = 0; i < 9; i++) sum[i] += half_aux[i];
+    }
+    ops->router_aux_loss(split_stats, sum, half, 1);
+    for (int h = 0; h < 2; h++)
+        ops->router_backward(dl_split + h * (T / 2) * E, Rw + h * (T / 2) * K, logits + h * (T / 2) * E,
+                             scores + h * (T / 2) * E, idx + h * (T / 2) * K, w + h * (T / 2) * K, sum, half);
+    for (int i = 0; i < 7; i++) CHECK_CLOSE(split_stats[i], stats[i], 1e-12, 1e-12);
+    double a[32], b[32];
+    for (size_t i = 0; i < T * E; i++) a[i] = dl_split[i], b[i] = dl_whole[i];
+    test_check_arrays("router gradient from two halves", a, b, T * E, 1e-12, 1e-14);
+    free(logits), free(scores), free(w), free(Rw), free(dl_whole), free(dl_split);
+}
+
 static void test_router_ties_bias_and_noise(void) {
     size_t T = 2, E = 4, K = 2;
-    real logits[8] = {0, 0, 0, 0, 1, 1, 1, 1}, scores[8], w[4], stats[7] = {0}, bias[4] = {0, 0, 0.5, 0.5};
+    real logits[8] = {0, 0, 0, 0, 1, 1, 1, 1}, scores[8], w[4], stats[7] = {0}, aux[9], bias[4] = {0, 0, 0.5, 0.5};
     int32_t idx[4], counts[4];
     StepInfo step = {.seed = 5};
-    RouterArgs a = {.T = T, .E = E, .K = K, .kind = ROUTER_SOFTMAX};
-    ops->router_forward(scores, idx, w, counts, stats, logits, NULL, &step, a);
+    RouterArgs a = {.T = T, .T_global = T, .E = E, .K = K, .kind = ROUTER_SOFTMAX};
+    ops->router_forward(scores, idx, w, counts, aux, logits, NULL, &step, a);
+    ops->router_aux_loss(stats, aux, a, 1);
     CHECK_MSG(idx[0] == 0 && idx[1] == 1, "ties must choose the lowest indices, got %d %d", idx[0], idx[1]);
     CHECK_CLOSE(stats[router_stat_lb(E)], 1.0, 1e-12, 0); // uniform scores: LB = 1 whatever the counts
-    ops->router_forward(scores, idx, w, counts, stats, logits, bias, &step, a);
+    ops->router_forward(scores, idx, w, counts, aux, logits, bias, &step, a);
     CHECK_MSG(idx[0] == 2 && idx[1] == 3, "bias must steer the choice, got %d %d", idx[0], idx[1]);
     CHECK_CLOSE(w[0], 0.25, 1e-12, 0); // weights stay the unbiased scores
     a.random = true;
     int32_t idx2[4];
-    ops->router_forward(scores, idx, w, counts, stats, logits, NULL, &step, a);
-    ops->router_forward(scores, idx2, w, counts, stats, logits, NULL, &step, a);
-    CHECK_MSG(!memcmp(idx, idx2, sizeof idx), "random routing must repeat for the same seed and salt");
+    ops->router_forward(scores, idx, w, counts, aux, logits, NULL, &step, a);
+    ops->router_forward(scores, idx2, w, counts, aux, logits, NULL, &step, a);
+    CHECK_MSG(!memcmp(idx, idx2, sizeof idx), "random routing must repeat for the same seed and layer");
     bool differs = false;
     for (uint64_t s = 1; s < 20 && !differs; s++) {
         StepInfo other = {.seed = s * 7919};
-        ops->router_forward(scores, idx2, w, counts, stats, logits, NULL, &other, a);
+        ops->router_forward(scores, idx2, w, counts, aux, logits, NULL, &other, a);
         differs = memcmp(idx, idx2, sizeof idx) != 0;
     }
     CHECK_MSG(differs, "random routing never changed with the seed");
+}
+
+// Sources 0, 1, 2 send rows for local experts 0 and 1: source 0 two rows for expert 0 and one for
+// expert 1, source 1 one for expert 0, source 2 two for expert 1. Expert-major order is then
+// rows 0, 1, 3 (expert 0) and 2, 4, 5 (expert 1).
+static void test_regroup_round_trip(void) {
+    size_t ep = 3, El = 2, D = 2, rows = 6, order[6] = {0, 1, 3, 2, 4, 5};
+    int32_t counts[6] = {2, 1, 1, 0, 0, 2}; // (source, expert)
+    real *in = rnd(rows * D, 50, 1), *mid = poisoned(rows * D), *back = poisoned(rows * D);
+    ops->moe_regroup(mid, in, counts, ep, El, D, true);
+    double a[12], b[12];
+    for (size_t i = 0; i < rows * D; i++) a[i] = mid[i], b[i] = in[order[i / D] * D + i % D];
+    test_check_arrays("regroup to expert-major", a, b, rows * D, 0, 0);
+    ops->moe_regroup(back, mid, counts, ep, El, D, false);
+    for (size_t i = 0; i < rows * D; i++) a[i] = back[i], b[i] = in[i];
+    test_check_arrays("regroup there and back", a, b, rows * D, 0, 0);
+    free(in), free(mid), free(back);
 }
 
 // Expert 1 gets no tokens; capacity 2 drops the third slot of expert 0 (token order kept).
@@ -447,7 +501,9 @@ const TestCase ops_tests[] = {
     T(test_embedding_backward_accumulates_repeats),
     T(test_cross_entropy_fd_and_ignore),
     T(test_router_fd),
+    T(test_router_split_batch),
     T(test_router_ties_bias_and_noise),
+    T(test_regroup_round_trip),
     T(test_dispatch_combine_capacity),
     T(test_grouped_matmul_fd_empty_expert),
     T(test_bias_update_signs),

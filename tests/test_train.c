@@ -4,10 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/real.h"
 #include "io/fsutil.h"
-#include "model/model.h"
 #include "test.h"
+#include "test_model.h"
 #include "train/ckpt.h"
 #include "train/metrics.h"
 #include "train/optim.h"
@@ -31,8 +30,10 @@ static size_t offset_of(const Model *m, const char *name) {
 
 static void test_fused_layout(void) {
     ModelConfig c = small_model();
+    Parallel par;
+    test_single_parallel(&par, &c);
     Model m;
-    model_init(&m, &c, ops_cpu(), 2, 4);
+    model_init(&m, &c, ops_cpu(), &par, 2, 4, 1);
     size_t D = 8, hd = 4, H = 6;
     CHECK(offset_of(&m, "model.layers.1.self_attn.k_proj.weight") ==
           offset_of(&m, "model.layers.1.self_attn.q_proj.weight") + 2 * hd * D);
@@ -51,11 +52,17 @@ static void test_fused_layout(void) {
     CHECK(params_find(&m.reg, "model.layers.0.mlp.gate.weight") == NULL); // dense layer: no router
     CHECK(params_find(&m.reg, "model.layers.2.mlp.shared_expert.down_proj.weight") != NULL);
     ParamCounts pc = model_param_counts(&c);
-    CHECK_MSG(pc.total == (double)m.reg.total, "counted %.0f parameters, registry holds %zu", pc.total, m.reg.total);
+    size_t held = 0;
+    for (size_t i = 0; i < m.reg.n; i++) held += m.reg.p[i].numel;
+    CHECK_MSG(pc.total == (double)held, "counted %.0f parameters, registry holds %zu", pc.total, held);
     const ParamInfo *norm = params_find(&m.reg, "model.norm.weight"), *emb = params_find(&m.reg, "model.embed_tokens.weight");
     CHECK(norm && !norm->decay && norm->ones && emb && !emb->decay);
     CHECK(params_find(&m.reg, "lm_head.weight")->decay);
+    // every dense tensor precedes every expert tensor: two regions to shard
+    CHECK(m.reg.region_begin[PARAM_EXPERT] >= offset_of(&m, "lm_head.weight") + 17 * 8);
+    CHECK(m.layer[1].experts_gu == m.reg.region_begin[PARAM_EXPERT]);
     model_free(&m);
+    test_free_parallel(&par);
 }
 
 // The same tensor gets the same values whatever else is registered (any layout, any rank).
@@ -80,9 +87,11 @@ static void test_micro_batch_accumulation(void) {
     size_t S = 5, P;
     int32_t seqs[2 * 6];
     for (int i = 0; i < 12; i++) seqs[i] = (int32_t)(rng_hash64(5, (uint64_t)i) % 17);
+    Parallel par;
+    test_single_parallel(&par, &c);
     Model one, two;
-    model_init(&one, &c, ops_cpu(), 2, S);
-    model_init(&two, &c, ops_cpu(), 2, S);
+    model_init(&one, &c, ops_cpu(), &par, 2, S, 1);
+    model_init(&two, &c, ops_cpu(), &par, 2, S, 1);
     model_init_weights(&one, 3);
     model_init_weights(&two, 3);
     P = one.reg.total;
@@ -90,13 +99,13 @@ static void test_micro_batch_accumulation(void) {
     LossScales sc = {.ce = 1.0f / (2 * S)};
     ForwardArgs a = {.B = 2, .S = S, .train = true, .scales = sc, .metrics = metrics};
     memset(one.grads, 0, P * sizeof(real));
-    model_set_batch(&one, seqs, 2, S);
+    model_set_batch(&one, 0, seqs, 2, S);
     model_forward(&one, &a);
     model_backward(&one, &a);
     memset(two.grads, 0, P * sizeof(real));
     for (int b = 0; b < 2; b++) {
-        ForwardArgs a1 = {.B = 1, .S = S, .train = true, .scales = sc, .metrics = metrics, .batch_id = (uint64_t)b};
-        model_set_batch(&two, seqs + b * (S + 1), 1, S);
+        ForwardArgs a1 = {.B = 1, .S = S, .train = true, .scales = sc, .metrics = metrics, .first_seq = (uint64_t)b};
+        model_set_batch(&two, 0, seqs + b * (S + 1), 1, S);
         model_forward(&two, &a1);
         model_backward(&two, &a1);
     }
@@ -106,6 +115,7 @@ static void test_micro_batch_accumulation(void) {
     free(g1), free(g2), free(metrics);
     model_free(&one);
     model_free(&two);
+    test_free_parallel(&par);
 }
 
 static void test_lr_schedule(void) {
@@ -153,28 +163,36 @@ static void test_checkpoint_round_trip_and_prune(void) {
     Config cfg;
     config_defaults(&cfg);
     cfg.model = mc;
+    Parallel par;
+    test_single_parallel(&par, &mc);
     Model a, b;
-    model_init(&a, &mc, ops_cpu(), 1, 4);
-    model_init(&b, &mc, ops_cpu(), 1, 4);
+    Optimizer oa, ob;
+    model_init(&a, &mc, ops_cpu(), &par, 1, 4, 1);
+    model_init(&b, &mc, ops_cpu(), &par, 1, 4, 1);
+    optim_init(&oa, &a);
+    optim_init(&ob, &b);
     model_init_weights(&a, 1);
     model_init_weights(&b, 2);
-    real *ma = a.adam_m, *bias = a.expert_bias;
-    for (size_t i = 0; i < a.reg.total; i++) ma[i] = (real)(float)(0.001 * (double)i);
+    real *ma = oa.region[PARAM_EXPERT].m, *bias = a.expert_bias;
+    for (size_t i = 0; i < oa.region[PARAM_EXPERT].shard; i++) ma[i] = (real)(float)(0.001 * (double)i);
     bias[2 * mc.n_experts + 1] = 0.25;
     MoeErr err;
     for (int step = 1; step <= 3; step++) {
         TrainState st = {.step = step, .data_position = 40 * (uint64_t)step};
-        CHECK_MSG(ckpt_save(dir, &a, &cfg, &st, 2, err) == 0, "%s", err);
+        CHECK_MSG(ckpt_save(dir, &a, &oa, &cfg, &st, 2, err) == 0, "%s", err);
     }
-    char path[4200], want[4200];
+    char path[4200], want[4300];
     CHECK(ckpt_latest(dir, path, sizeof path) == 3);
     snprintf(want, sizeof want, "%s/step-1", dir);
     CHECK_MSG(!fs_exists(want), "step-1 should have been pruned (keep 2)");
-    CHECK_MSG(ckpt_load(path, &b, true, err) == 0, "%s", err);
+    snprintf(want, sizeof want, "%s/model.safetensors.index.json", path);
+    CHECK_MSG(fs_exists(want), "no index in %s", path);
+    CHECK_MSG(ckpt_load(path, &b, &ob, err) == 0, "%s", err);
     size_t bad = 0;
     for (size_t i = 0; i < a.reg.total; i++)
-        bad += ((real *)a.params)[i] != (real)(float)((real *)b.params)[i] ||
-               ((real *)b.adam_m)[i] != (real)(float)ma[i];
+        bad += ((real *)b.params)[i] != (real)(float)((real *)a.params)[i];
+    for (size_t i = 0; i < oa.region[PARAM_EXPERT].shard; i++)
+        bad += ((real *)ob.region[PARAM_EXPERT].m)[i] != ma[i];
     CHECK_MSG(bad == 0, "%zu parameters or moments differ after a round trip", bad);
     CHECK(((real *)b.expert_bias)[2 * mc.n_experts + 1] == (real)0.25);
     Config saved;
@@ -184,6 +202,7 @@ static void test_checkpoint_round_trip_and_prune(void) {
     fs_remove_tree(dir);
     model_free(&a);
     model_free(&b);
+    test_free_parallel(&par);
 }
 
 const TestCase train_tests[] = {

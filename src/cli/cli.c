@@ -71,3 +71,9 @@ double cli_number(const char *option, const char *text, double lo, double hi) {
         moe_fatal("option %s: '%s' is not a number between %g and %g", option, text, lo, hi);
     return v;
 }
+
+void cli_single_rank(const char *command, const Comm *world) {
+    if (world->size > 1)
+        moe_fatal("%s runs in one process; start it without mpirun/srun (%d ranks here)", command,
+                  world->size);
+}

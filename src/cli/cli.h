@@ -3,6 +3,8 @@
 #pragma once
 #include <stdbool.h>
 
+#include "dist/comm.h"
+
 typedef struct {
     const char *name;  // "--ckpt"
     const char *value; // value placeholder ("DIR"), NULL for a flag
@@ -26,8 +28,11 @@ void cli_parse(const CliSpec *spec, int argc, char **argv, const char **values, 
 void cli_usage(const CliSpec *spec, bool keys);
 double cli_number(const char *option, const char *text, double lo, double hi);
 
-int cmd_train(int argc, char **argv);
-int cmd_eval(int argc, char **argv);
-int cmd_sample(int argc, char **argv);
-int cmd_inspect(int argc, char **argv);
-int cmd_data(int argc, char **argv);
+// Every command gets the world communicator (one rank unless started by mpirun or srun).
+int cmd_train(int argc, char **argv, Comm *world);
+int cmd_eval(int argc, char **argv, Comm *world);
+int cmd_sample(int argc, char **argv, Comm *world);
+int cmd_inspect(int argc, char **argv, Comm *world);
+int cmd_data(int argc, char **argv, Comm *world);
+// Exits with a message when a one-process command was started on several ranks.
+void cli_single_rank(const char *command, const Comm *world);

@@ -17,11 +17,12 @@ static const CliSpec SPEC = {
         {NULL}},
 };
 
-int cmd_data(int argc, char **argv) {
+int cmd_data(int argc, char **argv, Comm *world) {
     const char *values[2] = {0};
     char **pos;
     int n_pos;
     cli_parse(&SPEC, argc, argv, values, &pos, &n_pos);
+    cli_single_rank(SPEC.command, world);
     if (n_pos != 3 || strcmp(pos[0], "prepare")) {
         cli_usage(&SPEC, false);
         return 1;

@@ -16,28 +16,32 @@ static const CliSpec SPEC = {
         {NULL}},
 };
 
-int cmd_eval(int argc, char **argv) {
+int cmd_eval(int argc, char **argv, Comm *world) {
     const char *values[3] = {0};
     char **pos;
     int n_pos;
     cli_parse(&SPEC, argc, argv, values, &pos, &n_pos);
+    cli_single_rank(SPEC.command, world);
     if (!values[0] || n_pos) {
         cli_usage(&SPEC, false);
         return 1;
     }
     Config cfg;
+    Parallel par;
     Model m;
-    ckpt_open_model(values[0], &cfg, &m, 0, 0);
+    ckpt_open_model(values[0], &cfg, &par, &m, 0, 0);
     const char *data = values[1] ? values[1] : cfg.data.val;
     if (!data[0]) moe_fatal("moe eval: the run has no data.val; pass --data FILE");
     Dataset ds;
     train_open_dataset(&ds, &cfg, data, false);
     size_t max_seqs = values[2] ? (size_t)cli_number("--max-seqs", values[2], 1, 1e15) : ds.n_seqs;
-    double loss = eval_loss(&m, &ds, max_seqs);
-    size_t n = max_seqs < ds.n_seqs ? max_seqs : ds.n_seqs;
+    size_t n;
+    double loss = eval_loss(&m, &ds, max_seqs, &n);
+    if (!n) moe_fatal("moe eval: %s has fewer sequences than one micro-batch (%d)", data, cfg.train.micro_batch);
     printf("val loss %.4f nats/token (%zu sequences of %d tokens from %s)\n", loss, n,
            cfg.train.seq_len, data);
     dataset_close(&ds);
     model_free(&m);
+    parallel_free(&par);
     return 0;
 }

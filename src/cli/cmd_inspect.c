@@ -5,15 +5,18 @@
 
 #include "cli.h"
 #include "io/fsutil.h"
+#include "dist/pipeline.h"
 #include "train/train.h"
 
 static const CliSpec SPEC = {
     .command = "moe inspect",
-    .usage = "CONFIG.json|DIR [key=value ...]",
+    .usage = "CONFIG.json|DIR [key=value ...] [--world N]",
     .summary = "Prints total and active parameters, FLOPs per token (moe-model.md accounting:\n"
                "causal attention at half, training = 3 x forward) and the memory plan of a\n"
                "config file, a run directory or a checkpoint directory.",
-    .opts = (const CliOption[]){{NULL}},
+    .opts = (const CliOption[]){
+        {"--world", "N", "memory per rank for N ranks laid out by parallel.pp and parallel.ep"},
+        {NULL}},
 };
 
 static void load_config(const char *arg, Config *cfg) {
@@ -32,20 +35,54 @@ static void load_config(const char *arg, Config *cfg) {
     }
 }
 
-static double plan_bytes(const Config *cfg, bool bf16) {
+typedef struct {
+    double params, optimizer, total; // per rank: parameters held, optimizer state bytes, all bytes
+} RankMemory;
+
+// Sizes rank `rank`'s model and optimizer on a backend that only counts what is allocated.
+static RankMemory rank_memory(const Config *cfg, int world, int rank, bool bf16) {
+    const ModelConfig *mc = &cfg->model;
+    Parallel par;
+    Comm groups[4];
+    MoeErr err;
+    if (parallel_plan(&par, groups, world, rank, cfg->parallel.pp, cfg->parallel.ep, mc->n_layers,
+                      mc->n_experts, model_n_moe_layers(mc) > 0, cfg->train.micro_batch, err))
+        moe_fatal("%s", err);
     Model m;
-    model_init(&m, &cfg->model, ops_counting(bf16), (size_t)cfg->train.micro_batch,
-               (size_t)cfg->train.seq_len);
-    double bytes = (double)m.bytes;
+    Optimizer o;
+    int slots = pipeline_slots(par.lay.pp, par.lay.stage, cfg->train.micro_batches);
+    model_init(&m, mc, ops_counting(bf16), &par, (size_t)par.lay.micro_per_rank,
+               (size_t)cfg->train.seq_len, slots);
+    optim_init(&o, &m);
+    RankMemory r = {(double)m.reg.total, (double)o.state_bytes, (double)m.bytes};
     model_free(&m);
-    return bytes;
+    return r;
 }
 
-int cmd_inspect(int argc, char **argv) {
+static void print_memory(const Config *cfg, int world) {
+    RankMemory worst[2] = {{0}};
+    for (int rank = 0; rank < world; rank++)
+        for (int bf16 = 0; bf16 < 2; bf16++) {
+            RankMemory r = rank_memory(cfg, world, rank, bf16);
+            worst[bf16].params = r.params > worst[bf16].params ? r.params : worst[bf16].params;
+            worst[bf16].optimizer = r.optimizer > worst[bf16].optimizer ? r.optimizer : worst[bf16].optimizer;
+            worst[bf16].total = r.total > worst[bf16].total ? r.total : worst[bf16].total;
+        }
+    const double GiB = 1073741824.0;
+    printf("  memory per rank (%d ranks: pp %d, ep %d; the largest rank), micro-batch %d x %d:\n",
+           world, cfg->parallel.pp, cfg->parallel.ep, cfg->train.micro_batch, cfg->train.seq_len);
+    printf("    parameters held        %.4gM\n", worst[0].params / 1e6);
+    printf("    optimizer state        %.0f bytes (this rank's shard of the AdamW moments)\n", worst[0].optimizer);
+    printf("    whole plan, CPU backend (fp32)                   %.4g GiB\n", worst[0].total / GiB);
+    printf("    whole plan, bf16 activations + bf16 weight copy  %.4g GiB\n", worst[1].total / GiB);
+}
+
+int cmd_inspect(int argc, char **argv, Comm *world) {
     const char *values[1] = {0};
     char **pos;
     int n_pos;
     cli_parse(&SPEC, argc, argv, values, &pos, &n_pos);
+    cli_single_rank(SPEC.command, world);
     if (n_pos < 1 || strchr(pos[0], '=')) {
         cli_usage(&SPEC, false);
         return 1;
@@ -70,11 +107,6 @@ int cmd_inspect(int argc, char **argv) {
     printf("  FLOPs per token  %.4g GFLOP forward, %.4g GFLOP training (3 x forward) at seq %g\n",
            fwd / 1e9, 3 * fwd / 1e9, S);
     printf("  FLOPs per step   %.4g TFLOP (%g tokens)\n", 3 * fwd * tokens / 1e12, tokens);
-    printf("  memory (one process, micro-batch %d x %d):\n", cfg.train.micro_batch, cfg.train.seq_len);
-    printf("    weights, grads, AdamW moments  %.4g GiB (fp32: 16 bytes per parameter)\n",
-           p.total * 16 / 1073741824.0);
-    printf("    whole plan, CPU backend (fp32)          %.4g GiB\n", plan_bytes(&cfg, false) / 1073741824.0);
-    printf("    whole plan, bf16 activations + bf16 weight copy  %.4g GiB\n",
-           plan_bytes(&cfg, true) / 1073741824.0);
+    print_memory(&cfg, values[0] ? (int)cli_number("--world", values[0], 1, 65536) : 1);
     return 0;
 }

@@ -43,11 +43,12 @@ static void emit(int32_t token) {
     fflush(stdout);
 }
 
-int cmd_sample(int argc, char **argv) {
+int cmd_sample(int argc, char **argv, Comm *world) {
     const char *values[5] = {0};
     char **pos;
     int n_pos;
     cli_parse(&SPEC, argc, argv, values, &pos, &n_pos);
+    cli_single_rank(SPEC.command, world);
     if (!values[0] || n_pos) {
         cli_usage(&SPEC, false);
         return 1;
@@ -56,8 +57,9 @@ int cmd_sample(int argc, char **argv) {
     double temperature = values[3] ? cli_number("--temperature", values[3], 0, 100) : 0.8;
     Rng rng = {.state = values[4] ? (uint64_t)cli_number("--seed", values[4], 0, 1e18) : 1};
     Config cfg;
+    Parallel par;
     Model m;
-    ckpt_open_model(values[0], &cfg, &m, 1, 0);
+    ckpt_open_model(values[0], &cfg, &par, &m, 1, 0);
     size_t V = cfg.model.vocab_size, S = cfg.train.seq_len;
     if (V < BYTE_VOCAB) moe_fatal("moe sample: vocab_size %zu is not a byte-level vocabulary", V);
     const char *prompt = values[1] ? values[1] : "";
@@ -78,5 +80,6 @@ int cmd_sample(int argc, char **argv) {
     free(logits);
     free(tokens);
     model_free(&m);
+    parallel_free(&par);
     return 0;
 }

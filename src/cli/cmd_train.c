@@ -46,7 +46,7 @@ static void check_resumable(const Config *cfg, const Config *saved, const char *
                   "to resume (choose another train.out to start a new run)", ckpt, key, a, b);
 }
 
-int cmd_train(int argc, char **argv) {
+int cmd_train(int argc, char **argv, Comm *world) {
     const char *values[1] = {0};
     char **pos;
     int n_pos, n_kv;
@@ -58,7 +58,8 @@ int cmd_train(int argc, char **argv) {
     config_defaults(&cfg);
     if (config_path && config_load_file(&cfg, config_path, err)) moe_fatal("%s", err);
     apply_overrides(&cfg, n_kv, kv);
-    ckpt_clean_partial(cfg.train.out);
+    if (world->rank == 0) ckpt_clean_partial(cfg.train.out);
+    world->ops->barrier(world); // no rank looks for checkpoints while rank 0 cleans
     char ckpt[4200];
     bool resume = ckpt_latest(cfg.train.out, ckpt, sizeof ckpt) >= 0;
     Config saved;
@@ -66,19 +67,20 @@ int cmd_train(int argc, char **argv) {
     if (resume && ckpt_read_state(ckpt, &saved, &state, err)) moe_fatal("%s", err);
     if (resume && !config_path) { // the run's own config, then this command line's overrides
         cfg = saved;
+        config_reset_placement(&cfg);
         apply_overrides(&cfg, n_kv, kv);
     }
     if (config_validate(&cfg, err)) moe_fatal("%s", err);
     if (resume) {
         check_resumable(&cfg, &saved, ckpt);
         if (state.step >= cfg.train.steps) {
-            printf("%s: already at step %d of train.steps = %d; pass a larger train.steps to "
+            if (world->rank == 0) printf("%s: already at step %d of train.steps = %d; pass a larger train.steps to "
                    "continue\n", ckpt, state.step, cfg.train.steps);
             return 0;
         }
     }
     int stop_at = values[0] ? (int)cli_number("--stop-at", values[0], 1, 2147483647.0) : 0;
-    train_run(&cfg, resume ? ckpt : NULL, stop_at);
+    train_run(&cfg, world, resume ? ckpt : NULL, stop_at);
     free(kv);
     free(pos);
     return 0;

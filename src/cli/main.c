@@ -3,11 +3,12 @@
 #include <string.h>
 
 #include "cli.h"
+#include "common/real.h"
 #include "common/util.h"
 
 typedef struct {
     const char *name;
-    int (*run)(int argc, char **argv);
+    int (*run)(int argc, char **argv, Comm *world);
     const char *summary;
 } Command;
 
@@ -32,7 +33,12 @@ int main(int argc, char **argv) {
     }
     const char *names[N_COMMANDS];
     for (size_t i = 0; i < N_COMMANDS; i++) {
-        if (!strcmp(argv[1], COMMANDS[i].name)) return COMMANDS[i].run(argc - 2, argv + 2);
+        if (!strcmp(argv[1], COMMANDS[i].name)) {
+            Comm *world = comm_world_init(&argc, &argv, sizeof(real));
+            int rc = COMMANDS[i].run(argc - 2, argv + 2, world);
+            comm_world_finalize(world);
+            return rc;
+        }
         names[i] = COMMANDS[i].name;
     }
     const char *guess = moe_suggest(argv[1], names, N_COMMANDS);

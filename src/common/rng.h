@@ -42,10 +42,11 @@ RNG_FN double rng_trunc_normal(uint64_t key, uint64_t counter, double limit) {
     }
 }
 
-// Noise of random-routing mode for token t, expert e (shared by every backend).
-RNG_FN double rng_routing_noise(uint64_t step_seed, uint64_t salt, uint64_t t, uint64_t E,
+// Noise of random-routing mode for global token t, expert e of a layer (every backend and every
+// layout draws the same value).
+RNG_FN double rng_routing_noise(uint64_t step_seed, uint64_t layer, uint64_t t, uint64_t E,
                                 uint64_t e) {
-    return rng_uniform(rng_hash64(step_seed, salt), t * E + e);
+    return rng_uniform(rng_hash64(step_seed, layer), t * E + e);
 }
 
 // Sequential generator for host-side decisions (sampling); its whole state is one integer.

@@ -9,14 +9,18 @@
 #include <time.h>
 
 static void (*fatal_hook)(void);
+static int fatal_rank = -1; // < 0: a single process, no label
 
 void moe_set_fatal_hook(void (*hook)(void)) { fatal_hook = hook; }
+
+void moe_set_rank_label(int rank) { fatal_rank = rank; }
 
 void moe_fatal(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     fflush(stdout);
     fputs("error: ", stderr);
+    if (fatal_rank >= 0) fprintf(stderr, "[rank %d] ", fatal_rank);
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
     fflush(stderr);

@@ -14,6 +14,9 @@ typedef char MoeErr[MOE_ERR_LEN]; // filled by functions that report bad input i
 void moe_fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 // Called by moe_fatal before exiting; the distributed layer installs one that aborts every rank.
 void moe_set_fatal_hook(void (*hook)(void));
+// Makes moe_fatal name this process ("error: [rank 3] ..."); the distributed layer sets it when
+// several ranks run, so that the one failing message among many ranks' output says which failed.
+void moe_set_rank_label(int rank);
 // Formats into an MoeErr; returns -1 so that `return moe_err(err, ...)` reads naturally.
 int moe_err(MoeErr err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

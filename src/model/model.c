@@ -51,7 +51,8 @@ static void register_attention(Model *m, int l, LayerParams *p) {
     p->ffn_norm = add_layer_param(m, l, -1, "post_attention_layernorm.weight", D, 0, false, true);
 }
 
-static void register_ffn(Model *m, int l, LayerParams *p) {
+// Dense part of a feed-forward layer: the router and shared expert of a MoE layer, or a dense MLP.
+static void register_ffn_dense(Model *m, int l, LayerParams *p) {
     const ModelConfig *c = &m->cfg;
     if (!model_layer_is_moe(c, l)) {
         p->dense_gu = add_gate_up(m, l, "mlp", -1, c->dense_hidden);
@@ -59,31 +60,48 @@ static void register_ffn(Model *m, int l, LayerParams *p) {
         return;
     }
     p->router = add_layer_param(m, l, -1, "mlp.gate.weight", c->n_experts, c->d_model, true, false);
-    char prefix[64];
-    for (int pass = 0; pass < 2; pass++) // all gate|up blocks, then all down blocks
-        for (int e = 0; e < c->n_experts; e++) {
-            snprintf(prefix, sizeof prefix, "mlp.experts.%d", e);
-            size_t off = pass ? add_down(m, l, prefix, e, c->expert_hidden)
-                              : add_gate_up(m, l, prefix, e, c->expert_hidden);
-            if (e == 0) *(pass ? &p->experts_down : &p->experts_gu) = off;
-        }
     if (c->shared_hidden) {
         p->shared_gu = add_gate_up(m, l, "mlp.shared_expert", -1, c->shared_hidden);
         p->shared_down = add_down(m, l, "mlp.shared_expert", -1, c->shared_hidden);
     }
 }
 
+// This rank's experts of a MoE layer: all gate|up blocks, then all down blocks.
+static void register_experts(Model *m, int l, LayerParams *p) {
+    const ModelConfig *c = &m->cfg;
+    int e0 = m->par->lay.expert_begin;
+    char prefix[64];
+    for (int pass = 0; pass < 2; pass++)
+        for (int e = e0; e < e0 + m->n_experts_local; e++) {
+            snprintf(prefix, sizeof prefix, "mlp.experts.%d", e);
+            size_t off = pass ? add_down(m, l, prefix, e, c->expert_hidden)
+                              : add_gate_up(m, l, prefix, e, c->expert_hidden);
+            if (e == e0) *(pass ? &p->experts_down : &p->experts_gu) = off;
+        }
+}
+
+// Shards start on 64-element boundaries, whatever the group size.
+#define REGION_ALIGN 64
+
 static void register_params(Model *m) {
     const ModelConfig *c = &m->cfg;
     size_t D = c->d_model, V = c->vocab_size;
-    m->wte = params_add(&m->reg, "model.embed_tokens.weight", V, D, false, false, -1, -1);
     m->layer = moe_calloc(c->n_layers, sizeof(LayerParams));
-    for (int l = 0; l < c->n_layers; l++) {
+    params_begin_region(&m->reg, PARAM_DENSE);
+    if (m->first_stage) m->wte = params_add(&m->reg, "model.embed_tokens.weight", V, D, false, false, -1, -1);
+    for (int l = m->layer_begin; l < m->layer_end; l++) {
         register_attention(m, l, &m->layer[l]);
-        register_ffn(m, l, &m->layer[l]);
+        register_ffn_dense(m, l, &m->layer[l]);
     }
-    m->final_norm = params_add(&m->reg, "model.norm.weight", D, 0, false, true, -1, -1);
-    m->lm_head = params_add(&m->reg, "lm_head.weight", V, D, true, false, -1, -1);
+    if (m->last_stage) {
+        m->final_norm = params_add(&m->reg, "model.norm.weight", D, 0, false, true, -1, -1);
+        m->lm_head = params_add(&m->reg, "lm_head.weight", V, D, true, false, -1, -1);
+    }
+    params_end_region(&m->reg, PARAM_DENSE, REGION_ALIGN * (size_t)m->par->dp->size);
+    params_begin_region(&m->reg, PARAM_EXPERT);
+    for (int l = m->layer_begin; l < m->layer_end; l++)
+        if (model_layer_is_moe(c, l)) register_experts(m, l, &m->layer[l]);
+    params_end_region(&m->reg, PARAM_EXPERT, REGION_ALIGN * (size_t)m->par->edp->size);
 }
 
 void *model_alloc(Model *m, size_t bytes) {
@@ -106,15 +124,49 @@ static void *act_buf(Model *m, size_t n) { return model_alloc(m, n * m->ops->act
 static void *f32_buf(Model *m, size_t n) { return model_alloc(m, n * m->ops->f32_size); }
 static int32_t *i32_buf(Model *m, size_t n) { return model_alloc(m, n * sizeof(int32_t)); }
 
-// Rows of the expert buffers: every routed slot (dropless) or E x capacity, whichever is smaller.
+// Per-expert capacity of a call of T tokens on one rank (0: dropless).
 static size_t expert_capacity(const ModelConfig *c, size_t T) {
     if (c->capacity_factor <= 0) return 0;
     return (size_t)ceil(c->capacity_factor * (double)T * c->top_k / c->n_experts);
 }
 
-static size_t expert_rows(const ModelConfig *c, size_t T) {
+// Rows this rank dispatches: every routed slot (dropless) or E x capacity, whichever is smaller.
+static size_t routed_rows(const ModelConfig *c, size_t T) {
     size_t slots = T * c->top_k, cap = expert_capacity(c, T);
     return cap && cap * c->n_experts < slots ? cap * c->n_experts : slots;
+}
+
+// Rows this rank's experts can receive: at worst every ep rank sends all its kept rows here.
+static size_t received_rows(const Model *m, size_t T) {
+    const ModelConfig *c = &m->cfg;
+    size_t ep = (size_t)m->par->ep->size, slots = T * c->top_k, cap = expert_capacity(c, T);
+    if (ep == 1) return routed_rows(c, T);
+    size_t per_source = cap && cap * m->n_experts_local < slots ? cap * m->n_experts_local : slots;
+    return ep * per_source;
+}
+
+static void alloc_exchange(Model *m, ExpertExchange *x) {
+    size_t ep = (size_t)m->par->ep->size, El = (size_t)m->n_experts_local;
+    x->send_rows = moe_calloc(ep, sizeof(size_t));
+    x->recv_rows = moe_calloc(ep, sizeof(size_t));
+    x->send_counts = i32_buf(m, ep * El);
+    x->recv_counts = i32_buf(m, ep * El);
+    x->offsets = i32_buf(m, El + 1);
+}
+
+static void alloc_moe_acts(Model *m, LayerActs *a, size_t T) {
+    const ModelConfig *c = &m->cfg;
+    size_t D = c->d_model, E = c->n_experts, K = c->top_k, H = c->expert_hidden;
+    size_t R = routed_rows(c, T), Rr = received_rows(m, T);
+    a->logits = act_buf(m, T * E), a->scores = f32_buf(m, T * E);
+    a->topk_idx = i32_buf(m, T * K), a->topk_w = f32_buf(m, T * K), a->aux = f32_buf(m, router_aux_len(E));
+    a->counts = i32_buf(m, E), a->offsets = i32_buf(m, E + 1), a->slot_pos = i32_buf(m, T * K);
+    a->xp = act_buf(m, R * D), a->y = act_buf(m, R * D);
+    a->xe = m->par->ep->size > 1 ? act_buf(m, Rr * D) : a->xp;
+    a->gu = act_buf(m, Rr * 2 * H), a->hact = act_buf(m, Rr * H);
+    if (m->par->ep->size > 1) alloc_exchange(m, &a->xchg);
+    if (c->shared_hidden)
+        a->sgu = act_buf(m, T * 2 * c->shared_hidden), a->sact = act_buf(m, T * c->shared_hidden);
 }
 
 static void alloc_layer_acts(Model *m, int l, LayerActs *a, size_t T) {
@@ -126,28 +178,20 @@ static void alloc_layer_acts(Model *m, int l, LayerActs *a, size_t T) {
     a->att = act_buf(m, T * Dq), a->att_lse = f32_buf(m, T * c->n_heads);
     a->ap = act_buf(m, T * D), a->h = act_buf(m, T * D);
     a->n2 = act_buf(m, T * D), a->n2_rstd = f32_buf(m, T), a->f = act_buf(m, T * D);
-    if (!model_layer_is_moe(c, l)) {
-        a->gu = act_buf(m, T * 2 * c->dense_hidden), a->hact = act_buf(m, T * c->dense_hidden);
-        return;
-    }
-    size_t E = c->n_experts, K = c->top_k, H = c->expert_hidden, R = expert_rows(c, T);
-    a->logits = act_buf(m, T * E), a->scores = f32_buf(m, T * E);
-    a->topk_idx = i32_buf(m, T * K), a->topk_w = f32_buf(m, T * K);
-    a->counts = i32_buf(m, E), a->offsets = i32_buf(m, E + 1), a->slot_pos = i32_buf(m, T * K);
-    a->xp = act_buf(m, R * D), a->gu = act_buf(m, R * 2 * H), a->hact = act_buf(m, R * H);
-    a->y = act_buf(m, R * D);
-    if (c->shared_hidden)
-        a->sgu = act_buf(m, T * 2 * c->shared_hidden), a->sact = act_buf(m, T * c->shared_hidden);
+    if (model_layer_is_moe(c, l)) alloc_moe_acts(m, a, T);
+    else a->gu = act_buf(m, T * 2 * c->dense_hidden), a->hact = act_buf(m, T * c->dense_hidden);
 }
+
+static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
 
 static void alloc_scratch(Model *m, size_t T) {
     const ModelConfig *c = &m->cfg;
     size_t D = c->d_model, C = model_qkv_width(c), Dq = (size_t)c->n_heads * c->head_dim;
     bool moe = model_n_moe_layers(c) > 0;
-    size_t R = moe ? expert_rows(c, T) : 0, rows = R > T ? R : T;
-    size_t hidden = c->n_dense_layers ? (size_t)c->dense_hidden : 0;
-    if (moe && (size_t)c->expert_hidden > hidden) hidden = c->expert_hidden;
-    if ((size_t)c->shared_hidden > hidden) hidden = c->shared_hidden;
+    size_t R = moe ? routed_rows(c, T) : 0, Rr = moe ? received_rows(m, T) : 0;
+    size_t rows = max_size(Rr, T), hidden = c->n_dense_layers ? (size_t)c->dense_hidden : 0;
+    if (moe) hidden = max_size(hidden, (size_t)c->expert_hidden);
+    hidden = max_size(hidden, (size_t)c->shared_hidden);
     Scratch *s = &m->s;
     s->dres = act_buf(m, T * D), s->dn = act_buf(m, T * D), s->datt = act_buf(m, T * Dq);
     s->dqkv = act_buf(m, T * C), s->dqkv_raw = act_buf(m, T * C);
@@ -156,6 +200,7 @@ static void alloc_scratch(Model *m, size_t T) {
     if (moe) {
         s->dy = act_buf(m, R * D), s->dxp = act_buf(m, R * D);
         s->dlogits = act_buf(m, T * c->n_experts), s->dtopk_w = f32_buf(m, T * c->top_k);
+        if (m->par->ep->size > 1) s->xfer = act_buf(m, max_size(R, Rr) * D), s->dxe = act_buf(m, Rr * D);
     }
 }
 
@@ -178,38 +223,60 @@ size_t model_metrics_len(const ModelConfig *c) {
     return METRIC_ROUTER + (size_t)model_n_moe_layers(c) * router_stats_len((size_t)c->n_experts);
 }
 
-void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, size_t B, size_t S) {
+static int n_local_layers(const Model *m) { return m->layer_end - m->layer_begin; }
+
+static void alloc_slot(Model *m, SlotActs *slot, size_t T) {
+    int n = n_local_layers(m);
+    slot->tokens = i32_buf(m, T), slot->targets = i32_buf(m, T);
+    slot->resid = moe_calloc((size_t)n + 1, sizeof(void *));
+    for (int i = 0; i <= n; i++) slot->resid[i] = act_buf(m, T * m->cfg.d_model);
+    slot->layer = moe_calloc((size_t)n, sizeof(LayerActs));
+    for (int i = 0; i < n; i++) alloc_layer_acts(m, m->layer_begin + i, &slot->layer[i], T);
+}
+
+void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel *par, size_t B,
+                size_t S, int n_slots) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->ops = ops;
-    m->B = B, m->S = S;
+    m->par = par;
+    m->layer_begin = par->lay.layer_begin, m->layer_end = par->lay.layer_end;
+    m->n_experts_local = par->lay.expert_end - par->lay.expert_begin;
+    m->first_stage = layout_first_stage(&par->lay), m->last_stage = layout_last_stage(&par->lay);
+    m->B = B, m->S = S, m->n_slots = n_slots;
     register_params(m);
     size_t P = m->reg.total, T = B * S, D = cfg->d_model;
     m->params = f32_buf(m, P);
     m->params_act = ops->act_aliases_f32 ? m->params : act_buf(m, P);
-    m->grads = f32_buf(m, P), m->adam_m = f32_buf(m, P), m->adam_v = f32_buf(m, P);
+    m->grads = f32_buf(m, P);
     m->expert_bias = f32_buf(m, (size_t)cfg->n_layers * cfg->n_experts);
     m->step_info = model_alloc(m, sizeof(StepInfo));
-    m->ops->zero(m->step_info, sizeof(StepInfo));
+    ops->zero(m->step_info, sizeof(StepInfo));
     m->metrics_scratch = f32_buf(m, model_metrics_len(cfg));
     upload_rope(m, S);
-    m->tokens = i32_buf(m, T), m->targets = i32_buf(m, T);
-    m->acts = moe_calloc(cfg->n_layers, sizeof(LayerActs));
-    for (int l = 0; l < cfg->n_layers; l++) alloc_layer_acts(m, l, &m->acts[l], T);
-    m->resid = moe_calloc(cfg->n_layers + 1, sizeof(void *));
-    for (int l = 0; l <= cfg->n_layers; l++) m->resid[l] = act_buf(m, T * D);
-    m->xf = act_buf(m, T * D), m->xf_rstd = f32_buf(m, T);
-    size_t chunk = ((size_t)1 << 22) / cfg->vocab_size; // about 4M logits at a time
-    m->logit_rows = chunk < 1 ? 1 : chunk > T ? T : chunk;
-    m->logits = act_buf(m, m->logit_rows * cfg->vocab_size);
+    m->slots = moe_calloc((size_t)n_slots, sizeof(SlotActs));
+    for (int i = 0; i < n_slots; i++) alloc_slot(m, &m->slots[i], T);
+    if (m->last_stage) {
+        m->xf = act_buf(m, T * D), m->xf_rstd = f32_buf(m, T);
+        size_t chunk = ((size_t)1 << 22) / cfg->vocab_size; // about 4M logits at a time
+        m->logit_rows = chunk < 1 ? 1 : chunk > T ? T : chunk;
+        m->logits = act_buf(m, m->logit_rows * cfg->vocab_size);
+    }
     alloc_scratch(m, T);
 }
 
 void model_free(Model *m) {
     for (size_t i = 0; i < m->n_allocs; i++) m->ops->free(m->allocs[i]);
+    for (int i = 0; i < m->n_slots; i++) {
+        for (int l = 0; l < n_local_layers(m); l++) {
+            free(m->slots[i].layer[l].xchg.send_rows);
+            free(m->slots[i].layer[l].xchg.recv_rows);
+        }
+        free(m->slots[i].resid);
+        free(m->slots[i].layer);
+    }
+    free(m->slots);
     free(m->allocs);
-    free(m->acts);
-    free(m->resid);
     free(m->layer);
     params_free(&m->reg);
     memset(m, 0, sizeof *m);
@@ -217,6 +284,7 @@ void model_free(Model *m) {
 
 void model_init_weights(Model *m, unsigned seed) {
     const Ops *ops = m->ops;
+    ops->zero(m->params, m->reg.total * ops->f32_size); // region padding stays zero
     for (size_t i = 0; i < m->reg.n; i++) {
         const ParamInfo *p = &m->reg.p[i];
         float *host = moe_malloc(p->numel * sizeof(float));
@@ -224,9 +292,8 @@ void model_init_weights(Model *m, unsigned seed) {
         ops->upload_f32(model_f32(m, m->params, p->offset), host, p->numel);
         free(host);
     }
-    size_t P = m->reg.total, f = ops->f32_size;
-    ops->zero(m->grads, P * f), ops->zero(m->adam_m, P * f), ops->zero(m->adam_v, P * f);
-    ops->zero(m->expert_bias, (size_t)m->cfg.n_layers * m->cfg.n_experts * f);
+    ops->zero(m->grads, m->reg.total * ops->f32_size);
+    ops->zero(m->expert_bias, (size_t)m->cfg.n_layers * m->cfg.n_experts * ops->f32_size);
     model_sync_compute_weights(m);
 }
 
@@ -234,17 +301,20 @@ void model_sync_compute_weights(Model *m) {
     if (!m->ops->act_aliases_f32) m->ops->cast_f32_to_act(m->params_act, m->params, m->reg.total);
 }
 
-void model_set_batch(Model *m, const int32_t *seqs, size_t B, size_t S) {
-    MOE_ASSERT(B <= m->B && S <= m->S);
+void model_set_batch(Model *m, int slot, const int32_t *seqs, size_t B, size_t S) {
+    MOE_ASSERT(B <= m->B && S <= m->S && slot < m->n_slots);
     int32_t *in = moe_malloc(2 * B * S * sizeof(int32_t)), *tg = in + B * S;
     for (size_t b = 0; b < B; b++) {
         memcpy(in + b * S, seqs + b * (S + 1), S * sizeof(int32_t));
         memcpy(tg + b * S, seqs + b * (S + 1) + 1, S * sizeof(int32_t));
     }
-    m->ops->upload(m->tokens, in, B * S * sizeof(int32_t));
-    m->ops->upload(m->targets, tg, B * S * sizeof(int32_t));
+    m->ops->upload(m->slots[slot].tokens, in, B * S * sizeof(int32_t));
+    m->ops->upload(m->slots[slot].targets, tg, B * S * sizeof(int32_t));
     free(in);
 }
+
+void *model_stage_input(const Model *m, int slot) { return m->slots[slot].resid[0]; }
+void *model_stage_output(const Model *m, int slot) { return m->slots[slot].resid[n_local_layers(m)]; }
 
 // ---------------------------------------------------------------- forward
 
@@ -256,14 +326,20 @@ static AttnDims attn_dims(const Model *m, size_t B, size_t S) {
     return (AttnDims){B, S, (size_t)c->n_heads, (size_t)c->n_kv_heads, (size_t)c->head_dim};
 }
 
+static LayerActs *acts(const Model *m, int slot, int l) {
+    return &m->slots[slot].layer[l - m->layer_begin];
+}
+
 static int moe_index(const ModelConfig *c, int l) { return l - c->n_dense_layers; }
 
 static RouterArgs router_args(const Model *m, int l, const ForwardArgs *a) {
     const ModelConfig *c = &m->cfg;
+    size_t T = a->B * a->S;
     return (RouterArgs){
-        .T = a->B * a->S, .E = c->n_experts, .K = c->top_k, .kind = c->router,
-        .renorm = c->norm_topk_prob, .random = c->random_routing,
-        .salt = a->batch_id * 1000003ULL + (uint64_t)l, .lb_grad = a->scales.lb, .z_grad = a->scales.z,
+        .T = T, .T_global = T * (size_t)m->par->dp->size, .E = c->n_experts, .K = c->top_k,
+        .kind = c->router, .renorm = c->norm_topk_prob, .random = c->random_routing,
+        .layer = (uint64_t)l, .token_base = a->first_seq * a->S,
+        .lb_grad = a->scales.lb, .z_grad = a->scales.z,
     };
 }
 
@@ -276,41 +352,114 @@ static void swiglu_mlp_forward(const Model *m, void *out, const void *in, void *
     ops->matmul_forward(out, hact, W(m, down_w), T, D, H, accumulate);
 }
 
-static void moe_forward(Model *m, int l, const void *in, const ForwardArgs *a) {
+// Counts of the rows this rank sends to each expert-parallel rank, exchanged for the counts it
+// will receive; the plan is kept for the backward, which moves gradients along the same routes.
+static void plan_exchange(Model *m, LayerActs *x) {
+    const Ops *ops = m->ops;
+    Comm *ep = m->par->ep;
+    ExpertExchange *xc = &x->xchg;
+    size_t n = (size_t)ep->size, El = (size_t)m->n_experts_local, E = n * El;
+    int32_t *off = moe_malloc((E + 1) * sizeof(int32_t)), *cnt = moe_malloc(E * sizeof(int32_t));
+    int32_t *eoff = moe_malloc((El + 1) * sizeof(int32_t));
+    size_t *blocks = moe_malloc(n * sizeof(size_t));
+    ops->download(off, x->offsets, (E + 1) * sizeof(int32_t));
+    for (size_t e = 0; e < E; e++) cnt[e] = off[e + 1] - off[e];
+    for (size_t j = 0; j < n; j++) blocks[j] = El, xc->send_rows[j] = (size_t)(off[(j + 1) * El] - off[j * El]);
+    ops->upload(xc->send_counts, cnt, E * sizeof(int32_t));
+    ep->ops->all_to_all_v(ep, xc->send_counts, blocks, xc->recv_counts, blocks, COMM_I32);
+    ops->download(cnt, xc->recv_counts, E * sizeof(int32_t)); // now (ep, El) received
+    eoff[0] = 0;
+    for (size_t e = 0; e < El; e++) {
+        eoff[e + 1] = eoff[e];
+        for (size_t j = 0; j < n; j++) eoff[e + 1] += cnt[j * El + e];
+    }
+    xc->rows = 0;
+    for (size_t j = 0; j < n; j++) {
+        xc->recv_rows[j] = 0;
+        for (size_t e = 0; e < El; e++) xc->recv_rows[j] += (size_t)cnt[j * El + e];
+        xc->rows += xc->recv_rows[j];
+    }
+    ops->upload(xc->offsets, eoff, (El + 1) * sizeof(int32_t));
+    free(off), free(cnt), free(eoff), free(blocks);
+}
+
+// Moves rows between this rank's dispatch order and its experts' expert-major order (to_experts),
+// or back. Without expert parallelism the two orders are the same buffer: returns `rows`.
+static void *exchange_rows(Model *m, LayerActs *x, void *rows, void *out, bool to_experts) {
+    Comm *ep = m->par->ep;
+    if (ep->size == 1) return rows;
+    const ExpertExchange *xc = &x->xchg;
+    size_t n = (size_t)ep->size, D = m->cfg.d_model, El = (size_t)m->n_experts_local;
+    size_t *send = moe_malloc(2 * n * sizeof(size_t)), *recv = send + n;
+    for (size_t j = 0; j < n; j++) {
+        send[j] = (to_experts ? xc->send_rows[j] : xc->recv_rows[j]) * D;
+        recv[j] = (to_experts ? xc->recv_rows[j] : xc->send_rows[j]) * D;
+    }
+    if (to_experts) {
+        ep->ops->all_to_all_v(ep, rows, send, m->s.xfer, recv, COMM_ACT);
+        m->ops->moe_regroup(out, m->s.xfer, xc->recv_counts, n, El, D, true);
+    } else {
+        m->ops->moe_regroup(m->s.xfer, rows, xc->recv_counts, n, El, D, false);
+        ep->ops->all_to_all_v(ep, m->s.xfer, send, out, recv, COMM_ACT);
+    }
+    free(send);
+    return out;
+}
+
+static const int32_t *expert_offsets(const Model *m, const LayerActs *x) {
+    return m->par->ep->size > 1 ? x->xchg.offsets : x->offsets;
+}
+
+// Router: local choice, then the micro-batch's aux summary summed over the data-parallel ranks.
+static void route(Model *m, int l, LayerActs *x, const void *in, const ForwardArgs *a) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
-    LayerActs *x = &m->acts[l];
-    const LayerParams *p = &m->layer[l];
-    size_t T = a->B * a->S, D = c->d_model, E = c->n_experts, K = c->top_k, H = c->expert_hidden;
+    size_t E = c->n_experts;
     void *stats = model_f32(m, a->metrics, model_metric_router(c, moe_index(c, l)));
     const void *bias = c->bias_gamma > 0 ? model_f32(m, m->expert_bias, (size_t)l * E) : NULL;
-    ops->matmul_forward(x->logits, in, W(m, p->router), T, E, D, false);
-    ops->router_forward(x->scores, x->topk_idx, x->topk_w, x->counts, stats, x->logits, bias,
-                        m->step_info, router_args(m, l, a));
+    RouterArgs ra = router_args(m, l, a);
+    ops->matmul_forward(x->logits, in, W(m, m->layer[l].router), ra.T, E, c->d_model, false);
+    ops->router_forward(x->scores, x->topk_idx, x->topk_w, x->counts, x->aux, x->logits, bias,
+                        m->step_info, ra);
+    Comm *dp = m->par->dp;
+    dp->ops->all_reduce_sum(dp, x->aux, router_aux_len(E), COMM_F32);
+    ops->router_aux_loss(stats, x->aux, ra, dp->rank == 0 ? 1.0f : 0.0f);
+}
+
+static void moe_forward(Model *m, int l, LayerActs *x, const void *in, const ForwardArgs *a) {
+    const Ops *ops = m->ops;
+    const ModelConfig *c = &m->cfg;
+    const LayerParams *p = &m->layer[l];
+    size_t T = a->B * a->S, D = c->d_model, E = c->n_experts, K = c->top_k, H = c->expert_hidden;
+    size_t El = (size_t)m->n_experts_local, Rr = received_rows(m, T);
+    void *stats = model_f32(m, a->metrics, model_metric_router(c, moe_index(c, l)));
+    route(m, l, x, in, a);
     ops->moe_dispatch_forward(x->xp, x->slot_pos, x->offsets, stats, in, x->topk_idx, x->counts,
                               T, K, E, D, expert_capacity(c, T));
-    size_t R = expert_rows(c, T);
-    ops->grouped_matmul_forward(x->gu, x->xp, W(m, p->experts_gu), x->offsets, E, 2 * H, D);
-    ops->swiglu_forward(x->hact, x->gu, R, H, x->offsets + E);
-    ops->grouped_matmul_forward(x->y, x->hact, W(m, p->experts_down), x->offsets, E, D, H);
+    if (m->par->ep->size > 1) plan_exchange(m, x);
+    exchange_rows(m, x, x->xp, x->xe, true);
+    const int32_t *off = expert_offsets(m, x);
+    void *ye = m->par->ep->size > 1 ? m->s.dxe : x->y;
+    ops->grouped_matmul_forward(x->gu, x->xe, W(m, p->experts_gu), off, El, 2 * H, D);
+    ops->swiglu_forward(x->hact, x->gu, Rr, H, off + El);
+    ops->grouped_matmul_forward(ye, x->hact, W(m, p->experts_down), off, El, D, H);
+    exchange_rows(m, x, ye, x->y, false);
     ops->moe_combine_forward(x->f, x->y, x->slot_pos, x->topk_w, T, K, D, false);
     if (c->shared_hidden)
         swiglu_mlp_forward(m, x->f, in, x->sgu, x->sact, p->shared_gu, p->shared_down, T,
                            c->shared_hidden, true);
 }
 
-static void ffn_forward(Model *m, int l, const void *in, const ForwardArgs *a) {
-    LayerActs *x = &m->acts[l];
+static void ffn_forward(Model *m, int l, LayerActs *x, const void *in, const ForwardArgs *a) {
     const LayerParams *p = &m->layer[l];
-    if (model_layer_is_moe(&m->cfg, l)) moe_forward(m, l, in, a);
+    if (model_layer_is_moe(&m->cfg, l)) moe_forward(m, l, x, in, a);
     else swiglu_mlp_forward(m, x->f, in, x->gu, x->hact, p->dense_gu, p->dense_down, a->B * a->S,
                             m->cfg.dense_hidden, false);
 }
 
-static void attention_forward(Model *m, int l, const void *in, AttnDims d) {
+static void attention_forward(Model *m, int l, LayerActs *x, const void *in, AttnDims d) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
-    LayerActs *x = &m->acts[l];
     const LayerParams *p = &m->layer[l];
     size_t T = d.B * d.S, D = c->d_model, C = model_qkv_width(c);
     ops->matmul_forward(x->qkv_raw, in, W(m, p->wqkv), T, C, D, false);
@@ -325,24 +474,25 @@ static void attention_forward(Model *m, int l, const void *in, AttnDims d) {
 static void layer_forward(Model *m, int l, const ForwardArgs *a) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
-    LayerActs *x = &m->acts[l];
+    LayerActs *x = acts(m, a->slot, l);
     const LayerParams *p = &m->layer[l];
     size_t T = a->B * a->S, D = c->d_model;
     float eps = (float)c->norm_eps;
-    const void *in = m->resid[l];
-    void *out = m->resid[l + 1];
+    const void *in = m->slots[a->slot].resid[l - m->layer_begin];
+    void *out = m->slots[a->slot].resid[l - m->layer_begin + 1];
+    AttnDims d = attn_dims(m, a->B, a->S);
     if (c->norm_placement == NORM_PRE) {
         ops->rmsnorm_forward(x->n1, x->n1_rstd, in, W(m, p->attn_norm), T, D, eps);
-        attention_forward(m, l, x->n1, attn_dims(m, a->B, a->S));
+        attention_forward(m, l, x, x->n1, d);
         ops->add(x->h, in, x->ap, T * D);
         ops->rmsnorm_forward(x->n2, x->n2_rstd, x->h, W(m, p->ffn_norm), T, D, eps);
-        ffn_forward(m, l, x->n2, a);
+        ffn_forward(m, l, x, x->n2, a);
         ops->add(out, x->h, x->f, T * D);
     } else {
-        attention_forward(m, l, in, attn_dims(m, a->B, a->S));
+        attention_forward(m, l, x, in, d);
         ops->rmsnorm_forward(x->n1, x->n1_rstd, x->ap, W(m, p->attn_norm), T, D, eps);
         ops->add(x->h, in, x->n1, T * D);
-        ffn_forward(m, l, x->h, a);
+        ffn_forward(m, l, x, x->h, a);
         ops->rmsnorm_forward(x->n2, x->n2_rstd, x->f, W(m, p->ffn_norm), T, D, eps);
         ops->add(out, x->h, x->n2, T * D);
     }
@@ -353,28 +503,31 @@ static void layer_forward(Model *m, int l, const ForwardArgs *a) {
 static void head_forward(Model *m, const ForwardArgs *a) {
     const Ops *ops = m->ops;
     size_t T = a->B * a->S, D = m->cfg.d_model, V = m->cfg.vocab_size;
-    ops->rmsnorm_forward(m->xf, m->xf_rstd, m->resid[m->cfg.n_layers], W(m, m->final_norm), T, D,
-                         (float)m->cfg.norm_eps);
+    const SlotActs *sl = &m->slots[a->slot];
+    void *last = model_stage_output(m, a->slot);
+    ops->rmsnorm_forward(m->xf, m->xf_rstd, last, W(m, m->final_norm), T, D, (float)m->cfg.norm_eps);
     for (size_t r0 = 0; r0 < T; r0 += m->logit_rows) {
         size_t n = T - r0 < m->logit_rows ? T - r0 : m->logit_rows;
         void *xf = model_act(m, m->xf, r0 * D);
         ops->matmul_forward(m->logits, xf, W(m, m->lm_head), n, V, D, false);
-        ops->cross_entropy(m->logits, model_f32(m, a->metrics, METRIC_CE), m->targets + r0, n, V,
+        ops->cross_entropy(m->logits, model_f32(m, a->metrics, METRIC_CE), sl->targets + r0, n, V,
                            a->scales.ce, a->scales.lm_z, a->train);
         if (a->train)
             ops->matmul_backward(model_act(m, m->s.dxf, r0 * D), G(m, m->lm_head), m->logits, xf,
                                  W(m, m->lm_head), n, V, D, false);
     }
     if (a->train)
-        ops->rmsnorm_backward(m->s.dres, G(m, m->final_norm), m->s.dxf, m->resid[m->cfg.n_layers],
-                              W(m, m->final_norm), m->xf_rstd, T, D, false);
+        ops->rmsnorm_backward(m->s.dres, G(m, m->final_norm), m->s.dxf, last, W(m, m->final_norm),
+                              m->xf_rstd, T, D, false);
 }
 
 void model_forward(Model *m, const ForwardArgs *a) {
-    MOE_ASSERT(a->B <= m->B && a->S <= m->S);
-    m->ops->embedding_forward(m->resid[0], m->tokens, W(m, m->wte), a->B * a->S, m->cfg.d_model);
-    for (int l = 0; l < m->cfg.n_layers; l++) layer_forward(m, l, a);
-    head_forward(m, a);
+    MOE_ASSERT(a->B <= m->B && a->S <= m->S && a->slot < m->n_slots);
+    if (m->first_stage)
+        m->ops->embedding_forward(model_stage_input(m, a->slot), m->slots[a->slot].tokens,
+                                  W(m, m->wte), a->B * a->S, m->cfg.d_model);
+    for (int l = m->layer_begin; l < m->layer_end; l++) layer_forward(m, l, a);
+    if (m->last_stage) head_forward(m, a);
 }
 
 // ---------------------------------------------------------------- backward
@@ -389,45 +542,48 @@ static void swiglu_mlp_backward(const Model *m, void *din, const void *dout, con
     ops->matmul_backward(din, G(m, gu_w), m->s.dgu, in, W(m, gu_w), T, 2 * H, D, accumulate);
 }
 
-static void moe_backward(Model *m, int l, void *din, const void *dout, const void *in,
-                         bool accumulate, const ForwardArgs *a) {
+static void moe_backward(Model *m, int l, LayerActs *x, void *din, const void *dout,
+                         const void *in, bool accumulate, const ForwardArgs *a) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
-    LayerActs *x = &m->acts[l];
     const LayerParams *p = &m->layer[l];
     const Scratch *s = &m->s;
     size_t T = a->B * a->S, D = c->d_model, E = c->n_experts, K = c->top_k, H = c->expert_hidden;
+    size_t El = (size_t)m->n_experts_local;
     if (c->shared_hidden) {
         swiglu_mlp_backward(m, din, dout, in, x->sgu, x->sact, p->shared_gu, p->shared_down, T,
                             c->shared_hidden, accumulate);
         accumulate = true;
     }
+    const int32_t *off = expert_offsets(m, x);
+    bool ep = m->par->ep->size > 1;
     ops->moe_combine_backward(s->dy, s->dtopk_w, dout, x->y, x->slot_pos, x->topk_w, T, K, D);
-    ops->grouped_matmul_backward(s->dhact, G(m, p->experts_down), s->dy, x->hact,
-                                 W(m, p->experts_down), x->offsets, E, D, H);
-    ops->swiglu_backward(s->dgu, s->dhact, x->gu, expert_rows(c, T), H, x->offsets + E);
-    ops->grouped_matmul_backward(s->dxp, G(m, p->experts_gu), s->dgu, x->xp, W(m, p->experts_gu),
-                                 x->offsets, E, 2 * H, D);
-    ops->moe_dispatch_backward(din, s->dxp, x->slot_pos, T, K, D, accumulate);
+    void *dye = exchange_rows(m, x, s->dy, s->dxe, true);
+    ops->grouped_matmul_backward(s->dhact, G(m, p->experts_down), dye, x->hact,
+                                 W(m, p->experts_down), off, El, D, H);
+    ops->swiglu_backward(s->dgu, s->dhact, x->gu, received_rows(m, T), H, off + El);
+    void *dxe = ep ? s->dxe : s->dxp;
+    ops->grouped_matmul_backward(dxe, G(m, p->experts_gu), s->dgu, x->xe, W(m, p->experts_gu),
+                                 off, El, 2 * H, D);
+    void *dxp = exchange_rows(m, x, dxe, s->dxp, false);
+    ops->moe_dispatch_backward(din, dxp, x->slot_pos, T, K, D, accumulate);
     ops->router_backward(s->dlogits, s->dtopk_w, x->logits, x->scores, x->topk_idx, x->topk_w,
-                         x->counts, router_args(m, l, a));
+                         x->aux, router_args(m, l, a));
     ops->matmul_backward(din, G(m, p->router), s->dlogits, in, W(m, p->router), T, E, D, true);
 }
 
-static void ffn_backward(Model *m, int l, void *din, const void *dout, const void *in,
-                         bool accumulate, const ForwardArgs *a) {
-    LayerActs *x = &m->acts[l];
+static void ffn_backward(Model *m, int l, LayerActs *x, void *din, const void *dout,
+                         const void *in, bool accumulate, const ForwardArgs *a) {
     const LayerParams *p = &m->layer[l];
-    if (model_layer_is_moe(&m->cfg, l)) moe_backward(m, l, din, dout, in, accumulate, a);
+    if (model_layer_is_moe(&m->cfg, l)) moe_backward(m, l, x, din, dout, in, accumulate, a);
     else swiglu_mlp_backward(m, din, dout, in, x->gu, x->hact, p->dense_gu, p->dense_down,
                              a->B * a->S, m->cfg.dense_hidden, accumulate);
 }
 
-static void attention_backward(Model *m, int l, void *din, const void *dout, const void *in,
-                               bool accumulate, AttnDims d) {
+static void attention_backward(Model *m, int l, LayerActs *x, void *din, const void *dout,
+                               const void *in, bool accumulate, AttnDims d) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
-    LayerActs *x = &m->acts[l];
     const LayerParams *p = &m->layer[l];
     const Scratch *s = &m->s;
     size_t T = d.B * d.S, D = c->d_model, C = model_qkv_width(c);
@@ -443,43 +599,44 @@ static void attention_backward(Model *m, int l, void *din, const void *dout, con
 static void layer_backward(Model *m, int l, const ForwardArgs *a) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
-    LayerActs *x = &m->acts[l];
+    LayerActs *x = acts(m, a->slot, l);
     const LayerParams *p = &m->layer[l];
     void *dres = m->s.dres, *dn = m->s.dn;
-    const void *in = m->resid[l];
+    const void *in = m->slots[a->slot].resid[l - m->layer_begin];
     size_t T = a->B * a->S, D = c->d_model;
     AttnDims d = attn_dims(m, a->B, a->S);
     if (c->norm_placement == NORM_PRE) {
-        ffn_backward(m, l, dn, dres, x->n2, false, a);
+        ffn_backward(m, l, x, dn, dres, x->n2, false, a);
         ops->rmsnorm_backward(dres, G(m, p->ffn_norm), dn, x->h, W(m, p->ffn_norm), x->n2_rstd, T, D, true);
-        attention_backward(m, l, dn, dres, x->n1, false, d);
+        attention_backward(m, l, x, dn, dres, x->n1, false, d);
         ops->rmsnorm_backward(dres, G(m, p->attn_norm), dn, in, W(m, p->attn_norm), x->n1_rstd, T, D, true);
     } else {
         ops->rmsnorm_backward(dn, G(m, p->ffn_norm), dres, x->f, W(m, p->ffn_norm), x->n2_rstd, T, D, false);
-        ffn_backward(m, l, dres, dn, x->h, true, a);
+        ffn_backward(m, l, x, dres, dn, x->h, true, a);
         ops->rmsnorm_backward(dn, G(m, p->attn_norm), dres, x->ap, W(m, p->attn_norm), x->n1_rstd, T, D, false);
-        attention_backward(m, l, dres, dn, in, true, d);
+        attention_backward(m, l, x, dres, dn, in, true, d);
     }
 }
 
 void model_backward(Model *m, const ForwardArgs *a) {
     MOE_ASSERT(a->train);
-    for (int l = m->cfg.n_layers - 1; l >= 0; l--) layer_backward(m, l, a);
-    m->ops->embedding_backward(G(m, m->wte), m->s.dres, m->tokens, a->B * a->S, m->cfg.d_model,
-                               m->cfg.vocab_size);
+    for (int l = m->layer_end - 1; l >= m->layer_begin; l--) layer_backward(m, l, a);
+    if (m->first_stage)
+        m->ops->embedding_backward(G(m, m->wte), m->s.dres, m->slots[a->slot].tokens, a->B * a->S,
+                                   m->cfg.d_model, m->cfg.vocab_size);
 }
 
 // ---------------------------------------------------------------- inference
 
 void model_last_logits(Model *m, const int32_t *tokens, size_t n, float *logits) {
-    MOE_ASSERT(n >= 1 && n <= m->S);
+    MOE_ASSERT(n >= 1 && n <= m->S && m->first_stage && m->last_stage);
     const Ops *ops = m->ops;
     size_t D = m->cfg.d_model, V = m->cfg.vocab_size;
-    ops->upload(m->tokens, tokens, n * sizeof(int32_t));
+    ops->upload(m->slots[0].tokens, tokens, n * sizeof(int32_t));
     ForwardArgs a = {.B = 1, .S = n, .train = false, .metrics = m->metrics_scratch};
-    ops->embedding_forward(m->resid[0], m->tokens, W(m, m->wte), n, D);
-    for (int l = 0; l < m->cfg.n_layers; l++) layer_forward(m, l, &a);
-    ops->rmsnorm_forward(m->xf, m->xf_rstd, model_act(m, m->resid[m->cfg.n_layers], (n - 1) * D),
+    ops->embedding_forward(model_stage_input(m, 0), m->slots[0].tokens, W(m, m->wte), n, D);
+    for (int l = m->layer_begin; l < m->layer_end; l++) layer_forward(m, l, &a);
+    ops->rmsnorm_forward(m->xf, m->xf_rstd, model_act(m, model_stage_output(m, 0), (n - 1) * D),
                          W(m, m->final_norm), 1, D, (float)m->cfg.norm_eps);
     ops->matmul_forward(m->logits, m->xf, W(m, m->lm_head), 1, V, D, false);
     ops->download_act(logits, m->logits, V);

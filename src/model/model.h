@@ -1,9 +1,12 @@
 // The MoE language model: parameters, activation memory, and the forward/backward orchestration,
-// written once in C against the ops interface and shared by every backend.
+// written once in C against the ops interface and shared by every backend. A process holds the
+// layers of its pipeline stage and, in each MoE layer, the experts of its expert-parallel rank;
+// one process with one-rank communicators is the plain case of the same code.
 #pragma once
 #include <stdint.h>
 
 #include "config.h"
+#include "dist/parallel.h"
 #include "ops/ops.h"
 #include "params.h"
 
@@ -11,12 +14,23 @@
 typedef struct {
     size_t attn_norm, wqkv, q_norm, k_norm, wo, ffn_norm; // wqkv (C, D): q_proj | k_proj | v_proj
     size_t router;                    // (E, D)
-    size_t experts_gu, experts_down;  // (E, 2H, D): gate | up per expert; (E, D, H)
+    size_t experts_gu, experts_down;  // local experts: (El, 2H, D) gate | up; (El, D, H)
     size_t shared_gu, shared_down;    // (2Hs, D), (D, Hs)
     size_t dense_gu, dense_down;      // (2Hd, D), (D, Hd)
 } LayerParams;
 
-// Activations one layer keeps for its backward. T = B S tokens, R rows of the expert buffers.
+// How this rank's routed rows travel to the ranks owning their experts and back (expert
+// parallelism). With one expert-parallel rank, every row stays and the plan is the identity.
+typedef struct {
+    size_t *send_rows, *recv_rows;    // (ep) rows to and from each rank of the ep group
+    int32_t *send_counts;             // (ep, El) backend: rows per (destination, its expert)
+    int32_t *recv_counts;             // (ep, El) backend: rows per (source rank, local expert)
+    int32_t *offsets;                 // (El + 1) backend: expert-major row offsets of the received
+    size_t rows;                      // rows received
+} ExpertExchange;
+
+// Activations one layer keeps for its backward. T = B S tokens, R routed rows of this rank,
+// Rr rows its experts receive (R when not expert-parallel).
 typedef struct {
     void *n1, *n1_rstd;        // act (T, D), f32 (T): attention-side norm output and 1/rms
     void *qkv_raw, *qkv;       // act (T, C): projection, then QK-norm + RoPE
@@ -26,24 +40,35 @@ typedef struct {
     void *h;                   // act (T, D) residual stream after attention
     void *n2, *n2_rstd;        // act (T, D), f32 (T): feed-forward-side norm
     void *f;                   // act (T, D) feed-forward output
-    void *gu, *hact;           // act: dense (T, 2Hd), (T, Hd); MoE (R, 2H), (R, H)
+    void *gu, *hact;           // act: dense (T, 2Hd), (T, Hd); MoE (Rr, 2H), (Rr, H) expert-major
     void *logits, *scores;     // act (T, E), f32 (T, E)
     int32_t *topk_idx;         // (T, K)
     void *topk_w;              // f32 (T, K)
-    int32_t *counts, *offsets; // (E), (E + 1)
+    void *aux;                 // f32 (2E + 1): routed slots, score sums, lse^2 sum (summed over dp)
+    int32_t *counts, *offsets; // (E), (E + 1): this rank's routed slots per expert, sorted offsets
     int32_t *slot_pos;         // (T, K)
-    void *xp, *y;              // act (R, D): dispatched rows, expert outputs
+    void *xp, *y;              // act (R, D): dispatched rows, their expert outputs (same order)
+    void *xe;                  // act (Rr, D) rows for this rank's experts, expert-major (== xp)
+    ExpertExchange xchg;
     void *sgu, *sact;          // act (T, 2Hs), (T, Hs): shared expert
 } LayerActs;
 
-// Gradient scratch shared by all layers, sized for the largest layer.
+// What one micro-batch in flight keeps (a pipeline stage holds several).
 typedef struct {
-    void *dres;               // act (T, D) gradient of the residual stream
+    int32_t *tokens, *targets; // (T)
+    void **resid;              // (n_local + 1) act (T, D): input of each local layer, then output
+    LayerActs *layer;          // (n_local)
+} SlotActs;
+
+// Gradient scratch shared by all layers and slots, sized for the largest layer.
+typedef struct {
+    void *dres;               // act (T, D) gradient of the residual stream (stage in/out gradient)
     void *dn;                 // act (T, D)
     void *datt;               // act (T, Hq hd)
     void *dqkv, *dqkv_raw;    // act (T, C)
-    void *dgu, *dhact;        // act (max R or T, 2 max(H, Hd, Hs)), (.., max hidden)
-    void *dy, *dxp;           // act (R, D)
+    void *dgu, *dhact;        // act (max rows, 2 max hidden), (max rows, max hidden)
+    void *dy, *dxp;           // act (R, D) in dispatch order
+    void *xfer, *dxe;         // act (max(R, Rr), D): rows on their way between ranks; (Rr, D)
     void *dlogits;            // act (T, E)
     void *dtopk_w;            // f32 (T, K)
     void *dxf;                // act (T, D) gradient of the final-norm output
@@ -58,9 +83,10 @@ typedef struct {
 } LossScales;
 
 typedef struct {
-    size_t B, S;        // this call's batch (at most what the model was sized for)
+    size_t B, S;        // this rank's batch (at most what the model was sized for)
+    int slot;           // activation slot of this micro-batch
     bool train;         // keep activations, compute LM-head gradients for the backward
-    uint64_t batch_id;  // salt of the routing noise (global index of the first sequence)
+    uint64_t first_seq; // global index of this rank's first sequence (routing-noise counter)
     LossScales scales;
     void *metrics;      // f32 accumulators (model_metrics_len)
 } ForwardArgs;
@@ -68,22 +94,24 @@ typedef struct {
 typedef struct {
     ModelConfig cfg;
     const Ops *ops;
+    const Parallel *par;
+    int layer_begin, layer_end;  // layers held here
+    int n_experts_local;         // El experts held here in each MoE layer
+    bool first_stage, last_stage;
     ParamRegistry reg;
-    LayerParams *layer;          // (L)
+    LayerParams *layer;          // (L), valid for held layers
     size_t wte, final_norm, lm_head;
     void *params;                // f32 (P) master weights
     void *params_act;            // act (P) compute weights (== params when the backend aliases)
     void *grads;                 // f32 (P)
-    void *adam_m, *adam_v;       // f32 (P)
     void *expert_bias;           // f32 (L, E) loss-free balancing bias (0 for dense layers)
     void *rope;                  // f32 (S, hd / 2, 2)
     StepInfo *step_info;         // backend memory, written before each step
     void *metrics_scratch;       // f32 (model_metrics_len) for forwards whose metrics are unused
-    size_t B, S;                 // activation memory is sized for B x S
-    int32_t *tokens, *targets;   // (B S)
-    LayerActs *acts;             // (L)
-    void **resid;                // (L + 1) act (T, D): input of each layer, then the last output
-    void *xf, *xf_rstd;          // act (T, D), f32 (T): final norm
+    size_t B, S;                 // activation memory is sized for B x S per slot
+    int n_slots;
+    SlotActs *slots;             // (n_slots)
+    void *xf, *xf_rstd;          // act (T, D), f32 (T): final norm (last stage)
     void *logits;                // act (chunk, V) LM-head logits, one chunk at a time
     size_t logit_rows;           // rows per chunk
     Scratch s;
@@ -93,30 +121,39 @@ typedef struct {
 } Model;
 
 // Metrics accumulated in backend memory during a step (f32): [0] summed CE, [1] summed LM
-// logsumexp^2, [2] gradient norm squared, then router_stats_len(E) values per MoE layer.
+// logsumexp^2, [2] gradient norm squared, then router_stats_len(E) values per MoE layer (all
+// layers of the model, whichever stage holds them).
 enum { METRIC_CE, METRIC_LM_Z, METRIC_GRAD_NORM_SQ, METRIC_ROUTER };
 size_t model_metrics_len(const ModelConfig *c);
 static inline size_t model_metric_router(const ModelConfig *c, int moe_index) {
     return METRIC_ROUTER + (size_t)moe_index * router_stats_len((size_t)c->n_experts);
 }
 
-// Builds the registry and allocates parameters, optimizer state and activations for B x S.
-void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, size_t B, size_t S);
+// Builds the registry of this rank's tensors and allocates parameters and activations for n_slots
+// micro-batches of B x S (B sequences on this rank).
+void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel *par, size_t B,
+                size_t S, int n_slots);
 void model_free(Model *m);
-// Random initial weights (params_init_values), zero moments and bias.
+// Random initial weights (params_init_values) and zero bias.
 void model_init_weights(Model *m, unsigned seed);
-// Refreshes the compute copy after the master weights changed (load, optimizer).
+// Refreshes the compute copy after the master weights changed (load).
 void model_sync_compute_weights(Model *m);
 
 void *model_alloc(Model *m, size_t bytes); // backend memory freed with the model
 void *model_act(const Model *m, void *base, size_t offset);  // element offset in an act buffer
 void *model_f32(const Model *m, void *base, size_t offset);  // element offset in an f32 buffer
 
-// Uploads B sequences of S + 1 tokens (inputs and shifted targets).
-void model_set_batch(Model *m, const int32_t *seqs, size_t B, size_t S);
-// Forward of the batch set last; in training mode also the LM-head gradient (fused loss).
+// Uploads B sequences of S + 1 tokens (inputs and shifted targets) into a slot.
+void model_set_batch(Model *m, int slot, const int32_t *seqs, size_t B, size_t S);
+// The stage's input (first layer's input; filled by the previous stage) and output of a slot.
+void *model_stage_input(const Model *m, int slot);
+void *model_stage_output(const Model *m, int slot);
+// Forward of a slot's batch through the held layers; the first stage embeds the tokens, the last
+// applies the head and the loss (and in training its gradient, ready for the backward).
 void model_forward(Model *m, const ForwardArgs *a);
-// Backward after a training forward: accumulates every parameter gradient.
+// Backward of a training forward. On a non-last stage the gradient of the stage output must be in
+// s.dres first; afterwards s.dres holds the gradient of the stage input (for the previous stage).
 void model_backward(Model *m, const ForwardArgs *a);
-// Next-token logits (V) of the last position of one sequence of n tokens, on the host.
+// Next-token logits (V) of the last position of one sequence of n tokens, on the host (a model
+// held whole by one process).
 void model_last_logits(Model *m, const int32_t *tokens, size_t n, float *logits);

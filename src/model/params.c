@@ -32,6 +32,17 @@ size_t params_add(ParamRegistry *r, const char *name, size_t rows, size_t cols, 
     return p->offset;
 }
 
+void params_begin_region(ParamRegistry *r, ParamRegion region) {
+    r->region_begin[region] = r->total;
+}
+
+void params_end_region(ParamRegistry *r, ParamRegion region, size_t multiple) {
+    size_t size = r->total - r->region_begin[region];
+    size = (size + multiple - 1) / multiple * multiple;
+    r->region_size[region] = size;
+    r->total = r->region_begin[region] + size;
+}
+
 const ParamInfo *params_find(const ParamRegistry *r, const char *name) {
     for (size_t i = 0; i < r->n; i++)
         if (!strcmp(r->p[i].name, name)) return &r->p[i];

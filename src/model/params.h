@@ -9,6 +9,11 @@
 
 #define PARAM_NAME_LEN 96
 
+// Dense tensors are replicated over a stage's data-parallel ranks, expert tensors over the ranks
+// holding the same experts: each kind is one contiguous region of the flat buffers, so a region
+// can be reduced, sharded and gathered over its group in single calls.
+typedef enum { PARAM_DENSE, PARAM_EXPERT, PARAM_N_REGIONS } ParamRegion;
+
 typedef struct {
     char name[PARAM_NAME_LEN];
     int ndim;
@@ -26,13 +31,19 @@ typedef struct {
 typedef struct {
     ParamInfo *p;
     size_t n, cap;
-    size_t total; // elements in each flat buffer
+    size_t total;                             // elements in each flat buffer (with padding)
+    size_t region_begin[PARAM_N_REGIONS];     // first element of each region
+    size_t region_size[PARAM_N_REGIONS];      // elements, padded to a multiple of its group
 } ParamRegistry;
 
 // Appends a whole tensor at the end of the flat buffers; returns its offset. Tensors registered one
 // after another are adjacent, which is how fused weights (q|k|v, gate|up) are laid out.
 size_t params_add(ParamRegistry *r, const char *name, size_t rows, size_t cols, bool decay,
                   bool ones, int layer, int expert);
+// Tensors added between params_begin_region and params_end_region form that region; the end pads
+// it to a multiple of `multiple` elements (so it splits evenly into shards).
+void params_begin_region(ParamRegistry *r, ParamRegion region);
+void params_end_region(ParamRegistry *r, ParamRegion region, size_t multiple);
 const ParamInfo *params_find(const ParamRegistry *r, const char *name);
 void params_free(ParamRegistry *r);
 

@@ -30,14 +30,21 @@ typedef struct {
 } AttnDims;
 
 typedef struct {
-    size_t T, E, K;    // tokens, experts, experts per token
+    size_t T, E, K;    // tokens of this call, experts, experts per token
+    size_t T_global;   // tokens of the micro-batch over all data-parallel ranks (loss means)
     RouterKind kind;
     bool renorm;       // chosen weights renormalised to sum 1
     bool random;       // scores replaced by uniform noise for choice and weights
-    uint64_t salt;     // distinguishes layers and micro-batches in the noise key
-    float lb_grad;     // d(total loss) / d(this call's load-balance loss)
-    float z_grad;      // d(total loss) / d(this call's router z-loss)
+    uint64_t layer;    // key of the routing noise, with the step seed
+    uint64_t token_base; // global index of this call's first token (noise counter)
+    float lb_grad;     // d(total loss) / d(the micro-batch's load-balance loss)
+    float z_grad;      // d(total loss) / d(the micro-batch's router z-loss)
 } RouterArgs;
+
+// The router's per-call summary, f32 (router_aux_len(E)): routed slots per expert, summed scores
+// per expert, summed logsumexp^2. Summed over the data-parallel ranks, it gives the load-balance
+// and z-losses of the whole micro-batch, as one rank holding every token would compute them.
+static inline size_t router_aux_len(size_t E) { return 2 * E + 1; }
 
 // Per MoE layer, the router keeps running statistics in one f32 array of router_stats_len(E):
 // [0, E) routed slots per expert, then dropped slots, load-balance loss sum, z-loss sum.
@@ -118,14 +125,17 @@ typedef struct Ops {
     // ---- mixture of experts ----
     // From logits (T, E) act: scores (T, E) f32 (softmax or sigmoid; real scores even in random
     // mode), the top-k choice by score + bias (bias (E) f32 or NULL) into topk_idx (T, K) i32,
-    // weights topk_w (T, K) f32, counts (E) i32 of routed slots; adds loads, lb and z to stats.
+    // weights topk_w (T, K) f32, counts (E) i32 of routed slots, and this call's aux summary.
     void (*router_forward)(void *scores, int32_t *topk_idx, void *topk_w, int32_t *counts,
-                           void *stats, const void *logits, const void *bias,
-                           const StepInfo *step, RouterArgs a);
-    // dlogits (T, E) act from dtopk_w (T, K) f32 and the aux losses
+                           void *aux, const void *logits, const void *bias, const StepInfo *step,
+                           RouterArgs a);
+    // From the micro-batch's aux summary: adds weight x (loads, load-balance loss, z-loss) to stats
+    // (the weight lets one data-parallel rank of several report them).
+    void (*router_aux_loss)(void *stats, const void *aux, RouterArgs a, float weight);
+    // dlogits (T, E) act from dtopk_w (T, K) f32 and the aux losses (aux: the micro-batch summary)
     void (*router_backward)(void *dlogits, const void *dtopk_w, const void *logits,
                             const void *scores, const int32_t *topk_idx, const void *topk_w,
-                            const int32_t *counts, RouterArgs a);
+                            const void *aux, RouterArgs a);
     // Counting sort of the routed slots into expert-contiguous rows: offsets (E + 1) i32 (rows of
     // expert e are [offsets[e], offsets[e+1])), slot_pos (T, K) i32 (row of each slot, -1 when
     // dropped), xp (R, D) act rows gathered from x (T, D). Within an expert, rows keep token order.
@@ -143,6 +153,11 @@ typedef struct Ops {
     void (*moe_combine_backward)(void *dy, void *dtopk_w, const void *dout, const void *y,
                                  const int32_t *slot_pos, const void *topk_w, size_t T, size_t K,
                                  size_t D);
+    // Rows grouped by (source rank, local expert) <-> by (local expert, source rank), for the rows
+    // an expert-parallel rank receives: counts (ep, El) i32 rows per source and expert; out, in
+    // (rows, D) act. to_expert_major false applies the inverse.
+    void (*moe_regroup)(void *out, const void *in, const int32_t *counts, size_t ep, size_t El,
+                        size_t D, bool to_expert_major);
     // Per expert e, rows [offsets[e], offsets[e+1]): out (R, N) act = x (R, K) . w[e] (N, K)^T
     void (*grouped_matmul_forward)(void *out, const void *x, const void *w, const int32_t *offsets,
                                    size_t E, size_t N, size_t K);

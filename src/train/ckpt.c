@@ -14,65 +14,94 @@
 
 #define CKPT_FORMAT "moe.c checkpoint 1"
 
+// ---------------------------------------------------------------- which tensors a rank writes
+
 // One tensor of a checkpoint file: a name and where its values live in backend memory.
 typedef struct {
     char name[PARAM_NAME_LEN + 16];
-    size_t rows, cols;  // held here; cols 0: a vector
-    size_t global_rows; // rows of the global tensor in the file
-    size_t row_begin;   // first global row held here
+    size_t rows, cols;  // cols 0: a vector
     void *data;         // f32 buffer
 } CkptTensor;
 
-// The tensors of model.safetensors (moments = false) or optimizer.safetensors (moments = true).
-static CkptTensor *ckpt_tensors(Model *m, bool moments, size_t *n) {
-    const ModelConfig *c = &m->cfg;
-    size_t cap = m->reg.n * 2 + (size_t)c->n_layers, k = 0;
-    CkptTensor *t = moe_calloc(cap, sizeof(CkptTensor));
-    for (size_t i = 0; i < m->reg.n; i++) {
-        const ParamInfo *p = &m->reg.p[i];
-        for (int which = 0; which < (moments ? 2 : 1); which++) {
-            CkptTensor *x = &t[k++];
-            if (moments) snprintf(x->name, sizeof x->name, "%s.%s", p->name, which ? "exp_avg_sq" : "exp_avg");
-            else snprintf(x->name, sizeof x->name, "%s", p->name);
-            x->rows = p->shape[0], x->cols = p->ndim == 2 ? p->shape[1] : 0;
-            x->global_rows = p->global_rows, x->row_begin = p->row_begin;
-            void *base = !moments ? m->params : which ? m->adam_v : m->adam_m;
-            x->data = model_f32(m, base, p->offset);
-        }
+typedef struct {
+    CkptTensor *t;
+    size_t n, cap;
+} TensorList;
+
+static void list_add(TensorList *l, const char *name, const char *suffix, size_t rows, size_t cols,
+                     void *data) {
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 64;
+        l->t = moe_realloc(l->t, l->cap * sizeof(CkptTensor));
     }
-    for (int l = c->n_dense_layers; l < c->n_layers && !moments; l++) {
-        CkptTensor *x = &t[k++];
-        snprintf(x->name, sizeof x->name, "model.layers.%d.mlp.expert_bias", l);
-        x->rows = x->global_rows = c->n_experts, x->cols = 0;
-        x->data = model_f32(m, m->expert_bias, (size_t)l * c->n_experts);
-    }
-    *n = k;
-    return t;
+    CkptTensor *x = &l->t[l->n++];
+    snprintf(x->name, sizeof x->name, "%s%s", name, suffix);
+    x->rows = rows, x->cols = cols, x->data = data;
 }
 
-static int write_tensor_file(const char *path, Model *m, bool moments, int step, MoeErr err) {
-    size_t n;
-    CkptTensor *t = ckpt_tensors(m, moments, &n);
+// Where the values of region r are: the weights, or the full moments gathered for the save.
+typedef struct {
+    void *m[PARAM_N_REGIONS], *v[PARAM_N_REGIONS];
+    bool owned[PARAM_N_REGIONS];
+} Moments;
+
+// Dense tensors are written by the first data-parallel rank of a stage, a rank's experts by the
+// first rank of its expert-data-parallel group; both are whole tensors.
+static bool writes_region(const Model *m, ParamRegion r) {
+    return m->reg.region_size[r] > 0 && (r == PARAM_DENSE ? m->par->dp : m->par->edp)->rank == 0;
+}
+
+static void list_param(TensorList *l, Model *m, const ParamInfo *p, const Moments *mo, bool moments) {
+    size_t cols = p->ndim == 2 ? p->shape[1] : 0;
+    MOE_ASSERT(p->shape[0] == p->global_rows); // slices are gathered before writing
+    ParamRegion r = p->expert >= 0 ? PARAM_EXPERT : PARAM_DENSE;
+    if (!moments) {
+        list_add(l, p->name, "", p->shape[0], cols, model_f32(m, m->params, p->offset));
+        return;
+    }
+    size_t rel = p->offset - m->reg.region_begin[r];
+    list_add(l, p->name, ".exp_avg", p->shape[0], cols, model_f32(m, mo->m[r], rel));
+    list_add(l, p->name, ".exp_avg_sq", p->shape[0], cols, model_f32(m, mo->v[r], rel));
+}
+
+static TensorList file_tensors(Model *m, const Moments *mo, bool moments) {
+    TensorList l = {0};
+    for (size_t i = 0; i < m->reg.n; i++) {
+        const ParamInfo *p = &m->reg.p[i];
+        if (writes_region(m, p->expert >= 0 ? PARAM_EXPERT : PARAM_DENSE)) list_param(&l, m, p, mo, moments);
+    }
+    const ModelConfig *c = &m->cfg;
+    if (!moments && writes_region(m, PARAM_DENSE))
+        for (int layer = m->layer_begin; layer < m->layer_end; layer++) {
+            if (!model_layer_is_moe(c, layer)) continue;
+            char name[PARAM_NAME_LEN];
+            snprintf(name, sizeof name, "model.layers.%d.mlp.expert_bias", layer);
+            list_add(&l, name, "", c->n_experts, 0, model_f32(m, m->expert_bias, (size_t)layer * c->n_experts));
+        }
+    return l;
+}
+
+// ---------------------------------------------------------------- writing
+
+static int write_tensor_file(const char *path, Model *m, const TensorList *l, int step, MoeErr err) {
     StWriter w;
-    if (st_writer_open(&w, path, err)) return free(t), -1;
+    if (st_writer_open(&w, path, err)) return -1;
     char step_text[32];
     snprintf(step_text, sizeof step_text, "%d", step);
     st_writer_meta(&w, "format", CKPT_FORMAT);
     st_writer_meta(&w, "step", step_text);
-    for (size_t i = 0; i < n; i++) {
-        MOE_ASSERT(t[i].rows == t[i].global_rows); // slices are gathered before writing
-        size_t shape[2] = {t[i].rows, t[i].cols};
-        st_writer_add(&w, t[i].name, ST_F32, t[i].cols ? 2 : 1, shape);
+    for (size_t i = 0; i < l->n; i++) {
+        size_t shape[2] = {l->t[i].rows, l->t[i].cols};
+        st_writer_add(&w, l->t[i].name, ST_F32, l->t[i].cols ? 2 : 1, shape);
     }
     int rc = 0;
-    for (size_t i = 0; i < n && !rc; i++) {
-        size_t count = t[i].rows * (t[i].cols ? t[i].cols : 1);
+    for (size_t i = 0; i < l->n && !rc; i++) {
+        size_t count = l->t[i].rows * (l->t[i].cols ? l->t[i].cols : 1);
         float *host = moe_malloc(count * sizeof(float));
-        m->ops->download_f32(host, t[i].data, count);
+        m->ops->download_f32(host, l->t[i].data, count);
         rc = st_writer_write(&w, host, count * sizeof(float), err);
         free(host);
     }
-    free(t);
     if (rc) {
         st_writer_abort(&w);
         return -1;
@@ -81,11 +110,65 @@ static int write_tensor_file(const char *path, Model *m, bool moments, int step,
     return 0;
 }
 
-static int write_state(const char *path, const Config *cfg, const TrainState *st, MoeErr err) {
+static void shard_name(char *buf, size_t len, const char *dir, const char *prefix, int k, int n) {
+    snprintf(buf, len, "%s/%s-%05d-of-%05d.safetensors", dir, prefix, k + 1, n);
+}
+
+// This rank's model and optimizer shard files (nothing when it owns no tensors).
+static int write_rank_files(const char *tmp, Model *m, const Moments *mo, int step, MoeErr err) {
+    const Layout *lay = &m->par->lay;
+    int k = lay->stage * lay->ep + lay->ep_rank, n = lay->pp * lay->ep;
+    char path[4300];
+    int rc = 0;
+    for (int moments = 0; moments < 2 && !rc; moments++) {
+        TensorList l = file_tensors(m, mo, moments);
+        shard_name(path, sizeof path, tmp, moments ? "optimizer" : "model", k, n);
+        if (l.n) rc = write_tensor_file(path, m, &l, step, err);
+        free(l.t);
+    }
+    return rc;
+}
+
+// Hugging Face index: {"metadata": {"total_size": bytes}, "weight_map": {name: file}}, built from
+// the shard files themselves (opening each also validates what the ranks wrote).
+static int write_index(const char *tmp, const char *prefix, MoeErr err) {
+    DIR *d = opendir(tmp);
+    if (!d) return moe_err(err, "%s: cannot list (%s)", tmp, strerror(errno));
+    json_t *map = json_object();
+    uint64_t total = 0;
+    size_t plen = strlen(prefix);
+    struct dirent *e;
+    int rc = 0;
+    while (!rc && (e = readdir(d))) {
+        if (strncmp(e->d_name, prefix, plen) || e->d_name[plen] != '-') continue;
+        char path[4300];
+        snprintf(path, sizeof path, "%s/%s", tmp, e->d_name);
+        SafeTensors sf;
+        if ((rc = st_open(&sf, path, err))) break;
+        for (size_t i = 0; i < sf.n_tensors; i++) {
+            json_object_set_new(map, sf.tensors[i].name, json_string(e->d_name));
+            total += sf.tensors[i].end - sf.tensors[i].begin;
+        }
+        st_close(&sf);
+    }
+    closedir(d);
+    json_t *root = json_pack("{s:{s:I}, s:o}", "metadata", "total_size", (json_int_t)total,
+                             "weight_map", map);
+    char path[4300];
+    snprintf(path, sizeof path, "%s/%s.safetensors.index.json", tmp, prefix);
+    if (!rc) rc = fs_write_json_synced(path, root, err);
+    json_decref(root);
+    return rc;
+}
+
+static int write_state(const char *path, const Config *cfg, const TrainState *st,
+                       const Layout *lay, MoeErr err) {
     json_t *root = json_object();
     json_object_set_new(root, "format", json_string(CKPT_FORMAT));
     json_object_set_new(root, "step", json_integer(st->step));
     json_object_set_new(root, "data_position", json_integer((json_int_t)st->data_position));
+    json_object_set_new(root, "written_by", json_pack("{s:i, s:i, s:i}", "pp", lay->pp, "dp",
+                                                      lay->dp, "ep", lay->ep));
     json_object_set_new(root, "config", config_to_json(cfg));
     int rc = fs_write_json_synced(path, root, err);
     json_decref(root);
@@ -133,36 +216,70 @@ static void prune(const char *run_dir, int keep) {
     free(steps);
 }
 
-int ckpt_save(const char *run_dir, Model *m, const Config *cfg, const TrainState *st, int keep,
-              MoeErr err) {
-    char tmp[4096], final[4096], old[4096], file[4200];
-    snprintf(tmp, sizeof tmp, "%s/.tmp-step-%d", run_dir, st->step);
+// Rank 0's part: indices and state into the temporary directory, then the atomic rename.
+static int publish(const char *run_dir, const char *tmp, const Config *cfg, const TrainState *st,
+                   const Layout *lay, int keep, MoeErr err) {
+    char final[4096], old[4096], file[4300];
     snprintf(final, sizeof final, "%s/step-%d", run_dir, st->step);
     snprintf(old, sizeof old, "%s/.old-step-%d", run_dir, st->step);
-    fs_remove_tree(tmp);
-    if (fs_mkdir_p(tmp, err)) return -1;
-    int rc = 0;
-    snprintf(file, sizeof file, "%s/model.safetensors", tmp);
-    rc = rc ? rc : write_tensor_file(file, m, false, st->step, err);
-    snprintf(file, sizeof file, "%s/optimizer.safetensors", tmp);
-    rc = rc ? rc : write_tensor_file(file, m, true, st->step, err);
     snprintf(file, sizeof file, "%s/train_state.json", tmp);
-    rc = rc ? rc : write_state(file, cfg, st, err);
-    rc = rc ? rc : fs_fsync_dir(tmp, err);
-    if (rc) {
-        fs_remove_tree(tmp);
+    if (write_index(tmp, "model", err) || write_index(tmp, "optimizer", err) ||
+        write_state(file, cfg, st, lay, err) || fs_fsync_dir(tmp, err))
         return -1;
-    }
     // A checkpoint of the same step may exist (a resumed run saving again): swap it out whole.
     if (fs_exists(final) && rename(final, old))
-        return fs_remove_tree(tmp), moe_err(err, "%s: cannot replace (%s)", final, strerror(errno));
-    if (rename(tmp, final))
-        return fs_remove_tree(tmp), moe_err(err, "%s: cannot rename into place (%s)", final, strerror(errno));
+        return moe_err(err, "%s: cannot replace (%s)", final, strerror(errno));
+    if (rename(tmp, final)) return moe_err(err, "%s: cannot rename into place (%s)", final, strerror(errno));
     fs_remove_tree(old);
     if (fs_fsync_dir(run_dir, err)) return -1;
     prune(run_dir, keep);
     return 0;
 }
+
+static void gather_moments(Moments *mo, const Optimizer *o, Model *m) {
+    for (int r = 0; r < PARAM_N_REGIONS; r++)
+        optim_gather_moments(o, m, (ParamRegion)r, &mo->m[r], &mo->v[r], &mo->owned[r]);
+    if (m->ops->act_aliases_f32) return; // else the master weights are fresh only in each shard
+    for (int r = 0; r < PARAM_N_REGIONS; r++) {
+        const OptShard *s = &o->region[r];
+        if (s->group->size > 1)
+            s->group->ops->all_gather(s->group, model_f32(m, m->params, s->shard_begin),
+                                      model_f32(m, m->params, s->begin), s->shard, COMM_F32);
+    }
+}
+
+static void free_moments(Moments *mo, Model *m) {
+    for (int r = 0; r < PARAM_N_REGIONS; r++)
+        if (mo->owned[r]) m->ops->free(mo->m[r]), m->ops->free(mo->v[r]);
+}
+
+int ckpt_save(const char *run_dir, Model *m, const Optimizer *o, const Config *cfg,
+              const TrainState *st, int keep, MoeErr err) {
+    Comm *w = m->par->world;
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s/.tmp-step-%d", run_dir, st->step);
+    int rc = 0;
+    if (w->rank == 0) {
+        fs_remove_tree(tmp);
+        rc = fs_mkdir_p(tmp, err);
+    }
+    if (!w->ops->all_ok(w, rc == 0))
+        return rc ? -1 : moe_err(err, "rank 0 could not create %s", tmp);
+    Moments mo;
+    gather_moments(&mo, o, m);
+    rc = write_rank_files(tmp, m, &mo, st->step, err);
+    free_moments(&mo, m);
+    bool written = w->ops->all_ok(w, rc == 0);
+    if (written && w->rank == 0) rc = publish(run_dir, tmp, cfg, st, &m->par->lay, keep, err);
+    if (w->rank == 0 && (!written || rc)) fs_remove_tree(tmp);
+    bool published = w->ops->all_ok(w, rc == 0);
+    if (rc) return -1;
+    if (!written) return moe_err(err, "another rank could not write its checkpoint files");
+    if (!published) return moe_err(err, "rank 0 could not complete the checkpoint");
+    return 0;
+}
+
+// ---------------------------------------------------------------- discovery
 
 int ckpt_latest(const char *run_dir, char *path, size_t len) {
     int *steps;
@@ -226,52 +343,151 @@ int ckpt_read_state(const char *ckpt_dir, Config *cfg, TrainState *st, MoeErr er
     return rc;
 }
 
-static int load_tensor(const SafeTensors *sf, const CkptTensor *t, Model *m, MoeErr err) {
-    const StTensor *x = st_find(sf, t->name);
-    if (!x) return moe_err(err, "%s: tensor '%s' is missing", sf->path, t->name);
-    size_t ndim = t->cols ? 2 : 1, width = t->cols ? t->cols : 1, count = t->rows * width;
-    if ((size_t)x->ndim != ndim || x->shape[0] != t->global_rows || (ndim == 2 && x->shape[1] != t->cols))
+// ---------------------------------------------------------------- reading
+
+// The tensors of one kind (model or optimizer) of a checkpoint: through the index, or in a single
+// "<prefix>.safetensors". Files open on first use.
+typedef struct {
+    char dir[4096], prefix[16];
+    json_t *map;          // weight_map of the index, or NULL for a single file
+    char **names;         // (n) files opened so far
+    SafeTensors *files;
+    size_t n;
+} CkptReader;
+
+static int reader_open(CkptReader *r, const char *dir, const char *prefix, MoeErr err) {
+    memset(r, 0, sizeof *r);
+    snprintf(r->dir, sizeof r->dir, "%s", dir);
+    snprintf(r->prefix, sizeof r->prefix, "%s", prefix);
+    char path[4300];
+    snprintf(path, sizeof path, "%s/%s.safetensors.index.json", dir, prefix);
+    if (!fs_exists(path)) return 0;
+    json_error_t jerr;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *map = root ? json_object_get(root, "weight_map") : NULL;
+    if (!json_is_object(map)) {
+        json_decref(root);
+        return moe_err(err, "%s: not a safetensors index (%s)", path, root ? "no weight_map object" : jerr.text);
+    }
+    r->map = json_incref(map);
+    json_decref(root);
+    return 0;
+}
+
+static void reader_close(CkptReader *r) {
+    for (size_t i = 0; i < r->n; i++) st_close(&r->files[i]), free(r->names[i]);
+    free(r->files), free(r->names);
+    json_decref(r->map);
+}
+
+// The file holding `name`, opened; NULL with a message when the index or file lacks it.
+static const SafeTensors *reader_file(CkptReader *r, const char *name, MoeErr err) {
+    char file[512];
+    if (r->map) {
+        json_t *f = json_object_get(r->map, name);
+        if (!json_is_string(f)) {
+            moe_err(err, "%s/%s.safetensors.index.json: tensor '%s' is missing", r->dir, r->prefix, name);
+            return NULL;
+        }
+        snprintf(file, sizeof file, "%s", json_string_value(f));
+    } else {
+        snprintf(file, sizeof file, "%s.safetensors", r->prefix);
+    }
+    for (size_t i = 0; i < r->n; i++)
+        if (!strcmp(r->names[i], file)) return &r->files[i];
+    char path[4700];
+    snprintf(path, sizeof path, "%s/%s", r->dir, file);
+    r->files = moe_realloc(r->files, (r->n + 1) * sizeof(SafeTensors));
+    r->names = moe_realloc(r->names, (r->n + 1) * sizeof(char *));
+    if (st_open(&r->files[r->n], path, err)) return NULL;
+    r->names[r->n] = moe_strdup(file);
+    return &r->files[r->n++];
+}
+
+// Reads elements [first, first + count) of the global tensor `name` (rows x cols) into dst (f32).
+static int read_range(CkptReader *r, Model *m, const char *name, size_t rows, size_t cols,
+                      size_t first, size_t count, void *dst, MoeErr err) {
+    const SafeTensors *sf = reader_file(r, name, err);
+    if (!sf) return -1;
+    const StTensor *x = st_find(sf, name);
+    if (!x) return moe_err(err, "%s: tensor '%s' is missing", sf->path, name);
+    size_t ndim = cols ? 2 : 1;
+    if ((size_t)x->ndim != ndim || x->shape[0] != rows || (ndim == 2 && x->shape[1] != cols))
         return moe_err(err, "%s: tensor '%s' has shape [%zu%s%zu] in the file but the model needs "
-                       "[%zu%s%zu]", sf->path, t->name, x->shape[0], x->ndim > 1 ? ", " : "",
-                       x->ndim > 1 ? x->shape[1] : 0, t->global_rows, t->cols ? ", " : "", t->cols);
-    float *host = moe_malloc(count * sizeof(float));
-    int rc = st_read_f32(sf, x, t->row_begin * width, count, host, err);
-    if (!rc) m->ops->upload_f32(t->data, host, count);
+                       "[%zu%s%zu]", sf->path, name, x->shape[0], x->ndim > 1 ? ", " : "",
+                       x->ndim > 1 ? x->shape[1] : 0, rows, cols ? ", " : "", cols);
+    float *host = moe_malloc((count ? count : 1) * sizeof(float));
+    int rc = st_read_f32(sf, x, first, count, host, err);
+    if (!rc) m->ops->upload_f32(dst, host, count);
     free(host);
     return rc;
 }
 
-static int load_file(const char *path, Model *m, bool moments, MoeErr err) {
-    SafeTensors sf;
-    if (st_open(&sf, path, err)) return -1;
-    size_t n;
-    CkptTensor *t = ckpt_tensors(m, moments, &n);
-    int rc = 0;
-    for (size_t i = 0; i < n && !rc; i++) rc = load_tensor(&sf, &t[i], m, err);
-    free(t);
-    st_close(&sf);
-    return rc;
-}
+static size_t param_cols(const ParamInfo *p) { return p->ndim == 2 ? p->shape[1] : 0; }
 
-int ckpt_load(const char *ckpt_dir, Model *m, bool with_optimizer, MoeErr err) {
-    char path[4300];
-    snprintf(path, sizeof path, "%s/model.safetensors", ckpt_dir);
-    if (load_file(path, m, false, err)) return -1;
-    if (with_optimizer) {
-        snprintf(path, sizeof path, "%s/optimizer.safetensors", ckpt_dir);
-        if (load_file(path, m, true, err)) return -1;
+static int load_weights(CkptReader *r, Model *m, MoeErr err) {
+    for (size_t i = 0; i < m->reg.n; i++) {
+        const ParamInfo *p = &m->reg.p[i];
+        size_t cols = param_cols(p);
+        if (read_range(r, m, p->name, p->global_rows, cols, p->row_begin * (cols ? cols : 1),
+                       p->numel, model_f32(m, m->params, p->offset), err))
+            return -1;
     }
-    model_sync_compute_weights(m);
+    const ModelConfig *c = &m->cfg;
+    for (int l = m->layer_begin; l < m->layer_end; l++) {
+        if (!model_layer_is_moe(c, l)) continue;
+        char name[PARAM_NAME_LEN];
+        snprintf(name, sizeof name, "model.layers.%d.mlp.expert_bias", l);
+        if (read_range(r, m, name, c->n_experts, 0, 0, c->n_experts,
+                       model_f32(m, m->expert_bias, (size_t)l * c->n_experts), err))
+            return -1;
+    }
     return 0;
 }
 
-void ckpt_open_model(const char *arg, Config *cfg, Model *m, size_t B, size_t S) {
+// Each rank reads the part of every tensor's moments that falls in its shards.
+static int load_moments(CkptReader *r, Model *m, const Optimizer *o, MoeErr err) {
+    for (size_t i = 0; i < m->reg.n; i++) {
+        const ParamInfo *p = &m->reg.p[i];
+        const OptShard *s = &o->region[p->expert >= 0 ? PARAM_EXPERT : PARAM_DENSE];
+        size_t a = p->offset > s->shard_begin ? p->offset : s->shard_begin;
+        size_t b = p->offset + p->numel < s->shard_begin + s->shard ? p->offset + p->numel : s->shard_begin + s->shard;
+        if (a >= b) continue;
+        size_t cols = param_cols(p), first = p->row_begin * (cols ? cols : 1) + (a - p->offset);
+        char name[PARAM_NAME_LEN + 16];
+        snprintf(name, sizeof name, "%s.exp_avg", p->name);
+        if (read_range(r, m, name, p->global_rows, cols, first, b - a, model_f32(m, s->m, a - s->shard_begin), err))
+            return -1;
+        snprintf(name, sizeof name, "%s.exp_avg_sq", p->name);
+        if (read_range(r, m, name, p->global_rows, cols, first, b - a, model_f32(m, s->v, a - s->shard_begin), err))
+            return -1;
+    }
+    return 0;
+}
+
+int ckpt_load(const char *ckpt_dir, Model *m, const Optimizer *o, MoeErr err) {
+    CkptReader r;
+    if (reader_open(&r, ckpt_dir, "model", err)) return -1;
+    m->ops->zero(m->params, m->reg.total * m->ops->f32_size); // region padding is zero
+    int rc = load_weights(&r, m, err);
+    reader_close(&r);
+    if (!rc && o) {
+        if (reader_open(&r, ckpt_dir, "optimizer", err)) return -1;
+        rc = load_moments(&r, m, o, err);
+        reader_close(&r);
+    }
+    if (!rc) model_sync_compute_weights(m);
+    return rc;
+}
+
+void ckpt_open_model(const char *arg, Config *cfg, Parallel *par, Model *m, size_t B, size_t S) {
     MoeErr err;
     char dir[4200];
     TrainState st;
     if (ckpt_resolve(arg, dir, sizeof dir, err) || ckpt_read_state(dir, cfg, &st, err))
         moe_fatal("%s", err);
-    model_init(m, &cfg->model, train_backend(cfg), B ? B : (size_t)cfg->train.micro_batch,
-               S ? S : (size_t)cfg->train.seq_len);
-    if (ckpt_load(dir, m, false, err)) moe_fatal("%s", err);
+    train_single_process(par, cfg);
+    model_init(m, &cfg->model, train_backend(cfg), par, B ? B : (size_t)cfg->train.micro_batch,
+               S ? S : (size_t)cfg->train.seq_len, 1);
+    if (ckpt_load(dir, m, NULL, err)) moe_fatal("%s", err);
 }

@@ -1,20 +1,25 @@
-// Checkpoints: a directory step-N/ holding model.safetensors (global FP32 parameters and expert
-// biases, Hugging Face OLMoE names), optimizer.safetensors (AdamW moments) and train_state.json
-// (step, data position, config). Written to a temporary directory, fsynced and renamed, so a crash
-// or a full disk mid-save leaves the previous checkpoint whole.
+// Checkpoints: a directory step-N/ of global FP32 tensors with Hugging Face OLMoE names, sharded
+// like Hugging Face checkpoints: model-0000k-of-0000n.safetensors files plus
+// model.safetensors.index.json (parameters and expert biases), the same for optimizer (AdamW
+// moments), and train_state.json (step, data position, config). Every rank writes the tensors it
+// owns (one file per pipeline stage and expert-parallel rank); any layout reads any checkpoint,
+// each rank taking the tensors and moment slices it holds. Written into a temporary directory,
+// fsynced and renamed, so a crash or a full disk mid-save leaves the previous checkpoint whole.
 #pragma once
 #include <stdint.h>
 
 #include "config.h"
 #include "model/model.h"
+#include "optim.h"
 
 typedef struct {
     int step;               // optimizer steps done
     uint64_t data_position; // training sequences consumed (index of the next one)
 } TrainState;
 
-int ckpt_save(const char *run_dir, Model *m, const Config *cfg, const TrainState *st, int keep,
-              MoeErr err);
+// Collective over every rank of m->par->world.
+int ckpt_save(const char *run_dir, Model *m, const Optimizer *o, const Config *cfg,
+              const TrainState *st, int keep, MoeErr err);
 // The newest checkpoint directory of run_dir into path; returns its step, or -1 if none.
 int ckpt_latest(const char *run_dir, char *path, size_t len);
 // Removes temporary directories left by saves that crashed.
@@ -22,9 +27,10 @@ void ckpt_clean_partial(const char *run_dir);
 // A --ckpt argument: a checkpoint directory, or a run directory (its newest checkpoint).
 int ckpt_resolve(const char *arg, char *path, size_t len, MoeErr err);
 int ckpt_read_state(const char *ckpt_dir, Config *cfg, TrainState *st, MoeErr err);
-// Loads every registered tensor (and the moments with_optimizer), checking names and shapes.
-int ckpt_load(const char *ckpt_dir, Model *m, bool with_optimizer, MoeErr err);
+// Loads the tensors this rank holds (and, with an optimizer, its moment shards), checking names
+// and shapes. Also reads a single model.safetensors (e.g. converted from Hugging Face).
+int ckpt_load(const char *ckpt_dir, Model *m, const Optimizer *o, MoeErr err);
 
-// Resolves a --ckpt argument, reads its config into cfg, sizes a model for B x S (0: the config's
-// micro_batch, seq_len) on the backend of cfg, and loads the weights. Exits on errors.
-void ckpt_open_model(const char *arg, Config *cfg, Model *m, size_t B, size_t S);
+// Resolves a --ckpt argument, reads its config into cfg, sizes a one-process model for B x S
+// sequences (0: the config's micro_batch, seq_len) and loads the weights. Exits on errors.
+void ckpt_open_model(const char *arg, Config *cfg, Parallel *par, Model *m, size_t B, size_t S);

@@ -60,7 +60,7 @@ static const ConfigKey KEYS[] = {
     REAL(model, bias_gamma, "loss-free balancing bias step (0: off)"),
     REAL(model, init_std, "std of the truncated-normal initialisation"),
     INT(train, steps, "optimizer steps of the run"),
-    INT(train, micro_batch, "sequences per micro-batch B"),
+    INT(train, micro_batch, "sequences per micro-batch, over all data-parallel ranks together"),
     INT(train, micro_batches, "micro-batches per optimizer step (gradient accumulation)"),
     INT(train, seq_len, "sequence length S"),
     REAL(train, lr, "peak learning rate"),
@@ -84,6 +84,8 @@ static const ConfigKey KEYS[] = {
     STR(data, train, "training tokens: a file, a comma list, or a mix file (.txt/.mix)"),
     STR(data, val, "validation tokens (empty: no validation)"),
     INT(data, token_bytes, "2 or 4 bytes per token in headerless files (0: from vocab_size)"),
+    INT(parallel, pp, "pipeline stages (data-parallel size = ranks / pp)"),
+    INT(parallel, ep, "expert-parallel ranks per MoE layer (divides the data-parallel size)"),
 };
 #define N_KEYS (sizeof KEYS / sizeof KEYS[0])
 
@@ -101,6 +103,13 @@ void config_defaults(Config *c) {
     snprintf(c->train.device, sizeof c->train.device, "cpu");
     snprintf(c->data.train, sizeof c->data.train, "data/tinyshakespeare_train.npy");
     snprintf(c->data.val, sizeof c->data.val, "data/tinyshakespeare_val.npy");
+    config_reset_placement(c);
+}
+
+void config_reset_placement(Config *c) {
+    c->parallel = (ParallelConfig){.pp = 1, .ep = 1};
+    snprintf(c->train.device, sizeof c->train.device, "cpu");
+    c->train.threads = 0;
 }
 
 static const ConfigKey *find_key(const char *key) {
@@ -290,6 +299,9 @@ int config_validate(Config *c, MoeErr err) {
     if (c->data.token_bytes != 0 && c->data.token_bytes != 2 && c->data.token_bytes != 4)
         return moe_err(err, "data.token_bytes = %d must be 0 (auto), 2 or 4", c->data.token_bytes);
     if (!c->data.train[0]) return moe_err(err, "data.train must name the training tokens");
+    if (c->parallel.pp < 1 || c->parallel.ep < 1)
+        return moe_err(err, "parallel.pp = %d and parallel.ep = %d must be at least 1",
+                       c->parallel.pp, c->parallel.ep);
     return 0;
 }
 

@@ -13,7 +13,7 @@ typedef enum { SCHED_COSINE, SCHED_LINEAR, SCHED_CONSTANT } LrSchedule;
 
 typedef struct {
     int steps;           // optimizer steps of the whole run
-    int micro_batch;     // B: sequences per micro-batch
+    int micro_batch;     // sequences per micro-batch, all data-parallel ranks together
     int micro_batches;   // micro-batches per optimizer step (gradient accumulation)
     int seq_len;         // S
     double lr;           // peak learning rate
@@ -35,9 +35,15 @@ typedef struct {
 } DataConfig;
 
 typedef struct {
+    int pp; // pipeline stages (the data-parallel size is the number of ranks / pp)
+    int ep; // expert-parallel ranks per MoE layer (divides the data-parallel size)
+} ParallelConfig;
+
+typedef struct {
     ModelConfig model;
     TrainConfig train;
     DataConfig data;
+    ParallelConfig parallel;
 } Config;
 
 void config_defaults(Config *c);
@@ -48,6 +54,9 @@ int config_apply_json(Config *c, json_t *root, const char *source, MoeErr err);
 // Applies one "section.key=value" override.
 int config_apply_override(Config *c, const char *assignment, MoeErr err);
 int config_validate(Config *c, MoeErr err);
+// Back to the defaults for what a resumed run takes from its own command line, not from the
+// checkpoint: the parallel layout, device and threads.
+void config_reset_placement(Config *c);
 json_t *config_to_json(const Config *c);
 // The first model.* key whose value differs; NULL if the model sections match. Values into a, b.
 const char *config_model_diff(const Config *x, const Config *y, char *a, char *b, size_t len);

@@ -66,10 +66,11 @@ void report_print(const StepReport *r, FILE *f) {
 }
 
 void report_write_json(const StepReport *r, FILE *f) {
-    json_t *o = json_pack("{s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "step", r->step,
+    json_t *o = json_pack("{s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "step", r->step,
                           "loss", r->loss, "ce", r->ce, "lb_loss", r->lb, "z_loss", r->z,
                           "lm_z_loss", r->lm_z, "lr", r->lr, "grad_norm", r->grad_norm,
-                          "tokens_per_sec", r->tokens_per_sec, "elapsed_s", r->elapsed_s);
+                          "tokens_per_sec", r->tokens_per_sec, "elapsed_s", r->elapsed_s,
+                          "pipeline_wait", r->pipeline_wait);
     if (!o) return; // jansson refuses NaN and Inf; callers stop on those before logging
     json_t *layers = json_array();
     for (int i = 0; i < r->n_moe; i++) {

@@ -19,6 +19,7 @@ typedef struct {
     double loss, ce, lb, z, lm_z; // loss = ce + coefficients x aux losses
     double lr, grad_norm;
     double tokens_per_sec, elapsed_s;
+    double pipeline_wait;  // share of the step rank 0 spent in pipeline transfers (bubble + comm)
     int n_moe, E;
     LayerLoad *layers;     // (n_moe)
 } StepReport;

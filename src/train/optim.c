@@ -1,7 +1,28 @@
-// AdamW and the learning-rate schedule, applied tensor run by tensor run from the registry.
+// Sharded AdamW and the learning-rate schedule (see optim.h).
 #include "optim.h"
 
 #include <math.h>
+
+static Comm *region_group(const Model *m, ParamRegion r) {
+    return r == PARAM_DENSE ? m->par->dp : m->par->edp;
+}
+
+void optim_init(Optimizer *o, Model *m) {
+    const Ops *ops = m->ops;
+    o->state_bytes = 0;
+    for (int r = 0; r < PARAM_N_REGIONS; r++) {
+        OptShard *s = &o->region[r];
+        s->group = region_group(m, (ParamRegion)r);
+        s->begin = m->reg.region_begin[r], s->size = m->reg.region_size[r];
+        s->shard = s->size / (size_t)s->group->size;
+        s->shard_begin = s->begin + (size_t)s->group->rank * s->shard;
+        size_t bytes = s->shard * ops->f32_size;
+        s->grad = s->group->size > 1 ? model_alloc(m, bytes) : model_f32(m, m->grads, s->begin);
+        s->m = model_alloc(m, bytes), s->v = model_alloc(m, bytes);
+        ops->zero(s->m, bytes), ops->zero(s->v, bytes);
+        o->state_bytes += 2 * bytes;
+    }
+}
 
 double optim_lr(const TrainConfig *t, int step) {
     if (step <= t->warmup) return t->lr * step / (t->warmup + 1.0);
@@ -19,34 +40,69 @@ void optim_begin_step(Model *m, const TrainConfig *t, int step) {
     m->ops->upload(m->step_info, &info, sizeof info);
 }
 
-// Consecutive tensors with the same weight decay are adjacent in the flat buffers: one call each.
-static void adamw_all(Model *m, const TrainConfig *t, const void *norm_sq) {
+// AdamW over the shard, one call per run of adjacent tensors with the same weight decay (the
+// runs cut at the shard's edges; region padding belongs to no tensor and stays zero).
+static void adamw_shard(Model *m, const OptShard *s, const TrainConfig *t, const void *norm_sq) {
     const Ops *ops = m->ops;
     const ParamRegistry *r = &m->reg;
+    size_t lo = s->shard_begin, hi = s->shard_begin + s->shard;
     for (size_t i = 0; i < r->n;) {
         size_t j = i;
-        while (j + 1 < r->n && r->p[j + 1].decay == r->p[i].decay) j++;
-        size_t off = r->p[i].offset, n = r->p[j].offset + r->p[j].numel - off;
-        AdamWArgs a = {.beta1 = (float)t->beta1, .beta2 = (float)t->beta2, .eps = (float)t->eps,
-                       .weight_decay = r->p[i].decay ? (float)t->weight_decay : 0.0f,
-                       .clip = (float)t->clip};
-        void *act = ops->act_aliases_f32 ? NULL : model_act(m, m->params_act, off);
-        ops->adamw_update(model_f32(m, m->params, off), act, model_f32(m, m->grads, off),
-                          model_f32(m, m->adam_m, off), model_f32(m, m->adam_v, off), n, a,
-                          m->step_info, norm_sq);
+        while (j + 1 < r->n && r->p[j + 1].decay == r->p[i].decay &&
+               r->p[j + 1].offset == r->p[j].offset + r->p[j].numel)
+            j++;
+        size_t a = r->p[i].offset > lo ? r->p[i].offset : lo;
+        size_t b = r->p[j].offset + r->p[j].numel < hi ? r->p[j].offset + r->p[j].numel : hi;
         i = j + 1;
+        if (a >= b) continue;
+        AdamWArgs args = {.beta1 = (float)t->beta1, .beta2 = (float)t->beta2, .eps = (float)t->eps,
+                          .weight_decay = r->p[j].decay ? (float)t->weight_decay : 0.0f,
+                          .clip = (float)t->clip};
+        void *act = ops->act_aliases_f32 ? NULL : model_act(m, m->params_act, a);
+        ops->adamw_update(model_f32(m, m->params, a), act, model_f32(m, s->grad, a - lo),
+                          model_f32(m, s->m, a - lo), model_f32(m, s->v, a - lo), b - a, args,
+                          m->step_info, norm_sq);
     }
 }
 
-void optim_step(Model *m, const TrainConfig *t, void *metrics) {
+void optim_step(Optimizer *o, Model *m, const TrainConfig *t, void *metrics) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
     void *norm_sq = model_f32(m, metrics, METRIC_GRAD_NORM_SQ);
-    ops->sum_squares(norm_sq, m->grads, m->reg.total);
-    adamw_all(m, t, norm_sq);
+    for (int r = 0; r < PARAM_N_REGIONS; r++) {
+        OptShard *s = &o->region[r];
+        if (s->group->size > 1)
+            s->group->ops->reduce_scatter_sum(s->group, model_f32(m, m->grads, s->begin), s->grad,
+                                              s->shard, COMM_F32);
+        ops->sum_squares(norm_sq, s->grad, s->shard);
+    }
+    Comm *world = m->par->world;
+    world->ops->all_reduce_sum(world, norm_sq, 1, COMM_F32); // each element lives in one shard
+    for (int r = 0; r < PARAM_N_REGIONS; r++) {
+        OptShard *s = &o->region[r];
+        adamw_shard(m, s, t, norm_sq);
+        if (s->group->size > 1)
+            s->group->ops->all_gather(s->group, model_act(m, m->params_act, s->shard_begin),
+                                      model_act(m, m->params_act, s->begin), s->shard, COMM_ACT);
+    }
     if (c->bias_gamma > 0)
-        for (int l = c->n_dense_layers; l < c->n_layers; l++)
-            ops->router_bias_update(model_f32(m, m->expert_bias, (size_t)l * c->n_experts),
-                                    model_f32(m, metrics, model_metric_router(c, l - c->n_dense_layers)),
-                                    (size_t)c->n_experts, (float)c->bias_gamma);
+        for (int l = m->layer_begin; l < m->layer_end; l++)
+            if (model_layer_is_moe(c, l))
+                ops->router_bias_update(model_f32(m, m->expert_bias, (size_t)l * c->n_experts),
+                                        model_f32(m, metrics, model_metric_router(c, l - c->n_dense_layers)),
+                                        (size_t)c->n_experts, (float)c->bias_gamma);
+}
+
+void optim_gather_moments(const Optimizer *o, Model *m, ParamRegion r, void **mom_m, void **mom_v,
+                          bool *owned) {
+    const OptShard *s = &o->region[r];
+    *owned = s->group->size > 1;
+    if (!*owned) {
+        *mom_m = s->m, *mom_v = s->v;
+        return;
+    }
+    const Ops *ops = m->ops;
+    *mom_m = ops->alloc(s->size * ops->f32_size), *mom_v = ops->alloc(s->size * ops->f32_size);
+    s->group->ops->all_gather(s->group, s->m, *mom_m, s->shard, COMM_F32);
+    s->group->ops->all_gather(s->group, s->v, *mom_v, s->shard, COMM_F32);
 }

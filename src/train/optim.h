@@ -1,15 +1,38 @@
-// The optimizer step over the parameter registry: learning-rate schedule, global gradient norm,
-// AdamW (decoupled weight decay, none on norms and embeddings), loss-free bias balancing.
+// The optimizer: learning-rate schedule, global gradient norm, and AdamW (decoupled weight decay,
+// none on norms and embeddings) sharded ZeRO-1 style: each parameter region (dense, experts) is
+// replicated over a group of ranks; gradients are reduce-scattered over the group, each rank
+// updates its shard with its own moments, and the parameters are all-gathered back.
 #pragma once
 #include "config.h"
 #include "model/model.h"
 
+typedef struct {
+    Comm *group;               // ranks holding this region
+    size_t begin, size;        // the region in the flat buffers (size divisible by the group)
+    size_t shard_begin, shard; // this rank's part: flat [shard_begin, shard_begin + shard)
+    void *grad;                // f32 (shard) summed gradient (the model's own when the group is 1)
+    void *m, *v;               // f32 (shard) AdamW moments
+} OptShard;
+
+typedef struct {
+    OptShard region[PARAM_N_REGIONS];
+    size_t state_bytes;        // optimizer state of this rank: its shards of the AdamW moments
+} Optimizer;
+
+// Sets up the shards of m's regions with zero moments (memory freed with the model).
+void optim_init(Optimizer *o, Model *m);
 // Learning rate of 1-based step `step`: linear warmup, then cosine or linear decay to
 // lr * min_lr_ratio at the last step, or constant.
 double optim_lr(const TrainConfig *t, int step);
 // Writes this step's StepInfo (lr, step, routing-noise seed) to backend memory; call before the
 // step's forwards.
 void optim_begin_step(Model *m, const TrainConfig *t, int step);
-// Gradient norm into metrics[METRIC_GRAD_NORM_SQ], clipped AdamW update of every parameter,
-// bias update from the step's expert loads, and a fresh compute copy of the weights.
-void optim_step(Model *m, const TrainConfig *t, void *metrics);
+// Reduce-scatter of the gradients, global gradient norm into metrics[METRIC_GRAD_NORM_SQ] (over
+// every rank), clipped AdamW on the shards, all-gather of the weights, and the loss-free bias
+// update from the step's expert loads (metrics must already hold the totals over all ranks).
+void optim_step(Optimizer *o, Model *m, const TrainConfig *t, void *metrics);
+// Every rank of a region's group gets the full moments of the region (for checkpoints): m, v
+// point to new backend buffers of the region's size (free with ops->free), or to the shards
+// themselves when the group is one rank (*owned = false).
+void optim_gather_moments(const Optimizer *o, Model *m, ParamRegion r, void **mom_m, void **mom_v,
+                          bool *owned);

@@ -1,5 +1,7 @@
-// The training loop (see train.h). One step = micro_batches forward/backward passes accumulating
-// gradients, then one optimizer update; metrics come back once per step.
+// The training loop (see train.h). One step runs the stage's 1F1B pipeline schedule over the
+// step's micro-batches (forward, backward and the transfers between stages; a single stage is
+// the plain forward/backward loop), sums the metrics over all ranks, then runs one optimizer
+// update. Only rank 0 prints and writes logs.
 #include "train.h"
 
 #include <errno.h>
@@ -8,20 +10,26 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dist/pipeline.h"
 #include "io/fsutil.h"
 #include "metrics.h"
 #include "optim.h"
 
 typedef struct {
     Config cfg;
+    Parallel par;
     Model model;
+    Optimizer opt;
     Dataset train, val;
-    bool has_val;
+    bool has_val, root;
     TrainState state;
     void *metrics;        // f32 (model_metrics_len) backend accumulators of the current step
     float *metrics_host;  // host copy
-    int32_t *seqs;        // (B, S + 1) host batch
-    FILE *log;            // metrics.jsonl
+    int32_t *seqs;        // (B, S + 1) host batch of this rank
+    PipeAction *sched;    // this stage's actions for one step
+    size_t n_sched;
+    double comm_wait;     // seconds of the step spent in pipeline transfers
+    FILE *log;            // metrics.jsonl (rank 0)
 } Trainer;
 
 const Ops *train_backend(const Config *cfg) {
@@ -42,24 +50,47 @@ static void read_batch(Dataset *ds, uint64_t first, size_t count, int32_t *seqs,
         if (dataset_read(ds, first + b, seqs + b * (S + 1), err)) moe_fatal("%s", err);
 }
 
-double eval_loss(Model *m, Dataset *ds, size_t max_seqs) {
+// Global index of this rank's first sequence of micro-batch `micro` of a batch starting at `base`.
+static uint64_t first_sequence(const Model *m, uint64_t base, int micro) {
+    const Layout *l = &m->par->lay;
+    return base + (uint64_t)micro * (uint64_t)(l->micro_per_rank * l->dp) +
+           (uint64_t)l->dp_rank * (uint64_t)l->micro_per_rank;
+}
+
+static size_t stage_elems(const Model *m) { return m->B * m->S * (size_t)m->cfg.d_model; }
+static int prev_rank(const Model *m) { return layout_rank_of(&m->par->lay, m->par->lay.stage - 1, m->par->lay.dp_rank); }
+static int next_rank(const Model *m) { return layout_rank_of(&m->par->lay, m->par->lay.stage + 1, m->par->lay.dp_rank); }
+
+// Forward-only pass of one micro-batch through the pipeline (evaluation).
+static void pipeline_forward(Model *m, const ForwardArgs *a) {
+    Comm *w = m->par->world;
+    if (!m->first_stage) w->ops->recv(w, model_stage_input(m, a->slot), stage_elems(m), COMM_ACT, prev_rank(m));
+    model_forward(m, a);
+    if (!m->last_stage) w->ops->send(w, model_stage_output(m, a->slot), stage_elems(m), COMM_ACT, next_rank(m));
+}
+
+double eval_loss(Model *m, Dataset *ds, size_t max_seqs, size_t *evaluated) {
     const Ops *ops = m->ops;
-    size_t B = m->B, S = m->S, n = max_seqs < ds->n_seqs ? max_seqs : ds->n_seqs;
+    size_t B = m->B, S = m->S, MB = B * (size_t)m->par->lay.dp;
+    size_t n = (max_seqs < ds->n_seqs ? max_seqs : ds->n_seqs) / MB * MB;
     size_t len = model_metrics_len(&m->cfg);
     int32_t *seqs = moe_malloc(B * (S + 1) * sizeof(int32_t));
     ops->zero(m->metrics_scratch, len * ops->f32_size);
-    for (size_t first = 0; first < n; first += B) {
-        size_t b = n - first < B ? n - first : B;
-        read_batch(ds, first, b, seqs, S);
-        model_set_batch(m, seqs, b, S);
-        ForwardArgs a = {.B = b, .S = S, .train = false, .batch_id = first,
+    for (size_t j = 0; j < n / MB; j++) {
+        uint64_t first = first_sequence(m, 0, (int)j);
+        read_batch(ds, first, B, seqs, S);
+        model_set_batch(m, 0, seqs, B, S);
+        ForwardArgs a = {.B = B, .S = S, .train = false, .first_seq = first,
                          .metrics = m->metrics_scratch};
-        model_forward(m, &a);
+        pipeline_forward(m, &a);
     }
+    Comm *w = m->par->world;
+    w->ops->all_reduce_sum(w, m->metrics_scratch, 1, COMM_F32); // CE lives on the last stage
     float ce;
     ops->download_f32(&ce, model_f32(m, m->metrics_scratch, METRIC_CE), 1);
     free(seqs);
-    return ce / (double)(n * S);
+    *evaluated = n;
+    return n ? ce / (double)(n * S) : NAN;
 }
 
 static LossScales loss_scales(const Config *cfg) {
@@ -71,43 +102,86 @@ static LossScales loss_scales(const Config *cfg) {
                         .z = calls > 0 ? (float)(c->z_coef / calls) : 0};
 }
 
-// One optimizer step over micro_batches micro-batches; leaves the step's metrics on the host.
-static void train_step(Trainer *t) {
-    const Ops *ops = t->model.ops;
-    const TrainConfig *tc = &t->cfg.train;
-    size_t B = tc->micro_batch, S = tc->seq_len, len = model_metrics_len(&t->cfg.model);
-    int step = t->state.step + 1;
-    ops->zero(t->model.grads, t->model.reg.total * ops->f32_size);
-    ops->zero(t->metrics, len * ops->f32_size);
-    optim_begin_step(&t->model, tc, step);
-    for (int micro = 0; micro < tc->micro_batches; micro++) {
-        uint64_t first = t->state.data_position + (uint64_t)micro * B;
-        read_batch(&t->train, first, B, t->seqs, S);
-        model_set_batch(&t->model, t->seqs, B, S);
-        ForwardArgs a = {.B = B, .S = S, .train = true, .batch_id = first,
+static ForwardArgs micro_args(Trainer *t, int micro) {
+    Model *m = &t->model;
+    return (ForwardArgs){.B = m->B, .S = m->S, .slot = micro % m->n_slots, .train = true,
+                         .first_seq = first_sequence(m, t->state.data_position, micro),
                          .scales = loss_scales(&t->cfg), .metrics = t->metrics};
-        model_forward(&t->model, &a);
-        model_backward(&t->model, &a);
+}
+
+static void forward_micro(Trainer *t, int micro) {
+    ForwardArgs a = micro_args(t, micro);
+    read_batch(&t->train, a.first_seq, a.B, t->seqs, a.S);
+    model_set_batch(&t->model, a.slot, t->seqs, a.B, a.S);
+    model_forward(&t->model, &a);
+}
+
+// One action of the schedule; transfers are timed to report the time stages spend waiting.
+static void run_action(Trainer *t, const PipeAction *act) {
+    Model *m = &t->model;
+    Comm *w = m->par->world;
+    size_t n = stage_elems(m);
+    void *in = model_stage_input(m, act->micro2 % m->n_slots), *out = model_stage_output(m, act->micro % m->n_slots);
+    double t0 = moe_time_sec();
+    switch (act->kind) {
+    case PIPE_FORWARD: forward_micro(t, act->micro); return;
+    case PIPE_BACKWARD: {
+        ForwardArgs a = micro_args(t, act->micro);
+        model_backward(m, &a);
+        return;
     }
-    optim_step(&t->model, tc, t->metrics);
+    case PIPE_RECV_FORWARD:
+        w->ops->recv(w, model_stage_input(m, act->micro % m->n_slots), n, COMM_ACT, prev_rank(m));
+        break;
+    case PIPE_SEND_FORWARD: w->ops->send(w, out, n, COMM_ACT, next_rank(m)); break;
+    case PIPE_RECV_BACKWARD: w->ops->recv(w, m->s.dres, n, COMM_ACT, next_rank(m)); break;
+    case PIPE_SEND_BACKWARD: w->ops->send(w, m->s.dres, n, COMM_ACT, prev_rank(m)); break;
+    case PIPE_SEND_FORWARD_RECV_BACKWARD:
+        w->ops->sendrecv(w, out, n, next_rank(m), m->s.dres, n, next_rank(m), COMM_ACT);
+        break;
+    case PIPE_SEND_BACKWARD_RECV_FORWARD:
+        w->ops->sendrecv(w, m->s.dres, n, prev_rank(m), in, n, prev_rank(m), COMM_ACT);
+        break;
+    }
+    t->comm_wait += moe_time_sec() - t0;
+}
+
+// One optimizer step; leaves the step's metrics (totals over all ranks) on the host.
+static void train_step(Trainer *t) {
+    Model *m = &t->model;
+    const Ops *ops = m->ops;
+    const TrainConfig *tc = &t->cfg.train;
+    size_t len = model_metrics_len(&t->cfg.model);
+    int step = t->state.step + 1;
+    ops->zero(m->grads, m->reg.total * ops->f32_size);
+    ops->zero(t->metrics, len * ops->f32_size);
+    optim_begin_step(m, tc, step);
+    t->comm_wait = 0;
+    for (size_t i = 0; i < t->n_sched; i++) run_action(t, &t->sched[i]);
+    Comm *w = m->par->world;
+    w->ops->all_reduce_sum(w, t->metrics, len, COMM_F32);
+    optim_step(&t->opt, m, tc, t->metrics);
     ops->download_f32(t->metrics_host, t->metrics, len);
     t->state.step = step;
-    t->state.data_position += (uint64_t)tc->micro_batches * B;
+    t->state.data_position += (uint64_t)tc->micro_batches * tc->micro_batch;
 }
 
 static void save_checkpoint(Trainer *t) {
     MoeErr err;
-    if (ckpt_save(t->cfg.train.out, &t->model, &t->cfg, &t->state, t->cfg.train.keep_ckpts, err))
+    if (ckpt_save(t->cfg.train.out, &t->model, &t->opt, &t->cfg, &t->state,
+                  t->cfg.train.keep_ckpts, err))
         moe_fatal("checkpoint at step %d not written: %s (the previous checkpoint is intact)",
                   t->state.step, err);
-    printf("saved %s/step-%d\n", t->cfg.train.out, t->state.step);
+    if (t->root) printf("saved %s/step-%d\n", t->cfg.train.out, t->state.step);
 }
 
 static void run_eval(Trainer *t) {
-    size_t max_seqs = (size_t)t->cfg.train.eval_batches * t->cfg.train.micro_batch;
-    double loss = eval_loss(&t->model, &t->val, max_seqs);
+    size_t max_seqs = (size_t)t->cfg.train.eval_batches * t->cfg.train.micro_batch, n;
+    double loss = eval_loss(&t->model, &t->val, max_seqs, &n);
+    if (!t->root) return;
     printf("step %5d | val loss %.4f\n", t->state.step, loss);
-    fprintf(t->log, "{\"step\": %d, \"val_loss\": %.9g}\n", t->state.step, loss);
+    fprintf(t->log, "{\"step\": %d, \"val_loss\": %.9g, \"val_sequences\": %zu}\n", t->state.step,
+            loss, n);
     fflush(t->log);
     if (!isfinite(loss)) moe_fatal("step %d: validation loss is %g; stopping", t->state.step, loss);
 }
@@ -120,6 +194,7 @@ static void report_step(Trainer *t, double seconds, double elapsed) {
     r.lr = optim_lr(tc, t->state.step);
     r.tokens_per_sec = (double)tc->micro_batches * T / seconds;
     r.elapsed_s = elapsed;
+    r.pipeline_wait = t->par.lay.pp > 1 ? t->comm_wait / seconds : 0;
     if (!report_finite(&r)) {
         char last[4200] = "none";
         ckpt_latest(tc->out, last, sizeof last);
@@ -131,75 +206,110 @@ static void report_step(Trainer *t, double seconds, double elapsed) {
     report_free(&r);
 }
 
-static void trainer_open(Trainer *t, const Config *cfg, const char *resume) {
+static void write_run_config(const Trainer *t) {
+    MoeErr err;
+    char path[CONFIG_PATH_LEN + 16];
+    snprintf(path, sizeof path, "%s/config.json", t->cfg.train.out);
+    json_t *j = config_to_json(&t->cfg);
+    if (fs_write_json_atomic(path, j, err)) moe_fatal("train.out: %s", err);
+    json_decref(j);
+}
+
+static void open_log(Trainer *t, bool append) {
+    char path[CONFIG_PATH_LEN + 16];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", t->cfg.train.out);
+    t->log = fopen(path, append ? "a" : "w");
+    if (!t->log) moe_fatal("%s: cannot write the metrics log (%s)", path, strerror(errno));
+}
+
+static void trainer_open(Trainer *t, const Config *cfg, Comm *world, const char *resume) {
     MoeErr err;
     memset(t, 0, sizeof *t);
     t->cfg = *cfg;
     const TrainConfig *tc = &t->cfg.train;
+    const ModelConfig *mc = &t->cfg.model;
+    parallel_init(&t->par, world, cfg->parallel.pp, cfg->parallel.ep, mc->n_layers, mc->n_experts,
+                  model_n_moe_layers(mc) > 0, tc->micro_batch);
+    const Layout *l = &t->par.lay;
+    t->root = world->rank == 0;
     const Ops *ops = train_backend(cfg);
     train_open_dataset(&t->train, cfg, cfg->data.train, true);
     t->has_val = cfg->data.val[0] && tc->eval_every > 0;
     if (t->has_val) train_open_dataset(&t->val, cfg, cfg->data.val, false);
-    if (fs_mkdir_p(tc->out, err)) moe_fatal("train.out: %s", err);
-    model_init(&t->model, &cfg->model, ops, (size_t)tc->micro_batch, (size_t)tc->seq_len);
+    if (t->root && fs_mkdir_p(tc->out, err)) moe_fatal("train.out: %s", err);
+    int slots = pipeline_slots(l->pp, l->stage, tc->micro_batches);
+    model_init(&t->model, mc, ops, &t->par, (size_t)l->micro_per_rank, (size_t)tc->seq_len, slots);
+    optim_init(&t->opt, &t->model);
     if (resume) {
         Config saved;
-        if (ckpt_read_state(resume, &saved, &t->state, err) || ckpt_load(resume, &t->model, true, err))
+        if (ckpt_read_state(resume, &saved, &t->state, err) ||
+            ckpt_load(resume, &t->model, &t->opt, err))
             moe_fatal("%s", err);
-        printf("resumed from %s (step %d)\n", resume, t->state.step);
+        if (t->root) printf("resumed from %s (step %d)\n", resume, t->state.step);
     } else {
         model_init_weights(&t->model, (unsigned)tc->seed);
-        char path[CONFIG_PATH_LEN + 16];
-        snprintf(path, sizeof path, "%s/config.json", tc->out);
-        json_t *j = config_to_json(cfg);
-        if (fs_write_json_atomic(path, j, err)) moe_fatal("train.out: %s", err);
-        json_decref(j);
+        if (t->root) write_run_config(t);
     }
-    char path[CONFIG_PATH_LEN + 16];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", tc->out);
-    t->log = fopen(path, resume ? "a" : "w");
-    if (!t->log) moe_fatal("%s: cannot write the metrics log (%s)", path, strerror(errno));
-    size_t len = model_metrics_len(&cfg->model);
+    if (t->root) open_log(t, resume != NULL);
+    size_t len = model_metrics_len(mc);
     t->metrics = model_alloc(&t->model, len * ops->f32_size);
     t->metrics_host = moe_malloc(len * sizeof(float));
-    t->seqs = moe_malloc((size_t)tc->micro_batch * (tc->seq_len + 1) * sizeof(int32_t));
+    t->seqs = moe_malloc((size_t)l->micro_per_rank * (tc->seq_len + 1) * sizeof(int32_t));
+    t->sched = moe_malloc(pipeline_max_actions(tc->micro_batches) * sizeof(PipeAction));
+    t->n_sched = pipeline_schedule(l->pp, l->stage, tc->micro_batches, t->sched);
 }
 
 static void trainer_close(Trainer *t) {
-    fclose(t->log);
+    if (t->log) fclose(t->log);
     free(t->metrics_host);
     free(t->seqs);
+    free(t->sched);
     model_free(&t->model);
+    parallel_free(&t->par);
     dataset_close(&t->train);
     if (t->has_val) dataset_close(&t->val);
 }
 
 static void print_banner(const Trainer *t) {
     const Config *c = &t->cfg;
+    const Layout *l = &t->par.lay;
     ParamCounts p = model_param_counts(&c->model);
-    char tok[32], seqs[32];
+    char tok[32], seqs[32], opt[32];
     moe_fmt_count(tok, sizeof tok, (uint64_t)c->train.micro_batches * c->train.micro_batch * c->train.seq_len);
     moe_fmt_count(seqs, sizeof seqs, t->train.n_seqs);
+    moe_fmt_count(opt, sizeof opt, t->opt.state_bytes);
     printf("moe.c | %.2fM params (%.2fM active) | %d layers, %d experts, top-%d | %s tokens/step | "
            "%s sequences of %d tokens per epoch | device %s, %d threads\n",
            p.total / 1e6, p.active / 1e6, c->model.n_layers, c->model.n_experts, c->model.top_k,
            tok, seqs, c->train.seq_len, c->train.device, omp_get_max_threads());
+    printf("layout | %d ranks: pp %d x dp %d (ep %d, expert-dp %d) | rank 0 holds %zu parameters, "
+           "optimizer state %s bytes", l->world, l->pp, l->dp, l->ep, l->edp, t->model.reg.total, opt);
+    if (l->pp > 1)
+        printf(" | 1F1B bubble %.1f%% (%d micro-batches)",
+               100 * pipeline_bubble_fraction(l->pp, c->train.micro_batches), c->train.micro_batches);
+    printf("\n");
 }
 
-void train_run(const Config *cfg, const char *resume, int stop_at) {
+void train_run(const Config *cfg, Comm *world, const char *resume, int stop_at) {
     Trainer t;
-    trainer_open(&t, cfg, resume);
-    print_banner(&t);
+    trainer_open(&t, cfg, world, resume);
+    if (t.root) print_banner(&t);
     const TrainConfig *tc = &t.cfg.train;
     double start = moe_time_sec();
     int last = stop_at > 0 && stop_at < tc->steps ? stop_at : tc->steps;
     while (t.state.step < last) {
         double t0 = moe_time_sec();
         train_step(&t);
-        report_step(&t, moe_time_sec() - t0, moe_time_sec() - start);
+        if (t.root) report_step(&t, moe_time_sec() - t0, moe_time_sec() - start);
         int s = t.state.step;
         if (t.has_val && (s % tc->eval_every == 0 || s == tc->steps)) run_eval(&t);
         if ((tc->ckpt_every > 0 && s % tc->ckpt_every == 0) || s == last) save_checkpoint(&t);
     }
     trainer_close(&t);
+}
+
+void train_single_process(Parallel *par, const Config *cfg) {
+    const ModelConfig *mc = &cfg->model;
+    parallel_init(par, comm_self(train_backend(cfg)->f32_size), 1, 1, mc->n_layers, mc->n_experts,
+                  model_n_moe_layers(mc) > 0, cfg->train.micro_batch);
 }

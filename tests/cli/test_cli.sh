@@ -16,6 +16,10 @@ TINY="model.d_model=32 model.n_layers=2 model.n_heads=2 model.n_kv_heads=1 model
       model.top_k=2 model.expert_hidden=32 train.seq_len=32 train.micro_batch=4
       train.eval_batches=2 train.log_every=5 train.warmup=5 train.lr=3e-3"
 
+# Checkpoint files of a one-process run: one shard of each kind.
+MF=model-00001-of-00001.safetensors
+OF=optimizer-00001-of-00001.safetensors
+
 # expect_error NAME PATTERN CMD...: CMD must exit non-zero and its stderr must match PATTERN.
 expect_error() {
     local name=$1 pattern=$2; shift 2
@@ -79,15 +83,15 @@ run train.steps=20 train.ckpt_every=10 train.out="$tmp/resumed"
 if grep -q "resumed from" "$tmp/last.log" && [ "$(losses "$tmp/straight")" = "$(losses "$tmp/resumed")" ]; then
     ok "20 steps == 10 + resume + 10 (losses)"
 else bad "20 steps == 10 + resume + 10 (losses)" "$(diff <(losses "$tmp/straight") <(losses "$tmp/resumed") | head -5)"; fi
-cmp -s "$tmp/straight/step-20/model.safetensors" "$tmp/resumed/step-20/model.safetensors" &&
-cmp -s "$tmp/straight/step-20/optimizer.safetensors" "$tmp/resumed/step-20/optimizer.safetensors" &&
+cmp -s "$tmp/straight/step-20/$MF" "$tmp/resumed/step-20/$MF" &&
+cmp -s "$tmp/straight/step-20/$OF" "$tmp/resumed/step-20/$OF" &&
     ok "resumed checkpoint is bit-identical" || bad "resumed checkpoint is bit-identical" "step-20 files differ"
 
 run train.steps=20 train.ckpt_every=10 train.out="$tmp/again"
-cmp -s "$tmp/straight/step-20/model.safetensors" "$tmp/again/step-20/model.safetensors" &&
+cmp -s "$tmp/straight/step-20/$MF" "$tmp/again/step-20/$MF" &&
     ok "same seed twice: bit-identical weights" || bad "same seed twice: bit-identical weights" "files differ"
 run train.steps=20 train.ckpt_every=10 train.out="$tmp/threads1" train.threads=1
-cmp -s "$tmp/straight/step-20/model.safetensors" "$tmp/threads1/step-20/model.safetensors" &&
+cmp -s "$tmp/straight/step-20/$MF" "$tmp/threads1/step-20/$MF" &&
     ok "1 thread and all threads give identical weights" || bad "1 thread and all threads give identical weights" "files differ"
 
 ls -d "$tmp"/straight/step-* | wc -l | grep -qx 2 && ok "keeps the last N checkpoints" || bad "keeps the last N checkpoints" "$(ls "$tmp/straight")"
@@ -98,12 +102,12 @@ expect_error "resume with another model shape" "checkpoint has model.n_layers = 
 # ---------------------------------------------------------------- corrupted checkpoints
 cp -r "$tmp/straight" "$tmp/corrupt"
 snapshot=$(cd "$tmp/corrupt" && find . -type f | sort | xargs md5sum)
-ck="$tmp/corrupt/step-20/model.safetensors"
-head -c 1000 "$tmp/straight/step-20/model.safetensors" > "$ck"
-expect_error "truncated safetensors" "model.safetensors" $MOE train $TINY train.steps=30 train.out="$tmp/corrupt"
+ck="$tmp/corrupt/step-20/$MF"
+head -c 1000 "$tmp/straight/step-20/$MF" > "$ck"
+expect_error "truncated safetensors" "$MF" $MOE train $TINY train.steps=30 train.out="$tmp/corrupt"
 printf '\xff\xff\xff\x00\x00\x00\x00\x00{}' > "$ck"
-expect_error "lying header length" "model.safetensors.*header" $MOE eval --ckpt "$tmp/corrupt"
-cp "$tmp/straight/step-20/model.safetensors" "$ck"
+expect_error "lying header length" "$MF.*header" $MOE eval --ckpt "$tmp/corrupt"
+cp "$tmp/straight/step-20/$MF" "$ck"
 sed -i 's/"expert_hidden": 32/"expert_hidden": 16/' "$tmp/corrupt/step-20/train_state.json"
 expect_error "tensor shape differs from config" "has shape \[32, 32\] in the file but the model needs \[16, 32\]" $MOE eval --ckpt "$tmp/corrupt"
 sed -i 's/"expert_hidden": 16/"expert_hidden": 32/' "$tmp/corrupt/step-20/train_state.json"
@@ -111,16 +115,16 @@ python3 - "$ck" <<'PY' 2>/dev/null || sed -i 's/"F32"/"I32"/' "$ck"
 import sys; p = sys.argv[1]; b = bytearray(open(p, 'rb').read()); i = b.find(b'"F32"'); b[i:i+5] = b'"I32"'; open(p, 'wb').write(b)
 PY
 expect_error "wrong dtype in safetensors" "I32" $MOE eval --ckpt "$tmp/corrupt"
-cp "$tmp/straight/step-20/model.safetensors" "$ck"
+cp "$tmp/straight/step-20/$MF" "$ck"
 after=$(cd "$tmp/corrupt" && find . -type f | sort | xargs md5sum)
 [ "$snapshot" = "$after" ] && ok "failed resumes overwrite nothing" || bad "failed resumes overwrite nothing" "$(diff <(echo "$snapshot") <(echo "$after"))"
 
 # ---------------------------------------------------------------- crash and full disk mid-save
 run train.steps=10 train.ckpt_every=5 train.out="$tmp/crash"
-good=$(md5sum "$tmp/crash/step-10/model.safetensors" | cut -d' ' -f1)
+good=$(md5sum "$tmp/crash/step-10/$MF" | cut -d' ' -f1)
 sh -c 'ulimit -f 64; "$@"; exit $?' sh $MOE train $TINY train.steps=15 train.ckpt_every=5 train.out="$tmp/crash" > /dev/null 2>&1
 crash_rc=$?
-if [ $crash_rc -ne 0 ] && [ ! -e "$tmp/crash/step-15" ] && [ "$(md5sum "$tmp/crash/step-10/model.safetensors" | cut -d' ' -f1)" = "$good" ]; then
+if [ $crash_rc -ne 0 ] && [ ! -e "$tmp/crash/step-15" ] && [ "$(md5sum "$tmp/crash/step-10/$MF" | cut -d' ' -f1)" = "$good" ]; then
     ok "killed mid-save: previous checkpoint intact"
 else bad "killed mid-save: previous checkpoint intact" "rc $crash_rc; $(ls -a "$tmp/crash")"; fi
 out=$( trap '' XFSZ; ulimit -f 64; $MOE train $TINY train.steps=15 train.ckpt_every=5 train.out="$tmp/crash" 2>&1 >/dev/null ); rc=$?

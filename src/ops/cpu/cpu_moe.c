@@ -41,7 +41,7 @@ static double route_token(size_t t, real *scores, int32_t *idx, real *w, const r
     if (a.kind == ROUTER_SIGMOID)
         for (size_t e = 0; e < E; e++) scores[e] = (real)(1.0 / (1.0 + exp(-(double)logits[e])));
     for (size_t e = 0; e < E; e++) {
-        choice[e] = a.random ? rng_routing_noise(step->seed, a.salt, t, E, e) : scores[e];
+        choice[e] = a.random ? rng_routing_noise(step->seed, a.layer, a.token_base + t, E, e) : scores[e];
         tmp[e] = (real)choice[e]; // the values the weights come from
         if (bias) choice[e] += bias[e];
     }
@@ -54,9 +54,9 @@ static double route_token(size_t t, real *scores, int32_t *idx, real *w, const r
 }
 
 void cpu_router_forward(void *scores_, int32_t *topk_idx, void *topk_w_, int32_t *counts,
-                        void *stats_, const void *logits_, const void *bias_, const StepInfo *step,
+                        void *aux_, const void *logits_, const void *bias_, const StepInfo *step,
                         RouterArgs a) {
-    real *scores = scores_, *topk_w = topk_w_, *stats = stats_;
+    real *scores = scores_, *topk_w = topk_w_, *aux = aux_;
     const real *logits = logits_, *bias = bias_;
     size_t T = a.T, E = a.E, K = a.K;
     double *lse = moe_malloc(T * sizeof(double));
@@ -73,28 +73,42 @@ void cpu_router_forward(void *scores_, int32_t *topk_idx, void *topk_w_, int32_t
     }
     memset(counts, 0, E * sizeof(int32_t));
     for (size_t i = 0; i < T * K; i++) counts[topk_idx[i]]++;
-    // LB = (E / K) sum_e (c_e / T) P_e with P_e the mean score (OLMo-core's formula);
-    // Z = mean_t lse_t^2.
-    double lb = 0, z = 0;
+    double z = 0;
     for (size_t e = 0; e < E; e++) {
         double P = 0;
         for (size_t t = 0; t < T; t++) P += scores[t * E + e];
-        lb += (double)counts[e] / (double)T * P / (double)T;
-        stats[e] += (real)counts[e];
+        aux[e] = (real)counts[e];
+        aux[E + e] = (real)P;
     }
     for (size_t t = 0; t < T; t++) z += lse[t] * lse[t];
-    stats[router_stat_lb(E)] += (real)(lb * (double)E / (double)K);
-    stats[router_stat_z(E)] += (real)(z / (double)T);
+    aux[2 * E] = (real)z;
     free(lse);
+}
+
+// LB = (E / K) sum_e (c_e / T) (P_e / T) with P_e the summed score (OLMo-core's formula);
+// Z = sum_t lse_t^2 / T; T counts the micro-batch's tokens over all data-parallel ranks.
+void cpu_router_aux_loss(void *stats_, const void *aux_, RouterArgs a, float weight) {
+    real *stats = stats_;
+    const real *aux = aux_;
+    size_t E = a.E;
+    double T = (double)a.T_global, lb = 0;
+    for (size_t e = 0; e < E; e++) {
+        lb += (double)aux[e] / T * (double)aux[E + e] / T;
+        stats[e] += weight * aux[e];
+    }
+    stats[router_stat_lb(E)] += (real)(weight * lb * (double)E / (double)a.K);
+    stats[router_stat_z(E)] += (real)(weight * aux[2 * E] / T);
 }
 
 void cpu_router_backward(void *dlogits_, const void *dtopk_w_, const void *logits_,
                          const void *scores_, const int32_t *topk_idx, const void *topk_w_,
-                         const int32_t *counts, RouterArgs a) {
+                         const void *aux_, RouterArgs a) {
     real *dlogits = dlogits_;
     const real *dtopk_w = dtopk_w_, *logits = logits_, *scores = scores_, *topk_w = topk_w_;
+    const real *aux = aux_;
     size_t T = a.T, E = a.E, K = a.K;
-    double lb_scale = a.lb_grad * (double)E / (double)K / ((double)T * (double)T);
+    double Tg = (double)a.T_global;
+    double lb_scale = a.lb_grad * (double)E / (double)K / (Tg * Tg);
 #pragma omp parallel
     {
         double *ds = moe_malloc(E * sizeof(double));
@@ -103,7 +117,7 @@ void cpu_router_backward(void *dlogits_, const void *dtopk_w_, const void *logit
         for (size_t t = 0; t < T; t++) {
             const real *s = scores + t * E, *dw = dtopk_w + t * K, *w = topk_w + t * K;
             const int32_t *idx = topk_idx + t * K;
-            for (size_t e = 0; e < E; e++) ds[e] = lb_scale * counts[e];
+            for (size_t e = 0; e < E; e++) ds[e] = lb_scale * aux[e];
             if (!a.random) { // weights are chosen scores (renormalised: w_k = s_k / sum_j s_j)
                 double wdw = 0, ssum = 0;
                 for (size_t k = 0; k < K; k++) wdw += dw[k] * w[k], ssum += s[idx[k]];
@@ -115,7 +129,7 @@ void cpu_router_backward(void *dlogits_, const void *dtopk_w_, const void *logit
             for (size_t e = 0; e < E; e++) sds += ds[e] * s[e];
             for (size_t e = 0; e < E; e++) {
                 double g = a.kind == ROUTER_SOFTMAX ? s[e] * (ds[e] - sds) : ds[e] * s[e] * (1 - s[e]);
-                dlogits[t * E + e] = (real)(g + a.z_grad * 2.0 * lse * p[e] / (double)T);
+                dlogits[t * E + e] = (real)(g + a.z_grad * 2.0 * lse * p[e] / Tg);
             }
         }
         free(ds);
@@ -195,6 +209,30 @@ void cpu_moe_combine_backward(void *dy_, void *dtopk_w_, const void *dout_, cons
         }
         dw[i] = (real)acc;
     }
+}
+
+// Rows arrive grouped by source rank, each source's rows by local expert; experts want their rows
+// together. Both orders list the same (source, expert) blocks, so one walk over the blocks moves
+// every block between its two positions.
+void cpu_moe_regroup(void *out_, const void *in_, const int32_t *counts, size_t ep, size_t El,
+                     size_t D, bool to_expert_major) {
+    real *out = out_;
+    const real *in = in_;
+    size_t *src_major = moe_malloc(ep * El * sizeof(size_t)), *exp_major = moe_malloc(ep * El * sizeof(size_t));
+    size_t pos = 0;
+    for (size_t r = 0; r < ep; r++)
+        for (size_t e = 0; e < El; e++) src_major[r * El + e] = pos, pos += (size_t)counts[r * El + e];
+    pos = 0;
+    for (size_t e = 0; e < El; e++)
+        for (size_t r = 0; r < ep; r++) exp_major[r * El + e] = pos, pos += (size_t)counts[r * El + e];
+#pragma omp parallel for schedule(static)
+    for (size_t b = 0; b < ep * El; b++) {
+        size_t from = to_expert_major ? src_major[b] : exp_major[b];
+        size_t to = to_expert_major ? exp_major[b] : src_major[b];
+        memcpy(out + to * D, in + from * D, (size_t)counts[b] * D * sizeof(real));
+    }
+    free(src_major);
+    free(exp_major);
 }
 
 void cpu_grouped_matmul_forward(void *out_, const void *x_, const void *w_, const int32_t *offsets,

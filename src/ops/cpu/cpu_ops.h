@@ -43,11 +43,14 @@ void cpu_attention_backward(void *dqkv, const void *dout, const void *qkv, const
                             const void *lse, AttnDims d);
 
 // mixture of experts (cpu_moe.c)
-void cpu_router_forward(void *scores, int32_t *topk_idx, void *topk_w, int32_t *counts, void *stats,
+void cpu_router_forward(void *scores, int32_t *topk_idx, void *topk_w, int32_t *counts, void *aux,
                         const void *logits, const void *bias, const StepInfo *step, RouterArgs a);
+void cpu_router_aux_loss(void *stats, const void *aux, RouterArgs a, float weight);
 void cpu_router_backward(void *dlogits, const void *dtopk_w, const void *logits, const void *scores,
-                         const int32_t *topk_idx, const void *topk_w, const int32_t *counts,
+                         const int32_t *topk_idx, const void *topk_w, const void *aux,
                          RouterArgs a);
+void cpu_moe_regroup(void *out, const void *in, const int32_t *counts, size_t ep, size_t El,
+                     size_t D, bool to_expert_major);
 void cpu_moe_dispatch_forward(void *xp, int32_t *slot_pos, int32_t *offsets, void *stats,
                               const void *x, const int32_t *topk_idx, const int32_t *counts,
                               size_t T, size_t K, size_t E, size_t D, size_t capacity);

@@ -1,0 +1,52 @@
+// The communication interface of the distributed layer: collectives and point-to-point transfers
+// on backend memory, over a group of ranks. Implementations: MPI (CPU ranks; comm_mpi.c) and a
+// single process without MPI (comm_self.c); a NCCL one (GPU buffers, streams) plugs in the same way.
+// Counts are element counts, never bytes. Errors end every rank with a message (no hang).
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+
+// Element kinds, as in ops.h: act and f32 buffers of the backend, and int32.
+typedef enum { COMM_ACT, COMM_F32, COMM_I32 } CommType;
+
+typedef struct Comm Comm;
+
+typedef struct {
+    void (*all_reduce_sum)(Comm *c, void *buf, size_t n, CommType t);
+    // recv (n) = this rank's n-element block of the sum over ranks of send (size x n); in place
+    // when recv == send + rank * n
+    void (*reduce_scatter_sum)(Comm *c, const void *send, void *recv, size_t n, CommType t);
+    // recv (size x n) = every rank's send (n) in rank order; in place when send == recv + rank * n
+    void (*all_gather)(Comm *c, const void *send, void *recv, size_t n, CommType t);
+    // send holds size blocks (block j: send_counts[j] elements for rank j, back to back); recv gets
+    // block i (recv_counts[i] elements) from rank i, back to back. Counts live in host memory.
+    void (*all_to_all_v)(Comm *c, const void *send, const size_t *send_counts, void *recv,
+                         const size_t *recv_counts, CommType t);
+    void (*send)(Comm *c, const void *buf, size_t n, CommType t, int peer);
+    void (*recv)(Comm *c, void *buf, size_t n, CommType t, int peer);
+    // Sends to `to` and receives from `from` at once (deadlock-free pairwise exchange).
+    void (*sendrecv)(Comm *c, const void *send, size_t n_send, int to, void *recv, size_t n_recv,
+                     int from, CommType t);
+    void (*barrier)(Comm *c);
+    // Logical AND of `ok` over the ranks (host value): lets ranks agree that a step succeeded.
+    bool (*all_ok)(Comm *c, bool ok);
+    // Sub-communicator of the ranks with the same color, ordered by key.
+    Comm *(*split)(Comm *c, int color, int key);
+    void (*free)(Comm *c);
+} CommOps;
+
+struct Comm {
+    const CommOps *ops;
+    int rank, size;
+    void *impl;
+};
+
+// Starts the world communicator: MPI when the build has it (mpirun, srun or a plain start), else a
+// single process. Installs a fatal-error hook that aborts every rank. elem_size: bytes of a
+// backend act/f32 element (the CPU backend: sizeof(real)).
+Comm *comm_world_init(int *argc, char ***argv, size_t elem_size);
+void comm_world_finalize(Comm *world);
+// True when this build can run several ranks.
+bool comm_has_mpi(void);
+// A communicator of one rank (no MPI): every collective is a copy or nothing.
+Comm *comm_self(size_t elem_size);

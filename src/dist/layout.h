@@ -1,0 +1,30 @@
+// The parallel layout of a run: world = pp x dp ranks; pipeline stages own consecutive layers;
+// inside a stage, dense parameters are replicated over its dp ranks, and each MoE layer's experts
+// are split over ep ranks (ep divides dp) and replicated over the dp / ep ranks of an expert-data-
+// parallel group. Ranks: rank = stage * dp + dp_rank, dp_rank = edp_rank * ep + ep_rank.
+#pragma once
+#include <stdbool.h>
+
+#include "common/util.h"
+
+typedef struct {
+    int world, rank;
+    int pp, dp, ep, edp;                        // edp = dp / ep
+    int stage, dp_rank, ep_rank, edp_rank;
+    int layer_begin, layer_end;                 // layers of this stage
+    int expert_begin, expert_end;               // experts of this rank in every MoE layer
+    int micro_per_rank;                         // sequences of a micro-batch on this rank
+} Layout;
+
+// Checks the layout of `world` ranks (pp and ep from the config) against the model and batch, and
+// fills the position of `rank`. Errors name the keys and say what to change.
+int layout_init(Layout *l, int world, int rank, int pp, int ep, int n_layers, int n_experts,
+                bool has_moe, int micro_batch, MoeErr err);
+// Layers [begin, end) of stage s: a balanced split, earlier stages taking the remainder.
+void layout_stage_layers(int n_layers, int pp, int stage, int *begin, int *end);
+static inline bool layout_first_stage(const Layout *l) { return l->stage == 0; }
+static inline bool layout_last_stage(const Layout *l) { return l->stage == l->pp - 1; }
+// The rank at (stage, dp_rank).
+static inline int layout_rank_of(const Layout *l, int stage, int dp_rank) {
+    return stage * l->dp + dp_rank;
+}

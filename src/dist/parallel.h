@@ -1,0 +1,25 @@
+// A process's place in a parallel run: its layout and the communicators of the groups it belongs
+// to. A single process gets the same struct with one-rank communicators, so the model and the
+// training loop run one code path for every layout.
+#pragma once
+#include "comm.h"
+#include "layout.h"
+
+typedef struct {
+    Layout lay;
+    Comm *world;
+    Comm *dp;   // the ranks of this stage: replicas of its dense parameters, the data split
+    Comm *ep;   // the ranks that split this rank's MoE layers' experts among them
+    Comm *edp;  // the ranks that hold the same experts as this one
+} Parallel;
+
+// Validates the layout (exits with the message on every rank when it is impossible) and builds
+// the sub-communicators.
+void parallel_init(Parallel *p, Comm *world, int pp, int ep, int n_layers, int n_experts,
+                   bool has_moe, int micro_batch);
+void parallel_free(Parallel *p);
+// The layout of `rank` among `world` ranks without communicating: the communicators in `groups`
+// (4 of them) carry only rank and size, for sizing memory (`moe inspect`). Returns -1 with a
+// message when the layout is impossible.
+int parallel_plan(Parallel *p, Comm groups[4], int world, int rank, int pp, int ep, int n_layers,
+                  int n_experts, bool has_moe, int micro_batch, MoeErr err);

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# MPI tests of the communication layer: build/test_comm under mpirun on 1 to 4 ranks (and with
+# transfers cut into tiny pieces), and a failure on one rank that must end every rank promptly.
+# Prints one line per test and ends with "N passed, N failed".
+set -u
+cd "$(dirname "$0")/../.."
+pass=0; fail=0
+ok()  { pass=$((pass + 1)); printf '  %-58s ok\n' "$1"; }
+bad() { fail=$((fail + 1)); printf '  %-58s FAIL\n' "$1"; shift; printf '    %s\n' "$@" >&2; }
+
+if [ ! -x build/test_comm ] || ! command -v mpirun >/dev/null; then
+    echo "  skipped: build/test_comm or mpirun missing (a build without MPI)"
+    echo "0 passed, 0 failed"
+    exit 0
+fi
+# CI runs as root in containers, where Open MPI's single-copy shared memory may be unavailable;
+# one OpenMP thread per rank keeps four oversubscribed ranks quick.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none OMP_NUM_THREADS=1
+MPIRUN="timeout 120 mpirun --oversubscribe"
+
+# run_comm_tests NAME NP [CHUNK]: every test of test_comm must pass on every rank; CHUNK: the most
+# elements per MPI call (MOE_COMM_CHUNK, which the ranks inherit from mpirun).
+run_comm_tests() {
+    local name=$1 np=$2 chunk=${3:-}
+    local env=(-u MOE_COMM_CHUNK); [ -n "$chunk" ] && env=(MOE_COMM_CHUNK="$chunk")
+    local out; out=$(env "${env[@]}" $MPIRUN -np "$np" build/test_comm 2>&1); local rc=$?
+    local summary; summary=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' <<<"$out" | tail -n 1)
+    if [ $rc -eq 0 ] && [[ "$summary" =~ ^[1-9][0-9]*\ passed,\ 0\ failed$ ]]; then
+        ok "$name ($summary)"
+    else bad "$name" "exit code $rc, summary '$summary'" "$(grep -vE ' ok$' <<<"$out" | tail -20)"; fi
+}
+
+for np in 1 2 3 4; do run_comm_tests "comm operations on $np rank(s)" "$np"; done
+# Pieces of 3 elements: every long transfer and all_reduce goes as many MPI calls.
+run_comm_tests "comm operations on 3 ranks in 3-element pieces" 3 3
+
+# Rank 1 fails while rank 0 waits in a receive from it and rank 2 in a barrier. mpirun would itself
+# end the job on a rank's non-zero exit (srun and others need not): turned off, only the abort of
+# the fatal hook can free the waiting ranks.
+start=$(date +%s)
+out=$(timeout 60 mpirun --oversubscribe --mca orte_abort_on_non_zero_status 0 -np 3 \
+      build/test_comm --fatal-on-rank 1 2>&1); rc=$?
+took=$(($(date +%s) - start))
+name="moe_fatal on rank 1 ends every rank"
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -lt 20 ] && grep -q "error: \[rank 1\] boom" <<<"$out"
+then ok "$name (${took}s)"
+else bad "$name" "exit code $rc after ${took}s (124: hung)" "$(tail -5 <<<"$out")"; fi
+
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]

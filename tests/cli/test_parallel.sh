@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Parallel layouts on MPI ranks of this CPU: each layout trains the same tiny model on the same
+# global batch and must give the losses of one rank; checkpoints move between layouts; optimizer
+# memory falls with the data-parallel size; impossible layouts and failures end every rank.
+# Prints one line per test and ends with "N passed, N failed".
+set -u
+cd "$(dirname "$0")/../.."
+pass=0; fail=0
+ok()  { pass=$((pass + 1)); printf '  %-58s ok\n' "$1"; }
+bad() { fail=$((fail + 1)); printf '  %-58s FAIL\n' "$1"; shift; printf '    %s\n' "$@" >&2; }
+
+if [ ! -x build/test_comm ] || ! command -v mpirun >/dev/null; then
+    echo "  skipped: a build without MPI (build/test_comm or mpirun missing)"
+    echo "0 passed, 0 failed"
+    exit 0
+fi
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none OMP_NUM_THREADS=1
+MPIRUN="timeout 300 mpirun --oversubscribe"
+tmp=$(mktemp -d /tmp/moe-par-XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+
+# 2 layers (pp 2), 4 experts (ep up to 4), 4 sequences per micro-batch (dp up to 4), 4 micro-
+# batches (a real 1F1B schedule), dropless routing, loss-free bias on: every part is exercised.
+TINY="model.d_model=32 model.n_layers=2 model.n_heads=2 model.n_kv_heads=1 model.n_experts=4
+      model.top_k=2 model.expert_hidden=32 model.shared_hidden=16 model.bias_gamma=0.001
+      train.seq_len=32 train.micro_batch=4 train.micro_batches=4 train.steps=10 train.warmup=3
+      train.lr=3e-3 train.eval_every=5 train.eval_batches=2 train.ckpt_every=5 train.log_every=1
+      train.threads=1"
+losses() { grep -o '"loss":[^,]*' "$1/metrics.jsonl" | cut -d: -f2; }
+val_losses() { grep -o '"val_loss": [^,]*' "$1/metrics.jsonl" | cut -d' ' -f2; }
+
+# same_losses A B: every step's loss (and validation loss) agree within a relative 1e-5.
+same_losses() {
+    paste <(losses "$1"; val_losses "$1") <(losses "$2"; val_losses "$2") | awk '
+        NF != 2 { bad = 1; print "missing value at line " NR; next }
+        { d = $1 - $2; if (d < 0) d = -d; r = d / ($1 < 0 ? -$1 : $1); if (r > worst) { worst = r; at = NR }
+          if (r > 1e-5) bad = 1 }
+        END { printf "worst relative difference %.2e at line %d\n", worst, at; exit bad }'
+}
+
+train() { # NP OUT [args...]
+    local np=$1 out=$2; shift 2
+    $MPIRUN -np "$np" ./moe train $TINY train.out="$out" "$@" > "$out.log" 2>&1
+}
+
+train 1 "$tmp/single" || bad "one rank trains" "$(tail -5 "$tmp/single.log")"
+[ "$(losses "$tmp/single" | wc -l)" -eq 10 ] && ok "one rank: 10 steps logged" || bad "one rank: 10 steps logged" "$(tail -3 "$tmp/single.log")"
+
+layout_matches() { # NAME NP [overrides...]
+    local name=$1 np=$2 out="$tmp/layout-$RANDOM"; shift 2
+    if ! train "$np" "$out" "$@"; then bad "$name" "$(tail -5 "$out.log")"; return; fi
+    local cmp; cmp=$(same_losses "$tmp/single" "$out") && ok "$name: same losses ($cmp)" || bad "$name" "$cmp"
+}
+layout_matches "dp=2" 2
+layout_matches "dp=2 ep=2" 2 parallel.ep=2
+layout_matches "pp=2" 2 parallel.pp=2
+layout_matches "pp=2 x dp=2 ep=2" 4 parallel.pp=2 parallel.ep=2
+layout_matches "dp=4 ep=4" 4 parallel.ep=4
+layout_matches "dp=4 ep=2" 4 parallel.ep=2
+
+# Random routing draws the same noise for a token whatever rank holds it.
+train 1 "$tmp/random1" model.random_routing=true || bad "random routing on one rank" "$(tail -3 "$tmp/random1.log")"
+out="$tmp/random4"
+if train 4 "$out" model.random_routing=true parallel.pp=2 parallel.ep=2; then
+    cmp=$(same_losses "$tmp/random1" "$out") && ok "random routing, pp=2 x dp=2 ep=2: same losses" || bad "random routing, pp=2 x dp=2 ep=2" "$cmp"
+else bad "random routing, pp=2 x dp=2 ep=2" "$(tail -3 "$out.log")"; fi
+
+# Capacity mode: each rank drops by its own capacity (so no single-rank equivalent); it must run
+# and report drops summed over the ranks.
+out="$tmp/capacity"
+if train 4 "$out" parallel.ep=4 model.capacity_factor=0.5 model.bias_gamma=0; then
+    grep -q '"drop_rate":0\.[0-9]*[1-9]' "$out/metrics.jsonl" && ok "capacity 0.5 at dp=4 ep=4: runs, reports drops" \
+        || bad "capacity 0.5 at dp=4 ep=4: runs, reports drops" "no non-zero drop_rate"
+else bad "capacity 0.5 at dp=4 ep=4: runs, reports drops" "$(tail -3 "$out.log")"; fi
+
+# Checkpoints move between layouts: stop at step 5 on one layout, finish on another.
+resume_matches() { # NAME NP_FIRST "ARGS_FIRST" NP_SECOND "ARGS_SECOND"
+    local name=$1 out="$tmp/move-$RANDOM"
+    if ! train "$2" "$out" $3 --stop-at 5 || ! train "$4" "$out" $5; then bad "$name" "$(tail -5 "$out.log")"; return; fi
+    grep -q "resumed from .*step-5" "$out.log" || { bad "$name" "did not resume: $(head -3 "$out.log")"; return; }
+    local cmp; cmp=$(same_losses "$tmp/single" "$out") && ok "$name ($cmp)" || bad "$name" "$cmp"
+}
+resume_matches "save at pp=2 x dp=2 ep=2, resume on 1 rank" 4 "parallel.pp=2 parallel.ep=2" 1 ""
+resume_matches "save on 1 rank, resume at pp=2 x dp=2 ep=2" 1 "" 4 "parallel.pp=2 parallel.ep=2"
+resume_matches "save at dp=4 ep=4, resume at pp=2 dp=2" 4 "parallel.ep=4" 4 "parallel.pp=2"
+
+out=$(./moe eval --ckpt "$tmp/single" 2>&1) && grep -q "val loss" <<<"$out" && ok "one-process eval reads a checkpoint" || bad "one-process eval reads a checkpoint" "$out"
+ls "$tmp"/move-*/step-10/ | grep -q "model-00002-of-00002.safetensors" && ok "pp=2 checkpoint has one file per stage" \
+    || bad "pp=2 checkpoint has one file per stage" "$(ls "$tmp"/move-*/step-10/)"
+
+# ZeRO-1: optimizer state per rank at dp=4 is a quarter of dp=1 (experts replicated: ep=1).
+state_bytes() { grep -o 'optimizer state [0-9,]* bytes' "$1" | tr -dc '0-9'; }
+train 4 "$tmp/dp4" train.steps=1 train.eval_every=0 || bad "dp=4 runs" "$(tail -3 "$tmp/dp4.log")"
+one=$(state_bytes "$tmp/single.log"); four=$(state_bytes "$tmp/dp4.log")
+if [ -n "$one" ] && [ -n "$four" ] && awk -v a="$one" -v b="$four" 'BEGIN { r = 4 * b / a; exit !(r > 0.99 && r < 1.02) }'; then
+    ok "optimizer state per rank: dp=4 is 1/4 of dp=1 ($four vs $one bytes)"
+else bad "optimizer state per rank: dp=4 is 1/4 of dp=1" "dp=1: '$one', dp=4: '$four'"; fi
+inspect=$(./moe inspect "$tmp/single" --world 4 2>&1)
+grep -q "optimizer state" <<<"$inspect" && ok "inspect prints per-rank memory for a layout" || bad "inspect prints per-rank memory for a layout" "$inspect"
+
+# Impossible layouts are refused before any work, by every rank, promptly.
+expect_refused() { # NAME PATTERN NP [overrides...]
+    local name=$1 pattern=$2 np=$3; shift 3
+    local start=$SECONDS out; out=$($MPIRUN -np "$np" ./moe train $TINY train.out="$tmp/never" "$@" 2>&1); local rc=$?
+    if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -qE -- "$pattern" <<<"$out" && [ ! -e "$tmp/never/config.json" ]; then
+        ok "$name ($((SECONDS - start)) s)"
+    else bad "$name" "exit $rc: $(grep -m2 error <<<"$out")"; fi
+}
+expect_refused "world not divisible by pp" "3 ranks cannot form parallel.pp = 2" 3 parallel.pp=2
+expect_refused "ep does not divide dp" "parallel.ep = 4 must divide the data-parallel size 2" 2 parallel.ep=4
+expect_refused "more stages than layers" "parallel.pp = 4 stages is more than model.n_layers = 2" 4 parallel.pp=4
+expect_refused "micro-batch not divisible by dp" "train.micro_batch = 4 .* multiple of the data-parallel size 3" 3
+start=$SECONDS
+out=$($MPIRUN -np 4 ./moe train $TINY train.out="$tmp/nan" parallel.pp=2 train.lr=1e30 train.warmup=0 train.clip=0 train.steps=20 2>&1); rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "training diverged" <<<"$out"; then ok "divergence on 4 ranks ends all of them ($((SECONDS - start)) s)"
+else bad "divergence on 4 ranks ends all of them" "exit $rc: $(tail -3 <<<"$out")"; fi
+
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]

@@ -1,0 +1,17 @@
+// Helpers for tests that build a model in one process.
+#pragma once
+#include "common/real.h"
+#include "dist/parallel.h"
+#include "model/model.h"
+
+// A one-rank layout holding every layer and expert of c.
+static inline void test_single_parallel(Parallel *p, const ModelConfig *c) {
+    parallel_init(p, comm_self(sizeof(real)), 1, 1, c->n_layers, c->n_experts,
+                  model_n_moe_layers(c) > 0, 1);
+}
+
+static inline void test_free_parallel(Parallel *p) {
+    Comm *world = p->world;
+    parallel_free(p);
+    world->ops->free(world);
+}
