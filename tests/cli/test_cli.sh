@@ -7,9 +7,7 @@ cd "$(dirname "$0")/../.."
 MOE=./moe
 tmp=$(mktemp -d /tmp/moe-cli-XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
-pass=0; fail=0
-ok()  { pass=$((pass + 1)); printf '  %-58s ok\n' "$1"; }
-bad() { fail=$((fail + 1)); printf '  %-58s FAIL\n' "$1"; shift; printf '    %s\n' "$@" >&2; }
+source tests/testlib.sh
 
 # A tiny model so each run takes a second or two.
 TINY="model.d_model=32 model.n_layers=2 model.n_heads=2 model.n_kv_heads=1 model.n_experts=4
@@ -146,5 +144,4 @@ out=$($MOE inspect "$tmp/straight" 2>&1) && grep -q "parameters" <<<"$out" && gr
 expect_error "sample without --ckpt shows usage" "" $MOE sample
 $MOE train --help | grep -q "model.n_experts" && ok "train --help lists config keys" || bad "train --help lists config keys" ""
 
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+summary

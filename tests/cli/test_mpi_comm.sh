@@ -4,19 +4,9 @@
 # Prints one line per test and ends with "N passed, N failed".
 set -u
 cd "$(dirname "$0")/../.."
-pass=0; fail=0
-ok()  { pass=$((pass + 1)); printf '  %-58s ok\n' "$1"; }
-bad() { fail=$((fail + 1)); printf '  %-58s FAIL\n' "$1"; shift; printf '    %s\n' "$@" >&2; }
+source tests/testlib.sh
 
-if [ ! -x build/test_comm ] || ! command -v mpirun >/dev/null; then
-    echo "  skipped: build/test_comm or mpirun missing (a build without MPI)"
-    echo "0 passed, 0 failed"
-    exit 0
-fi
-# CI runs as root in containers, where Open MPI's single-copy shared memory may be unavailable;
-# one OpenMP thread per rank keeps four oversubscribed ranks quick.
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_btl_vader_single_copy_mechanism=none OMP_NUM_THREADS=1
+require_mpi
 MPIRUN="timeout 120 mpirun --oversubscribe"
 
 # run_comm_tests NAME NP [CHUNK]: every test of test_comm must pass on every rank; CHUNK: the most
@@ -47,5 +37,4 @@ if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -lt 20 ] && grep -q "error: \[ran
 then ok "$name (${took}s)"
 else bad "$name" "exit code $rc after ${took}s (124: hung)" "$(tail -5 <<<"$out")"; fi
 
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+summary

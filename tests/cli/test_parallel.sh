@@ -5,17 +5,9 @@
 # Prints one line per test and ends with "N passed, N failed".
 set -u
 cd "$(dirname "$0")/../.."
-pass=0; fail=0
-ok()  { pass=$((pass + 1)); printf '  %-58s ok\n' "$1"; }
-bad() { fail=$((fail + 1)); printf '  %-58s FAIL\n' "$1"; shift; printf '    %s\n' "$@" >&2; }
+source tests/testlib.sh
 
-if [ ! -x build/test_comm ] || ! command -v mpirun >/dev/null; then
-    echo "  skipped: a build without MPI (build/test_comm or mpirun missing)"
-    echo "0 passed, 0 failed"
-    exit 0
-fi
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_btl_vader_single_copy_mechanism=none OMP_NUM_THREADS=1
+require_mpi
 MPIRUN="timeout 300 mpirun --oversubscribe"
 tmp=$(mktemp -d /tmp/moe-par-XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
@@ -116,5 +108,4 @@ out=$($MPIRUN -np 4 ./moe train $TINY train.out="$tmp/nan" parallel.pp=2 train.l
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "training diverged" <<<"$out"; then ok "divergence on 4 ranks ends all of them ($((SECONDS - start)) s)"
 else bad "divergence on 4 ranks ends all of them" "exit $rc: $(tail -3 <<<"$out")"; fi
 
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+summary

@@ -1,0 +1,18 @@
+# Shared by the command-line test scripts (tests/cli/*.sh): pass/fail counting with one line per
+# test and the final "N passed, N failed", and the MPI setup of the multi-rank tests.
+pass=0; fail=0
+ok()  { pass=$((pass + 1)); printf '  %-58s ok\n' "$1"; }
+bad() { fail=$((fail + 1)); printf '  %-58s FAIL\n' "$1"; shift; printf '    %s\n' "$@" >&2; }
+summary() { echo "$pass passed, $fail failed"; [ "$fail" -eq 0 ]; }
+
+# Skips the calling script (exit 0, "0 passed, 0 failed") when the build has no MPI; otherwise sets
+# up mpirun for CI: root in containers, no single-copy shared memory, one OpenMP thread per rank.
+require_mpi() {
+    if [ ! -x build/test_comm ] || ! command -v mpirun >/dev/null; then
+        echo "  skipped: a build without MPI (build/test_comm or mpirun missing)"
+        echo "0 passed, 0 failed"
+        exit 0
+    fi
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    export OMPI_MCA_btl_vader_single_copy_mechanism=none OMP_NUM_THREADS=1
+}
