@@ -7,6 +7,9 @@ ARCH    ?= -march=native
 CFLAGS  ?= -O3 $(ARCH) -g
 CFLAGS  += -std=gnu11 -fopenmp -fno-math-errno -Wall -Wextra -Wno-unused-parameter -Isrc -MMD -MP
 LDLIBS  += -fopenmp -ljansson -lm
+# Extra include or library paths, e.g. a JSON library unpacked beside the tree (scripts/gpu_check.sh).
+CFLAGS  += $(CFLAGS_EXTRA)
+LDLIBS  += $(LDLIBS_EXTRA)
 
 # MPI (several ranks, `mpirun -np N ./moe train ...`): on when mpicc is installed; MPI=0 builds a
 # single-process moe without it.
@@ -20,10 +23,24 @@ DIST_SRC := $(filter-out src/dist/comm_mpi.c,$(wildcard src/dist/*.c))
 endif
 
 LIB_SRC  := $(wildcard src/common/*.c src/io/*.c src/model/*.c src/ops/*.c src/ops/cpu/*.c src/train/*.c) $(DIST_SRC)
+
+# CUDA backend (train.device=cuda): `make CUDA=1`, for Hopper (sm_90a) by default.
+CUDA ?= 0
+NVCC ?= nvcc
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
+CUDA_ARCH ?= -gencode=arch=compute_90a,code=sm_90a
+NVCCFLAGS ?= -O3 -lineinfo $(CUDA_ARCH)
+NVCCFLAGS += -std=c++17 -Isrc -MMD -MP -Xcompiler -Wall,-Wno-unused-parameter
+ifeq ($(CUDA),1)
+CFLAGS  += -DMOE_CUDA
+LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
+CU_SRC  := $(wildcard src/ops/cuda/*.cu)
+endif
 CLI_SRC  := $(wildcard src/cli/*.c)
 TEST_SRC := $(wildcard tests/*.c)
 
-F32_OBJ  := $(patsubst %.c,build/f32/%.o,$(LIB_SRC) $(CLI_SRC))
+CU_OBJ   := $(patsubst %.cu,build/cuda/%.o,$(CU_SRC))
+F32_OBJ  := $(patsubst %.c,build/f32/%.o,$(LIB_SRC) $(CLI_SRC)) $(CU_OBJ)
 TEST_OBJ := $(patsubst %.c,build/f64/%.o,$(LIB_SRC) $(TEST_SRC))
 
 DATA := data/tinyshakespeare_train.npy data/tinyshakespeare_val.npy
@@ -41,11 +58,20 @@ build/test_unit: $(TEST_OBJ)
 build/test_comm: build/f32/tests/mpi/test_comm.o $(filter-out build/f32/src/cli/%,$(F32_OBJ))
 	$(CC) -o $@ $^ $(LDLIBS)
 
-build/f32/%.o: %.c
+# Objects depend on the flags they were built with: switching CUDA=1 or MPI=0 rebuilds them.
+FLAGS_STAMP := build/flags-$(shell echo '$(CC) $(CFLAGS) $(NVCC) $(NVCCFLAGS) $(LDLIBS)' | md5sum | cut -c1-12)
+$(FLAGS_STAMP):
+	@mkdir -p build && rm -f build/flags-* && touch $@
+
+build/f32/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-build/f64/%.o: %.c
+build/cuda/%.o: %.cu $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) $(if $(filter 1,$(MPI)),-DMOE_MPI) -c $< -o $@
+
+build/f64/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DMOE_F64 -Itests -c $< -o $@
 
@@ -56,6 +82,10 @@ $(DATA) &: data/tinyshakespeare.txt moe
 bench: build/bench_gemm
 
 build/bench_gemm: build/f32/bench/bench_gemm.o build/f32/src/ops/cpu/cpu_gemm.o build/f32/src/common/util.o
+	$(CC) -o $@ $^ $(LDLIBS)
+
+# The CUDA backend against the CPU one, on a GPU machine (make CUDA=1 build/test_cuda).
+build/test_cuda: build/f32/tests/gpu/test_cuda.o $(filter-out build/f32/src/cli/%,$(F32_OBJ))
 	$(CC) -o $@ $^ $(LDLIBS)
 
 test: moe build/test_unit $(if $(filter 1,$(MPI)),build/test_comm) $(DATA)

@@ -28,7 +28,7 @@ typedef struct {
 } GradProblem;
 
 static ForwardArgs forward_args(GradProblem *g, bool train) {
-    return (ForwardArgs){.B = g->B, .S = g->S, .train = train, .first_seq = 7, .scales = g->scales,
+    return (ForwardArgs){.B = g->B, .S = g->S, .train = train, .token_base = 7, .scales = g->scales,
                          .metrics = g->metrics};
 }
 
@@ -52,7 +52,7 @@ static void problem_init(GradProblem *g, const ModelConfig *cfg, size_t B, size_
     if (model_config_validate(&c, err)) TEST_FAIL("config invalid: %s", err);
     g->B = B, g->S = S;
     test_single_parallel(&g->par, &c);
-    model_init(&g->m, &c, ops_cpu(), &g->par, B, S, 1);
+    model_init(&g->m, &c, ops_cpu(), &g->par, B, S, 1, 1);
     model_init_weights(&g->m, seed);
     // Larger, non-unit weights than a real init so every path carries a visible gradient.
     real *p = g->m.params;

@@ -438,7 +438,7 @@ typedef struct {
 
 static double grouped_loss(void *p) {
     GroupCtx *c = p;
-    ops->grouped_matmul_forward(c->out, c->x, c->w, c->off, c->E, c->N, c->K);
+    ops->grouped_matmul_forward(c->out, c->x, c->w, c->off, c->E, c->N, c->K, c->R);
     return dot(c->out, c->Rw, (size_t)c->off[c->E] * c->N);
 }
 
@@ -448,7 +448,7 @@ static void test_grouped_matmul_fd_empty_expert(void) {
                   .out = poisoned(55), .Rw = rnd(55, 30, 1)};
     real *dx = poisoned(33), *dw = calloc(60, sizeof(real));
     grouped_loss(&c);
-    ops->grouped_matmul_backward(dx, dw, c.Rw, c.x, c.w, off, 4, 5, 3);
+    ops->grouped_matmul_backward(dx, dw, c.Rw, c.x, c.w, off, 4, 5, 3, 11);
     fd_check("grouped matmul d x", grouped_loss, &c, c.x, 27, dx);
     fd_check("grouped matmul d w", grouped_loss, &c, c.w, 60, dw);
     for (size_t i = 15; i < 30; i++) CHECK_MSG(dw[i] == 0, "empty expert got gradient %g", (double)dw[i]);

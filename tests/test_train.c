@@ -33,7 +33,7 @@ static void test_fused_layout(void) {
     Parallel par;
     test_single_parallel(&par, &c);
     Model m;
-    model_init(&m, &c, ops_cpu(), &par, 2, 4, 1);
+    model_init(&m, &c, ops_cpu(), &par, 2, 4, 1, 1);
     size_t D = 8, hd = 4, H = 6;
     CHECK(offset_of(&m, "model.layers.1.self_attn.k_proj.weight") ==
           offset_of(&m, "model.layers.1.self_attn.q_proj.weight") + 2 * hd * D);
@@ -90,8 +90,8 @@ static void test_micro_batch_accumulation(void) {
     Parallel par;
     test_single_parallel(&par, &c);
     Model one, two;
-    model_init(&one, &c, ops_cpu(), &par, 2, S, 1);
-    model_init(&two, &c, ops_cpu(), &par, 2, S, 1);
+    model_init(&one, &c, ops_cpu(), &par, 2, S, 1, 1);
+    model_init(&two, &c, ops_cpu(), &par, 2, S, 1, 1);
     model_init_weights(&one, 3);
     model_init_weights(&two, 3);
     P = one.reg.total;
@@ -104,7 +104,7 @@ static void test_micro_batch_accumulation(void) {
     model_backward(&one, &a);
     memset(two.grads, 0, P * sizeof(real));
     for (int b = 0; b < 2; b++) {
-        ForwardArgs a1 = {.B = 1, .S = S, .train = true, .scales = sc, .metrics = metrics, .first_seq = (uint64_t)b};
+        ForwardArgs a1 = {.B = 1, .S = S, .train = true, .scales = sc, .metrics = metrics, .token_base = (uint64_t)b * S};
         model_set_batch(&two, 0, seqs + b * (S + 1), 1, S);
         model_forward(&two, &a1);
         model_backward(&two, &a1);
@@ -167,8 +167,8 @@ static void test_checkpoint_round_trip_and_prune(void) {
     test_single_parallel(&par, &mc);
     Model a, b;
     Optimizer oa, ob;
-    model_init(&a, &mc, ops_cpu(), &par, 1, 4, 1);
-    model_init(&b, &mc, ops_cpu(), &par, 1, 4, 1);
+    model_init(&a, &mc, ops_cpu(), &par, 1, 4, 1, 1);
+    model_init(&b, &mc, ops_cpu(), &par, 1, 4, 1, 1);
     optim_init(&oa, &a);
     optim_init(&ob, &b);
     model_init_weights(&a, 1);

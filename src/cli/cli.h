@@ -34,5 +34,6 @@ int cmd_eval(int argc, char **argv, Comm *world);
 int cmd_sample(int argc, char **argv, Comm *world);
 int cmd_inspect(int argc, char **argv, Comm *world);
 int cmd_data(int argc, char **argv, Comm *world);
+int cmd_bench(int argc, char **argv, Comm *world);
 // Exits with a message when a one-process command was started on several ranks.
 void cli_single_rank(const char *command, const Comm *world);

@@ -52,7 +52,7 @@ static RankMemory rank_memory(const Config *cfg, int world, int rank, bool bf16)
     Optimizer o;
     int slots = pipeline_slots(par.lay.pp, par.lay.stage, cfg->train.micro_batches);
     model_init(&m, mc, ops_counting(bf16), &par, (size_t)par.lay.micro_per_rank,
-               (size_t)cfg->train.seq_len, slots);
+               (size_t)cfg->train.seq_len, slots, cfg->train.micro_batches);
     optim_init(&o, &m);
     RankMemory r = {(double)m.reg.total, (double)o.state_bytes, (double)m.bytes};
     model_free(&m);

@@ -7,6 +7,10 @@
 
 #include "common/rng.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define MOE_ERR_LEN 512
 typedef char MoeErr[MOE_ERR_LEN]; // filled by functions that report bad input instead of exiting
 
@@ -46,3 +50,7 @@ const char *moe_suggest(const char *name, const char *const *candidates, size_t 
 
 // Thousands separators for user-facing numbers ("1,115,394"); returns buf.
 char *moe_fmt_count(char *buf, size_t len, uint64_t n);
+
+#ifdef __cplusplus
+}
+#endif

@@ -227,7 +227,6 @@ static int n_local_layers(const Model *m) { return m->layer_end - m->layer_begin
 
 static void alloc_slot(Model *m, SlotActs *slot, size_t T) {
     int n = n_local_layers(m);
-    slot->tokens = i32_buf(m, T), slot->targets = i32_buf(m, T);
     slot->resid = moe_calloc((size_t)n + 1, sizeof(void *));
     for (int i = 0; i <= n; i++) slot->resid[i] = act_buf(m, T * m->cfg.d_model);
     slot->layer = moe_calloc((size_t)n, sizeof(LayerActs));
@@ -235,7 +234,7 @@ static void alloc_slot(Model *m, SlotActs *slot, size_t T) {
 }
 
 void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel *par, size_t B,
-                size_t S, int n_slots) {
+                size_t S, int n_slots, int n_micro) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->ops = ops;
@@ -243,7 +242,7 @@ void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel
     m->layer_begin = par->lay.layer_begin, m->layer_end = par->lay.layer_end;
     m->n_experts_local = par->lay.expert_end - par->lay.expert_begin;
     m->first_stage = layout_first_stage(&par->lay), m->last_stage = layout_last_stage(&par->lay);
-    m->B = B, m->S = S, m->n_slots = n_slots;
+    m->B = B, m->S = S, m->n_slots = n_slots, m->n_micro = n_micro;
     register_params(m);
     size_t P = m->reg.total, T = B * S, D = cfg->d_model;
     m->params = f32_buf(m, P);
@@ -254,11 +253,12 @@ void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel
     ops->zero(m->step_info, sizeof(StepInfo));
     m->metrics_scratch = f32_buf(m, model_metrics_len(cfg));
     upload_rope(m, S);
+    m->tokens = i32_buf(m, (size_t)n_micro * T), m->targets = i32_buf(m, (size_t)n_micro * T);
     m->slots = moe_calloc((size_t)n_slots, sizeof(SlotActs));
     for (int i = 0; i < n_slots; i++) alloc_slot(m, &m->slots[i], T);
     if (m->last_stage) {
         m->xf = act_buf(m, T * D), m->xf_rstd = f32_buf(m, T);
-        size_t chunk = ((size_t)1 << 22) / cfg->vocab_size; // about 4M logits at a time
+        size_t chunk = ops->logits_chunk / cfg->vocab_size;
         m->logit_rows = chunk < 1 ? 1 : chunk > T ? T : chunk;
         m->logits = act_buf(m, m->logit_rows * cfg->vocab_size);
     }
@@ -301,15 +301,18 @@ void model_sync_compute_weights(Model *m) {
     if (!m->ops->act_aliases_f32) m->ops->cast_f32_to_act(m->params_act, m->params, m->reg.total);
 }
 
-void model_set_batch(Model *m, int slot, const int32_t *seqs, size_t B, size_t S) {
-    MOE_ASSERT(B <= m->B && S <= m->S && slot < m->n_slots);
+static int32_t *micro_tokens(const Model *m, int micro) { return m->tokens + (size_t)micro * m->B * m->S; }
+static int32_t *micro_targets(const Model *m, int micro) { return m->targets + (size_t)micro * m->B * m->S; }
+
+void model_set_batch(Model *m, int micro, const int32_t *seqs, size_t B, size_t S) {
+    MOE_ASSERT(B <= m->B && S <= m->S && micro < m->n_micro);
     int32_t *in = moe_malloc(2 * B * S * sizeof(int32_t)), *tg = in + B * S;
     for (size_t b = 0; b < B; b++) {
         memcpy(in + b * S, seqs + b * (S + 1), S * sizeof(int32_t));
         memcpy(tg + b * S, seqs + b * (S + 1) + 1, S * sizeof(int32_t));
     }
-    m->ops->upload(m->slots[slot].tokens, in, B * S * sizeof(int32_t));
-    m->ops->upload(m->slots[slot].targets, tg, B * S * sizeof(int32_t));
+    m->ops->upload(micro_tokens(m, micro), in, B * S * sizeof(int32_t));
+    m->ops->upload(micro_targets(m, micro), tg, B * S * sizeof(int32_t));
     free(in);
 }
 
@@ -338,7 +341,7 @@ static RouterArgs router_args(const Model *m, int l, const ForwardArgs *a) {
     return (RouterArgs){
         .T = T, .T_global = T * (size_t)m->par->dp->size, .E = c->n_experts, .K = c->top_k,
         .kind = c->router, .renorm = c->norm_topk_prob, .random = c->random_routing,
-        .layer = (uint64_t)l, .token_base = a->first_seq * a->S,
+        .layer = (uint64_t)l, .token_base = a->token_base,
         .lb_grad = a->scales.lb, .z_grad = a->scales.z,
     };
 }
@@ -440,9 +443,9 @@ static void moe_forward(Model *m, int l, LayerActs *x, const void *in, const For
     exchange_rows(m, x, x->xp, x->xe, true);
     const int32_t *off = expert_offsets(m, x);
     void *ye = m->par->ep->size > 1 ? m->s.dxe : x->y;
-    ops->grouped_matmul_forward(x->gu, x->xe, W(m, p->experts_gu), off, El, 2 * H, D);
+    ops->grouped_matmul_forward(x->gu, x->xe, W(m, p->experts_gu), off, El, 2 * H, D, Rr);
     ops->swiglu_forward(x->hact, x->gu, Rr, H, off + El);
-    ops->grouped_matmul_forward(ye, x->hact, W(m, p->experts_down), off, El, D, H);
+    ops->grouped_matmul_forward(ye, x->hact, W(m, p->experts_down), off, El, D, H, Rr);
     exchange_rows(m, x, ye, x->y, false);
     ops->moe_combine_forward(x->f, x->y, x->slot_pos, x->topk_w, T, K, D, false);
     if (c->shared_hidden)
@@ -503,14 +506,14 @@ static void layer_forward(Model *m, int l, const ForwardArgs *a) {
 static void head_forward(Model *m, const ForwardArgs *a) {
     const Ops *ops = m->ops;
     size_t T = a->B * a->S, D = m->cfg.d_model, V = m->cfg.vocab_size;
-    const SlotActs *sl = &m->slots[a->slot];
+    const int32_t *targets = micro_targets(m, a->micro);
     void *last = model_stage_output(m, a->slot);
     ops->rmsnorm_forward(m->xf, m->xf_rstd, last, W(m, m->final_norm), T, D, (float)m->cfg.norm_eps);
     for (size_t r0 = 0; r0 < T; r0 += m->logit_rows) {
         size_t n = T - r0 < m->logit_rows ? T - r0 : m->logit_rows;
         void *xf = model_act(m, m->xf, r0 * D);
         ops->matmul_forward(m->logits, xf, W(m, m->lm_head), n, V, D, false);
-        ops->cross_entropy(m->logits, model_f32(m, a->metrics, METRIC_CE), sl->targets + r0, n, V,
+        ops->cross_entropy(m->logits, model_f32(m, a->metrics, METRIC_CE), targets + r0, n, V,
                            a->scales.ce, a->scales.lm_z, a->train);
         if (a->train)
             ops->matmul_backward(model_act(m, m->s.dxf, r0 * D), G(m, m->lm_head), m->logits, xf,
@@ -522,9 +525,9 @@ static void head_forward(Model *m, const ForwardArgs *a) {
 }
 
 void model_forward(Model *m, const ForwardArgs *a) {
-    MOE_ASSERT(a->B <= m->B && a->S <= m->S && a->slot < m->n_slots);
+    MOE_ASSERT(a->B <= m->B && a->S <= m->S && a->slot < m->n_slots && a->micro < m->n_micro);
     if (m->first_stage)
-        m->ops->embedding_forward(model_stage_input(m, a->slot), m->slots[a->slot].tokens,
+        m->ops->embedding_forward(model_stage_input(m, a->slot), micro_tokens(m, a->micro),
                                   W(m, m->wte), a->B * a->S, m->cfg.d_model);
     for (int l = m->layer_begin; l < m->layer_end; l++) layer_forward(m, l, a);
     if (m->last_stage) head_forward(m, a);
@@ -559,12 +562,13 @@ static void moe_backward(Model *m, int l, LayerActs *x, void *din, const void *d
     bool ep = m->par->ep->size > 1;
     ops->moe_combine_backward(s->dy, s->dtopk_w, dout, x->y, x->slot_pos, x->topk_w, T, K, D);
     void *dye = exchange_rows(m, x, s->dy, s->dxe, true);
+    size_t Rr = received_rows(m, T);
     ops->grouped_matmul_backward(s->dhact, G(m, p->experts_down), dye, x->hact,
-                                 W(m, p->experts_down), off, El, D, H);
-    ops->swiglu_backward(s->dgu, s->dhact, x->gu, received_rows(m, T), H, off + El);
+                                 W(m, p->experts_down), off, El, D, H, Rr);
+    ops->swiglu_backward(s->dgu, s->dhact, x->gu, Rr, H, off + El);
     void *dxe = ep ? s->dxe : s->dxp;
     ops->grouped_matmul_backward(dxe, G(m, p->experts_gu), s->dgu, x->xe, W(m, p->experts_gu),
-                                 off, El, 2 * H, D);
+                                 off, El, 2 * H, D, Rr);
     void *dxp = exchange_rows(m, x, dxe, s->dxp, false);
     ops->moe_dispatch_backward(din, dxp, x->slot_pos, T, K, D, accumulate);
     ops->router_backward(s->dlogits, s->dtopk_w, x->logits, x->scores, x->topk_idx, x->topk_w,
@@ -622,7 +626,7 @@ void model_backward(Model *m, const ForwardArgs *a) {
     MOE_ASSERT(a->train);
     for (int l = m->layer_end - 1; l >= m->layer_begin; l--) layer_backward(m, l, a);
     if (m->first_stage)
-        m->ops->embedding_backward(G(m, m->wte), m->s.dres, m->slots[a->slot].tokens, a->B * a->S,
+        m->ops->embedding_backward(G(m, m->wte), m->s.dres, micro_tokens(m, a->micro), a->B * a->S,
                                    m->cfg.d_model, m->cfg.vocab_size);
 }
 
@@ -632,9 +636,9 @@ void model_last_logits(Model *m, const int32_t *tokens, size_t n, float *logits)
     MOE_ASSERT(n >= 1 && n <= m->S && m->first_stage && m->last_stage);
     const Ops *ops = m->ops;
     size_t D = m->cfg.d_model, V = m->cfg.vocab_size;
-    ops->upload(m->slots[0].tokens, tokens, n * sizeof(int32_t));
+    ops->upload(micro_tokens(m, 0), tokens, n * sizeof(int32_t));
     ForwardArgs a = {.B = 1, .S = n, .train = false, .metrics = m->metrics_scratch};
-    ops->embedding_forward(model_stage_input(m, 0), m->slots[0].tokens, W(m, m->wte), n, D);
+    ops->embedding_forward(model_stage_input(m, 0), micro_tokens(m, 0), W(m, m->wte), n, D);
     for (int l = m->layer_begin; l < m->layer_end; l++) layer_forward(m, l, &a);
     ops->rmsnorm_forward(m->xf, m->xf_rstd, model_act(m, model_stage_output(m, 0), (n - 1) * D),
                          W(m, m->final_norm), 1, D, (float)m->cfg.norm_eps);

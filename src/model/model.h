@@ -55,7 +55,6 @@ typedef struct {
 
 // What one micro-batch in flight keeps (a pipeline stage holds several).
 typedef struct {
-    int32_t *tokens, *targets; // (T)
     void **resid;              // (n_local + 1) act (T, D): input of each local layer, then output
     LayerActs *layer;          // (n_local)
 } SlotActs;
@@ -84,9 +83,10 @@ typedef struct {
 
 typedef struct {
     size_t B, S;        // this rank's batch (at most what the model was sized for)
+    int micro;          // which of the step's uploaded batches (model_set_batch)
     int slot;           // activation slot of this micro-batch
     bool train;         // keep activations, compute LM-head gradients for the backward
-    uint64_t first_seq; // global index of this rank's first sequence (routing-noise counter)
+    uint64_t token_base; // this rank's first token within the step's global batch (noise counter)
     LossScales scales;
     void *metrics;      // f32 accumulators (model_metrics_len)
 } ForwardArgs;
@@ -109,8 +109,9 @@ typedef struct {
     StepInfo *step_info;         // backend memory, written before each step
     void *metrics_scratch;       // f32 (model_metrics_len) for forwards whose metrics are unused
     size_t B, S;                 // activation memory is sized for B x S per slot
-    int n_slots;
+    int n_slots, n_micro;
     SlotActs *slots;             // (n_slots)
+    int32_t *tokens, *targets;   // (n_micro, B S): every batch of a step, uploaded before it runs
     void *xf, *xf_rstd;          // act (T, D), f32 (T): final norm (last stage)
     void *logits;                // act (chunk, V) LM-head logits, one chunk at a time
     size_t logit_rows;           // rows per chunk
@@ -129,10 +130,11 @@ static inline size_t model_metric_router(const ModelConfig *c, int moe_index) {
     return METRIC_ROUTER + (size_t)moe_index * router_stats_len((size_t)c->n_experts);
 }
 
-// Builds the registry of this rank's tensors and allocates parameters and activations for n_slots
-// micro-batches of B x S (B sequences on this rank).
+// Builds the registry of this rank's tensors and allocates parameters, activations for n_slots
+// micro-batches in flight and token buffers for n_micro per step, each B x S (B sequences on this
+// rank).
 void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel *par, size_t B,
-                size_t S, int n_slots);
+                size_t S, int n_slots, int n_micro);
 void model_free(Model *m);
 // Random initial weights (params_init_values) and zero bias.
 void model_init_weights(Model *m, unsigned seed);
@@ -143,8 +145,8 @@ void *model_alloc(Model *m, size_t bytes); // backend memory freed with the mode
 void *model_act(const Model *m, void *base, size_t offset);  // element offset in an act buffer
 void *model_f32(const Model *m, void *base, size_t offset);  // element offset in an f32 buffer
 
-// Uploads B sequences of S + 1 tokens (inputs and shifted targets) into a slot.
-void model_set_batch(Model *m, int slot, const int32_t *seqs, size_t B, size_t S);
+// Uploads B sequences of S + 1 tokens (inputs and shifted targets) as batch `micro` of the step.
+void model_set_batch(Model *m, int micro, const int32_t *seqs, size_t B, size_t S);
 // The stage's input (first layer's input; filled by the previous stage) and output of a slot.
 void *model_stage_input(const Model *m, int slot);
 void *model_stage_output(const Model *m, int slot);

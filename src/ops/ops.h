@@ -16,6 +16,17 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// Index helpers are also used by CUDA kernels.
+#ifdef __CUDACC__
+#define OPS_FN static inline __host__ __device__
+#else
+#define OPS_FN static inline
+#endif
+
 typedef enum { QK_NORM_NONE, QK_NORM_FULL, QK_NORM_HEAD } QkNorm;
 typedef enum { ROUTER_SOFTMAX, ROUTER_SIGMOID } RouterKind;
 
@@ -44,14 +55,14 @@ typedef struct {
 // The router's per-call summary, f32 (router_aux_len(E)): routed slots per expert, summed scores
 // per expert, summed logsumexp^2. Summed over the data-parallel ranks, it gives the load-balance
 // and z-losses of the whole micro-batch, as one rank holding every token would compute them.
-static inline size_t router_aux_len(size_t E) { return 2 * E + 1; }
+OPS_FN size_t router_aux_len(size_t E) { return 2 * E + 1; }
 
 // Per MoE layer, the router keeps running statistics in one f32 array of router_stats_len(E):
 // [0, E) routed slots per expert, then dropped slots, load-balance loss sum, z-loss sum.
-static inline size_t router_stats_len(size_t E) { return E + 3; }
-static inline size_t router_stat_dropped(size_t E) { return E; }
-static inline size_t router_stat_lb(size_t E) { return E + 1; }
-static inline size_t router_stat_z(size_t E) { return E + 2; }
+OPS_FN size_t router_stats_len(size_t E) { return E + 3; }
+OPS_FN size_t router_stat_dropped(size_t E) { return E; }
+OPS_FN size_t router_stat_lb(size_t E) { return E + 1; }
+OPS_FN size_t router_stat_z(size_t E) { return E + 2; }
 
 typedef struct {
     float beta1, beta2, eps;
@@ -63,6 +74,7 @@ typedef struct Ops {
     const char *name;
     size_t act_size, f32_size;    // bytes per element of act and f32 buffers
     bool act_aliases_f32;         // act and f32 are the same type: compute weights = master weights
+    size_t logits_chunk;          // LM-head logits computed at a time (elements of act)
 
     // ---- memory (sizes in bytes) ----
     void *(*alloc)(size_t bytes);
@@ -76,6 +88,15 @@ typedef struct Ops {
     void (*download_act)(float *host_dst, const void *src, size_t n); // act buffer -> host float
     void (*cast_f32_to_act)(void *dst, const void *src, size_t n);
     void (*sync)(void); // waits for queued work (no-op on the CPU)
+    size_t (*memory_in_use)(void); // device bytes in use now (0 when not known)
+
+    // ---- recording and timing (graph entries NULL where work runs eagerly) ----
+    void (*capture_begin)(void);       // queued work from here on is recorded, not run
+    void *(*capture_end)(void);        // the recorded work as a replayable graph
+    void (*graph_launch)(void *graph); // queues one replay
+    void *(*event_create)(void);
+    void (*event_record)(void *event); // marks this point of the queued work
+    float (*event_elapsed_ms)(void *start, void *end); // waits for end
 
     // ---- dense layers ----
     // out (T, D) = wte[tokens]; wte (V, D) act
@@ -158,13 +179,14 @@ typedef struct Ops {
     // (rows, D) act. to_expert_major false applies the inverse.
     void (*moe_regroup)(void *out, const void *in, const int32_t *counts, size_t ep, size_t El,
                         size_t D, bool to_expert_major);
-    // Per expert e, rows [offsets[e], offsets[e+1]): out (R, N) act = x (R, K) . w[e] (N, K)^T
+    // Per expert e, rows [offsets[e], offsets[e+1]): out (R, N) act = x (R, K) . w[e] (N, K)^T.
+    // R: rows of the buffers, a bound on offsets[E] (which stays in backend memory).
     void (*grouped_matmul_forward)(void *out, const void *x, const void *w, const int32_t *offsets,
-                                   size_t E, size_t N, size_t K);
+                                   size_t E, size_t N, size_t K, size_t R);
     // dx (R, K) act = dout . w[e]; dw (E, N, K) f32 += dout^T . x per expert
     void (*grouped_matmul_backward)(void *dx, void *dw, const void *dout, const void *x,
                                     const void *w, const int32_t *offsets, size_t E, size_t N,
-                                    size_t K);
+                                    size_t K, size_t R);
     // Loss-free balancing: bias[e] += gamma * sign(mean(loads) - loads[e]); bias, loads (E) f32
     void (*router_bias_update)(void *bias, const void *loads, size_t E, float gamma);
 
@@ -183,6 +205,12 @@ typedef struct Ops {
 } Ops;
 
 const Ops *ops_cpu(void);
+// The CUDA backend (act = bf16) when the build has it (make CUDA=1), else NULL.
+const Ops *ops_cuda(void);
 // Sizing only (allocations are counted by the model, no kernels): fp32 activations, or bf16 ones
 // as a GPU backend keeps them.
 const Ops *ops_counting(bool bf16_activations);
+
+#ifdef __cplusplus
+}
+#endif

@@ -488,6 +488,6 @@ void ckpt_open_model(const char *arg, Config *cfg, Parallel *par, Model *m, size
         moe_fatal("%s", err);
     train_single_process(par, cfg);
     model_init(m, &cfg->model, train_backend(cfg), par, B ? B : (size_t)cfg->train.micro_batch,
-               S ? S : (size_t)cfg->train.seq_len, 1);
+               S ? S : (size_t)cfg->train.seq_len, 1, 1);
     if (ckpt_load(dir, m, NULL, err)) moe_fatal("%s", err);
 }

@@ -79,7 +79,7 @@ static const ConfigKey KEYS[] = {
     INT(train, ckpt_every, "steps between checkpoints (0: only at the end)"),
     INT(train, keep_ckpts, "checkpoints kept (older ones are deleted)"),
     STR(train, out, "run directory: config.json, metrics.jsonl, step-N/ checkpoints"),
-    STR(train, device, "compute backend: cpu"),
+    STR(train, device, "compute backend: cpu or cuda (a build with make CUDA=1)"),
     INT(train, threads, "CPU threads (0: all cores)"),
     STR(data, train, "training tokens: a file, a comma list, or a mix file (.txt/.mix)"),
     STR(data, val, "validation tokens (empty: no validation)"),
@@ -287,9 +287,8 @@ static int check_train(const TrainConfig *t, MoeErr err) {
     if (!(t->weight_decay >= 0) || !(t->clip >= 0))
         return moe_err(err, "train.weight_decay = %g and train.clip = %g must be >= 0",
                        t->weight_decay, t->clip);
-    if (strcmp(t->device, "cpu"))
-        return moe_err(err, "train.device = '%s' is not available in this build (choices: cpu)",
-                       t->device);
+    if (strcmp(t->device, "cpu") && strcmp(t->device, "cuda"))
+        return moe_err(err, "train.device = '%s' is unknown (choices: cpu, cuda)", t->device);
     if (!t->out[0]) return moe_err(err, "train.out must name a run directory");
     return 0;
 }

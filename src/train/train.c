@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "dist/pipeline.h"
+#include "ops/profile_ops.h"
 #include "io/fsutil.h"
 #include "metrics.h"
 #include "optim.h"
@@ -29,12 +30,32 @@ typedef struct {
     PipeAction *sched;    // this stage's actions for one step
     size_t n_sched;
     double comm_wait;     // seconds of the step spent in pipeline transfers
+    bool synthetic;       // benchmark: random token ids, no files written
+    int first_step;       // the step this process started from
+    void *graph;          // the step's work recorded once for replay (backends that record)
     FILE *log;            // metrics.jsonl (rank 0)
 } Trainer;
 
+// The CUDA kernels copy 16-byte vectors and tile heads by 16: what they need of the shapes.
+static void check_cuda_shapes(const ModelConfig *c) {
+    const struct { int v; const char *key; } dims[] = {
+        {c->d_model, "model.d_model"}, {c->expert_hidden, "model.expert_hidden"},
+        {c->dense_hidden, "model.dense_hidden"}, {c->shared_hidden, "model.shared_hidden"}};
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+        if (dims[i].v % 8)
+            moe_fatal("train.device = cuda needs %s to be a multiple of 8 (it is %d)", dims[i].key, dims[i].v);
+    int hd = c->head_dim;
+    if (hd != 16 && hd != 32 && hd != 64 && hd != 128)
+        moe_fatal("train.device = cuda supports model.head_dim 16, 32, 64 or 128 (it is %d)", hd);
+}
+
 const Ops *train_backend(const Config *cfg) {
     if (cfg->train.threads > 0) omp_set_num_threads(cfg->train.threads);
-    return ops_cpu(); // config_validate admits only the backends this build has
+    if (strcmp(cfg->train.device, "cuda")) return ops_cpu();
+    const Ops *ops = ops_cuda();
+    if (!ops) moe_fatal("train.device = cuda, but this moe was built without CUDA (build with make CUDA=1)");
+    check_cuda_shapes(&cfg->model);
+    return ops;
 }
 
 void train_open_dataset(Dataset *ds, const Config *cfg, const char *spec, bool shuffle) {
@@ -50,11 +71,10 @@ static void read_batch(Dataset *ds, uint64_t first, size_t count, int32_t *seqs,
         if (dataset_read(ds, first + b, seqs + b * (S + 1), err)) moe_fatal("%s", err);
 }
 
-// Global index of this rank's first sequence of micro-batch `micro` of a batch starting at `base`.
-static uint64_t first_sequence(const Model *m, uint64_t base, int micro) {
+// Index of this rank's first sequence of micro-batch `micro` within a batch of micro-batches.
+static uint64_t first_sequence(const Model *m, int micro) {
     const Layout *l = &m->par->lay;
-    return base + (uint64_t)micro * (uint64_t)(l->micro_per_rank * l->dp) +
-           (uint64_t)l->dp_rank * (uint64_t)l->micro_per_rank;
+    return (uint64_t)micro * (uint64_t)(l->micro_per_rank * l->dp) + (uint64_t)l->dp_rank * (uint64_t)l->micro_per_rank;
 }
 
 static size_t stage_elems(const Model *m) { return m->B * m->S * (size_t)m->cfg.d_model; }
@@ -77,10 +97,10 @@ double eval_loss(Model *m, Dataset *ds, size_t max_seqs, size_t *evaluated) {
     int32_t *seqs = moe_malloc(B * (S + 1) * sizeof(int32_t));
     ops->zero(m->metrics_scratch, len * ops->f32_size);
     for (size_t j = 0; j < n / MB; j++) {
-        uint64_t first = first_sequence(m, 0, (int)j);
+        uint64_t first = first_sequence(m, (int)j);
         read_batch(ds, first, B, seqs, S);
         model_set_batch(m, 0, seqs, B, S);
-        ForwardArgs a = {.B = B, .S = S, .train = false, .first_seq = first,
+        ForwardArgs a = {.B = B, .S = S, .train = false, .token_base = first * S,
                          .metrics = m->metrics_scratch};
         pipeline_forward(m, &a);
     }
@@ -104,16 +124,26 @@ static LossScales loss_scales(const Config *cfg) {
 
 static ForwardArgs micro_args(Trainer *t, int micro) {
     Model *m = &t->model;
-    return (ForwardArgs){.B = m->B, .S = m->S, .slot = micro % m->n_slots, .train = true,
-                         .first_seq = first_sequence(m, t->state.data_position, micro),
-                         .scales = loss_scales(&t->cfg), .metrics = t->metrics};
+    return (ForwardArgs){.B = m->B, .S = m->S, .micro = micro, .slot = micro % m->n_slots, .train = true,
+                         .token_base = first_sequence(m, micro) * m->S, .scales = loss_scales(&t->cfg),
+                         .metrics = t->metrics};
 }
 
-static void forward_micro(Trainer *t, int micro) {
-    ForwardArgs a = micro_args(t, micro);
-    read_batch(&t->train, a.first_seq, a.B, t->seqs, a.S);
-    model_set_batch(&t->model, a.slot, t->seqs, a.B, a.S);
-    model_forward(&t->model, &a);
+// Random token ids for benchmarks (the data only decides the routing, like random real text).
+static void random_batch(int32_t *seqs, size_t n, uint64_t first, size_t vocab) {
+    for (size_t i = 0; i < n; i++) seqs[i] = (int32_t)(rng_hash64(first, i) % vocab);
+}
+
+// Host work before a step: its batches read and uploaded, its StepInfo written.
+static void stage_step(Trainer *t, int step) {
+    Model *m = &t->model;
+    for (int micro = 0; micro < m->n_micro; micro++) {
+        uint64_t first = t->state.data_position + first_sequence(m, micro);
+        if (t->synthetic) random_batch(t->seqs, m->B * (m->S + 1), first, (size_t)m->cfg.vocab_size);
+        else read_batch(&t->train, first, m->B, t->seqs, m->S);
+        model_set_batch(m, micro, t->seqs, m->B, m->S);
+    }
+    optim_begin_step(m, &t->cfg.train, step);
 }
 
 // One action of the schedule; transfers are timed to report the time stages spend waiting.
@@ -123,13 +153,10 @@ static void run_action(Trainer *t, const PipeAction *act) {
     size_t n = stage_elems(m);
     void *in = model_stage_input(m, act->micro2 % m->n_slots), *out = model_stage_output(m, act->micro % m->n_slots);
     double t0 = moe_time_sec();
+    ForwardArgs a = micro_args(t, act->micro);
     switch (act->kind) {
-    case PIPE_FORWARD: forward_micro(t, act->micro); return;
-    case PIPE_BACKWARD: {
-        ForwardArgs a = micro_args(t, act->micro);
-        model_backward(m, &a);
-        return;
-    }
+    case PIPE_FORWARD: model_forward(m, &a); return;
+    case PIPE_BACKWARD: model_backward(m, &a); return;
     case PIPE_RECV_FORWARD:
         w->ops->recv(w, model_stage_input(m, act->micro % m->n_slots), n, COMM_ACT, prev_rank(m));
         break;
@@ -146,24 +173,46 @@ static void run_action(Trainer *t, const PipeAction *act) {
     t->comm_wait += moe_time_sec() - t0;
 }
 
-// One optimizer step; leaves the step's metrics (totals over all ranks) on the host.
-static void train_step(Trainer *t) {
+// The device part of a step: nothing here waits for the host, so a backend can record it once
+// and replay it.
+static void compute_step(Trainer *t) {
     Model *m = &t->model;
     const Ops *ops = m->ops;
-    const TrainConfig *tc = &t->cfg.train;
     size_t len = model_metrics_len(&t->cfg.model);
-    int step = t->state.step + 1;
     ops->zero(m->grads, m->reg.total * ops->f32_size);
     ops->zero(t->metrics, len * ops->f32_size);
-    optim_begin_step(m, tc, step);
     t->comm_wait = 0;
     for (size_t i = 0; i < t->n_sched; i++) run_action(t, &t->sched[i]);
     Comm *w = m->par->world;
     w->ops->all_reduce_sum(w, t->metrics, len, COMM_F32);
-    optim_step(&t->opt, m, tc, t->metrics);
-    ops->download_f32(t->metrics_host, t->metrics, len);
+    optim_step(&t->opt, m, &t->cfg.train, t->metrics);
+}
+
+// Recording needs a backend that records and a step without host transfers (one rank). The first
+// step runs directly: it sizes the kernels' scratch buffers and library plans.
+static bool replay_step(const Trainer *t, int step) {
+    return t->model.ops->capture_begin && t->par.world->size == 1 && step > t->first_step;
+}
+
+// One optimizer step; leaves the step's metrics (totals over all ranks) on the host.
+static void train_step(Trainer *t) {
+    Model *m = &t->model;
+    const Ops *ops = m->ops;
+    int step = t->state.step + 1;
+    stage_step(t, step);
+    if (!replay_step(t, step)) {
+        compute_step(t);
+    } else {
+        if (!t->graph) {
+            ops->capture_begin();
+            compute_step(t);
+            t->graph = ops->capture_end();
+        }
+        ops->graph_launch(t->graph);
+    }
+    ops->download_f32(t->metrics_host, t->metrics, model_metrics_len(&t->cfg.model));
     t->state.step = step;
-    t->state.data_position += (uint64_t)tc->micro_batches * tc->micro_batch;
+    t->state.data_position += (uint64_t)t->cfg.train.micro_batches * t->cfg.train.micro_batch;
 }
 
 static void save_checkpoint(Trainer *t) {
@@ -222,10 +271,11 @@ static void open_log(Trainer *t, bool append) {
     if (!t->log) moe_fatal("%s: cannot write the metrics log (%s)", path, strerror(errno));
 }
 
-static void trainer_open(Trainer *t, const Config *cfg, Comm *world, const char *resume) {
+static void trainer_open(Trainer *t, const Config *cfg, Comm *world, const char *resume, bool synthetic) {
     MoeErr err;
     memset(t, 0, sizeof *t);
     t->cfg = *cfg;
+    t->synthetic = synthetic;
     const TrainConfig *tc = &t->cfg.train;
     const ModelConfig *mc = &t->cfg.model;
     parallel_init(&t->par, world, cfg->parallel.pp, cfg->parallel.ep, mc->n_layers, mc->n_experts,
@@ -233,12 +283,16 @@ static void trainer_open(Trainer *t, const Config *cfg, Comm *world, const char 
     const Layout *l = &t->par.lay;
     t->root = world->rank == 0;
     const Ops *ops = train_backend(cfg);
-    train_open_dataset(&t->train, cfg, cfg->data.train, true);
-    t->has_val = cfg->data.val[0] && tc->eval_every > 0;
+    if (!ops->act_aliases_f32 && world->size > 1)
+        moe_fatal("train.device = %s runs on one GPU for now: several ranks need the NCCL transport, "
+                  "which this build does not have yet", cfg->train.device);
+    if (!synthetic) train_open_dataset(&t->train, cfg, cfg->data.train, true);
+    t->has_val = !synthetic && cfg->data.val[0] && tc->eval_every > 0;
     if (t->has_val) train_open_dataset(&t->val, cfg, cfg->data.val, false);
-    if (t->root && fs_mkdir_p(tc->out, err)) moe_fatal("train.out: %s", err);
+    if (t->root && !synthetic && fs_mkdir_p(tc->out, err)) moe_fatal("train.out: %s", err);
     int slots = pipeline_slots(l->pp, l->stage, tc->micro_batches);
-    model_init(&t->model, mc, ops, &t->par, (size_t)l->micro_per_rank, (size_t)tc->seq_len, slots);
+    model_init(&t->model, mc, ops, &t->par, (size_t)l->micro_per_rank, (size_t)tc->seq_len, slots,
+               tc->micro_batches);
     optim_init(&t->opt, &t->model);
     if (resume) {
         Config saved;
@@ -246,11 +300,13 @@ static void trainer_open(Trainer *t, const Config *cfg, Comm *world, const char 
             ckpt_load(resume, &t->model, &t->opt, err))
             moe_fatal("%s", err);
         if (t->root) printf("resumed from %s (step %d)\n", resume, t->state.step);
+        t->first_step = t->state.step + 1;
     } else {
+        t->first_step = 1;
         model_init_weights(&t->model, (unsigned)tc->seed);
-        if (t->root) write_run_config(t);
+        if (t->root && !synthetic) write_run_config(t);
     }
-    if (t->root) open_log(t, resume != NULL);
+    if (t->root && !synthetic) open_log(t, resume != NULL);
     size_t len = model_metrics_len(mc);
     t->metrics = model_alloc(&t->model, len * ops->f32_size);
     t->metrics_host = moe_malloc(len * sizeof(float));
@@ -266,7 +322,7 @@ static void trainer_close(Trainer *t) {
     free(t->sched);
     model_free(&t->model);
     parallel_free(&t->par);
-    dataset_close(&t->train);
+    if (!t->synthetic) dataset_close(&t->train);
     if (t->has_val) dataset_close(&t->val);
 }
 
@@ -292,7 +348,7 @@ static void print_banner(const Trainer *t) {
 
 void train_run(const Config *cfg, Comm *world, const char *resume, int stop_at) {
     Trainer t;
-    trainer_open(&t, cfg, world, resume);
+    trainer_open(&t, cfg, world, resume, false);
     if (t.root) print_banner(&t);
     const TrainConfig *tc = &t.cfg.train;
     double start = moe_time_sec();
@@ -310,6 +366,46 @@ void train_run(const Config *cfg, Comm *world, const char *resume, int stop_at) 
 
 void train_single_process(Parallel *par, const Config *cfg) {
     const ModelConfig *mc = &cfg->model;
-    parallel_init(par, comm_self(train_backend(cfg)->f32_size), 1, 1, mc->n_layers, mc->n_experts,
+    parallel_init(par, comm_self(sizeof(float)), 1, 1, mc->n_layers, mc->n_experts,
                   model_n_moe_layers(mc) > 0, cfg->train.micro_batch);
+}
+
+// The backend's matrix-multiply rate on a square bf16 (CPU: fp32) product, from its events.
+static double matmul_tflops(const Ops *ops) {
+    size_t n = ops->act_aliases_f32 ? 1024 : 8192, bytes = n * n * ops->act_size;
+    void *a = ops->alloc(bytes), *b = ops->alloc(bytes), *c = ops->alloc(bytes);
+    ops->zero(a, bytes), ops->zero(b, bytes);
+    void *e0 = ops->event_create(), *e1 = ops->event_create();
+    int reps = ops->act_aliases_f32 ? 2 : 10;
+    for (int i = 0; i < 3; i++) ops->matmul_forward(c, a, b, n, n, n, false);
+    ops->event_record(e0);
+    for (int i = 0; i < reps; i++) ops->matmul_forward(c, a, b, n, n, n, false);
+    ops->event_record(e1);
+    double ms = ops->event_elapsed_ms(e0, e1) / reps;
+    ops->free(a), ops->free(b), ops->free(c);
+    return 2.0 * n * n * (double)n / (ms * 1e-3) / 1e12;
+}
+
+void train_bench(const Config *cfg, Comm *world, int warmup, int steps, BenchReport *r) {
+    Trainer t;
+    trainer_open(&t, cfg, world, NULL, true);
+    const Ops *ops = t.model.ops;
+    memset(r, 0, sizeof *r);
+    r->matmul_tflops = matmul_tflops(ops);
+    for (int i = 0; i < warmup; i++) train_step(&t);
+    void *e0 = ops->event_create(), *e1 = ops->event_create();
+    ops->sync();
+    ops->event_record(e0);
+    for (int i = 0; i < steps; i++) train_step(&t);
+    ops->event_record(e1);
+    r->ms_per_step = ops->event_elapsed_ms(e0, e1) / steps;
+    r->graph = t.graph != NULL;
+    r->memory_in_use = ops->memory_in_use();
+    r->model_bytes = t.model.bytes;
+    r->loss = t.metrics_host[METRIC_CE] / ((double)cfg->train.micro_batches * cfg->train.micro_batch * cfg->train.seq_len);
+    t.model.ops = ops_profiled(ops); // one more step, every kernel timed (run as queued)
+    train_step(&t);
+    profile_collect(r->phase_ms);
+    t.model.ops = ops;
+    trainer_close(&t);
 }

@@ -5,6 +5,7 @@
 #include "config.h"
 #include "io/tokens.h"
 #include "model/model.h"
+#include "ops/profile_ops.h"
 
 // Trains cfg on the ranks of `world` (layout from cfg->parallel) from scratch, or from `resume` (a
 // checkpoint directory) when non-NULL, up to train.steps or, when stop_at > 0, until step stop_at
@@ -21,6 +22,19 @@ void train_open_dataset(Dataset *ds, const Config *cfg, const char *spec, bool s
 
 // The backend named by train.device; sets the CPU thread count.
 const Ops *train_backend(const Config *cfg);
+
+typedef struct {
+    double matmul_tflops;  // the backend's square matrix-product rate (bf16 8192^3 on a GPU)
+    double ms_per_step;    // mean over the timed steps (CUDA events on a GPU)
+    double loss;           // CE of the last timed step (sanity)
+    bool graph;            // steps replayed a recorded graph
+    size_t memory_in_use;  // device memory in use after the run (0 when unknown)
+    size_t model_bytes;    // what the model and optimizer allocated
+    double phase_ms[PROFILE_N_PHASES]; // one profiled step, kernels timed one by one
+} BenchReport;
+
+// Trains `warmup` then `steps` steps of cfg on random token ids (nothing written) and measures.
+void train_bench(const Config *cfg, Comm *world, int warmup, int steps, BenchReport *r);
 
 // A one-process layout (every layer and expert here), for the commands that do not train.
 void train_single_process(Parallel *par, const Config *cfg);

@@ -45,7 +45,7 @@ expect_error "zero layers" "'model.n_layers' must be a positive integer, got 0" 
 expect_error "zero batch" "'train.micro_batch' = 0 must be >= 1" $MOE train train.micro_batch=0 train.out="$tmp/never"
 expect_error "unknown command suggests" "did you mean 'train'" $MOE trian
 expect_error "unknown option suggests" "did you mean '--data'" $MOE eval --ckpt x --dta y
-expect_error "unknown device" "train.device = 'tpu' is not available" $MOE train train.device=tpu train.out="$tmp/never"
+expect_error "unknown device" "train.device = 'tpu' is unknown \(choices: cpu, cuda\)" $MOE train train.device=tpu train.out="$tmp/never"
 
 # ---------------------------------------------------------------- bad data
 : > "$tmp/empty.npy"

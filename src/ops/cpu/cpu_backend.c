@@ -26,6 +26,15 @@ static void cpu_download_f32(float *dst, const void *src_, size_t n) {
     for (size_t i = 0; i < n; i++) dst[i] = (float)src[i];
 }
 
+static size_t cpu_memory_in_use(void) { return 0; }
+
+// Events of the CPU are wall-clock times: work runs when it is queued.
+static void *cpu_event_create(void) { return moe_calloc(1, sizeof(double)); }
+static void cpu_event_record(void *e) { *(double *)e = moe_time_sec(); }
+static float cpu_event_elapsed_ms(void *a, void *b) {
+    return (float)(1e3 * (*(double *)b - *(double *)a));
+}
+
 static void cpu_cast_f32_to_act(void *dst, const void *src, size_t n) {
     if (dst != src) memcpy(dst, src, n * sizeof(real));
 }
@@ -35,6 +44,7 @@ static const Ops CPU_OPS = {
     .act_size = sizeof(real),
     .f32_size = sizeof(real),
     .act_aliases_f32 = true,
+    .logits_chunk = (size_t)1 << 22,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .zero = cpu_zero,
@@ -46,6 +56,10 @@ static const Ops CPU_OPS = {
     .download_act = cpu_download_f32,
     .cast_f32_to_act = cpu_cast_f32_to_act,
     .sync = cpu_sync,
+    .memory_in_use = cpu_memory_in_use,
+    .event_create = cpu_event_create,
+    .event_record = cpu_event_record,
+    .event_elapsed_ms = cpu_event_elapsed_ms,
     .embedding_forward = cpu_embedding_forward,
     .embedding_backward = cpu_embedding_backward,
     .matmul_forward = cpu_matmul_forward,

@@ -40,10 +40,13 @@ static double route_token(size_t t, real *scores, int32_t *idx, real *w, const r
     double lse = softmax_row(a.kind == ROUTER_SOFTMAX ? scores : tmp, logits, E);
     if (a.kind == ROUTER_SIGMOID)
         for (size_t e = 0; e < E; e++) scores[e] = (real)(1.0 / (1.0 + exp(-(double)logits[e])));
+    // Without bias or noise the choice goes by logit: the order of the scores, and a value every
+    // backend has exactly (scores differ in the last bits between backends).
     for (size_t e = 0; e < E; e++) {
-        choice[e] = a.random ? rng_routing_noise(step->seed, a.layer, a.token_base + t, E, e) : scores[e];
-        tmp[e] = (real)choice[e]; // the values the weights come from
-        if (bias) choice[e] += bias[e];
+        double noise = a.random ? rng_routing_noise(step->seed, a.layer, a.token_base + t, E, e) : 0;
+        tmp[e] = a.random ? (real)noise : scores[e]; // the values the weights come from
+        choice[e] = a.random ? noise : bias ? (double)scores[e] + bias[e] : (double)logits[e];
+        if (a.random && bias) choice[e] += bias[e];
     }
     topk_row(idx, choice, E, K);
     double sum = 0;
@@ -236,7 +239,7 @@ void cpu_moe_regroup(void *out_, const void *in_, const int32_t *counts, size_t 
 }
 
 void cpu_grouped_matmul_forward(void *out_, const void *x_, const void *w_, const int32_t *offsets,
-                                size_t E, size_t N, size_t K) {
+                                size_t E, size_t N, size_t K, size_t R) {
     real *out = out_;
     const real *x = x_, *w = w_;
     for (size_t e = 0; e < E; e++) {
@@ -247,7 +250,7 @@ void cpu_grouped_matmul_forward(void *out_, const void *x_, const void *w_, cons
 
 void cpu_grouped_matmul_backward(void *dx_, void *dw_, const void *dout_, const void *x_,
                                  const void *w_, const int32_t *offsets, size_t E, size_t N,
-                                 size_t K) {
+                                 size_t K, size_t R) {
     real *dx = dx_, *dw = dw_;
     const real *dout = dout_, *x = x_, *w = w_;
     for (size_t e = 0; e < E; e++) {

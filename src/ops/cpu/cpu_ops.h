@@ -62,9 +62,9 @@ void cpu_moe_combine_backward(void *dy, void *dtopk_w, const void *dout, const v
                               const int32_t *slot_pos, const void *topk_w, size_t T, size_t K,
                               size_t D);
 void cpu_grouped_matmul_forward(void *out, const void *x, const void *w, const int32_t *offsets,
-                                size_t E, size_t N, size_t K);
+                                size_t E, size_t N, size_t K, size_t R);
 void cpu_grouped_matmul_backward(void *dx, void *dw, const void *dout, const void *x, const void *w,
-                                 const int32_t *offsets, size_t E, size_t N, size_t K);
+                                 const int32_t *offsets, size_t E, size_t N, size_t K, size_t R);
 void cpu_router_bias_update(void *bias, const void *loads, size_t E, float gamma);
 
 // optimizer (cpu_optim.c)

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The GPU machine's one call: build with CUDA, check every CUDA op and whole models against the
+# CPU backend, train the default model on GPU and CPU from the same start and compare the curves,
+# move checkpoints between devices, and benchmark the configs of configs/bench/. Numbers and logs
+# go to $OUT (the device tool brings them back). Stages: all (default) or a list, e.g. "build test".
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/moe-gpu-out}
+mkdir -p "$OUT"
+STAGES=${1:-build test curves ckpt bench}
+export NCCL_NVLS_ENABLE=0 # never NVLink multicast on these machines
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-16}
+say() { echo "== $*" | tee -a "$OUT/summary.txt"; }
+has() { [[ " $STAGES " == *" $1 "* ]]; }
+
+# The image has no Debian JSON library: unpack the carried packages (.deps) next to the build.
+jansson_flags() {
+    [ -e /usr/include/jansson.h ] && return
+    mkdir -p .deps/root && for d in .deps/*.deb; do dpkg -x "$d" .deps/root; done
+    local root; root=$(pwd)/.deps/root
+    echo "CFLAGS_EXTRA=-I$root/usr/include" "LDLIBS_EXTRA=-L$root/usr/lib/x86_64-linux-gnu -Wl,-rpath,$root/usr/lib/x86_64-linux-gnu"
+}
+
+if has build; then
+    say "machine: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1)"
+    say "nvcc: $(nvcc --version | tail -1); cc: $(cc --version | head -1)"
+    eval "$(jansson_flags)"
+    mpi=0; command -v mpicc >/dev/null && mpi=1
+    start=$SECONDS
+    make -j"$(nproc)" CUDA=1 MPI=$mpi CFLAGS_EXTRA="${CFLAGS_EXTRA:-}" LDLIBS_EXTRA="${LDLIBS_EXTRA:-}" \
+        moe build/test_cuda data/tinyshakespeare_train.npy > "$OUT/build.log" 2>&1 \
+        || { say "build FAILED"; tail -30 "$OUT/build.log"; exit 1; }
+    say "build ok ($((SECONDS - start)) s, MPI=$mpi)"
+fi
+
+if has test; then
+    timeout 300 build/test_cuda 2>&1 | tee "$OUT/test_cuda.log" | tail -60
+    say "CUDA vs CPU: $(tail -1 "$OUT/test_cuda.log")"
+fi
+
+losses() { grep -o '"loss":[^,]*' "$1/metrics.jsonl" | cut -d: -f2; }
+
+if has curves; then
+    # The default model from the same initial weights on both devices, 300 steps.
+    rm -rf runs/gpu-curve runs/cpu-curve
+    timeout 200 ./moe train train.device=cuda train.steps=300 train.out=runs/gpu-curve train.ckpt_every=0 > "$OUT/curve_gpu.log" 2>&1
+    timeout 200 ./moe train train.device=cpu train.steps=300 train.out=runs/cpu-curve train.ckpt_every=0 > "$OUT/curve_cpu.log" 2>&1
+    paste <(losses runs/gpu-curve) <(losses runs/cpu-curve) > "$OUT/curves.tsv"
+    awk '{ d = $1 - $2; if (d < 0) d = -d; r = d / $2; if (r > w) { w = r; at = NR } s += r }
+         END { printf "GPU vs CPU loss over %d steps: worst relative difference %.4f at step %d, mean %.4f\n", NR, w, at, s / NR }' \
+        "$OUT/curves.tsv" | tee -a "$OUT/summary.txt"
+    say "final val loss: gpu $(grep -o 'val loss [0-9.]*' "$OUT/curve_gpu.log" | tail -1), cpu $(grep -o 'val loss [0-9.]*' "$OUT/curve_cpu.log" | tail -1)"
+    say "gpu: $(grep 'step   300' "$OUT/curve_gpu.log" | head -1)"
+fi
+
+if has ckpt; then
+    # GPU -> CPU and CPU -> GPU: stop at step 20 on one device, continue to 40 on the other.
+    for pair in "cuda cpu" "cpu cuda"; do
+        set -- $pair
+        out=runs/move-$1-$2; rm -rf "$out"
+        timeout 100 ./moe train train.device=$1 train.steps=40 train.out=$out --stop-at 20 > "$OUT/ckpt_$1_$2.log" 2>&1
+        timeout 100 ./moe train train.device=$2 train.steps=40 train.out=$out >> "$OUT/ckpt_$1_$2.log" 2>&1
+        say "checkpoint $1 -> $2: $(grep -c 'resumed from' "$OUT/ckpt_$1_$2.log") resume, steps 20/21/40 losses: $(losses $out | sed -n '20p;21p;40p' | tr '\n' ' ')"
+    done
+fi
+
+if has bench; then
+    for c in scale-E8 scale-E64 olmoe-L8; do
+        timeout 240 ./moe bench configs/bench/$c.json > "$OUT/bench_$c.txt" 2>&1
+        say "bench $c: $(grep -E '^throughput|^memory' "$OUT/bench_$c.txt" | tr -s ' ' | tr '\n' ';')"
+        cat "$OUT/bench_$c.txt"
+    done
+fi
+cat "$OUT/summary.txt"

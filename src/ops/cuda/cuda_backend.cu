@@ -1,0 +1,147 @@
+// The CUDA backend: device memory on one stream, graph capture and events, and the table of CUDA
+// kernels behind the ops interface (act = bf16, f32 = float).
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_common.cuh"
+#include "cuda_ops.h"
+
+CudaContext cuda_ctx;
+
+void cuda_init(void) {
+    if (cuda_ctx.stream) return;
+    int device = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&cuda_ctx.sm_count, cudaDevAttrMultiProcessorCount, device));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&cuda_ctx.stream, cudaStreamNonBlocking));
+    CUBLAS_CHECK(cublasLtCreate(&cuda_ctx.lt));
+    cuda_ctx.workspace_bytes = (size_t)64 << 20;
+    CUDA_CHECK(cudaMalloc(&cuda_ctx.workspace, cuda_ctx.workspace_bytes));
+}
+
+static void *cuda_alloc(size_t bytes) {
+    void *p = NULL;
+    cudaError_t err = cudaMalloc(&p, bytes ? bytes : 1);
+    if (err != cudaSuccess) {
+        size_t free_b = 0, total = 0;
+        cudaMemGetInfo(&free_b, &total);
+        moe_fatal("out of GPU memory allocating %.3f GiB (%.3f GiB free of %.3f GiB): lower "
+                  "train.micro_batch or train.seq_len, or spread the model over more GPUs",
+                  bytes / 1073741824.0, free_b / 1073741824.0, total / 1073741824.0);
+    }
+    return p;
+}
+
+static void cuda_free(void *p) { CUDA_CHECK(cudaFree(p)); }
+static void cuda_zero(void *p, size_t bytes) { CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, cuda_ctx.stream)); }
+
+static void cuda_copy(void *dst, const void *src, size_t bytes) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda_ctx.stream));
+}
+
+// Host transfers wait for the stream: the host buffer may be reused as soon as they return.
+static void cuda_upload(void *dst, const void *src, size_t bytes) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cuda_ctx.stream));
+    CUDA_CHECK(cudaStreamSynchronize(cuda_ctx.stream));
+}
+
+static void cuda_download(void *dst, const void *src, size_t bytes) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, cuda_ctx.stream));
+    CUDA_CHECK(cudaStreamSynchronize(cuda_ctx.stream));
+}
+
+static void cuda_upload_f32(void *dst, const float *src, size_t n) { cuda_upload(dst, src, n * sizeof(float)); }
+static void cuda_download_f32(float *dst, const void *src, size_t n) { cuda_download(dst, src, n * sizeof(float)); }
+
+static void cuda_download_act(float *dst, const void *src, size_t n) {
+    bf16 *tmp = (bf16 *)moe_malloc(n * sizeof(bf16));
+    cuda_download(tmp, src, n * sizeof(bf16));
+    for (size_t i = 0; i < n; i++) dst[i] = __bfloat162float(tmp[i]);
+    free(tmp);
+}
+
+static void cuda_sync(void) { CUDA_CHECK(cudaStreamSynchronize(cuda_ctx.stream)); }
+
+static size_t cuda_memory_in_use(void) {
+    size_t free_b = 0, total = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total));
+    return total - free_b;
+}
+
+static void cuda_capture_begin(void) {
+    CUDA_CHECK(cudaStreamBeginCapture(cuda_ctx.stream, cudaStreamCaptureModeThreadLocal));
+}
+
+static void *cuda_capture_end(void) {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_CHECK(cudaStreamEndCapture(cuda_ctx.stream, &graph));
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    CUDA_CHECK(cudaGraphDestroy(graph));
+    return exec;
+}
+
+static void cuda_graph_launch(void *graph) {
+    CUDA_CHECK(cudaGraphLaunch((cudaGraphExec_t)graph, cuda_ctx.stream));
+}
+
+static void *cuda_event_create(void) {
+    cudaEvent_t e;
+    CUDA_CHECK(cudaEventCreate(&e));
+    return e;
+}
+
+static void cuda_event_record(void *e) { CUDA_CHECK(cudaEventRecord((cudaEvent_t)e, cuda_ctx.stream)); }
+
+static float cuda_event_elapsed_ms(void *a, void *b) {
+    float ms = 0;
+    CUDA_CHECK(cudaEventSynchronize((cudaEvent_t)b));
+    CUDA_CHECK(cudaEventElapsedTime(&ms, (cudaEvent_t)a, (cudaEvent_t)b));
+    return ms;
+}
+
+static Ops make_cuda_ops(void) {
+    Ops o;
+    memset(&o, 0, sizeof o);
+    o.name = "cuda";
+    o.act_size = sizeof(bf16), o.f32_size = sizeof(float), o.act_aliases_f32 = false;
+    o.logits_chunk = (size_t)1 << 28;
+    o.alloc = cuda_alloc, o.free = cuda_free, o.zero = cuda_zero, o.copy = cuda_copy;
+    o.upload = cuda_upload, o.download = cuda_download;
+    o.upload_f32 = cuda_upload_f32, o.download_f32 = cuda_download_f32, o.download_act = cuda_download_act;
+    o.cast_f32_to_act = cuda_cast_f32_to_act, o.sync = cuda_sync, o.memory_in_use = cuda_memory_in_use;
+    o.capture_begin = cuda_capture_begin, o.capture_end = cuda_capture_end, o.graph_launch = cuda_graph_launch;
+    o.event_create = cuda_event_create, o.event_record = cuda_event_record;
+    o.event_elapsed_ms = cuda_event_elapsed_ms;
+    o.embedding_forward = cuda_embedding_forward, o.embedding_backward = cuda_embedding_backward;
+    o.matmul_forward = cuda_matmul_forward, o.matmul_backward = cuda_matmul_backward;
+    o.rmsnorm_forward = cuda_rmsnorm_forward, o.rmsnorm_backward = cuda_rmsnorm_backward;
+    o.add = cuda_add;
+    o.qkv_norm_rope_forward = cuda_qkv_norm_rope_forward;
+    o.qkv_norm_rope_backward = cuda_qkv_norm_rope_backward;
+    o.attention_forward = cuda_attention_forward, o.attention_backward = cuda_attention_backward;
+    o.swiglu_forward = cuda_swiglu_forward, o.swiglu_backward = cuda_swiglu_backward;
+    o.router_forward = cuda_router_forward, o.router_aux_loss = cuda_router_aux_loss;
+    o.router_backward = cuda_router_backward;
+    o.moe_dispatch_forward = cuda_moe_dispatch_forward, o.moe_dispatch_backward = cuda_moe_dispatch_backward;
+    o.moe_combine_forward = cuda_moe_combine_forward, o.moe_combine_backward = cuda_moe_combine_backward;
+    o.moe_regroup = cuda_moe_regroup;
+    o.grouped_matmul_forward = cuda_grouped_matmul_forward;
+    o.grouped_matmul_backward = cuda_grouped_matmul_backward;
+    o.router_bias_update = cuda_router_bias_update;
+    o.cross_entropy = cuda_cross_entropy, o.sum_squares = cuda_sum_squares;
+    o.adamw_update = cuda_adamw_update;
+    return o;
+}
+
+extern "C" const Ops *ops_cuda(void) {
+    static Ops ops;
+    if (!ops.name) {
+        int n = 0;
+        if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0)
+            moe_fatal("train.device = cuda but no CUDA GPU is visible here");
+        cuda_init();
+        ops = make_cuda_ops();
+    }
+    return &ops;
+}

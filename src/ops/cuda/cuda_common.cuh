@@ -1,0 +1,84 @@
+// Shared by the CUDA backend's files: error checks that name the call and where it failed, the
+// backend's one stream and library handles, bf16 helpers, and small launch and reduction helpers.
+#pragma once
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "common/util.h"
+#include "ops/ops.h"
+
+typedef __nv_bfloat16 bf16;
+
+#define CUDA_CHECK(call)                                                                         \
+    do {                                                                                         \
+        cudaError_t err_ = (call);                                                               \
+        if (err_ != cudaSuccess)                                                                 \
+            moe_fatal("%s:%d: %s failed: %s (%s)", __FILE__, __LINE__, #call,                    \
+                      cudaGetErrorString(err_), cudaGetErrorName(err_));                         \
+    } while (0)
+
+#define CUBLAS_CHECK(call)                                                                       \
+    do {                                                                                         \
+        cublasStatus_t st_ = (call);                                                             \
+        if (st_ != CUBLAS_STATUS_SUCCESS)                                                        \
+            moe_fatal("%s:%d: %s failed: cuBLAS status %d (%s)", __FILE__, __LINE__, #call,     \
+                      (int)st_, cublasGetStatusString(st_));                                     \
+    } while (0)
+
+// Launch errors surface at the launch; asynchronous faults at the next synchronising call.
+#define CUDA_LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
+
+// The backend's stream (every kernel and copy runs on it, so a step can be captured as a graph)
+// and cuBLASLt state, created by cuda_init.
+typedef struct {
+    cudaStream_t stream;
+    cublasLtHandle_t lt;
+    void *workspace;
+    size_t workspace_bytes;
+    int sm_count;
+} CudaContext;
+
+extern CudaContext cuda_ctx;
+void cuda_init(void);
+
+static inline unsigned cuda_blocks(size_t n, unsigned threads) {
+    size_t b = (n + threads - 1) / threads;
+    return (unsigned)(b < 1 ? 1 : b > 2147483647u ? 2147483647u : b);
+}
+
+__device__ __forceinline__ float bf(bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ bf16 to_bf(float x) { return __float2bfloat16(x); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over the block (any multiple of 32 threads); every thread gets the result. `scratch` holds
+// 32 floats of shared memory.
+__device__ __forceinline__ float block_sum(float v, float *scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < nwarps ? scratch[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+__device__ __forceinline__ float block_max(float v, float *scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < nwarps ? scratch[lane] : -INFINITY;
+    return warp_max(v);
+}

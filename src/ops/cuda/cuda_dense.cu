@@ -1,0 +1,240 @@
+// CUDA kernels for the dense ops: embedding, RMSNorm, residual add, SwiGLU, fused cross-entropy,
+// sum of squares, AdamW and the fp32 -> bf16 weight copy. Reductions are in fp32; weight
+// gradients are summed per block in shared memory, then added to the fp32 gradient atomically.
+#include "cuda_common.cuh"
+#include "cuda_ops.h"
+
+#define STREAM cuda_ctx.stream
+
+// ---------------------------------------------------------------- embedding
+
+__global__ void embedding_forward_kernel(bf16 *out, const int32_t *tokens, const bf16 *wte, size_t T, size_t D) {
+    size_t t = blockIdx.x;
+    const bf16 *row = wte + (size_t)tokens[t] * D;
+    for (size_t j = threadIdx.x; j < D; j += blockDim.x) out[t * D + j] = row[j];
+}
+
+__global__ void embedding_backward_kernel(float *dwte, const bf16 *dout, const int32_t *tokens, size_t T, size_t D) {
+    size_t t = blockIdx.x;
+    float *row = dwte + (size_t)tokens[t] * D;
+    for (size_t j = threadIdx.x; j < D; j += blockDim.x) atomicAdd(&row[j], bf(dout[t * D + j]));
+}
+
+extern "C" void cuda_embedding_forward(void *out, const int32_t *tokens, const void *wte, size_t T, size_t D) {
+    if (!T) return;
+    embedding_forward_kernel<<<(unsigned)T, 256, 0, STREAM>>>((bf16 *)out, tokens, (const bf16 *)wte, T, D);
+    CUDA_LAUNCH_CHECK();
+}
+
+extern "C" void cuda_embedding_backward(void *dwte, const void *dout, const int32_t *tokens, size_t T, size_t D, size_t V) {
+    if (!T) return;
+    embedding_backward_kernel<<<(unsigned)T, 256, 0, STREAM>>>((float *)dwte, (const bf16 *)dout, tokens, T, D);
+    CUDA_LAUNCH_CHECK();
+}
+
+// ---------------------------------------------------------------- RMSNorm (one warp per row)
+
+__global__ void rmsnorm_forward_kernel(bf16 *out, float *rstd, const bf16 *x, const bf16 *w, size_t R, size_t W, float eps) {
+    size_t r = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x & 31;
+    if (r >= R) return;
+    const bf16 *xr = x + r * W;
+    float ss = 0;
+    for (size_t j = lane; j < W; j += 32) {
+        float v = bf(xr[j]);
+        ss += v * v;
+    }
+    float rs = rsqrtf(warp_sum(ss) / (float)W + eps);
+    for (size_t j = lane; j < W; j += 32) out[r * W + j] = to_bf(bf(xr[j]) * rs * bf(w[j]));
+    if (lane == 0) rstd[r] = rs;
+}
+
+// Rows in chunks per block: dx row by row (a warp each), dw summed in shared memory first.
+#define NORM_ROWS_PER_BLOCK 64
+
+__global__ void rmsnorm_backward_kernel(bf16 *dx, float *dw, const bf16 *dout, const bf16 *x, const bf16 *w,
+                                        const float *rstd, size_t R, size_t W, bool accumulate) {
+    extern __shared__ float dw_part[]; // (W)
+    for (size_t j = threadIdx.x; j < W; j += blockDim.x) dw_part[j] = 0;
+    __syncthreads();
+    int lane = threadIdx.x & 31, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+    size_t r0 = (size_t)blockIdx.x * NORM_ROWS_PER_BLOCK;
+    for (size_t r = r0 + warp; r < r0 + NORM_ROWS_PER_BLOCK && r < R; r += nwarps) {
+        const bf16 *xr = x + r * W, *gr = dout + r * W;
+        float rs = rstd[r], dot = 0;
+        for (size_t j = lane; j < W; j += 32) {
+            float g = bf(gr[j]), xv = bf(xr[j]);
+            dot += g * bf(w[j]) * xv;
+            atomicAdd(&dw_part[j], g * xv * rs);
+        }
+        float c = warp_sum(dot) * rs * rs * rs / (float)W;
+        for (size_t j = lane; j < W; j += 32) {
+            float v = rs * bf(w[j]) * bf(gr[j]) - c * bf(xr[j]);
+            dx[r * W + j] = to_bf(accumulate ? bf(dx[r * W + j]) + v : v);
+        }
+    }
+    __syncthreads();
+    for (size_t j = threadIdx.x; j < W; j += blockDim.x) atomicAdd(&dw[j], dw_part[j]);
+}
+
+extern "C" void cuda_rmsnorm_forward(void *out, void *rstd, const void *x, const void *w, size_t R, size_t W, float eps) {
+    if (!R) return;
+    rmsnorm_forward_kernel<<<cuda_blocks(R, 8), 256, 0, STREAM>>>((bf16 *)out, (float *)rstd, (const bf16 *)x,
+                                                               (const bf16 *)w, R, W, eps);
+    CUDA_LAUNCH_CHECK();
+}
+
+extern "C" void cuda_rmsnorm_backward(void *dx, void *dw, const void *dout, const void *x, const void *w,
+                                      const void *rstd, size_t R, size_t W, bool accumulate_dx) {
+    if (!R) return;
+    rmsnorm_backward_kernel<<<cuda_blocks(R, NORM_ROWS_PER_BLOCK), 256, W * sizeof(float), STREAM>>>(
+        (bf16 *)dx, (float *)dw, (const bf16 *)dout, (const bf16 *)x, (const bf16 *)w, (const float *)rstd,
+        R, W, accumulate_dx);
+    CUDA_LAUNCH_CHECK();
+}
+
+// ---------------------------------------------------------------- element-wise
+
+__global__ void add_kernel(bf16 *out, const bf16 *a, const bf16 *b, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = to_bf(bf(a[i]) + bf(b[i]));
+}
+
+extern "C" void cuda_add(void *out, const void *a, const void *b, size_t n) {
+    if (!n) return;
+    add_kernel<<<cuda_blocks(n, 256 * 4), 256, 0, STREAM>>>((bf16 *)out, (const bf16 *)a, (const bf16 *)b, n);
+    CUDA_LAUNCH_CHECK();
+}
+
+__device__ __forceinline__ size_t rows_used(size_t R, const int32_t *row_count) {
+    return row_count && (size_t)*row_count < R ? (size_t)*row_count : R;
+}
+
+__global__ void swiglu_forward_kernel(bf16 *out, const bf16 *gu, size_t R, size_t H, const int32_t *row_count) {
+    size_t n = rows_used(R, row_count) * H;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / H, j = i % H;
+        float g = bf(gu[r * 2 * H + j]), u = bf(gu[r * 2 * H + H + j]);
+        out[i] = to_bf(g / (1.0f + __expf(-g)) * u);
+    }
+}
+
+__global__ void swiglu_backward_kernel(bf16 *dgu, const bf16 *dout, const bf16 *gu, size_t R, size_t H,
+                                       const int32_t *row_count) {
+    size_t n = rows_used(R, row_count) * H;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / H, j = i % H;
+        float g = bf(gu[r * 2 * H + j]), u = bf(gu[r * 2 * H + H + j]), d = bf(dout[i]);
+        float s = 1.0f / (1.0f + __expf(-g));
+        dgu[r * 2 * H + j] = to_bf(d * u * s * (1.0f + g * (1.0f - s)));
+        dgu[r * 2 * H + H + j] = to_bf(d * g * s);
+    }
+}
+
+extern "C" void cuda_swiglu_forward(void *out, const void *gu, size_t R, size_t H, const int32_t *row_count) {
+    if (!R) return;
+    swiglu_forward_kernel<<<cuda_blocks(R * H, 256 * 4), 256, 0, STREAM>>>((bf16 *)out, (const bf16 *)gu, R, H, row_count);
+    CUDA_LAUNCH_CHECK();
+}
+
+extern "C" void cuda_swiglu_backward(void *dgu, const void *dout, const void *gu, size_t R, size_t H,
+                                     const int32_t *row_count) {
+    if (!R) return;
+    swiglu_backward_kernel<<<cuda_blocks(R * H, 256 * 4), 256, 0, STREAM>>>((bf16 *)dgu, (const bf16 *)dout,
+                                                                       (const bf16 *)gu, R, H, row_count);
+    CUDA_LAUNCH_CHECK();
+}
+
+// ---------------------------------------------------------------- cross-entropy (a block per row)
+
+__global__ void cross_entropy_kernel(bf16 *logits, float *loss_acc, const int32_t *targets, size_t V,
+                                     float ce_scale, float z_scale, bool want_grad) {
+    __shared__ float scratch[32];
+    bf16 *row = logits + (size_t)blockIdx.x * V;
+    int target = targets[blockIdx.x];
+    if (target < 0) { // ignored position: no loss, no gradient
+        if (want_grad)
+            for (size_t v = threadIdx.x; v < V; v += blockDim.x) row[v] = to_bf(0.0f);
+        return;
+    }
+    float mx = -INFINITY;
+    for (size_t v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, bf(row[v]));
+    mx = block_max(mx, scratch);
+    float sum = 0;
+    for (size_t v = threadIdx.x; v < V; v += blockDim.x) sum += __expf(bf(row[v]) - mx);
+    sum = block_sum(sum, scratch);
+    float lse = mx + logf(sum);
+    if (threadIdx.x == 0) {
+        atomicAdd(&loss_acc[0], lse - bf(row[target]));
+        atomicAdd(&loss_acc[1], lse * lse);
+    }
+    __syncthreads(); // the target logit is read above before any thread overwrites the row
+    if (!want_grad) return;
+    for (size_t v = threadIdx.x; v < V; v += blockDim.x) {
+        float p = __expf(bf(row[v]) - lse);
+        row[v] = to_bf(ce_scale * (p - (v == (size_t)target ? 1.0f : 0.0f)) + z_scale * 2.0f * lse * p);
+    }
+}
+
+extern "C" void cuda_cross_entropy(void *logits, void *loss_acc, const int32_t *targets, size_t N, size_t V,
+                                   float ce_scale, float z_scale, bool want_grad) {
+    if (!N) return;
+    cross_entropy_kernel<<<(unsigned)N, 512, 0, STREAM>>>((bf16 *)logits, (float *)loss_acc, targets, V, ce_scale,
+                                                     z_scale, want_grad);
+    CUDA_LAUNCH_CHECK();
+}
+
+// ---------------------------------------------------------------- optimizer
+
+__global__ void sum_squares_kernel(float *acc, const float *x, size_t n) {
+    __shared__ float scratch[32];
+    float s = 0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        s += x[i] * x[i];
+    s = block_sum(s, scratch);
+    if (threadIdx.x == 0) atomicAdd(acc, s);
+}
+
+extern "C" void cuda_sum_squares(void *acc, const void *x, size_t n) {
+    if (!n) return;
+    unsigned blocks = cuda_blocks(n, 256 * 8);
+    if (blocks > (unsigned)cuda_ctx.sm_count * 8) blocks = (unsigned)cuda_ctx.sm_count * 8;
+    sum_squares_kernel<<<blocks, 256, 0, STREAM>>>((float *)acc, (const float *)x, n);
+    CUDA_LAUNCH_CHECK();
+}
+
+__global__ void adamw_kernel(float *p, bf16 *p_act, const float *g, float *m, float *v, size_t n, AdamWArgs a,
+                             const StepInfo *step, const float *grad_norm_sq) {
+    float norm = sqrtf(*grad_norm_sq);
+    float scale = a.clip > 0 && norm > a.clip ? a.clip / (norm + 1e-6f) : 1.0f;
+    float bc1 = 1.0f - powf(a.beta1, (float)step->step), bc2 = 1.0f - powf(a.beta2, (float)step->step);
+    float lr = step->lr, decay = 1.0f - step->lr * a.weight_decay;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float gi = g[i] * scale;
+        float mi = a.beta1 * m[i] + (1.0f - a.beta1) * gi;
+        float vi = a.beta2 * v[i] + (1.0f - a.beta2) * gi * gi;
+        float pi = p[i] * decay - lr * (mi / bc1) / (sqrtf(vi / bc2) + a.eps);
+        m[i] = mi, v[i] = vi, p[i] = pi;
+        if (p_act) p_act[i] = to_bf(pi);
+    }
+}
+
+extern "C" void cuda_adamw_update(void *param, void *param_act, const void *grad, void *m, void *v, size_t n,
+                                  AdamWArgs a, const StepInfo *step, const void *grad_norm_sq) {
+    if (!n) return;
+    adamw_kernel<<<cuda_blocks(n, 256 * 4), 256, 0, STREAM>>>((float *)param, (bf16 *)param_act, (const float *)grad,
+                                                         (float *)m, (float *)v, n, a, step,
+                                                         (const float *)grad_norm_sq);
+    CUDA_LAUNCH_CHECK();
+}
+
+__global__ void cast_kernel(bf16 *dst, const float *src, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = to_bf(src[i]);
+}
+
+extern "C" void cuda_cast_f32_to_act(void *dst, const void *src, size_t n) {
+    if (!n) return;
+    cast_kernel<<<cuda_blocks(n, 256 * 4), 256, 0, STREAM>>>((bf16 *)dst, (const float *)src, n);
+    CUDA_LAUNCH_CHECK();
+}

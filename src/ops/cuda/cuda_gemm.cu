@@ -1,0 +1,270 @@
+// Matrix products on the GPU. Dense layers go through cuBLASLt (bf16 inputs, fp32 accumulation;
+// weight gradients accumulate into fp32). Experts go through our own grouped GEMM: tensor cores
+// (WMMA) over tiles that each block assigns itself from the per-expert row offsets in device
+// memory, so no count ever travels to the host and one launch covers every expert.
+#include <mma.h>
+
+#include <type_traits>
+
+#include "cuda_common.cuh"
+#include "cuda_ops.h"
+
+using namespace nvcuda;
+
+// ---------------------------------------------------------------- cuBLASLt
+
+// Column-major C (m, n) = op(A) op(B) + beta C; descriptors and the chosen algorithm are cached
+// per shape (the heuristic query costs more than a small product).
+typedef struct {
+    bool ta, tb;
+    int m, n, k, lda, ldb, ldc;
+    cudaDataType_t ctype;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatmulAlgo_t algo;
+} LtPlan;
+
+#define LT_CACHE 128
+static LtPlan lt_cache[LT_CACHE];
+static int lt_cached;
+
+static const LtPlan *lt_plan(bool ta, bool tb, int m, int n, int k, int lda, int ldb, int ldc, cudaDataType_t ctype) {
+    for (int i = 0; i < lt_cached; i++) {
+        const LtPlan *p = &lt_cache[i];
+        if (p->ta == ta && p->tb == tb && p->m == m && p->n == n && p->k == k && p->lda == lda &&
+            p->ldb == ldb && p->ldc == ldc && p->ctype == ctype)
+            return p;
+    }
+    LtPlan *p = &lt_cache[lt_cached < LT_CACHE ? lt_cached++ : (lt_cached = 1) - 1]; // reuse when full
+    if (p->op) {
+        cublasLtMatmulDescDestroy(p->op), cublasLtMatrixLayoutDestroy(p->a);
+        cublasLtMatrixLayoutDestroy(p->b), cublasLtMatrixLayoutDestroy(p->c);
+    }
+    *p = (LtPlan){ta, tb, m, n, k, lda, ldb, ldc, ctype};
+    cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, ta ? k : m, ta ? m : k, lda));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, tb ? n : k, tb ? k : n, ldb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, ctype, m, n, ldc));
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                      &cuda_ctx.workspace_bytes, sizeof(size_t)));
+    cublasLtMatmulHeuristicResult_t result;
+    int found = 0;
+    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(cuda_ctx.lt, p->op, p->a, p->b, p->c, p->c, pref, 1, &result, &found));
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (!found) moe_fatal("cuBLASLt has no algorithm for a %dx%dx%d product (transposes %d%d)", m, n, k, ta, tb);
+    p->algo = result.algo;
+    return p;
+}
+
+static void lt_matmul(bool ta, bool tb, int m, int n, int k, const void *A, int lda, const void *B, int ldb,
+                      void *C, int ldc, cudaDataType_t ctype, float beta) {
+    if (!m || !n) return;
+    const LtPlan *p = lt_plan(ta, tb, m, n, k, lda, ldb, ldc, ctype);
+    float alpha = 1.0f;
+    CUBLAS_CHECK(cublasLtMatmul(cuda_ctx.lt, p->op, &alpha, A, p->a, B, p->b, &beta, C, p->c, C, p->c, &p->algo,
+                                cuda_ctx.workspace, cuda_ctx.workspace_bytes, cuda_ctx.stream));
+}
+
+// Row-major out (M, N) = x (M, K) w (N, K)^T is column-major out^T = w^T-as-stored x^T.
+extern "C" void cuda_matmul_forward(void *out, const void *x, const void *w, size_t M, size_t N, size_t K, bool accumulate) {
+    lt_matmul(true, false, (int)N, (int)M, (int)K, w, (int)K, x, (int)K, out, (int)N, CUDA_R_16BF, accumulate ? 1.0f : 0.0f);
+}
+
+extern "C" void cuda_matmul_backward(void *dx, void *dw, const void *dout, const void *x, const void *w,
+                                     size_t M, size_t N, size_t K, bool accumulate_dx) {
+    if (dx) // dx (M, K) = dout (M, N) w (N, K)
+        lt_matmul(false, false, (int)K, (int)M, (int)N, w, (int)K, dout, (int)N, dx, (int)K, CUDA_R_16BF,
+                  accumulate_dx ? 1.0f : 0.0f);
+    // dw (N, K) += dout^T x, into fp32
+    lt_matmul(false, true, (int)K, (int)N, (int)M, x, (int)K, dout, (int)N, dw, (int)K, CUDA_R_32F, 1.0f);
+}
+
+// ---------------------------------------------------------------- grouped GEMM
+
+// C (m, n) (+)= sum_k A (m, k) B (k, n) for each expert, row-major storage:
+//   A (m, k) = A[(row0 + m) lda + k], or A[(row0 + k) lda + m] when A_T
+//   B (k, n) = B[e b_stride + k ldb + n], or B[e b_stride + n ldb + k] when B_T, with k offset by
+//              row0 when the expert's rows run along k (weight gradients)
+//   C (m, n) = C[e c_stride + (row0 + m) ldc + n] (row0 only when rows run along m)
+// The expert's rows [offsets[e], offsets[e+1]) run along m (forward, input gradient) or along k
+// (weight gradient). Dimensions contiguous in memory must be multiples of 8 (16-byte copies).
+typedef struct {
+    const bf16 *A, *B;
+    void *C;
+    size_t lda, ldb, ldc, b_stride, c_stride;
+    const int32_t *offsets;
+    int E, M, N, K;   // the dimension the experts' rows run along is read from offsets instead
+    bool rows_along_k;
+} GroupedArgs;
+
+#define GB_M 128
+#define GB_N 128
+#define GB_K 32
+#define GB_THREADS 256 // 8 warps, 2 along M x 4 along N, each 64 x 32
+#define GB_PAD 8
+
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid) {
+    unsigned addr = (unsigned)__cvta_generic_to_shared(smem);
+    int bytes = valid ? 16 : 0; // 0: zero-fill, nothing read
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(gmem), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// Shared tiles keep the global layout (so copies stay 16-byte vectors); WMMA reads them as row- or
+// column-major fragments accordingly.
+template <bool A_T, bool B_T> struct GroupedTiles {
+    static constexpr int A_ROWS = A_T ? GB_K : GB_M, A_COLS = (A_T ? GB_M : GB_K) + GB_PAD;
+    static constexpr int B_ROWS = B_T ? GB_N : GB_K, B_COLS = (B_T ? GB_K : GB_N) + GB_PAD;
+    bf16 a[2][A_ROWS][A_COLS];
+    bf16 b[2][B_ROWS][B_COLS];
+    float stage[GB_THREADS / 32][16 * 16];
+};
+
+// Copies the k-slice [k0, k0 + GB_K) of this tile's A and B into stage s.
+template <bool A_T, bool B_T>
+__device__ void grouped_load(GroupedTiles<A_T, B_T> &t, int s, const GroupedArgs &g, const bf16 *B,
+                             size_t row0, int m0, int n0, int k0, int Me, int Ke) {
+    for (int c = threadIdx.x; c < GB_M * GB_K / 8; c += GB_THREADS) {
+        int r = A_T ? c / (GB_M / 8) : c / (GB_K / 8), v = (A_T ? c % (GB_M / 8) : c % (GB_K / 8)) * 8;
+        int m = A_T ? m0 + v : m0 + r, k = A_T ? k0 + r : k0 + v;
+        bool ok = m < Me && k < Ke;
+        size_t off = A_T ? (row0 + k) * g.lda + m : (row0 + m) * g.lda + k;
+        cp_async16(&t.a[s][r][v], ok ? g.A + off : g.A, ok);
+    }
+    size_t krow0 = g.rows_along_k ? row0 : 0;
+    for (int c = threadIdx.x; c < GB_N * GB_K / 8; c += GB_THREADS) {
+        int r = B_T ? c / (GB_K / 8) : c / (GB_N / 8), v = (B_T ? c % (GB_K / 8) : c % (GB_N / 8)) * 8;
+        int n = B_T ? n0 + r : n0 + v, k = B_T ? k0 + v : k0 + r;
+        bool ok = n < g.N && k < Ke;
+        size_t off = B_T ? (size_t)n * g.ldb + (krow0 + k) : (krow0 + k) * g.ldb + n;
+        cp_async16(&t.b[s][r][v], ok ? B + off : B, ok);
+    }
+}
+
+// Which (expert, first row) a block of the row-tiled grid covers; false past the last tile.
+__device__ bool grouped_find_tile(const GroupedArgs &g, int tile, int *e_out, int *m0_out) {
+    int seen = 0;
+    for (int e = 0; e < g.E; e++) {
+        int rows = g.offsets[e + 1] - g.offsets[e], tiles = (rows + GB_M - 1) / GB_M;
+        if (tile < seen + tiles) {
+            *e_out = e, *m0_out = (tile - seen) * GB_M;
+            return true;
+        }
+        seen += tiles;
+    }
+    return false;
+}
+
+template <bool A_T, bool B_T, bool OUT_F32>
+__global__ void __launch_bounds__(GB_THREADS) grouped_gemm_kernel(GroupedArgs g) {
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    GroupedTiles<A_T, B_T> &t = *reinterpret_cast<GroupedTiles<A_T, B_T> *>(smem_raw);
+    int e, m0, n0;
+    if (g.rows_along_k) { // weight gradient: a fixed grid of (M, N) tiles per expert
+        e = blockIdx.y;
+        int tiles_n = (g.N + GB_N - 1) / GB_N;
+        m0 = (blockIdx.x / tiles_n) * GB_M, n0 = (blockIdx.x % tiles_n) * GB_N;
+    } else {
+        __shared__ int tile_e, tile_m0;
+        if (threadIdx.x == 0) {
+            int te = 0, tm = 0;
+            tile_e = grouped_find_tile(g, blockIdx.x, &te, &tm) ? te : -1;
+            tile_m0 = tm;
+        }
+        __syncthreads();
+        if (tile_e < 0) return;
+        e = tile_e, m0 = tile_m0, n0 = blockIdx.y * GB_N;
+    }
+    size_t row0 = (size_t)g.offsets[e];
+    int rows = g.offsets[e + 1] - g.offsets[e];
+    int Me = g.rows_along_k ? g.M : rows, Ke = g.rows_along_k ? rows : g.K;
+    if (Ke == 0 && OUT_F32) return; // nothing to add
+    const bf16 *B = g.B + (size_t)e * g.b_stride;
+    int warp = threadIdx.x / 32, wm = (warp / 4) * 64, wn = (warp % 4) * 32;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[4][2];
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+    typedef typename std::conditional<A_T, wmma::col_major, wmma::row_major>::type ALayout;
+    typedef typename std::conditional<B_T, wmma::col_major, wmma::row_major>::type BLayout;
+    int n_k = (Ke + GB_K - 1) / GB_K;
+    if (n_k > 0) grouped_load(t, 0, g, B, row0, m0, n0, 0, Me, Ke);
+    cp_async_commit();
+    for (int it = 0; it < n_k; it++) {
+        int s = it & 1;
+        if (it + 1 < n_k) grouped_load(t, s ^ 1, g, B, row0, m0, n0, (it + 1) * GB_K, Me, Ke);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        for (int kk = 0; kk < GB_K; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, ALayout> a[4];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, BLayout> b[2];
+            for (int i = 0; i < 4; i++) {
+                const bf16 *p = A_T ? &t.a[s][kk][wm + 16 * i] : &t.a[s][wm + 16 * i][kk];
+                wmma::load_matrix_sync(a[i], p, GroupedTiles<A_T, B_T>::A_COLS);
+            }
+            for (int j = 0; j < 2; j++) {
+                const bf16 *p = B_T ? &t.b[s][wn + 16 * j][kk] : &t.b[s][kk][wn + 16 * j];
+                wmma::load_matrix_sync(b[j], p, GroupedTiles<A_T, B_T>::B_COLS);
+            }
+            for (int i = 0; i < 4; i++)
+                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
+        }
+        __syncthreads(); // the stage is refilled next iteration
+    }
+    // Epilogue: one 16 x 16 fragment at a time through a per-warp staging tile, bounds-checked.
+    float *stage = t.stage[warp];
+    int lane = threadIdx.x & 31;
+    size_t crow0 = g.rows_along_k ? 0 : row0;
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 2; j++) {
+            wmma::store_matrix_sync(stage, acc[i][j], 16, wmma::mem_row_major);
+            __syncwarp();
+            for (int q = lane; q < 256; q += 32) {
+                int m = m0 + wm + 16 * i + q / 16, n = n0 + wn + 16 * j + q % 16;
+                if (m >= Me || n >= g.N) continue;
+                size_t idx = (size_t)e * g.c_stride + (crow0 + m) * g.ldc + n;
+                if (OUT_F32) ((float *)g.C)[idx] += stage[q];
+                else ((bf16 *)g.C)[idx] = to_bf(stage[q]);
+            }
+            __syncwarp();
+        }
+}
+
+template <bool A_T, bool B_T, bool OUT_F32>
+static void grouped_launch(const GroupedArgs &g, size_t max_rows) {
+    size_t smem = sizeof(GroupedTiles<A_T, B_T>);
+    static bool configured;
+    if (!configured) {
+        CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel<A_T, B_T, OUT_F32>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        configured = true;
+    }
+    dim3 grid;
+    if (g.rows_along_k) grid = dim3((unsigned)(((g.M + GB_M - 1) / GB_M) * ((g.N + GB_N - 1) / GB_N)), (unsigned)g.E);
+    else grid = dim3((unsigned)((max_rows + GB_M - 1) / GB_M + g.E), (unsigned)((g.N + GB_N - 1) / GB_N));
+    grouped_gemm_kernel<A_T, B_T, OUT_F32><<<grid, GB_THREADS, smem, cuda_ctx.stream>>>(g);
+    CUDA_LAUNCH_CHECK();
+}
+
+// out (R, N) = x (R, K) w[e] (N, K)^T
+extern "C" void cuda_grouped_matmul_forward(void *out, const void *x, const void *w, const int32_t *offsets,
+                                            size_t E, size_t N, size_t K, size_t R) {
+    GroupedArgs g = {(const bf16 *)x, (const bf16 *)w, out, K, K, N, N * K, 0, offsets, (int)E, 0, (int)N, (int)K, false};
+    grouped_launch<false, true, false>(g, R);
+}
+
+extern "C" void cuda_grouped_matmul_backward(void *dx, void *dw, const void *dout, const void *x, const void *w,
+                                             const int32_t *offsets, size_t E, size_t N, size_t K, size_t R) {
+    // dx (R, K) = dout (R, N) w[e] (N, K)
+    GroupedArgs gx = {(const bf16 *)dout, (const bf16 *)w, dx, N, K, K, N * K, 0, offsets, (int)E, 0, (int)K, (int)N, false};
+    grouped_launch<false, false, false>(gx, R);
+    // dw[e] (N, K) += dout^T (N, rows) x (rows, K)
+    GroupedArgs gw = {(const bf16 *)dout, (const bf16 *)x, dw, N, K, K, 0, N * K, offsets, (int)E, (int)N, (int)K, 0, true};
+    grouped_launch<true, false, true>(gw, 0);
+}

@@ -1,0 +1,343 @@
+// CUDA kernels for the mixture-of-experts ops, all on the device: the router (a thread per token),
+// its aux losses, a stable counting sort of the routed slots into expert-contiguous rows (per-block
+// histograms, a scan over blocks, then ranks from warp matching), the weighted combine, the
+// expert-parallel regroup, and loss-free bias balancing. Offsets never leave the GPU.
+#include "common/rng.h"
+#include "cuda_common.cuh"
+#include "cuda_ops.h"
+
+#define STREAM cuda_ctx.stream
+#define MAX_E 256   // experts per layer the router kernels hold in registers/shared memory
+#define MAX_K 16
+
+// ---------------------------------------------------------------- router
+
+// Softmax or sigmoid scores of one token, its top-k (by logit when no bias or noise steers the
+// choice: the same order as the scores, and exactly what the CPU reference picks), weights.
+__global__ void router_forward_kernel(float *scores, int32_t *topk_idx, float *topk_w, int32_t *counts, float *aux,
+                                      const bf16 *logits, const float *bias, const StepInfo *step, RouterArgs a) {
+    __shared__ float score_sum[MAX_E];
+    __shared__ float lse2_sum;
+    int E = (int)a.E, K = (int)a.K;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) score_sum[e] = 0;
+    if (threadIdx.x == 0) lse2_sum = 0;
+    __syncthreads();
+    size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t < a.T) {
+        const bf16 *l = logits + t * E;
+        float *s = scores + t * E;
+        float mx = -INFINITY, sum = 0;
+        for (int e = 0; e < E; e++) mx = fmaxf(mx, bf(l[e]));
+        for (int e = 0; e < E; e++) sum += expf(bf(l[e]) - mx);
+        float lse = mx + logf(sum);
+        for (int e = 0; e < E; e++) {
+            float x = bf(l[e]);
+            s[e] = a.kind == ROUTER_SOFTMAX ? expf(x - lse) : 1.0f / (1.0f + expf(-x));
+            atomicAdd(&score_sum[e], s[e]);
+        }
+        atomicAdd(&lse2_sum, lse * lse);
+        int idx[MAX_K];
+        float wsum = 0;
+        for (int k = 0; k < K; k++) {
+            int best = -1;
+            double best_v = 0;
+            for (int e = 0; e < E; e++) {
+                bool taken = false;
+                for (int j = 0; j < k; j++) taken |= idx[j] == e;
+                if (taken) continue;
+                double v = a.random ? rng_routing_noise(step->seed, a.layer, a.token_base + t, E, e)
+                           : bias ? (double)s[e] : (double)bf(l[e]);
+                if (bias) v += bias[e];
+                if (best < 0 || v > best_v) best = e, best_v = v;
+            }
+            idx[k] = best;
+            float w = a.random ? (float)rng_routing_noise(step->seed, a.layer, a.token_base + t, E, best) : s[best];
+            topk_w[t * K + k] = w;
+            wsum += w;
+            topk_idx[t * K + k] = best;
+            atomicAdd(&counts[best], 1);
+        }
+        if (a.renorm)
+            for (int k = 0; k < K; k++) topk_w[t * K + k] /= wsum;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) atomicAdd(&aux[E + e], score_sum[e]);
+    if (threadIdx.x == 0) atomicAdd(&aux[2 * E], lse2_sum);
+}
+
+__global__ void router_counts_to_aux_kernel(float *aux, const int32_t *counts, int E) {
+    for (int e = threadIdx.x; e < E; e += blockDim.x) aux[e] = (float)counts[e];
+}
+
+extern "C" void cuda_router_forward(void *scores, int32_t *topk_idx, void *topk_w, int32_t *counts, void *aux,
+                                    const void *logits, const void *bias, const StepInfo *step, RouterArgs a) {
+    if (a.E > MAX_E || a.K > MAX_K) moe_fatal("the CUDA router supports up to %d experts and top-%d", MAX_E, MAX_K);
+    CUDA_CHECK(cudaMemsetAsync(counts, 0, a.E * sizeof(int32_t), STREAM));
+    CUDA_CHECK(cudaMemsetAsync(aux, 0, router_aux_len(a.E) * sizeof(float), STREAM));
+    if (a.T)
+        router_forward_kernel<<<cuda_blocks(a.T, 128), 128, 0, STREAM>>>(
+            (float *)scores, topk_idx, (float *)topk_w, counts, (float *)aux, (const bf16 *)logits,
+            (const float *)bias, step, a);
+    CUDA_LAUNCH_CHECK();
+    router_counts_to_aux_kernel<<<1, 256, 0, STREAM>>>((float *)aux, counts, (int)a.E);
+    CUDA_LAUNCH_CHECK();
+}
+
+// LB = (E / K) sum_e (c_e / T) (P_e / T), Z = sum lse^2 / T over the micro-batch (T_global).
+__global__ void router_aux_loss_kernel(float *stats, const float *aux, RouterArgs a, float weight) {
+    __shared__ float scratch[32];
+    int E = (int)a.E;
+    float T = (float)a.T_global, lb = 0;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        lb += aux[e] / T * aux[E + e] / T;
+        stats[e] += weight * aux[e];
+    }
+    lb = block_sum(lb, scratch);
+    if (threadIdx.x == 0) {
+        stats[router_stat_lb(E)] += weight * lb * (float)E / (float)a.K;
+        stats[router_stat_z(E)] += weight * aux[2 * E] / T;
+    }
+}
+
+extern "C" void cuda_router_aux_loss(void *stats, const void *aux, RouterArgs a, float weight) {
+    router_aux_loss_kernel<<<1, 256, 0, STREAM>>>((float *)stats, (const float *)aux, a, weight);
+    CUDA_LAUNCH_CHECK();
+}
+
+__global__ void router_backward_kernel(bf16 *dlogits, const float *dtopk_w, const bf16 *logits, const float *scores,
+                                       const int32_t *topk_idx, const float *topk_w, const float *aux, RouterArgs a) {
+    size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= a.T) return;
+    int E = (int)a.E, K = (int)a.K;
+    float Tg = (float)a.T_global, lb_scale = a.lb_grad * (float)E / (float)K / (Tg * Tg);
+    const float *s = scores + t * E, *dw = dtopk_w + t * K, *w = topk_w + t * K;
+    const int32_t *idx = topk_idx + t * K;
+    float wdw = 0, ssum = 0;
+    for (int k = 0; k < K; k++) wdw += dw[k] * w[k], ssum += s[idx[k]];
+    const bf16 *l = logits + t * E;
+    float mx = -INFINITY, sum = 0;
+    for (int e = 0; e < E; e++) mx = fmaxf(mx, bf(l[e]));
+    for (int e = 0; e < E; e++) sum += expf(bf(l[e]) - mx);
+    float lse = mx + logf(sum);
+    // ds[e] = lb part + the chosen weights' part; sum_e ds s for the softmax Jacobian
+    float sds = 0;
+    for (int e = 0; e < E; e++) {
+        float ds = lb_scale * aux[e];
+        for (int k = 0; k < K && !a.random; k++)
+            if (idx[k] == e) ds += a.renorm ? (dw[k] - wdw) / ssum : dw[k];
+        sds += ds * s[e];
+    }
+    for (int e = 0; e < E; e++) {
+        float ds = lb_scale * aux[e];
+        for (int k = 0; k < K && !a.random; k++)
+            if (idx[k] == e) ds += a.renorm ? (dw[k] - wdw) / ssum : dw[k];
+        float g = a.kind == ROUTER_SOFTMAX ? s[e] * (ds - sds) : ds * s[e] * (1.0f - s[e]);
+        float p = expf(bf(l[e]) - lse);
+        dlogits[t * E + e] = to_bf(g + a.z_grad * 2.0f * lse * p / Tg);
+    }
+}
+
+extern "C" void cuda_router_backward(void *dlogits, const void *dtopk_w, const void *logits, const void *scores,
+                                     const int32_t *topk_idx, const void *topk_w, const void *aux, RouterArgs a) {
+    if (!a.T) return;
+    router_backward_kernel<<<cuda_blocks(a.T, 128), 128, 0, STREAM>>>(
+        (bf16 *)dlogits, (const float *)dtopk_w, (const bf16 *)logits, (const float *)scores, topk_idx,
+        (const float *)topk_w, (const float *)aux, a);
+    CUDA_LAUNCH_CHECK();
+}
+
+// ---------------------------------------------------------------- dispatch (stable counting sort)
+
+#define SORT_CHUNK 1024 // slots per block (32 warps x 32)
+
+// Scratch of the sort: per-block histograms, grown on first use (before any step is recorded).
+static int32_t *sort_scratch(size_t n) {
+    static int32_t *buf;
+    static size_t have;
+    if (n > have) {
+        if (buf) CUDA_CHECK(cudaFree(buf));
+        CUDA_CHECK(cudaMalloc(&buf, n * sizeof(int32_t)));
+        have = n;
+    }
+    return buf;
+}
+
+__global__ void sort_histogram_kernel(int32_t *block_counts, const int32_t *topk_idx, size_t n, int E) {
+    __shared__ int32_t hist[MAX_E];
+    for (int e = threadIdx.x; e < E; e += blockDim.x) hist[e] = 0;
+    __syncthreads();
+    size_t i = (size_t)blockIdx.x * SORT_CHUNK + threadIdx.x;
+    if (i < n) atomicAdd(&hist[topk_idx[i]], 1);
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) block_counts[(size_t)blockIdx.x * E + e] = hist[e];
+}
+
+// Offsets of the kept rows (capacity caps each expert), each block's first rank per expert, and
+// the dropped slots into stats. One thread per expert, then one for the prefix.
+__global__ void sort_scan_kernel(int32_t *block_counts, int32_t *offsets, float *stats, const int32_t *counts,
+                                 int n_blocks, int E, int capacity) {
+    __shared__ int32_t kept[MAX_E];
+    int e = threadIdx.x;
+    if (e < E) {
+        int running = 0;
+        for (int b = 0; b < n_blocks; b++) {
+            int c = block_counts[(size_t)b * E + e];
+            block_counts[(size_t)b * E + e] = running;
+            running += c;
+        }
+        kept[e] = capacity > 0 && counts[e] > capacity ? capacity : counts[e];
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int dropped = 0;
+        offsets[0] = 0;
+        for (int j = 0; j < E; j++) offsets[j + 1] = offsets[j] + kept[j], dropped += counts[j] - kept[j];
+        stats[router_stat_dropped(E)] += (float)dropped;
+    }
+}
+
+// Rank of each slot among its expert's slots in token order: earlier blocks (scan), earlier warps
+// of this block (per-warp histograms), earlier lanes of this warp (match).
+__global__ void sort_rank_kernel(int32_t *slot_pos, const int32_t *block_first, const int32_t *offsets,
+                                 const int32_t *topk_idx, size_t n, int E) {
+    __shared__ int32_t warp_hist[SORT_CHUNK / 32][MAX_E];
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    for (int e = lane; e < E; e += 32) warp_hist[warp][e] = 0;
+    __syncwarp();
+    size_t i = (size_t)blockIdx.x * SORT_CHUNK + threadIdx.x;
+    int e = i < n ? topk_idx[i] : -1;
+    unsigned same = __match_any_sync(0xffffffffu, e);
+    int in_warp = __popc(same & ((1u << lane) - 1));
+    if (e >= 0 && in_warp == 0) warp_hist[warp][e] = __popc(same);
+    __syncthreads();
+    if (e < 0) return;
+    int rank = block_first[(size_t)blockIdx.x * E + e] + in_warp;
+    for (int w = 0; w < warp; w++) rank += warp_hist[w][e];
+    int kept = offsets[e + 1] - offsets[e];
+    slot_pos[i] = rank < kept ? offsets[e] + rank : -1;
+}
+
+__global__ void gather_rows_kernel(bf16 *xp, const bf16 *x, const int32_t *slot_pos, size_t n, int K, size_t D) {
+    size_t i = blockIdx.x;
+    int pos = slot_pos[i];
+    if (pos < 0) return;
+    const uint4 *src = reinterpret_cast<const uint4 *>(x + (i / K) * D);
+    uint4 *dst = reinterpret_cast<uint4 *>(xp + (size_t)pos * D);
+    for (size_t j = threadIdx.x; j < D / 8; j += blockDim.x) dst[j] = src[j];
+}
+
+extern "C" void cuda_moe_dispatch_forward(void *xp, int32_t *slot_pos, int32_t *offsets, void *stats, const void *x,
+                                          const int32_t *topk_idx, const int32_t *counts, size_t T, size_t K, size_t E,
+                                          size_t D, size_t capacity) {
+    size_t n = T * K;
+    unsigned blocks = cuda_blocks(n, SORT_CHUNK);
+    int32_t *block_counts = sort_scratch((size_t)blocks * E);
+    sort_histogram_kernel<<<blocks, SORT_CHUNK, 0, STREAM>>>(block_counts, topk_idx, n, (int)E);
+    CUDA_LAUNCH_CHECK();
+    sort_scan_kernel<<<1, MAX_E, 0, STREAM>>>(block_counts, offsets, (float *)stats, counts, (int)blocks, (int)E,
+                                              (int)capacity);
+    CUDA_LAUNCH_CHECK();
+    sort_rank_kernel<<<blocks, SORT_CHUNK, 0, STREAM>>>(slot_pos, block_counts, offsets, topk_idx, n, (int)E);
+    CUDA_LAUNCH_CHECK();
+    if (n) gather_rows_kernel<<<(unsigned)n, 128, 0, STREAM>>>((bf16 *)xp, (const bf16 *)x, slot_pos, n, (int)K, D);
+    CUDA_LAUNCH_CHECK();
+}
+
+// out[t] (= or +=) sum over kept slots of w * rows[pos] (w NULL: 1); combine and dispatch backward.
+__global__ void sum_slot_rows_kernel(bf16 *out, const bf16 *rows, const int32_t *slot_pos, const float *w,
+                                     int K, size_t D, bool accumulate) {
+    size_t t = blockIdx.x;
+    for (size_t j = threadIdx.x; j < D; j += blockDim.x) {
+        float acc = accumulate ? bf(out[t * D + j]) : 0.0f;
+        for (int k = 0; k < K; k++) {
+            int pos = slot_pos[t * K + k];
+            if (pos >= 0) acc += (w ? w[t * K + k] : 1.0f) * bf(rows[(size_t)pos * D + j]);
+        }
+        out[t * D + j] = to_bf(acc);
+    }
+}
+
+extern "C" void cuda_moe_dispatch_backward(void *dx, const void *dxp, const int32_t *slot_pos, size_t T, size_t K,
+                                           size_t D, bool accumulate_dx) {
+    if (!T) return;
+    sum_slot_rows_kernel<<<(unsigned)T, 256, 0, STREAM>>>((bf16 *)dx, (const bf16 *)dxp, slot_pos, NULL, (int)K, D,
+                                                          accumulate_dx);
+    CUDA_LAUNCH_CHECK();
+}
+
+extern "C" void cuda_moe_combine_forward(void *out, const void *y, const int32_t *slot_pos, const void *topk_w,
+                                         size_t T, size_t K, size_t D, bool accumulate) {
+    if (!T) return;
+    sum_slot_rows_kernel<<<(unsigned)T, 256, 0, STREAM>>>((bf16 *)out, (const bf16 *)y, slot_pos,
+                                                          (const float *)topk_w, (int)K, D, accumulate);
+    CUDA_LAUNCH_CHECK();
+}
+
+// A warp per slot: dy[pos] = w dout[t]; dw = dout[t] . y[pos] (0 for a dropped slot).
+__global__ void combine_backward_kernel(bf16 *dy, float *dtopk_w, const bf16 *dout, const bf16 *y,
+                                        const int32_t *slot_pos, const float *topk_w, size_t n, int K, size_t D) {
+    size_t i = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x & 31;
+    if (i >= n) return;
+    int pos = slot_pos[i];
+    if (pos < 0) {
+        if (lane == 0) dtopk_w[i] = 0;
+        return;
+    }
+    const bf16 *g = dout + (i / K) * D, *yr = y + (size_t)pos * D;
+    float w = topk_w[i], dot = 0;
+    for (size_t j = lane; j < D; j += 32) {
+        float gj = bf(g[j]);
+        dot += gj * bf(yr[j]);
+        dy[(size_t)pos * D + j] = to_bf(w * gj);
+    }
+    dot = warp_sum(dot);
+    if (lane == 0) dtopk_w[i] = dot;
+}
+
+extern "C" void cuda_moe_combine_backward(void *dy, void *dtopk_w, const void *dout, const void *y,
+                                          const int32_t *slot_pos, const void *topk_w, size_t T, size_t K, size_t D) {
+    size_t n = T * K;
+    if (!n) return;
+    combine_backward_kernel<<<cuda_blocks(n, 8), 256, 0, STREAM>>>((bf16 *)dy, (float *)dtopk_w, (const bf16 *)dout,
+                                                                   (const bf16 *)y, slot_pos, (const float *)topk_w,
+                                                                   n, (int)K, D);
+    CUDA_LAUNCH_CHECK();
+}
+
+// A block per (source, expert) block of rows; both orders' starts from a scan of the counts.
+__global__ void regroup_kernel(bf16 *out, const bf16 *in, const int32_t *counts, int ep, int El, size_t D,
+                               bool to_expert_major) {
+    int blk = blockIdx.x, r = blk / El, e = blk % El;
+    size_t src_major = 0, exp_major = 0;
+    for (int j = 0; j < ep * El; j++) {
+        int jr = j / El, je = j % El;
+        if (j < blk) src_major += (size_t)counts[j];
+        if (je < e || (je == e && jr < r)) exp_major += (size_t)counts[j];
+    }
+    size_t from = to_expert_major ? src_major : exp_major, to = to_expert_major ? exp_major : src_major;
+    size_t n = (size_t)counts[blk] * D;
+    for (size_t j = threadIdx.x; j < n; j += blockDim.x) out[to * D + j] = in[from * D + j];
+}
+
+extern "C" void cuda_moe_regroup(void *out, const void *in, const int32_t *counts, size_t ep, size_t El, size_t D,
+                                 bool to_expert_major) {
+    if (!ep || !El) return;
+    regroup_kernel<<<(unsigned)(ep * El), 256, 0, STREAM>>>((bf16 *)out, (const bf16 *)in, counts, (int)ep, (int)El,
+                                                            D, to_expert_major);
+    CUDA_LAUNCH_CHECK();
+}
+
+__global__ void bias_update_kernel(float *bias, const float *loads, int E, float gamma) {
+    __shared__ float scratch[32];
+    float total = 0;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) total += loads[e];
+    float mean = block_sum(total, scratch) / (float)E;
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+        bias[e] += gamma * (float)((mean > loads[e]) - (mean < loads[e]));
+}
+
+extern "C" void cuda_router_bias_update(void *bias, const void *loads, size_t E, float gamma) {
+    bias_update_kernel<<<1, 256, 0, STREAM>>>((float *)bias, (const float *)loads, (int)E, gamma);
+    CUDA_LAUNCH_CHECK();
+}

@@ -1,0 +1,67 @@
+// Declarations shared by the CUDA backend's files: each .cu file implements one group of ops from
+// ops.h on the backend's stream (act = bf16, f32 = float), and cuda_backend.cu collects them.
+#pragma once
+#include "ops/ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// dense (cuda_dense.cu)
+void cuda_embedding_forward(void *out, const int32_t *tokens, const void *wte, size_t T, size_t D);
+void cuda_embedding_backward(void *dwte, const void *dout, const int32_t *tokens, size_t T, size_t D, size_t V);
+void cuda_rmsnorm_forward(void *out, void *rstd, const void *x, const void *w, size_t R, size_t W, float eps);
+void cuda_rmsnorm_backward(void *dx, void *dw, const void *dout, const void *x, const void *w,
+                           const void *rstd, size_t R, size_t W, bool accumulate_dx);
+void cuda_add(void *out, const void *a, const void *b, size_t n);
+void cuda_swiglu_forward(void *out, const void *gu, size_t R, size_t H, const int32_t *row_count);
+void cuda_swiglu_backward(void *dgu, const void *dout, const void *gu, size_t R, size_t H,
+                          const int32_t *row_count);
+void cuda_cross_entropy(void *logits, void *loss_acc, const int32_t *targets, size_t N, size_t V,
+                        float ce_scale, float z_scale, bool want_grad);
+void cuda_sum_squares(void *acc, const void *x, size_t n);
+void cuda_adamw_update(void *param, void *param_act, const void *grad, void *m, void *v, size_t n,
+                       AdamWArgs a, const StepInfo *step, const void *grad_norm_sq);
+void cuda_cast_f32_to_act(void *dst, const void *src, size_t n);
+
+// matrix products (cuda_gemm.cu)
+void cuda_matmul_forward(void *out, const void *x, const void *w, size_t M, size_t N, size_t K, bool accumulate);
+void cuda_matmul_backward(void *dx, void *dw, const void *dout, const void *x, const void *w,
+                          size_t M, size_t N, size_t K, bool accumulate_dx);
+void cuda_grouped_matmul_forward(void *out, const void *x, const void *w, const int32_t *offsets,
+                                 size_t E, size_t N, size_t K, size_t R);
+void cuda_grouped_matmul_backward(void *dx, void *dw, const void *dout, const void *x, const void *w,
+                                  const int32_t *offsets, size_t E, size_t N, size_t K, size_t R);
+
+// attention (cuda_attention.cu)
+void cuda_qkv_norm_rope_forward(void *qkv, void *rstd, const void *qkv_raw, const void *wq,
+                                const void *wk, const void *rope, AttnDims d, QkNorm mode, float eps);
+void cuda_qkv_norm_rope_backward(void *dqkv_raw, void *dwq, void *dwk, const void *dqkv,
+                                 const void *qkv_raw, const void *wq, const void *wk,
+                                 const void *rstd, const void *rope, AttnDims d, QkNorm mode);
+void cuda_attention_forward(void *out, void *lse, const void *qkv, AttnDims d);
+void cuda_attention_backward(void *dqkv, const void *dout, const void *qkv, const void *out,
+                             const void *lse, AttnDims d);
+
+// mixture of experts (cuda_moe.cu)
+void cuda_router_forward(void *scores, int32_t *topk_idx, void *topk_w, int32_t *counts, void *aux,
+                         const void *logits, const void *bias, const StepInfo *step, RouterArgs a);
+void cuda_router_aux_loss(void *stats, const void *aux, RouterArgs a, float weight);
+void cuda_router_backward(void *dlogits, const void *dtopk_w, const void *logits, const void *scores,
+                          const int32_t *topk_idx, const void *topk_w, const void *aux, RouterArgs a);
+void cuda_moe_dispatch_forward(void *xp, int32_t *slot_pos, int32_t *offsets, void *stats,
+                               const void *x, const int32_t *topk_idx, const int32_t *counts,
+                               size_t T, size_t K, size_t E, size_t D, size_t capacity);
+void cuda_moe_dispatch_backward(void *dx, const void *dxp, const int32_t *slot_pos, size_t T,
+                                size_t K, size_t D, bool accumulate_dx);
+void cuda_moe_combine_forward(void *out, const void *y, const int32_t *slot_pos, const void *topk_w,
+                              size_t T, size_t K, size_t D, bool accumulate);
+void cuda_moe_combine_backward(void *dy, void *dtopk_w, const void *dout, const void *y,
+                               const int32_t *slot_pos, const void *topk_w, size_t T, size_t K, size_t D);
+void cuda_moe_regroup(void *out, const void *in, const int32_t *counts, size_t ep, size_t El,
+                      size_t D, bool to_expert_major);
+void cuda_router_bias_update(void *bias, const void *loads, size_t E, float gamma);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,6 @@
+// Builds without CUDA (the default `make`) have no CUDA backend: train.device=cuda is refused.
+#include "ops.h"
+
+#ifndef MOE_CUDA
+const Ops *ops_cuda(void) { return NULL; }
+#endif

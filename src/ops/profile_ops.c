@@ -1,0 +1,131 @@
+// A backend that runs another one and times every kernel with its events, summing the time per
+// phase (attention, expert GEMMs, routing and permutation, dense GEMMs, optimizer, rest): the
+// breakdown of `moe bench`. One profiled backend at a time (its state is this file's).
+#include "profile_ops.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+
+#define PROFILE_MAX_CALLS 8192
+
+static const Ops *inner;
+static Ops wrapped;
+static void **events;     // (2 PROFILE_MAX_CALLS) start and end of each call
+static int *phases;       // (PROFILE_MAX_CALLS)
+static int n_calls;
+
+const char *const PROFILE_PHASE_NAMES[PROFILE_N_PHASES] = {
+    "attention", "expert GEMMs", "routing and permutation", "dense GEMMs", "optimizer", "rest"};
+
+static void begin(void) {
+    MOE_CHECK(n_calls < PROFILE_MAX_CALLS, "profiler: more than %d kernel calls in one profiled run", PROFILE_MAX_CALLS);
+    inner->event_record(events[2 * n_calls]);
+}
+
+static void end(ProfilePhase phase) {
+    inner->event_record(events[2 * n_calls + 1]);
+    phases[n_calls++] = phase;
+}
+
+// One wrapper per op: time the inner call under its phase.
+#define WRAP(name, phase, params, args)                                                          \
+    static void prof_##name params {                                                             \
+        begin();                                                                                 \
+        inner->name args;                                                                        \
+        end(phase);                                                                              \
+    }
+
+WRAP(embedding_forward, PHASE_REST, (void *o, const int32_t *t, const void *w, size_t T, size_t D), (o, t, w, T, D))
+WRAP(embedding_backward, PHASE_REST, (void *dw, const void *d, const int32_t *t, size_t T, size_t D, size_t V),
+     (dw, d, t, T, D, V))
+WRAP(matmul_forward, PHASE_DENSE_GEMM, (void *o, const void *x, const void *w, size_t M, size_t N, size_t K, bool acc),
+     (o, x, w, M, N, K, acc))
+WRAP(matmul_backward, PHASE_DENSE_GEMM,
+     (void *dx, void *dw, const void *d, const void *x, const void *w, size_t M, size_t N, size_t K, bool acc),
+     (dx, dw, d, x, w, M, N, K, acc))
+WRAP(rmsnorm_forward, PHASE_REST, (void *o, void *r, const void *x, const void *w, size_t R, size_t W, float eps),
+     (o, r, x, w, R, W, eps))
+WRAP(rmsnorm_backward, PHASE_REST,
+     (void *dx, void *dw, const void *d, const void *x, const void *w, const void *r, size_t R, size_t W, bool acc),
+     (dx, dw, d, x, w, r, R, W, acc))
+WRAP(add, PHASE_REST, (void *o, const void *a, const void *b, size_t n), (o, a, b, n))
+WRAP(qkv_norm_rope_forward, PHASE_ATTENTION,
+     (void *q, void *r, const void *raw, const void *wq, const void *wk, const void *rope, AttnDims d, QkNorm m, float e),
+     (q, r, raw, wq, wk, rope, d, m, e))
+WRAP(qkv_norm_rope_backward, PHASE_ATTENTION,
+     (void *dr, void *dwq, void *dwk, const void *dq, const void *raw, const void *wq, const void *wk, const void *r,
+      const void *rope, AttnDims d, QkNorm m),
+     (dr, dwq, dwk, dq, raw, wq, wk, r, rope, d, m))
+WRAP(attention_forward, PHASE_ATTENTION, (void *o, void *l, const void *q, AttnDims d), (o, l, q, d))
+WRAP(attention_backward, PHASE_ATTENTION,
+     (void *dq, const void *d, const void *q, const void *o, const void *l, AttnDims a), (dq, d, q, o, l, a))
+WRAP(swiglu_forward, PHASE_REST, (void *o, const void *g, size_t R, size_t H, const int32_t *c), (o, g, R, H, c))
+WRAP(swiglu_backward, PHASE_REST, (void *dg, const void *d, const void *g, size_t R, size_t H, const int32_t *c),
+     (dg, d, g, R, H, c))
+WRAP(router_forward, PHASE_ROUTING,
+     (void *s, int32_t *i, void *w, int32_t *c, void *aux, const void *l, const void *b, const StepInfo *st, RouterArgs a),
+     (s, i, w, c, aux, l, b, st, a))
+WRAP(router_aux_loss, PHASE_ROUTING, (void *s, const void *aux, RouterArgs a, float w), (s, aux, a, w))
+WRAP(router_backward, PHASE_ROUTING,
+     (void *dl, const void *dw, const void *l, const void *s, const int32_t *i, const void *w, const void *aux, RouterArgs a),
+     (dl, dw, l, s, i, w, aux, a))
+WRAP(moe_dispatch_forward, PHASE_ROUTING,
+     (void *xp, int32_t *p, int32_t *o, void *s, const void *x, const int32_t *i, const int32_t *c, size_t T, size_t K,
+      size_t E, size_t D, size_t cap),
+     (xp, p, o, s, x, i, c, T, K, E, D, cap))
+WRAP(moe_dispatch_backward, PHASE_ROUTING,
+     (void *dx, const void *dxp, const int32_t *p, size_t T, size_t K, size_t D, bool acc), (dx, dxp, p, T, K, D, acc))
+WRAP(moe_combine_forward, PHASE_ROUTING,
+     (void *o, const void *y, const int32_t *p, const void *w, size_t T, size_t K, size_t D, bool acc),
+     (o, y, p, w, T, K, D, acc))
+WRAP(moe_combine_backward, PHASE_ROUTING,
+     (void *dy, void *dw, const void *d, const void *y, const int32_t *p, const void *w, size_t T, size_t K, size_t D),
+     (dy, dw, d, y, p, w, T, K, D))
+WRAP(moe_regroup, PHASE_ROUTING, (void *o, const void *i, const int32_t *c, size_t ep, size_t El, size_t D, bool f),
+     (o, i, c, ep, El, D, f))
+WRAP(grouped_matmul_forward, PHASE_EXPERT_GEMM,
+     (void *o, const void *x, const void *w, const int32_t *off, size_t E, size_t N, size_t K, size_t R),
+     (o, x, w, off, E, N, K, R))
+WRAP(grouped_matmul_backward, PHASE_EXPERT_GEMM,
+     (void *dx, void *dw, const void *d, const void *x, const void *w, const int32_t *off, size_t E, size_t N, size_t K,
+      size_t R),
+     (dx, dw, d, x, w, off, E, N, K, R))
+WRAP(router_bias_update, PHASE_OPTIMIZER, (void *b, const void *l, size_t E, float g), (b, l, E, g))
+WRAP(cross_entropy, PHASE_REST,
+     (void *l, void *acc, const int32_t *t, size_t N, size_t V, float ce, float z, bool g), (l, acc, t, N, V, ce, z, g))
+WRAP(sum_squares, PHASE_OPTIMIZER, (void *acc, const void *x, size_t n), (acc, x, n))
+WRAP(adamw_update, PHASE_OPTIMIZER,
+     (void *p, void *pa, const void *g, void *m, void *v, size_t n, AdamWArgs a, const StepInfo *s, const void *ns),
+     (p, pa, g, m, v, n, a, s, ns))
+
+const Ops *ops_profiled(const Ops *backend) {
+    inner = backend;
+    wrapped = *backend;
+    wrapped.name = "profiled";
+    wrapped.capture_begin = NULL; // timed calls run as they are queued
+#define SET(name) wrapped.name = prof_##name
+    SET(embedding_forward), SET(embedding_backward), SET(matmul_forward), SET(matmul_backward);
+    SET(rmsnorm_forward), SET(rmsnorm_backward), SET(add), SET(qkv_norm_rope_forward), SET(qkv_norm_rope_backward);
+    SET(attention_forward), SET(attention_backward), SET(swiglu_forward), SET(swiglu_backward);
+    SET(router_forward), SET(router_aux_loss), SET(router_backward), SET(moe_dispatch_forward);
+    SET(moe_dispatch_backward), SET(moe_combine_forward), SET(moe_combine_backward), SET(moe_regroup);
+    SET(grouped_matmul_forward), SET(grouped_matmul_backward), SET(router_bias_update), SET(cross_entropy);
+    SET(sum_squares), SET(adamw_update);
+#undef SET
+    if (!events) {
+        events = moe_malloc(2 * PROFILE_MAX_CALLS * sizeof(void *));
+        phases = moe_malloc(PROFILE_MAX_CALLS * sizeof(int));
+        for (int i = 0; i < 2 * PROFILE_MAX_CALLS; i++) events[i] = backend->event_create();
+    }
+    n_calls = 0;
+    return &wrapped;
+}
+
+void profile_reset(void) { n_calls = 0; }
+
+void profile_collect(double ms[PROFILE_N_PHASES]) {
+    for (int p = 0; p < PROFILE_N_PHASES; p++) ms[p] = 0;
+    for (int i = 0; i < n_calls; i++) ms[phases[i]] += inner->event_elapsed_ms(events[2 * i], events[2 * i + 1]);
+}

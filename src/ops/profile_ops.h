@@ -1,0 +1,16 @@
+// Per-phase kernel timing of any backend (see profile_ops.c).
+#pragma once
+#include "ops.h"
+
+typedef enum {
+    PHASE_ATTENTION, PHASE_EXPERT_GEMM, PHASE_ROUTING, PHASE_DENSE_GEMM, PHASE_OPTIMIZER, PHASE_REST,
+    PROFILE_N_PHASES
+} ProfilePhase;
+
+extern const char *const PROFILE_PHASE_NAMES[PROFILE_N_PHASES];
+
+// The backend with every kernel timed (memory and transfer entries pass through untimed).
+const Ops *ops_profiled(const Ops *backend);
+void profile_reset(void);
+// Milliseconds per phase of the calls since ops_profiled or profile_reset (waits for them).
+void profile_collect(double ms[PROFILE_N_PHASES]);

@@ -1,0 +1,550 @@
+// The CUDA backend against the CPU backend (run on a GPU machine: make CUDA=1 build/test_cuda).
+// Every op gets fresh random inputs, the same bf16-rounded values on both backends, outputs
+// poisoned with NaN first, several shapes (odd row counts, tiles cut by the edges, experts with
+// no tokens); then whole models: loss and every parameter gradient of small configs of each option.
+// Prints one line per test and "N passed, N failed".
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "dist/parallel.h"
+#include "model/model.h"
+#include "ops/ops.h"
+
+static const Ops *cpu, *gpu;
+static int failures, passed, failed;
+
+#define FAIL(...) (failures++, fprintf(stderr, "    "), fprintf(stderr, __VA_ARGS__), fputc('\n', stderr))
+
+// ---------------------------------------------------------------- paired buffers
+
+typedef enum { K_ACT, K_F32, K_I32 } Kind;
+
+typedef struct {
+    Kind kind;
+    size_t n;
+    float *ref; // host copy of the values both backends got (act values rounded to bf16)
+    void *c, *g;
+} Buf;
+
+static float round_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) != 0x7f800000u) u += 0x7fffu + ((u >> 16) & 1u);
+    u &= 0xffff0000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+static uint16_t bf16_bits(float x) {
+    uint32_t u;
+    x = round_bf16(x);
+    memcpy(&u, &x, 4);
+    return (uint16_t)(u >> 16);
+}
+
+static size_t elem(const Ops *o, Kind k) { return k == K_ACT ? o->act_size : k == K_F32 ? o->f32_size : 4; }
+
+static Buf buf_new(Kind kind, size_t n) {
+    Buf b = {kind, n, calloc(n ? n : 1, sizeof(float)), NULL, NULL};
+    b.c = cpu->alloc(n * elem(cpu, kind) + 64);
+    b.g = gpu->alloc(n * elem(gpu, kind) + 64);
+    return b;
+}
+
+static void buf_free(Buf *b) {
+    cpu->free(b->c), gpu->free(b->g), free(b->ref);
+}
+
+// Writes b->ref to both backends.
+static void buf_push(Buf *b) {
+    if (b->kind == K_I32) {
+        int32_t *v = malloc(b->n * 4 + 4);
+        for (size_t i = 0; i < b->n; i++) v[i] = (int32_t)b->ref[i];
+        cpu->upload(b->c, v, b->n * 4), gpu->upload(b->g, v, b->n * 4);
+        free(v);
+        return;
+    }
+    if (b->kind == K_ACT)
+        for (size_t i = 0; i < b->n; i++) b->ref[i] = round_bf16(b->ref[i]);
+    cpu->upload_f32(b->c, b->ref, b->n);
+    if (b->kind == K_F32) {
+        gpu->upload_f32(b->g, b->ref, b->n);
+        return;
+    }
+    uint16_t *bits = malloc(b->n * 2 + 2);
+    for (size_t i = 0; i < b->n; i++) bits[i] = bf16_bits(b->ref[i]);
+    gpu->upload(b->g, bits, b->n * 2);
+    free(bits);
+}
+
+static void buf_random(Buf *b, uint64_t seed, double scale) {
+    for (size_t i = 0; i < b->n; i++) b->ref[i] = (float)(scale * rng_normal(seed, i));
+    buf_push(b);
+}
+
+static void buf_values(Buf *b, const float *v) {
+    memcpy(b->ref, v, b->n * sizeof(float));
+    buf_push(b);
+}
+
+static void buf_poison(Buf *b) {
+    for (size_t i = 0; i < b->n; i++) b->ref[i] = b->kind == K_I32 ? -7777777.0f : NAN;
+    buf_push(b);
+}
+
+static void fetch(const Ops *o, Kind k, const void *src, size_t n, float *dst) {
+    if (k == K_ACT) o->download_act(dst, src, n);
+    else if (k == K_F32) o->download_f32(dst, src, n);
+    else {
+        int32_t *v = malloc(n * 4 + 4);
+        o->download(v, src, n * 4);
+        for (size_t i = 0; i < n; i++) dst[i] = (float)v[i];
+        free(v);
+    }
+}
+
+// GPU result against the CPU result: |g - c| <= atol * max|c| + rtol |c|; NaN only where both are.
+static void check(const char *what, const Buf *b, size_t n, double rtol, double atol) {
+    float *c = malloc(n * sizeof(float) + 4), *g = malloc(n * sizeof(float) + 4);
+    fetch(cpu, b->kind, b->c, n, c);
+    fetch(gpu, b->kind, b->g, n, g);
+    double scale = 0;
+    for (size_t i = 0; i < n; i++) scale = isfinite(c[i]) && fabs(c[i]) > scale ? fabs(c[i]) : scale;
+    size_t bad = 0, worst = 0;
+    double worst_ex = -1;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(c[i]) && isnan(g[i])) continue;
+        double err = fabs((double)g[i] - c[i]), tol = atol * scale + rtol * fabs(c[i]);
+        if (!(err <= tol)) {
+            bad++;
+            double ex = isnan(err) ? INFINITY : err - tol;
+            if (ex > worst_ex) worst_ex = ex, worst = i;
+        }
+    }
+    if (bad) FAIL("%s: %zu of %zu differ; worst [%zu]: gpu %.6g, cpu %.6g (rtol %g, atol %g x %.3g)", what, bad, n,
+                  worst, g[worst], c[worst], rtol, atol, scale);
+    free(c), free(g);
+}
+
+#define BF 2e-2, 2e-3 // bf16 outputs
+#define FP 2e-3, 1e-4 // fp32 outputs of bf16 inputs
+
+// ---------------------------------------------------------------- dense ops
+
+static void test_dense(void) {
+    size_t T = 37, V = 41, D = 24;
+    Buf tok = buf_new(K_I32, T), wte = buf_new(K_ACT, V * D), out = buf_new(K_ACT, T * D), dw = buf_new(K_F32, V * D);
+    for (size_t i = 0; i < T; i++) tok.ref[i] = (float)(rng_hash64(1, i) % V);
+    buf_push(&tok);
+    buf_random(&wte, 2, 1), buf_poison(&out), buf_random(&dw, 3, 1);
+    cpu->embedding_forward(out.c, tok.c, wte.c, T, D), gpu->embedding_forward(out.g, tok.g, wte.g, T, D);
+    check("embedding forward", &out, T * D, 0, 0);
+    buf_random(&out, 4, 1);
+    cpu->embedding_backward(dw.c, out.c, tok.c, T, D, V), gpu->embedding_backward(dw.g, out.g, tok.g, T, D, V);
+    check("embedding backward (accumulates)", &dw, V * D, FP);
+    buf_free(&tok), buf_free(&wte), buf_free(&out), buf_free(&dw);
+
+    size_t shapes[3][3] = {{37, 24, 40}, {130, 72, 264}, {1, 8, 16}};
+    for (int s = 0; s < 3; s++) {
+        size_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        char what[96];
+        Buf x = buf_new(K_ACT, M * K), w = buf_new(K_ACT, N * K), y = buf_new(K_ACT, M * N);
+        Buf dx = buf_new(K_ACT, M * K), dwt = buf_new(K_F32, N * K);
+        buf_random(&x, 5, 1), buf_random(&w, 6, 0.2), buf_poison(&y);
+        for (int acc = 0; acc < 2; acc++) {
+            if (acc) buf_random(&y, 7, 1);
+            cpu->matmul_forward(y.c, x.c, w.c, M, N, K, acc), gpu->matmul_forward(y.g, x.g, w.g, M, N, K, acc);
+            snprintf(what, sizeof what, "matmul forward %zux%zux%zu%s", M, N, K, acc ? " +=" : "");
+            check(what, &y, M * N, BF);
+            buf_random(&y, 8, 1), buf_random(&dwt, 9, 1);
+            if (acc) buf_random(&dx, 10, 1); else buf_poison(&dx);
+            cpu->matmul_backward(dx.c, dwt.c, y.c, x.c, w.c, M, N, K, acc);
+            gpu->matmul_backward(dx.g, dwt.g, y.g, x.g, w.g, M, N, K, acc);
+            snprintf(what, sizeof what, "matmul backward dx %zux%zux%zu%s", M, N, K, acc ? " +=" : "");
+            check(what, &dx, M * K, BF);
+            snprintf(what, sizeof what, "matmul backward dw %zux%zux%zu", M, N, K);
+            check(what, &dwt, N * K, FP);
+        }
+        buf_free(&x), buf_free(&w), buf_free(&y), buf_free(&dx), buf_free(&dwt);
+    }
+
+    size_t R = 37, W = 72;
+    Buf x = buf_new(K_ACT, R * W), w = buf_new(K_ACT, W), y = buf_new(K_ACT, R * W), rstd = buf_new(K_F32, R);
+    Buf dx = buf_new(K_ACT, R * W), dwn = buf_new(K_F32, W);
+    buf_random(&x, 11, 1), buf_random(&w, 12, 1), buf_poison(&y), buf_poison(&rstd);
+    cpu->rmsnorm_forward(y.c, rstd.c, x.c, w.c, R, W, 1e-5f), gpu->rmsnorm_forward(y.g, rstd.g, x.g, w.g, R, W, 1e-5f);
+    check("rmsnorm forward", &y, R * W, BF), check("rmsnorm rstd", &rstd, R, FP);
+    for (int acc = 0; acc < 2; acc++) {
+        buf_random(&y, 13, 1), buf_random(&dwn, 14, 1);
+        if (acc) buf_random(&dx, 15, 1); else buf_poison(&dx);
+        cpu->rmsnorm_backward(dx.c, dwn.c, y.c, x.c, w.c, rstd.c, R, W, acc);
+        gpu->rmsnorm_backward(dx.g, dwn.g, y.g, x.g, w.g, rstd.g, R, W, acc);
+        check(acc ? "rmsnorm backward dx +=" : "rmsnorm backward dx", &dx, R * W, BF);
+        check("rmsnorm backward dw", &dwn, W, FP);
+    }
+    cpu->add(dx.c, x.c, y.c, R * W), gpu->add(dx.g, x.g, y.g, R * W);
+    check("add", &dx, R * W, BF);
+    buf_free(&x), buf_free(&w), buf_free(&y), buf_free(&rstd), buf_free(&dx), buf_free(&dwn);
+
+    size_t H = 24;
+    Buf gu = buf_new(K_ACT, R * 2 * H), h = buf_new(K_ACT, R * H), cnt = buf_new(K_I32, 1), dgu = buf_new(K_ACT, R * 2 * H);
+    float count = (float)(R - 5);
+    buf_values(&cnt, &count);
+    for (int limited = 0; limited < 2; limited++) {
+        const int32_t *cc = limited ? cnt.c : NULL, *cg = limited ? cnt.g : NULL;
+        buf_random(&gu, 16, 2), buf_poison(&h), buf_poison(&dgu);
+        cpu->swiglu_forward(h.c, gu.c, R, H, cc), gpu->swiglu_forward(h.g, gu.g, R, H, cg);
+        check(limited ? "swiglu forward (row count; rest untouched)" : "swiglu forward", &h, R * H, BF);
+        buf_random(&h, 17, 1);
+        cpu->swiglu_backward(dgu.c, h.c, gu.c, R, H, cc), gpu->swiglu_backward(dgu.g, h.g, gu.g, R, H, cg);
+        check(limited ? "swiglu backward (row count)" : "swiglu backward", &dgu, R * 2 * H, BF);
+    }
+    buf_free(&gu), buf_free(&h), buf_free(&cnt), buf_free(&dgu);
+
+    size_t N = 37, Vc = 1003;
+    Buf logits = buf_new(K_ACT, N * Vc), tg = buf_new(K_I32, N), acc = buf_new(K_F32, 2);
+    for (size_t i = 0; i < N; i++) tg.ref[i] = i == 5 ? -1.0f : (float)(rng_hash64(18, i) % Vc);
+    buf_push(&tg);
+    for (int grad = 0; grad < 2; grad++) {
+        buf_random(&logits, 19, 3);
+        float zero[2] = {0, 0};
+        buf_values(&acc, zero);
+        cpu->cross_entropy(logits.c, acc.c, tg.c, N, Vc, 1.0f / N, 1e-3f, grad);
+        gpu->cross_entropy(logits.g, acc.g, tg.g, N, Vc, 1.0f / N, 1e-3f, grad);
+        check("cross-entropy loss and lse^2 sums", &acc, 2, FP);
+        if (grad) check("cross-entropy gradient (ignored target row zero)", &logits, N * Vc, BF);
+    }
+    buf_free(&logits), buf_free(&tg), buf_free(&acc);
+}
+
+// ---------------------------------------------------------------- optimizer
+
+static void test_optimizer(void) {
+    size_t n = 10007;
+    Buf p = buf_new(K_F32, n), pa = buf_new(K_ACT, n), g = buf_new(K_F32, n), m = buf_new(K_F32, n), v = buf_new(K_F32, n);
+    Buf ss = buf_new(K_F32, 1), si = buf_new(K_I32, sizeof(StepInfo) / 4);
+    buf_random(&p, 20, 1), buf_random(&g, 21, 1), buf_random(&m, 22, 0.1), buf_random(&v, 23, 0.1);
+    for (size_t i = 0; i < n; i++) v.ref[i] = fabsf(v.ref[i]);
+    buf_push(&v);
+    float zero = 0;
+    buf_values(&ss, &zero);
+    cpu->sum_squares(ss.c, g.c, n), gpu->sum_squares(ss.g, g.g, n);
+    check("sum of squares", &ss, 1, 1e-5, 0);
+    StepInfo info = {.lr = 1e-2f, .step = 3, .seed = 1};
+    cpu->upload(si.c, &info, sizeof info), gpu->upload(si.g, &info, sizeof info);
+    AdamWArgs a = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .clip = 1.0f};
+    buf_poison(&pa);
+    cpu->adamw_update(p.c, NULL, g.c, m.c, v.c, n, a, si.c, ss.c);
+    gpu->adamw_update(p.g, pa.g, g.g, m.g, v.g, n, a, si.g, ss.g);
+    check("adamw params (clipped)", &p, n, 1e-5, 1e-6), check("adamw m", &m, n, 1e-5, 1e-6);
+    check("adamw v", &v, n, 1e-5, 1e-6);
+    float *pg = malloc(n * 4), *pb = malloc(n * 4);
+    gpu->download_f32(pg, p.g, n), gpu->download_act(pb, pa.g, n);
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) bad += pb[i] != round_bf16(pg[i]);
+    if (bad) FAIL("adamw bf16 copy: %zu of %zu differ from the rounded fp32 weights", bad, n);
+    free(pg), free(pb);
+    Buf bias = buf_new(K_F32, 9), loads = buf_new(K_F32, 9);
+    buf_random(&bias, 24, 0.1), buf_random(&loads, 25, 10);
+    cpu->router_bias_update(bias.c, loads.c, 9, 0.01f), gpu->router_bias_update(bias.g, loads.g, 9, 0.01f);
+    check("loss-free bias update", &bias, 9, 1e-6, 0);
+    Buf src = buf_new(K_F32, n);
+    buf_random(&src, 26, 1), buf_poison(&pa);
+    cpu->cast_f32_to_act(pa.c, src.c, n), gpu->cast_f32_to_act(pa.g, src.g, n);
+    check("cast fp32 to act", &pa, n, 4e-3, 0);
+    buf_free(&p), buf_free(&pa), buf_free(&g), buf_free(&m), buf_free(&v), buf_free(&ss), buf_free(&si);
+    buf_free(&bias), buf_free(&loads), buf_free(&src);
+}
+
+// ---------------------------------------------------------------- attention
+
+static void upload_rope(Buf *rope, size_t S, size_t hd) {
+    for (size_t s = 0; s < S; s++)
+        for (size_t i = 0; i < hd / 2; i++) {
+            double ang = (double)s * pow(10000.0, -2.0 * i / hd);
+            rope->ref[s * hd + 2 * i] = (float)cos(ang), rope->ref[s * hd + 2 * i + 1] = (float)sin(ang);
+        }
+    buf_push(rope);
+}
+
+static void test_attention_case(AttnDims d) {
+    size_t T = d.B * d.S, C = (d.Hq + 2 * d.Hkv) * d.hd, Dq = d.Hq * d.hd;
+    char what[128];
+    Buf raw = buf_new(K_ACT, T * C), qkv = buf_new(K_ACT, T * C), rstd = buf_new(K_F32, T * (d.Hq + d.Hkv));
+    Buf wq = buf_new(K_ACT, Dq), wk = buf_new(K_ACT, d.Hkv * d.hd), rope = buf_new(K_F32, d.S * d.hd);
+    Buf dq = buf_new(K_ACT, T * C), dwq = buf_new(K_F32, Dq), dwk = buf_new(K_F32, d.Hkv * d.hd);
+    upload_rope(&rope, d.S, d.hd);
+    static const char *modes[] = {"none", "full", "head"};
+    for (int mode = 0; mode < 3; mode++) {
+        size_t nq = mode == QK_NORM_HEAD ? d.hd : Dq, nk = mode == QK_NORM_HEAD ? d.hd : d.Hkv * d.hd;
+        buf_random(&raw, 30, 1), buf_random(&wq, 31, 1), buf_random(&wk, 32, 1), buf_poison(&qkv), buf_poison(&rstd);
+        cpu->qkv_norm_rope_forward(qkv.c, rstd.c, raw.c, wq.c, wk.c, rope.c, d, (QkNorm)mode, 1e-5f);
+        gpu->qkv_norm_rope_forward(qkv.g, rstd.g, raw.g, wq.g, wk.g, rope.g, d, (QkNorm)mode, 1e-5f);
+        snprintf(what, sizeof what, "qk-norm %s + rope forward S%zu hd%zu", modes[mode], d.S, d.hd);
+        check(what, &qkv, T * C, BF);
+        buf_random(&qkv, 33, 1), buf_poison(&dq), buf_random(&dwq, 34, 1), buf_random(&dwk, 35, 1);
+        cpu->qkv_norm_rope_backward(dq.c, dwq.c, dwk.c, qkv.c, raw.c, wq.c, wk.c, rstd.c, rope.c, d, (QkNorm)mode);
+        gpu->qkv_norm_rope_backward(dq.g, dwq.g, dwk.g, qkv.g, raw.g, wq.g, wk.g, rstd.g, rope.g, d, (QkNorm)mode);
+        snprintf(what, sizeof what, "qk-norm %s + rope backward S%zu hd%zu", modes[mode], d.S, d.hd);
+        check(what, &dq, T * C, BF);
+        if (mode) check("  qk-norm dwq", &dwq, nq, FP), check("  qk-norm dwk", &dwk, nk, FP);
+    }
+    Buf out = buf_new(K_ACT, T * Dq), lse = buf_new(K_F32, d.B * d.Hq * d.S), dout = buf_new(K_ACT, T * Dq);
+    buf_random(&qkv, 36, 1.5), buf_poison(&out), buf_poison(&lse);
+    cpu->attention_forward(out.c, lse.c, qkv.c, d), gpu->attention_forward(out.g, lse.g, qkv.g, d);
+    snprintf(what, sizeof what, "attention forward B%zu S%zu Hq%zu Hkv%zu hd%zu", d.B, d.S, d.Hq, d.Hkv, d.hd);
+    check(what, &out, T * Dq, BF), check("  attention lse", &lse, d.B * d.Hq * d.S, 1e-3, 1e-4);
+    buf_random(&dout, 37, 1), buf_poison(&dq);
+    cpu->attention_backward(dq.c, dout.c, qkv.c, out.c, lse.c, d);
+    gpu->attention_backward(dq.g, dout.g, qkv.g, out.g, lse.g, d);
+    snprintf(what, sizeof what, "attention backward B%zu S%zu Hq%zu Hkv%zu hd%zu", d.B, d.S, d.Hq, d.Hkv, d.hd);
+    check(what, &dq, T * C, 3e-2, 3e-3);
+    Buf *all[] = {&raw, &qkv, &rstd, &wq, &wk, &rope, &dq, &dwq, &dwk, &out, &lse, &dout};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) buf_free(all[i]);
+}
+
+static void test_attention(void) {
+    test_attention_case((AttnDims){2, 37, 4, 2, 16});
+    test_attention_case((AttnDims){1, 130, 2, 2, 32});
+    test_attention_case((AttnDims){2, 64, 4, 1, 64});
+    test_attention_case((AttnDims){1, 200, 8, 2, 128});
+}
+
+// ---------------------------------------------------------------- mixture of experts
+
+static void test_router_case(size_t T, size_t E, size_t K, RouterKind kind, bool renorm, bool random, bool bias) {
+    char what[128];
+    snprintf(what, sizeof what, "router T%zu E%zu K%zu %s%s%s%s", T, E, K, kind == ROUTER_SOFTMAX ? "softmax" : "sigmoid",
+             renorm ? " renorm" : "", random ? " random" : "", bias ? " bias" : "");
+    RouterArgs a = {.T = T, .T_global = T, .E = E, .K = K, .kind = kind, .renorm = renorm, .random = random,
+                    .layer = 2, .token_base = 100, .lb_grad = 0.3f, .z_grad = 0.1f};
+    Buf logits = buf_new(K_ACT, T * E), scores = buf_new(K_F32, T * E), idx = buf_new(K_I32, T * K);
+    Buf w = buf_new(K_F32, T * K), counts = buf_new(K_I32, E), aux = buf_new(K_F32, router_aux_len(E));
+    Buf stats = buf_new(K_F32, router_stats_len(E)), b = buf_new(K_F32, E), si = buf_new(K_I32, sizeof(StepInfo) / 4);
+    Buf dw = buf_new(K_F32, T * K), dl = buf_new(K_ACT, T * E);
+    StepInfo info = {.lr = 0, .step = 1, .seed = 77};
+    cpu->upload(si.c, &info, sizeof info), gpu->upload(si.g, &info, sizeof info);
+    buf_random(&logits, 40, 2), buf_random(&b, 41, 0.5), buf_random(&stats, 42, 1);
+    Buf *outs[] = {&scores, &idx, &w, &counts, &aux, &dl};
+    for (size_t i = 0; i < 6; i++) buf_poison(outs[i]);
+    const void *bc = bias ? b.c : NULL, *bg = bias ? b.g : NULL;
+    cpu->router_forward(scores.c, idx.c, w.c, counts.c, aux.c, logits.c, bc, si.c, a);
+    gpu->router_forward(scores.g, idx.g, w.g, counts.g, aux.g, logits.g, bg, si.g, a);
+    check(what, &scores, T * E, FP);
+    check("  top-k experts", &idx, T * K, 0, 0), check("  top-k weights", &w, T * K, FP);
+    check("  counts", &counts, E, 0, 0), check("  aux summary", &aux, router_aux_len(E), FP);
+    cpu->router_aux_loss(stats.c, aux.c, a, 1), gpu->router_aux_loss(stats.g, aux.g, a, 1);
+    check("  aux losses into stats", &stats, router_stats_len(E), FP);
+    buf_random(&dw, 43, 1);
+    cpu->router_backward(dl.c, dw.c, logits.c, scores.c, idx.c, w.c, aux.c, a);
+    gpu->router_backward(dl.g, dw.g, logits.g, scores.g, idx.g, w.g, aux.g, a);
+    check("  router backward", &dl, T * E, BF);
+    Buf *all[] = {&logits, &scores, &idx, &w, &counts, &aux, &stats, &b, &si, &dw, &dl};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) buf_free(all[i]);
+}
+
+static void test_router(void) {
+    test_router_case(77, 8, 2, ROUTER_SOFTMAX, false, false, false);
+    test_router_case(300, 64, 8, ROUTER_SIGMOID, true, false, false);
+    test_router_case(300, 64, 4, ROUTER_SOFTMAX, false, true, false);
+    test_router_case(129, 16, 4, ROUTER_SIGMOID, true, false, true);
+}
+
+// Dispatch with a chosen expert assignment (expert 3 gets nothing), combine, both backwards.
+static void test_dispatch_case(size_t T, size_t K, size_t E, size_t D, size_t capacity) {
+    char what[128];
+    snprintf(what, sizeof what, "dispatch T%zu K%zu E%zu D%zu capacity %zu", T, K, E, D, capacity);
+    size_t R = T * K;
+    Buf idx = buf_new(K_I32, T * K), counts = buf_new(K_I32, E), x = buf_new(K_ACT, T * D), xp = buf_new(K_ACT, R * D);
+    Buf pos = buf_new(K_I32, T * K), off = buf_new(K_I32, E + 1), stats = buf_new(K_F32, router_stats_len(E));
+    for (size_t t = 0; t < T; t++)
+        for (size_t k = 0; k < K; k++) {
+            size_t e = (t * 7 + k * 3 + (t * t) % 5) % (E - 1);
+            idx.ref[t * K + k] = (float)(e >= 3 ? e + 1 : e); // expert 3 never chosen
+        }
+    for (size_t t = 0; t < T; t++) // distinct experts per token
+        if (K > 1 && idx.ref[t * K] == idx.ref[t * K + 1]) idx.ref[t * K + 1] = (float)(((int)idx.ref[t * K] + 1) % E == 3 ? 4 : ((int)idx.ref[t * K] + 1) % E);
+    memset(counts.ref, 0, E * sizeof(float));
+    for (size_t i = 0; i < T * K; i++) counts.ref[(int)idx.ref[i]] += 1;
+    buf_push(&idx), buf_push(&counts), buf_random(&x, 50, 1), buf_poison(&xp), buf_poison(&pos), buf_poison(&off);
+    float zero[64] = {0};
+    buf_values(&stats, zero);
+    cpu->moe_dispatch_forward(xp.c, pos.c, off.c, stats.c, x.c, idx.c, counts.c, T, K, E, D, capacity);
+    gpu->moe_dispatch_forward(xp.g, pos.g, off.g, stats.g, x.g, idx.g, counts.g, T, K, E, D, capacity);
+    check(what, &off, E + 1, 0, 0), check("  slot positions", &pos, T * K, 0, 0);
+    check("  dispatched rows", &xp, R * D, 0, 0), check("  dropped count", &stats, router_stats_len(E), 0, 0);
+    Buf w = buf_new(K_F32, T * K), y = buf_new(K_ACT, R * D), out = buf_new(K_ACT, T * D), dw = buf_new(K_F32, T * K);
+    buf_random(&w, 51, 1), buf_random(&y, 52, 1), buf_poison(&out);
+    for (int acc = 0; acc < 2; acc++) {
+        if (acc) buf_random(&out, 53, 1);
+        cpu->moe_combine_forward(out.c, y.c, pos.c, w.c, T, K, D, acc);
+        gpu->moe_combine_forward(out.g, y.g, pos.g, w.g, T, K, D, acc);
+        check(acc ? "  combine forward +=" : "  combine forward", &out, T * D, BF);
+    }
+    buf_poison(&xp), buf_poison(&dw);
+    cpu->moe_combine_backward(xp.c, dw.c, out.c, y.c, pos.c, w.c, T, K, D);
+    gpu->moe_combine_backward(xp.g, dw.g, out.g, y.g, pos.g, w.g, T, K, D);
+    check("  combine backward rows", &xp, R * D, BF), check("  combine backward weights", &dw, T * K, 1e-2, 1e-3);
+    for (int acc = 0; acc < 2; acc++) {
+        if (acc) buf_random(&x, 54, 1); else buf_poison(&x);
+        cpu->moe_dispatch_backward(x.c, xp.c, pos.c, T, K, D, acc);
+        gpu->moe_dispatch_backward(x.g, xp.g, pos.g, T, K, D, acc);
+        check(acc ? "  dispatch backward +=" : "  dispatch backward", &x, T * D, BF);
+    }
+    Buf *all[] = {&idx, &counts, &x, &xp, &pos, &off, &stats, &w, &y, &out, &dw};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) buf_free(all[i]);
+}
+
+static void test_grouped_case(size_t E, const int *rows, size_t N, size_t K) {
+    char what[128];
+    size_t R = 0;
+    Buf off = buf_new(K_I32, E + 1);
+    off.ref[0] = 0;
+    for (size_t e = 0; e < E; e++) off.ref[e + 1] = off.ref[e] + (float)rows[e], R += (size_t)rows[e];
+    buf_push(&off);
+    size_t Rb = R + 13; // buffers larger than the rows in use
+    Buf x = buf_new(K_ACT, Rb * K), w = buf_new(K_ACT, E * N * K), y = buf_new(K_ACT, Rb * N);
+    Buf dx = buf_new(K_ACT, Rb * K), dw = buf_new(K_F32, E * N * K);
+    buf_random(&x, 60, 1), buf_random(&w, 61, 0.1), buf_poison(&y);
+    cpu->grouped_matmul_forward(y.c, x.c, w.c, off.c, E, N, K, Rb);
+    gpu->grouped_matmul_forward(y.g, x.g, w.g, off.g, E, N, K, Rb);
+    snprintf(what, sizeof what, "grouped matmul forward E%zu N%zu K%zu rows %zu", E, N, K, R);
+    check(what, &y, Rb * N, BF);
+    buf_random(&y, 62, 1), buf_poison(&dx), buf_random(&dw, 63, 1);
+    cpu->grouped_matmul_backward(dx.c, dw.c, y.c, x.c, w.c, off.c, E, N, K, Rb);
+    gpu->grouped_matmul_backward(dx.g, dw.g, y.g, x.g, w.g, off.g, E, N, K, Rb);
+    check("  grouped matmul backward dx", &dx, Rb * K, BF);
+    check("  grouped matmul backward dw (accumulates; empty experts unchanged)", &dw, E * N * K, FP);
+    Buf *all[] = {&off, &x, &w, &y, &dx, &dw};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) buf_free(all[i]);
+}
+
+static void test_moe(void) {
+    test_dispatch_case(77, 2, 8, 24, 0);
+    test_dispatch_case(77, 2, 8, 24, 9);
+    test_dispatch_case(3000, 4, 16, 64, 0); // several sort blocks
+    int rows1[5] = {0, 37, 0, 130, 3}, rows2[8] = {500, 1, 0, 257, 64, 129, 0, 2000};
+    test_grouped_case(5, rows1, 48, 40);
+    test_grouped_case(8, rows2, 256, 128);
+    int counts[6] = {2, 1, 1, 0, 0, 2}; // (source, expert), ep 3, El 2
+    Buf c = buf_new(K_I32, 6), in = buf_new(K_ACT, 6 * 16), out = buf_new(K_ACT, 6 * 16);
+    for (int i = 0; i < 6; i++) c.ref[i] = (float)counts[i];
+    buf_push(&c), buf_random(&in, 70, 1);
+    for (int dir = 0; dir < 2; dir++) {
+        buf_poison(&out);
+        cpu->moe_regroup(out.c, in.c, c.c, 3, 2, 16, dir), gpu->moe_regroup(out.g, in.g, c.g, 3, 2, 16, dir);
+        check(dir ? "regroup to expert-major" : "regroup to source-major", &out, 6 * 16, 0, 0);
+    }
+    buf_free(&c), buf_free(&in), buf_free(&out);
+}
+
+// ---------------------------------------------------------------- whole models
+
+static void model_compare(const char *name, ModelConfig c, size_t B, size_t S) {
+    MoeErr err;
+    if (model_config_validate(&c, err)) {
+        FAIL("%s: %s", name, err);
+        return;
+    }
+    Parallel pc, pg;
+    parallel_init(&pc, comm_self(4), 1, 1, c.n_layers, c.n_experts, model_n_moe_layers(&c) > 0, 1);
+    parallel_init(&pg, comm_self(4), 1, 1, c.n_layers, c.n_experts, model_n_moe_layers(&c) > 0, 1);
+    Model mc, mg;
+    model_init(&mc, &c, cpu, &pc, B, S, 1, 1);
+    model_init(&mg, &c, gpu, &pg, B, S, 1, 1);
+    model_init_weights(&mc, 5);
+    size_t P = mc.reg.total, len = model_metrics_len(&c);
+    float *host = malloc(P * sizeof(float)), *gc = malloc(P * sizeof(float)), *gg = malloc(P * sizeof(float));
+    for (size_t i = 0; i < P; i++) host[i] = round_bf16(((float *)mc.params)[i]); // both see bf16 weights
+    cpu->upload_f32(mc.params, host, P), gpu->upload_f32(mg.params, host, P);
+    gpu->zero(mg.expert_bias, (size_t)c.n_layers * c.n_experts * 4);
+    model_sync_compute_weights(&mg);
+    int32_t *seqs = malloc(B * (S + 1) * sizeof(int32_t));
+    for (size_t i = 0; i < B * (S + 1); i++) seqs[i] = (int32_t)(rng_hash64(80, i) % (uint64_t)c.vocab_size);
+    model_set_batch(&mc, 0, seqs, B, S), model_set_batch(&mg, 0, seqs, B, S);
+    void *metc = cpu->alloc(len * 4), *metg = gpu->alloc(len * 4);
+    StepInfo info = {.lr = 1e-3f, .step = 1, .seed = 3};
+    cpu->upload(mc.step_info, &info, sizeof info), gpu->upload(mg.step_info, &info, sizeof info);
+    LossScales sc = {.ce = 1.0f / (B * S), .lm_z = 1e-4f / (B * S), .lb = 0.01f, .z = 0.001f};
+    float lc[1], lg[1];
+    for (int g = 0; g < 2; g++) {
+        const Ops *o = g ? gpu : cpu;
+        Model *m = g ? &mg : &mc;
+        void *met = g ? metg : metc;
+        o->zero(met, len * 4), o->zero(m->grads, P * 4);
+        ForwardArgs a = {.B = B, .S = S, .train = true, .scales = sc, .metrics = met};
+        model_forward(m, &a);
+        model_backward(m, &a);
+        o->download_f32(g ? lg : lc, met, 1);
+        o->download_f32(g ? gg : gc, m->grads, P);
+    }
+    if (!(fabsf(lg[0] - lc[0]) <= 1e-2f * fabsf(lc[0]))) FAIL("%s: summed CE gpu %g, cpu %g", name, lg[0], lc[0]);
+    for (size_t t = 0; t < mc.reg.n; t++) {
+        const ParamInfo *p = &mc.reg.p[t];
+        double diff = 0, norm = 0;
+        for (size_t i = 0; i < p->numel; i++) {
+            double d = (double)gg[p->offset + i] - gc[p->offset + i];
+            diff += d * d, norm += (double)gc[p->offset + i] * gc[p->offset + i];
+        }
+        double rel = sqrt(diff) / (sqrt(norm) + 1e-30);
+        if (!(rel < 5e-2)) FAIL("%s: %s gradient relative L2 error %.3g (|g| %.3g)", name, p->name, rel, sqrt(norm));
+    }
+    free(host), free(gc), free(gg), free(seqs);
+    cpu->free(metc), gpu->free(metg);
+    model_free(&mc), model_free(&mg);
+}
+
+static ModelConfig small_config(void) {
+    ModelConfig c;
+    model_config_defaults(&c);
+    c.vocab_size = 301, c.d_model = 64, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.head_dim = 0;
+    c.n_experts = 8, c.top_k = 2, c.expert_hidden = 48, c.init_std = 0.05;
+    return c;
+}
+
+static void test_models(void) {
+    ModelConfig a = small_config();
+    model_compare("model pre-norm, full qk-norm, softmax", a, 2, 70);
+    ModelConfig b = small_config();
+    b.norm_placement = NORM_REORDERED, b.qk_norm = QK_NORM_HEAD, b.router = ROUTER_SIGMOID, b.norm_topk_prob = true;
+    b.n_layers = 3, b.n_dense_layers = 1, b.dense_hidden = 96, b.shared_hidden = 32;
+    model_compare("model reordered, head qk-norm, sigmoid, dense first, shared expert", b, 2, 70);
+    ModelConfig d = small_config();
+    d.capacity_factor = 0.5, d.qk_norm = QK_NORM_NONE, d.n_kv_heads = 4, d.head_dim = 32, d.n_heads = 2;
+    model_compare("model capacity 0.5, no qk-norm, head_dim 32", d, 1, 100);
+    ModelConfig e = small_config();
+    e.random_routing = true;
+    model_compare("model random routing", e, 2, 50);
+}
+
+typedef struct {
+    const char *name;
+    void (*fn)(void);
+} Test;
+
+int main(int argc, char **argv) {
+    cpu = ops_cpu();
+    gpu = ops_cuda();
+    if (!gpu) {
+        fprintf(stderr, "this build has no CUDA backend (make CUDA=1)\n");
+        return 1;
+    }
+    Test tests[] = {{"dense ops", test_dense}, {"optimizer ops", test_optimizer}, {"attention ops", test_attention},
+                    {"router and experts ops", test_router}, {"dispatch, combine, grouped matmul", test_moe},
+                    {"whole models: loss and every gradient", test_models}};
+    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
+        if (argc > 1 && !strstr(tests[i].name, argv[1])) continue;
+        failures = 0;
+        double t0 = moe_time_sec();
+        tests[i].fn();
+        gpu->sync();
+        printf("  %-50s %s (%.1f s)\n", tests[i].name, failures ? "FAIL" : "ok", moe_time_sec() - t0);
+        fflush(stdout);
+        if (failures) failed++; else passed++;
+    }
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed != 0;
+}
