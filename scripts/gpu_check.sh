@@ -14,20 +14,22 @@ say() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 
 # The image has no Debian JSON library: unpack the carried packages (.deps) next to the build.
+CFLAGS_EXTRA=""; LDLIBS_EXTRA=""
 jansson_flags() {
     [ -e /usr/include/jansson.h ] && return
     mkdir -p .deps/root && for d in .deps/*.deb; do dpkg -x "$d" .deps/root; done
     local root; root=$(pwd)/.deps/root
-    echo "CFLAGS_EXTRA=-I$root/usr/include" "LDLIBS_EXTRA=-L$root/usr/lib/x86_64-linux-gnu -Wl,-rpath,$root/usr/lib/x86_64-linux-gnu"
+    CFLAGS_EXTRA="-I$root/usr/include"
+    LDLIBS_EXTRA="-L$root/usr/lib/x86_64-linux-gnu -Wl,-rpath,$root/usr/lib/x86_64-linux-gnu"
 }
 
 if has build; then
     say "machine: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1)"
     say "nvcc: $(nvcc --version | tail -1); cc: $(cc --version | head -1)"
-    eval "$(jansson_flags)"
+    jansson_flags
     mpi=0; command -v mpicc >/dev/null && mpi=1
     start=$SECONDS
-    make -j"$(nproc)" CUDA=1 MPI=$mpi CFLAGS_EXTRA="${CFLAGS_EXTRA:-}" LDLIBS_EXTRA="${LDLIBS_EXTRA:-}" \
+    make -j"$(nproc)" CUDA=1 MPI=$mpi CFLAGS_EXTRA="$CFLAGS_EXTRA" LDLIBS_EXTRA="$LDLIBS_EXTRA" \
         moe build/test_cuda data/tinyshakespeare_train.npy > "$OUT/build.log" 2>&1 \
         || { say "build FAILED"; tail -30 "$OUT/build.log"; exit 1; }
     say "build ok ($((SECONDS - start)) s, MPI=$mpi)"
