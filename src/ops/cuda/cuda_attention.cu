@@ -1,13 +1,10 @@
 // CUDA kernels for attention: QK-norm + RoPE on packed qkv rows, and causal grouped-query flash
 // attention (forward keeps only each row's log-sum-exp; backward recomputes the probabilities).
-// Tiles of 64 queries x 64 keys go through tensor cores (WMMA); the online softmax and the
-// probability gradients run on the tiles in shared memory.
-#include <mma.h>
-
+// Tiles of 64 queries x 64 keys go through tensor cores (mma.sync) with the scores, probabilities
+// and accumulators in registers, as FlashAttention-2 does.
 #include "cuda_common.cuh"
+#include "cuda_mma.cuh"
 #include "cuda_ops.h"
-
-using namespace nvcuda;
 
 #define STREAM cuda_ctx.stream
 
@@ -163,124 +160,145 @@ extern "C" void cuda_qkv_norm_rope_backward(void *dqkv_raw, void *dwq, void *dwk
 
 // ---------------------------------------------------------------- flash attention
 
-#define AT_B 64        // queries and keys per tile
-#define AT_WARPS 4     // each warp owns 16 rows of a 64-row tile
+// Fragment layouts: see cuda_mma.cuh. The C tiles of two adjacent n8 blocks are, packed to bf16,
+// the A fragment of the next product: probabilities never leave registers.
+#define AT_B 64                 // queries and keys per tile
+#define AT_WARPS 4              // each warp owns 16 rows of a tile
 #define AT_THREADS (32 * AT_WARPS)
-#define PAD_H 8        // bf16 padding of head-dim rows
-#define SF_LD (AT_B + 4)
-#define PS_LD (AT_B + 8)
+#define AT_PAD 8                // bf16 padding of each row (no ldmatrix bank conflicts)
 
-typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> Acc;
+template <int HD> using Tile = bf16[AT_B][HD + AT_PAD];
 
-// Copies rows [r0, r0 + 64) of one head (hd columns at column `col` of rows of width C) into a
-// shared tile; rows past `rows` are zero.
+// Rows [r0, r0 + 64) of one head (HD columns at `col` of rows of width ld) into a tile,
+// asynchronously; rows past `rows` are zero.
 template <int HD>
-__device__ void load_head_tile(bf16 (*tile)[HD + PAD_H], const bf16 *base, size_t C, size_t col, int r0, int rows) {
+__device__ void tile_load(Tile<HD> &tile, const bf16 *base, size_t ld, size_t col, int r0, int rows) {
     for (int c = threadIdx.x; c < AT_B * HD / 8; c += blockDim.x) {
         int r = c / (HD / 8), v = (c % (HD / 8)) * 8;
-        uint4 val = make_uint4(0, 0, 0, 0);
-        if (r0 + r < rows) val = *reinterpret_cast<const uint4 *>(base + (size_t)(r0 + r) * C + col + v);
-        *reinterpret_cast<uint4 *>(&tile[r][v]) = val;
+        bool ok = r0 + r < rows;
+        cp_async16(&tile[r][v], ok ? base + (size_t)(r0 + r) * ld + col + v : base, ok);
     }
 }
 
-// s (16 x 64) = a (16 x HD, row-major) b^T where b is a 64 x HD tile (keys x head dim).
+template <int HD> __device__ __forceinline__ void frag_a(uint32_t a[4], const Tile<HD> &t, int r0, int c0) {
+    ldsm_a(a, &t[0][0], HD + AT_PAD, r0, c0);
+}
+
+// B (k, n) = tile[n][k] (the keys of K as columns), two n8 blocks from n0.
+template <int HD> __device__ __forceinline__ void frag_b_rows(uint32_t b[4], const Tile<HD> &t, int n0, int c0) {
+    ldsm_b_nk(b, &t[0][0], HD + AT_PAD, n0, c0);
+}
+
+// B (k, n) = tile[k][n] (keys x head dim), two n8 blocks from c0.
+template <int HD> __device__ __forceinline__ void frag_b_cols(uint32_t b[4], const Tile<HD> &t, int k0, int c0) {
+    ldsm_b_kn(b, &t[0][0], HD + AT_PAD, c0, k0);
+}
+
+// acc (16 x 64: eight n8 blocks) = A rows [r0, r0 + 16) of `a` times B (k, n) = b[n][k] over HD.
 template <int HD>
-__device__ void tile_qkt(float *s, int lds, const bf16 *a, int lda, const bf16 (*b)[HD + PAD_H]) {
-    for (int j = 0; j < AT_B / 16; j++) {
-        Acc acc;
-        wmma::fill_fragment(acc, 0.0f);
-        for (int kk = 0; kk < HD; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa;
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> fb;
-            wmma::load_matrix_sync(fa, a + kk, lda);
-            wmma::load_matrix_sync(fb, &b[16 * j][kk], HD + PAD_H);
-            wmma::mma_sync(acc, fa, fb, acc);
+__device__ __forceinline__ void product_rows(float acc[8][4], const Tile<HD> &a, int r0, const Tile<HD> &b) {
+    for (int j = 0; j < 8; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    for (int kk = 0; kk < HD; kk += 16) {
+        uint32_t fa[4];
+        frag_a<HD>(fa, a, r0, kk);
+        for (int jp = 0; jp < 4; jp++) {
+            uint32_t fb[4];
+            frag_b_rows<HD>(fb, b, jp * 16, kk);
+            mma16816(acc[2 * jp], fa, fb[0], fb[1]);
+            mma16816(acc[2 * jp + 1], fa, fb[2], fb[3]);
         }
-        wmma::store_matrix_sync(s + 16 * j, acc, lds, wmma::mem_row_major);
     }
 }
 
-// c (16 x HD, fp32 in shared memory, ldc) += a (16 x 64) b (64 x HD); a row- or column-major.
-template <int HD, typename ALayout>
-__device__ void tile_accumulate(float *c, int ldc, const bf16 *a, int lda, int a_step, const bf16 (*b)[HD + PAD_H]) {
-    for (int n = 0; n < HD / 16; n++) {
-        Acc acc;
-        wmma::load_matrix_sync(acc, c + 16 * n, ldc, wmma::mem_row_major);
-        for (int kk = 0; kk < AT_B / 16; kk++) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, ALayout> fa;
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> fb;
-            wmma::load_matrix_sync(fa, a + kk * a_step, lda);
-            wmma::load_matrix_sync(fb, &b[16 * kk][16 * n], HD + PAD_H);
-            wmma::mma_sync(acc, fa, fb, acc);
+// out (16 x HD: HD/8 n8 blocks) += P (16 x 64, the C tiles of a previous product, packed) times
+// B (k, n) = b[k][n] (keys x head dim).
+template <int HD>
+__device__ __forceinline__ void product_accumulate(float out[HD / 8][4], const float p[8][4], const Tile<HD> &b) {
+    for (int i = 0; i < 4; i++) {
+        uint32_t pa[4] = {pack_bf16(p[2 * i][0], p[2 * i][1]), pack_bf16(p[2 * i][2], p[2 * i][3]),
+                          pack_bf16(p[2 * i + 1][0], p[2 * i + 1][1]), pack_bf16(p[2 * i + 1][2], p[2 * i + 1][3])};
+        for (int np = 0; np < HD / 16; np++) {
+            uint32_t fb[4];
+            frag_b_cols<HD>(fb, b, 16 * i, 16 * np);
+            mma16816(out[2 * np], pa, fb[0], fb[1]);
+            mma16816(out[2 * np + 1], pa, fb[2], fb[3]);
         }
-        wmma::store_matrix_sync(c + 16 * n, acc, ldc, wmma::mem_row_major);
     }
 }
 
 template <int HD> struct FwdSmem {
-    bf16 q[AT_B][HD + PAD_H], k[AT_B][HD + PAD_H], v[AT_B][HD + PAD_H];
-    float s[AT_B][SF_LD];
-    bf16 p[AT_B][PS_LD];
-    float o[AT_B][HD + 4];
-    float m[AT_B], l[AT_B];
+    Tile<HD> q, k[2], v[2];
 };
 
+// A block per (query tile, query head, batch); the heaviest tiles (most keys) start first.
 template <int HD>
 __global__ void __launch_bounds__(AT_THREADS) attention_forward_kernel(bf16 *out, float *lse, const bf16 *qkv, AttnDims d) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     FwdSmem<HD> &sm = *reinterpret_cast<FwdSmem<HD> *>(smem_raw);
-    int qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z, S = (int)d.S, q0 = qt * AT_B;
-    int g = h / (int)(d.Hq / d.Hkv);
+    int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z, S = (int)d.S, q0 = qt * AT_B;
+    int kvh = h / (int)(d.Hq / d.Hkv);
     size_t C = (d.Hq + 2 * d.Hkv) * HD;
     const bf16 *base = qkv + (size_t)b * d.S * C;
-    float scale = rsqrtf((float)HD);
-    load_head_tile<HD>(sm.q, base, C, (size_t)h * HD, q0, S);
-    for (int i = threadIdx.x; i < AT_B * (HD + 4); i += blockDim.x) (&sm.o[0][0])[i] = 0;
-    for (int i = threadIdx.x; i < AT_B; i += blockDim.x) sm.m[i] = -INFINITY, sm.l[i] = 0;
-    int warp = threadIdx.x / 32, lane = threadIdx.x & 31, w0 = warp * 16;
-    int row = w0 + lane / 2, half = lane & 1;
+    const float scale = rsqrtf((float)HD);
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane / 4, t = lane % 4, w0 = warp * 16;
+    tile_load<HD>(sm.q, base, C, (size_t)h * HD, q0, S);
+    tile_load<HD>(sm.k[0], base, C, (d.Hq + kvh) * HD, 0, S);
+    tile_load<HD>(sm.v[0], base, C, (d.Hq + d.Hkv + kvh) * HD, 0, S);
+    cp_async_commit();
+    float o[HD / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};
+    for (int n = 0; n < HD / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0;
     for (int kt = 0; kt <= qt; kt++) {
-        int k0 = kt * AT_B;
-        __syncthreads(); // the previous tile's K and V are no longer read
-        load_head_tile<HD>(sm.k, base, C, (d.Hq + g) * HD, k0, S);
-        load_head_tile<HD>(sm.v, base, C, (d.Hq + d.Hkv + g) * HD, k0, S);
-        __syncthreads();
-        tile_qkt<HD>(&sm.s[w0][0], SF_LD, &sm.q[w0][0], HD + PAD_H, sm.k);
-        __syncwarp();
-        // online softmax: two lanes per row, 32 keys each
-        float mx = -INFINITY;
-        for (int c = half * 32; c < half * 32 + 32; c++) {
-            bool ok = k0 + c <= q0 + row && k0 + c < S;
-            float v = ok ? sm.s[row][c] * scale : -INFINITY;
-            sm.s[row][c] = v;
-            mx = fmaxf(mx, v);
+        int st = kt & 1, k0 = kt * AT_B;
+        cp_async_wait_all();
+        __syncthreads(); // tile kt is in; every warp is done with tile kt - 1
+        if (kt < qt) {
+            tile_load<HD>(sm.k[st ^ 1], base, C, (d.Hq + kvh) * HD, k0 + AT_B, S);
+            tile_load<HD>(sm.v[st ^ 1], base, C, (d.Hq + d.Hkv + kvh) * HD, k0 + AT_B, S);
         }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        float m_old = sm.m[row], m_new = fmaxf(m_old, mx);
-        float sum = 0;
-        for (int c = half * 32; c < half * 32 + 32; c++) {
-            float p = m_new == -INFINITY ? 0.0f : __expf(sm.s[row][c] - m_new);
-            sm.p[row][c] = to_bf(p);
-            sum += p;
+        cp_async_commit();
+        float s[8][4];
+        product_rows<HD>(s, sm.q, w0, sm.k[st]);
+        // scale, causal mask, online softmax over the two rows this lane holds
+        float mx[2] = {-INFINITY, -INFINITY};
+        for (int j = 0; j < 8; j++)
+            for (int e = 0; e < 4; e++) {
+                int qi = q0 + w0 + g + (e / 2) * 8, ki = k0 + j * 8 + 2 * t + (e % 2);
+                float v = ki <= qi && ki < S ? s[j][e] * scale : -INFINITY;
+                s[j][e] = v;
+                mx[e / 2] = fmaxf(mx[e / 2], v);
+            }
+        float alpha[2], use[2], sum[2] = {0, 0};
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            float m_new = fmaxf(m[r], mx[r]);
+            use[r] = m_new == -INFINITY ? 0.0f : m_new;
+            alpha[r] = __expf(m[r] - use[r]);
+            m[r] = m_new;
         }
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        float alpha = m_old == -INFINITY ? 0.0f : __expf(m_old - m_new);
-        for (int c = half * (HD / 2); c < (half + 1) * (HD / 2); c++) sm.o[row][c] *= alpha;
-        __syncwarp();
-        if (half == 0) sm.m[row] = m_new, sm.l[row] = sm.l[row] * alpha + sum;
-        __syncwarp();
-        tile_accumulate<HD, wmma::row_major>(&sm.o[w0][0], HD + 4, &sm.p[w0][0], PS_LD, 16, sm.v);
+        for (int j = 0; j < 8; j++)
+            for (int e = 0; e < 4; e++) {
+                float p = __expf(s[j][e] - use[e / 2]);
+                s[j][e] = p;
+                sum[e / 2] += p;
+            }
+        for (int r = 0; r < 2; r++) {
+            sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
+            sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
+            l[r] = l[r] * alpha[r] + sum[r];
+        }
+        for (int n = 0; n < HD / 8; n++) o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+        product_accumulate<HD>(o, s, sm.v[st]);
     }
-    __syncthreads();
-    for (int i = threadIdx.x; i < AT_B * HD; i += blockDim.x) {
-        int r = i / HD, c = i % HD;
-        if (q0 + r >= S) continue;
-        size_t t = (size_t)b * d.S + q0 + r;
-        out[t * d.Hq * HD + (size_t)h * HD + c] = to_bf(sm.o[r][c] / sm.l[r]);
+    for (int r = 0; r < 2; r++) {
+        int qi = q0 + w0 + g + r * 8;
+        if (qi >= S) continue;
+        size_t row = ((size_t)b * d.S + qi) * d.Hq * HD + (size_t)h * HD;
+        float inv = 1.0f / l[r];
+        for (int n = 0; n < HD / 8; n++)
+            *reinterpret_cast<uint32_t *>(&out[row + n * 8 + 2 * t]) = pack_bf16(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+        if (t == 0) lse[((size_t)b * d.Hq + h) * d.S + qi] = m[r] + logf(l[r]);
     }
-    for (int r = threadIdx.x; r < AT_B; r += blockDim.x)
-        if (q0 + r < S) lse[((size_t)b * d.Hq + h) * d.S + q0 + r] = sm.m[r] + logf(sm.l[r]);
 }
 
 // D[t, h] = sum over the head dim of dO * O (a warp per (token, head)).
@@ -295,85 +313,98 @@ __global__ void attention_row_dot_kernel(float *D, const bf16 *dout, const bf16 
 }
 
 template <int HD> struct BwdSmem {
-    bf16 k[AT_B][HD + PAD_H], v[AT_B][HD + PAD_H], q[AT_B][HD + PAD_H], dout[AT_B][HD + PAD_H];
-    float s[AT_B][SF_LD], dp[AT_B][SF_LD];
-    bf16 p[AT_B][PS_LD], ds[AT_B][PS_LD];
-    float dk[AT_B][HD + 4], dv[AT_B][HD + 4];
+    Tile<HD> k, v, q, dout;
+    bf16 ds[AT_B][AT_B + AT_PAD]; // dS^T: [key][query]
     float lse[AT_B], dsum[AT_B];
 };
 
-// One block per (key tile, kv head, batch): loops over the group's query heads and the query tiles
-// that see its keys; accumulates dK, dV in shared memory and adds dQ to an fp32 buffer atomically.
+// A block per (key tile, kv head, batch); each warp owns 16 keys and keeps their dK, dV in
+// registers while it walks the group's query heads and the query tiles that see those keys.
+// S^T = K Q^T, P^T, dP^T = V dO^T, dS^T in registers; dQ = dS K through dS^T in shared memory,
+// added to an fp32 buffer atomically.
 template <int HD>
 __global__ void __launch_bounds__(AT_THREADS) attention_backward_kernel(bf16 *dqkv, float *dq, const bf16 *dout,
                                                                         const bf16 *qkv, const float *lse,
                                                                         const float *D, AttnDims d) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     BwdSmem<HD> &sm = *reinterpret_cast<BwdSmem<HD> *>(smem_raw);
-    int kt = blockIdx.x, g = blockIdx.y, b = blockIdx.z, S = (int)d.S, k0 = kt * AT_B;
+    int kt = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, S = (int)d.S, k0 = kt * AT_B;
     int group = (int)(d.Hq / d.Hkv), n_qt = (S + AT_B - 1) / AT_B;
     size_t C = (d.Hq + 2 * d.Hkv) * HD, Dq = d.Hq * HD;
     const bf16 *base = qkv + (size_t)b * d.S * C, *dbase = dout + (size_t)b * d.S * Dq;
-    float scale = rsqrtf((float)HD);
-    load_head_tile<HD>(sm.k, base, C, (d.Hq + g) * HD, k0, S);
-    load_head_tile<HD>(sm.v, base, C, (d.Hq + d.Hkv + g) * HD, k0, S);
-    for (int i = threadIdx.x; i < AT_B * (HD + 4); i += blockDim.x) (&sm.dk[0][0])[i] = 0, (&sm.dv[0][0])[i] = 0;
-    int warp = threadIdx.x / 32, lane = threadIdx.x & 31, w0 = warp * 16;
-    for (int h = g * group; h < (g + 1) * group; h++)
+    const float scale = rsqrtf((float)HD);
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane / 4, t = lane % 4, w0 = warp * 16;
+    tile_load<HD>(sm.k, base, C, (d.Hq + kvh) * HD, k0, S);
+    tile_load<HD>(sm.v, base, C, (d.Hq + d.Hkv + kvh) * HD, k0, S);
+    cp_async_commit();
+    float dk[HD / 8][4], dv[HD / 8][4];
+    for (int n = 0; n < HD / 8; n++)
+        for (int e = 0; e < 4; e++) dk[n][e] = dv[n][e] = 0;
+    for (int h = kvh * group; h < (kvh + 1) * group; h++)
         for (int qt = kt; qt < n_qt; qt++) {
             int q0 = qt * AT_B;
-            __syncthreads(); // the previous iteration's tiles are no longer read
-            load_head_tile<HD>(sm.q, base, C, (size_t)h * HD, q0, S);
-            load_head_tile<HD>(sm.dout, dbase, Dq, (size_t)h * HD, q0, S);
+            __syncthreads(); // the previous iteration's Q, dO and dS^T are no longer read
+            tile_load<HD>(sm.q, base, C, (size_t)h * HD, q0, S);
+            tile_load<HD>(sm.dout, dbase, Dq, (size_t)h * HD, q0, S);
+            cp_async_commit();
             for (int r = threadIdx.x; r < AT_B; r += blockDim.x) {
                 bool ok = q0 + r < S;
                 sm.lse[r] = ok ? lse[((size_t)b * d.Hq + h) * d.S + q0 + r] : 0.0f;
                 sm.dsum[r] = ok ? D[((size_t)b * d.S + q0 + r) * d.Hq + h] : 0.0f;
             }
+            cp_async_wait_all();
             __syncthreads();
-            tile_qkt<HD>(&sm.s[w0][0], SF_LD, &sm.q[w0][0], HD + PAD_H, sm.k);    // S = Q K^T
-            tile_qkt<HD>(&sm.dp[w0][0], SF_LD, &sm.dout[w0][0], HD + PAD_H, sm.v); // dP = dO V^T
-            __syncwarp();
-            for (int i = lane; i < 16 * AT_B; i += 32) {
-                int r = w0 + i / AT_B, c = i % AT_B;
-                bool ok = k0 + c <= q0 + r && q0 + r < S && k0 + c < S;
-                float p = ok ? __expf(sm.s[r][c] * scale - sm.lse[r]) : 0.0f;
-                sm.p[r][c] = to_bf(p);
-                sm.ds[r][c] = to_bf(p * (sm.dp[r][c] - sm.dsum[r]));
+            float p[8][4], dp[8][4];
+            product_rows<HD>(p, sm.k, w0, sm.q);     // S^T (keys x queries)
+            product_rows<HD>(dp, sm.v, w0, sm.dout); // dP^T
+            for (int j = 0; j < 8; j++)
+                for (int e = 0; e < 4; e++) {
+                    int ki = k0 + w0 + g + (e / 2) * 8, qc = j * 8 + 2 * t + (e % 2), qi = q0 + qc;
+                    bool ok = ki <= qi && qi < S && ki < S;
+                    float pv = ok ? __expf(p[j][e] * scale - sm.lse[qc]) : 0.0f;
+                    p[j][e] = pv;
+                    dp[j][e] = pv * (dp[j][e] - sm.dsum[qc]); // now dS^T
+                }
+            product_accumulate<HD>(dv, p, sm.dout); // dV += P^T dO
+            product_accumulate<HD>(dk, dp, sm.q);   // dK += dS^T Q (scaled at the end)
+            for (int j = 0; j < 8; j++) {
+                *reinterpret_cast<uint32_t *>(&sm.ds[w0 + g][j * 8 + 2 * t]) = pack_bf16(dp[j][0], dp[j][1]);
+                *reinterpret_cast<uint32_t *>(&sm.ds[w0 + g + 8][j * 8 + 2 * t]) = pack_bf16(dp[j][2], dp[j][3]);
             }
             __syncthreads();
-            // warp w: keys 16w..16w+15 of dV += P^T dO and dK += dS^T Q (column-major views of P, dS)
-            tile_accumulate<HD, wmma::col_major>(&sm.dv[w0][0], HD + 4, &sm.p[0][w0], PS_LD, 16 * PS_LD, sm.dout);
-            tile_accumulate<HD, wmma::col_major>(&sm.dk[w0][0], HD + 4, &sm.ds[0][w0], PS_LD, 16 * PS_LD, sm.q);
-            // warp w: queries 16w..16w+15 of dQ += dS K, staged 16 x 16 through its rows of dp
-            for (int n = 0; n < HD / 16; n++) {
-                Acc acc;
-                wmma::fill_fragment(acc, 0.0f);
-                for (int kk = 0; kk < AT_B / 16; kk++) {
-                    wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa;
-                    wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> fb;
-                    wmma::load_matrix_sync(fa, &sm.ds[w0][16 * kk], PS_LD);
-                    wmma::load_matrix_sync(fb, &sm.k[16 * kk][16 * n], HD + PAD_H);
-                    wmma::mma_sync(acc, fa, fb, acc);
+            // dQ rows [w0, w0 + 16) of this query tile: A (query, key) = ds[key][query] transposed
+            float acc[HD / 8][4];
+            for (int n = 0; n < HD / 8; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0;
+            for (int kk = 0; kk < AT_B; kk += 16) {
+                uint32_t fa[4];
+                ldsm_a_trans(fa, &sm.ds[0][0], AT_B + AT_PAD, w0, kk);
+                for (int np = 0; np < HD / 16; np++) {
+                    uint32_t fb[4];
+                    frag_b_cols<HD>(fb, sm.k, kk, 16 * np);
+                    mma16816(acc[2 * np], fa, fb[0], fb[1]);
+                    mma16816(acc[2 * np + 1], fa, fb[2], fb[3]);
                 }
-                wmma::store_matrix_sync(&sm.dp[w0][0], acc, SF_LD, wmma::mem_row_major);
-                __syncwarp();
-                for (int i = lane; i < 256; i += 32) {
-                    int r = i / 16, c = i % 16;
-                    if (q0 + w0 + r < S)
-                        atomicAdd(&dq[((size_t)b * d.S + q0 + w0 + r) * Dq + (size_t)h * HD + 16 * n + c],
-                                  sm.dp[w0 + r][c] * scale);
+            }
+            for (int r = 0; r < 2; r++) {
+                int qi = q0 + w0 + g + r * 8;
+                if (qi >= S) continue;
+                float *row = dq + ((size_t)b * d.S + qi) * Dq + (size_t)h * HD;
+                for (int n = 0; n < HD / 8; n++) {
+                    atomicAdd(&row[n * 8 + 2 * t], acc[n][2 * r] * scale);
+                    atomicAdd(&row[n * 8 + 2 * t + 1], acc[n][2 * r + 1] * scale);
                 }
-                __syncwarp();
             }
         }
-    __syncthreads();
-    for (int i = threadIdx.x; i < AT_B * HD; i += blockDim.x) {
-        int r = i / HD, c = i % HD;
-        if (k0 + r >= S) continue;
-        bf16 *row = dqkv + ((size_t)b * d.S + k0 + r) * C;
-        row[(d.Hq + g) * HD + c] = to_bf(sm.dk[r][c] * scale);
-        row[(d.Hq + d.Hkv + g) * HD + c] = to_bf(sm.dv[r][c]);
+    for (int r = 0; r < 2; r++) {
+        int ki = k0 + w0 + g + r * 8;
+        if (ki >= S) continue;
+        bf16 *row = dqkv + ((size_t)b * d.S + ki) * C;
+        for (int n = 0; n < HD / 8; n++) {
+            *reinterpret_cast<uint32_t *>(&row[(d.Hq + kvh) * HD + n * 8 + 2 * t]) =
+                pack_bf16(dk[n][2 * r] * scale, dk[n][2 * r + 1] * scale);
+            *reinterpret_cast<uint32_t *>(&row[(d.Hq + d.Hkv + kvh) * HD + n * 8 + 2 * t]) =
+                pack_bf16(dv[n][2 * r], dv[n][2 * r + 1]);
+        }
     }
 }
 

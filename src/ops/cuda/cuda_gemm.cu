@@ -1,15 +1,10 @@
 // Matrix products on the GPU. Dense layers go through cuBLASLt (bf16 inputs, fp32 accumulation;
 // weight gradients accumulate into fp32). Experts go through our own grouped GEMM: tensor cores
-// (WMMA) over tiles that each block assigns itself from the per-expert row offsets in device
+// (mma.sync, a 3-stage cp.async pipeline) over tiles that each block assigns itself from the per-expert row offsets in device
 // memory, so no count ever travels to the host and one launch covers every expert.
-#include <mma.h>
-
-#include <type_traits>
-
 #include "cuda_common.cuh"
+#include "cuda_mma.cuh"
 #include "cuda_ops.h"
-
-using namespace nvcuda;
 
 // ---------------------------------------------------------------- cuBLASLt
 
@@ -105,25 +100,17 @@ typedef struct {
 #define GB_M 128
 #define GB_N 128
 #define GB_K 32
+#define GB_STAGES 3
 #define GB_THREADS 256 // 8 warps, 2 along M x 4 along N, each 64 x 32
 #define GB_PAD 8
 
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid) {
-    unsigned addr = (unsigned)__cvta_generic_to_shared(smem);
-    int bytes = valid ? 16 : 0; // 0: zero-fill, nothing read
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(gmem), "r"(bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-// Shared tiles keep the global layout (so copies stay 16-byte vectors); WMMA reads them as row- or
-// column-major fragments accordingly.
+// Shared tiles keep the global layout (so copies stay 16-byte vectors); ldmatrix reads them as A
+// and B fragments, transposing where the layout asks for it.
 template <bool A_T, bool B_T> struct GroupedTiles {
-    static constexpr int A_ROWS = A_T ? GB_K : GB_M, A_COLS = (A_T ? GB_M : GB_K) + GB_PAD;
-    static constexpr int B_ROWS = B_T ? GB_N : GB_K, B_COLS = (B_T ? GB_K : GB_N) + GB_PAD;
-    bf16 a[2][A_ROWS][A_COLS];
-    bf16 b[2][B_ROWS][B_COLS];
-    float stage[GB_THREADS / 32][16 * 16];
+    static constexpr int A_ROWS = A_T ? GB_K : GB_M, A_LD = (A_T ? GB_M : GB_K) + GB_PAD;
+    static constexpr int B_ROWS = B_T ? GB_N : GB_K, B_LD = (B_T ? GB_K : GB_N) + GB_PAD;
+    bf16 a[GB_STAGES][A_ROWS][A_LD];
+    bf16 b[GB_STAGES][B_ROWS][B_LD];
 };
 
 // Copies the k-slice [k0, k0 + GB_K) of this tile's A and B into stage s.
@@ -161,6 +148,28 @@ __device__ bool grouped_find_tile(const GroupedArgs &g, int tile, int *e_out, in
     return false;
 }
 
+// One GB_K slice of the warp's 64 x 32 product from stage s.
+template <bool A_T, bool B_T>
+__device__ __forceinline__ void grouped_slice(float acc[4][4][4], const GroupedTiles<A_T, B_T> &t, int s, int wm, int wn) {
+    typedef GroupedTiles<A_T, B_T> Tl;
+    for (int kk = 0; kk < GB_K; kk += 16) {
+        uint32_t a[4][4], b[2][4];
+        for (int i = 0; i < 4; i++) {
+            if (A_T) ldsm_a_trans(a[i], &t.a[s][0][0], Tl::A_LD, wm + 16 * i, kk);
+            else ldsm_a(a[i], &t.a[s][0][0], Tl::A_LD, wm + 16 * i, kk);
+        }
+        for (int jp = 0; jp < 2; jp++) {
+            if (B_T) ldsm_b_nk(b[jp], &t.b[s][0][0], Tl::B_LD, wn + 16 * jp, kk);
+            else ldsm_b_kn(b[jp], &t.b[s][0][0], Tl::B_LD, wn + 16 * jp, kk);
+        }
+        for (int i = 0; i < 4; i++)
+            for (int jp = 0; jp < 2; jp++) {
+                mma16816(acc[i][2 * jp], a[i], b[jp][0], b[jp][1]);
+                mma16816(acc[i][2 * jp + 1], a[i], b[jp][2], b[jp][3]);
+            }
+    }
+}
+
 template <bool A_T, bool B_T, bool OUT_F32>
 __global__ void __launch_bounds__(GB_THREADS) grouped_gemm_kernel(GroupedArgs g) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -184,56 +193,41 @@ __global__ void __launch_bounds__(GB_THREADS) grouped_gemm_kernel(GroupedArgs g)
     size_t row0 = (size_t)g.offsets[e];
     int rows = g.offsets[e + 1] - g.offsets[e];
     int Me = g.rows_along_k ? g.M : rows, Ke = g.rows_along_k ? rows : g.K;
-    if (Ke == 0 && OUT_F32) return; // nothing to add
+    if (Ke == 0) return; // a weight gradient with no rows adds nothing
     const bf16 *B = g.B + (size_t)e * g.b_stride;
-    int warp = threadIdx.x / 32, wm = (warp / 4) * 64, wn = (warp % 4) * 32;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[4][2];
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31, gq = lane / 4, tq = lane % 4;
+    int wm = (warp / 4) * 64, wn = (warp % 4) * 32;
+    float acc[4][4][4];
     for (int i = 0; i < 4; i++)
-        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
-    typedef typename std::conditional<A_T, wmma::col_major, wmma::row_major>::type ALayout;
-    typedef typename std::conditional<B_T, wmma::col_major, wmma::row_major>::type BLayout;
+        for (int j = 0; j < 4; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
     int n_k = (Ke + GB_K - 1) / GB_K;
-    if (n_k > 0) grouped_load(t, 0, g, B, row0, m0, n0, 0, Me, Ke);
-    cp_async_commit();
-    for (int it = 0; it < n_k; it++) {
-        int s = it & 1;
-        if (it + 1 < n_k) grouped_load(t, s ^ 1, g, B, row0, m0, n0, (it + 1) * GB_K, Me, Ke);
+    for (int st = 0; st < GB_STAGES - 1; st++) {
+        if (st < n_k) grouped_load(t, st, g, B, row0, m0, n0, st * GB_K, Me, Ke);
         cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();
-        for (int kk = 0; kk < GB_K; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, ALayout> a[4];
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, BLayout> b[2];
-            for (int i = 0; i < 4; i++) {
-                const bf16 *p = A_T ? &t.a[s][kk][wm + 16 * i] : &t.a[s][wm + 16 * i][kk];
-                wmma::load_matrix_sync(a[i], p, GroupedTiles<A_T, B_T>::A_COLS);
-            }
-            for (int j = 0; j < 2; j++) {
-                const bf16 *p = B_T ? &t.b[s][wn + 16 * j][kk] : &t.b[s][kk][wn + 16 * j];
-                wmma::load_matrix_sync(b[j], p, GroupedTiles<A_T, B_T>::B_COLS);
-            }
-            for (int i = 0; i < 4; i++)
-                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
-        }
-        __syncthreads(); // the stage is refilled next iteration
     }
-    // Epilogue: one 16 x 16 fragment at a time through a per-warp staging tile, bounds-checked.
-    float *stage = t.stage[warp];
-    int lane = threadIdx.x & 31;
+    for (int it = 0; it < n_k; it++) {
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(GB_STAGES - 2));
+        __syncthreads(); // slice it is in; every warp is done with the stage refilled next
+        int next = it + GB_STAGES - 1;
+        if (next < n_k) grouped_load(t, next % GB_STAGES, g, B, row0, m0, n0, next * GB_K, Me, Ke);
+        cp_async_commit();
+        grouped_slice(acc, t, it % GB_STAGES, wm, wn);
+    }
     size_t crow0 = g.rows_along_k ? 0 : row0;
     for (int i = 0; i < 4; i++)
-        for (int j = 0; j < 2; j++) {
-            wmma::store_matrix_sync(stage, acc[i][j], 16, wmma::mem_row_major);
-            __syncwarp();
-            for (int q = lane; q < 256; q += 32) {
-                int m = m0 + wm + 16 * i + q / 16, n = n0 + wn + 16 * j + q % 16;
+        for (int j = 0; j < 4; j++)
+            for (int r = 0; r < 2; r++) {
+                int m = m0 + wm + 16 * i + gq + 8 * r, n = n0 + wn + 8 * j + 2 * tq;
                 if (m >= Me || n >= g.N) continue;
                 size_t idx = (size_t)e * g.c_stride + (crow0 + m) * g.ldc + n;
-                if (OUT_F32) ((float *)g.C)[idx] += stage[q];
-                else ((bf16 *)g.C)[idx] = to_bf(stage[q]);
+                if (OUT_F32) {
+                    float2 *c = reinterpret_cast<float2 *>((float *)g.C + idx), v = *c;
+                    v.x += acc[i][j][2 * r], v.y += acc[i][j][2 * r + 1];
+                    *c = v;
+                } else {
+                    *reinterpret_cast<uint32_t *>((bf16 *)g.C + idx) = pack_bf16(acc[i][j][2 * r], acc[i][j][2 * r + 1]);
+                }
             }
-            __syncwarp();
-        }
 }
 
 template <bool A_T, bool B_T, bool OUT_F32>
