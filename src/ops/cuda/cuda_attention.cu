@@ -194,20 +194,30 @@ template <int HD> __device__ __forceinline__ void frag_b_cols(uint32_t b[4], con
     ldsm_b_kn(b, &t[0][0], HD + AT_PAD, c0, k0);
 }
 
-// acc (16 x 64: eight n8 blocks) = A rows [r0, r0 + 16) of `a` times B (k, n) = b[n][k] over HD.
+// acc (16 x 64: eight n8 blocks) = A (16 x HD, fragments in registers) times B (k, n) = b[n][k].
 template <int HD>
-__device__ __forceinline__ void product_rows(float acc[8][4], const Tile<HD> &a, int r0, const Tile<HD> &b) {
+__device__ __forceinline__ void product_frags(float acc[8][4], const uint32_t fa[HD / 16][4], const Tile<HD> &b) {
     for (int j = 0; j < 8; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-    for (int kk = 0; kk < HD; kk += 16) {
-        uint32_t fa[4];
-        frag_a<HD>(fa, a, r0, kk);
+    for (int kk = 0; kk < HD / 16; kk++)
         for (int jp = 0; jp < 4; jp++) {
             uint32_t fb[4];
-            frag_b_rows<HD>(fb, b, jp * 16, kk);
-            mma16816(acc[2 * jp], fa, fb[0], fb[1]);
-            mma16816(acc[2 * jp + 1], fa, fb[2], fb[3]);
+            frag_b_rows<HD>(fb, b, jp * 16, kk * 16);
+            mma16816(acc[2 * jp], fa[kk], fb[0], fb[1]);
+            mma16816(acc[2 * jp + 1], fa[kk], fb[2], fb[3]);
         }
-    }
+}
+
+// The A fragments of rows [r0, r0 + 16) of a tile, all of the head dim.
+template <int HD> __device__ __forceinline__ void frags_rows(uint32_t fa[HD / 16][4], const Tile<HD> &a, int r0) {
+    for (int kk = 0; kk < HD / 16; kk++) frag_a<HD>(fa[kk], a, r0, kk * 16);
+}
+
+// acc (16 x 64) = rows [r0, r0 + 16) of `a` times B (k, n) = b[n][k] over HD.
+template <int HD>
+__device__ __forceinline__ void product_rows(float acc[8][4], const Tile<HD> &a, int r0, const Tile<HD> &b) {
+    uint32_t fa[HD / 16][4];
+    frags_rows<HD>(fa, a, r0);
+    product_frags<HD>(acc, fa, b);
 }
 
 // out (16 x HD: HD/8 n8 blocks) += P (16 x 64, the C tiles of a previous product, packed) times
@@ -247,6 +257,7 @@ __global__ void __launch_bounds__(AT_THREADS) attention_forward_kernel(bf16 *out
     cp_async_commit();
     float o[HD / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};
     for (int n = 0; n < HD / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0;
+    uint32_t qf[HD / 16][4]; // this warp's queries, loaded once
     for (int kt = 0; kt <= qt; kt++) {
         int st = kt & 1, k0 = kt * AT_B;
         cp_async_wait_all();
@@ -256,8 +267,9 @@ __global__ void __launch_bounds__(AT_THREADS) attention_forward_kernel(bf16 *out
             tile_load<HD>(sm.v[st ^ 1], base, C, (d.Hq + d.Hkv + kvh) * HD, k0 + AT_B, S);
         }
         cp_async_commit();
+        if (kt == 0) frags_rows<HD>(qf, sm.q, w0);
         float s[8][4];
-        product_rows<HD>(s, sm.q, w0, sm.k[st]);
+        product_frags<HD>(s, qf, sm.k[st]);
         // scale, causal mask, online softmax over the two rows this lane holds
         float mx[2] = {-INFINITY, -INFINITY};
         for (int j = 0; j < 8; j++)
@@ -389,10 +401,9 @@ __global__ void __launch_bounds__(AT_THREADS) attention_backward_kernel(bf16 *dq
                 int qi = q0 + w0 + g + r * 8;
                 if (qi >= S) continue;
                 float *row = dq + ((size_t)b * d.S + qi) * Dq + (size_t)h * HD;
-                for (int n = 0; n < HD / 8; n++) {
-                    atomicAdd(&row[n * 8 + 2 * t], acc[n][2 * r] * scale);
-                    atomicAdd(&row[n * 8 + 2 * t + 1], acc[n][2 * r + 1] * scale);
-                }
+                for (int n = 0; n < HD / 8; n++)
+                    atomicAdd(reinterpret_cast<float2 *>(&row[n * 8 + 2 * t]),
+                              make_float2(acc[n][2 * r] * scale, acc[n][2 * r + 1] * scale));
             }
         }
     for (int r = 0; r < 2; r++) {

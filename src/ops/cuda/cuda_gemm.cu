@@ -100,7 +100,8 @@ typedef struct {
 #define GB_M 128
 #define GB_N 128
 #define GB_K 32
-#define GB_STAGES 3
+#define GB_STAGES 4
+#define GB_GROUP 8 // row tiles that walk all column tiles together (their A stays in L2)
 #define GB_THREADS 256 // 8 warps, 2 along M x 4 along N, each 64 x 32
 #define GB_PAD 8
 
@@ -148,6 +149,15 @@ __device__ bool grouped_find_tile(const GroupedArgs &g, int tile, int *e_out, in
     return false;
 }
 
+// Block order: GB_GROUP row tiles take every column tile before the next rows start, so the rows
+// they read stay in L2 while the weights stream past (grouped rasterisation).
+__device__ __forceinline__ void grouped_raster(int id, int tiles_m, int tiles_n, int *mt, int *nt) {
+    int per_group = GB_GROUP * tiles_n, first = (id / per_group) * GB_GROUP;
+    int size = tiles_m - first < GB_GROUP ? tiles_m - first : GB_GROUP;
+    *mt = first + (id % per_group) % size;
+    *nt = (id % per_group) / size;
+}
+
 // One GB_K slice of the warp's 64 x 32 product from stage s.
 template <bool A_T, bool B_T>
 __device__ __forceinline__ void grouped_slice(float acc[4][4][4], const GroupedTiles<A_T, B_T> &t, int s, int wm, int wn) {
@@ -174,21 +184,22 @@ template <bool A_T, bool B_T, bool OUT_F32>
 __global__ void __launch_bounds__(GB_THREADS) grouped_gemm_kernel(GroupedArgs g) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     GroupedTiles<A_T, B_T> &t = *reinterpret_cast<GroupedTiles<A_T, B_T> *>(smem_raw);
-    int e, m0, n0;
+    int e, m0, n0, mt, nt, tiles_n = (g.N + GB_N - 1) / GB_N;
+    int tiles_m = g.rows_along_k ? (g.M + GB_M - 1) / GB_M : (int)(gridDim.x / tiles_n);
+    grouped_raster(blockIdx.x, tiles_m, tiles_n, &mt, &nt);
+    n0 = nt * GB_N;
     if (g.rows_along_k) { // weight gradient: a fixed grid of (M, N) tiles per expert
-        e = blockIdx.y;
-        int tiles_n = (g.N + GB_N - 1) / GB_N;
-        m0 = (blockIdx.x / tiles_n) * GB_M, n0 = (blockIdx.x % tiles_n) * GB_N;
+        e = blockIdx.y, m0 = mt * GB_M;
     } else {
         __shared__ int tile_e, tile_m0;
         if (threadIdx.x == 0) {
             int te = 0, tm = 0;
-            tile_e = grouped_find_tile(g, blockIdx.x, &te, &tm) ? te : -1;
+            tile_e = grouped_find_tile(g, mt, &te, &tm) ? te : -1;
             tile_m0 = tm;
         }
         __syncthreads();
         if (tile_e < 0) return;
-        e = tile_e, m0 = tile_m0, n0 = blockIdx.y * GB_N;
+        e = tile_e, m0 = tile_m0;
     }
     size_t row0 = (size_t)g.offsets[e];
     int rows = g.offsets[e + 1] - g.offsets[e];
@@ -239,9 +250,9 @@ static void grouped_launch(const GroupedArgs &g, size_t max_rows) {
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         configured = true;
     }
-    dim3 grid;
-    if (g.rows_along_k) grid = dim3((unsigned)(((g.M + GB_M - 1) / GB_M) * ((g.N + GB_N - 1) / GB_N)), (unsigned)g.E);
-    else grid = dim3((unsigned)((max_rows + GB_M - 1) / GB_M + g.E), (unsigned)((g.N + GB_N - 1) / GB_N));
+    unsigned tiles_n = (unsigned)((g.N + GB_N - 1) / GB_N);
+    unsigned tiles_m = g.rows_along_k ? (unsigned)((g.M + GB_M - 1) / GB_M) : (unsigned)((max_rows + GB_M - 1) / GB_M + g.E);
+    dim3 grid(tiles_m * tiles_n, g.rows_along_k ? (unsigned)g.E : 1u);
     grouped_gemm_kernel<A_T, B_T, OUT_F32><<<grid, GB_THREADS, smem, cuda_ctx.stream>>>(g);
     CUDA_LAUNCH_CHECK();
 }
