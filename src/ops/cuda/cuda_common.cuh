@@ -82,3 +82,20 @@ __device__ __forceinline__ float block_max(float v, float *scratch) {
     v = lane < nwarps ? scratch[lane] : -INFINITY;
     return warp_max(v);
 }
+
+// 8 bf16 values (16 bytes) to and from fp32: the unit of the memory-bound kernels' loads.
+__device__ __forceinline__ void load8(float v[8], const bf16 *p) {
+    uint4 u = *reinterpret_cast<const uint4 *>(p);
+    const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
+    for (int i = 0; i < 4; i++) {
+        float2 f = __bfloat1622float2(h[i]);
+        v[2 * i] = f.x, v[2 * i + 1] = f.y;
+    }
+}
+
+__device__ __forceinline__ void store8(bf16 *p, const float v[8]) {
+    uint4 u;
+    __nv_bfloat162 *h = reinterpret_cast<__nv_bfloat162 *>(&u);
+    for (int i = 0; i < 4; i++) h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+    *reinterpret_cast<uint4 *>(p) = u;
+}

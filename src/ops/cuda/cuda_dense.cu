@@ -40,12 +40,18 @@ __global__ void rmsnorm_forward_kernel(bf16 *out, float *rstd, const bf16 *x, co
     if (r >= R) return;
     const bf16 *xr = x + r * W;
     float ss = 0;
-    for (size_t j = lane; j < W; j += 32) {
-        float v = bf(xr[j]);
-        ss += v * v;
+    for (size_t j = 8 * lane; j < W; j += 256) {
+        float v[8];
+        load8(v, xr + j);
+        for (int k = 0; k < 8; k++) ss += v[k] * v[k];
     }
     float rs = rsqrtf(warp_sum(ss) / (float)W + eps);
-    for (size_t j = lane; j < W; j += 32) out[r * W + j] = to_bf(bf(xr[j]) * rs * bf(w[j]));
+    for (size_t j = 8 * lane; j < W; j += 256) {
+        float v[8], g[8];
+        load8(v, xr + j), load8(g, w + j);
+        for (int k = 0; k < 8; k++) v[k] *= rs * g[k];
+        store8(out + r * W + j, v);
+    }
     if (lane == 0) rstd[r] = rs;
 }
 
@@ -95,14 +101,24 @@ extern "C" void cuda_rmsnorm_backward(void *dx, void *dw, const void *dout, cons
 
 // ---------------------------------------------------------------- element-wise
 
-__global__ void add_kernel(bf16 *out, const bf16 *a, const bf16 *b, size_t n) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        out[i] = to_bf(bf(a[i]) + bf(b[i]));
+// Element-wise kernels take 8 values per step (every width they see is a multiple of 8).
+__global__ void add_kernel(bf16 *out, const bf16 *a, const bf16 *b, size_t n8) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n8; i += (size_t)gridDim.x * blockDim.x) {
+        float x[8], y[8];
+        load8(x, a + 8 * i), load8(y, b + 8 * i);
+        for (int j = 0; j < 8; j++) x[j] += y[j];
+        store8(out + 8 * i, x);
+    }
+}
+
+__global__ void add_tail_kernel(bf16 *out, const bf16 *a, const bf16 *b, size_t from, size_t n) {
+    for (size_t i = from + threadIdx.x; i < n; i += blockDim.x) out[i] = to_bf(bf(a[i]) + bf(b[i]));
 }
 
 extern "C" void cuda_add(void *out, const void *a, const void *b, size_t n) {
     if (!n) return;
-    add_kernel<<<cuda_blocks(n, 256 * 4), 256, 0, STREAM>>>((bf16 *)out, (const bf16 *)a, (const bf16 *)b, n);
+    if (n >= 8) add_kernel<<<cuda_blocks(n / 8, 256 * 4), 256, 0, STREAM>>>((bf16 *)out, (const bf16 *)a, (const bf16 *)b, n / 8);
+    if (n % 8) add_tail_kernel<<<1, 32, 0, STREAM>>>((bf16 *)out, (const bf16 *)a, (const bf16 *)b, n / 8 * 8, n);
     CUDA_LAUNCH_CHECK();
 }
 
@@ -111,37 +127,43 @@ __device__ __forceinline__ size_t rows_used(size_t R, const int32_t *row_count) 
 }
 
 __global__ void swiglu_forward_kernel(bf16 *out, const bf16 *gu, size_t R, size_t H, const int32_t *row_count) {
-    size_t n = rows_used(R, row_count) * H;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        size_t r = i / H, j = i % H;
-        float g = bf(gu[r * 2 * H + j]), u = bf(gu[r * 2 * H + H + j]);
-        out[i] = to_bf(g / (1.0f + __expf(-g)) * u);
+    size_t n8 = rows_used(R, row_count) * H / 8;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n8; i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = (8 * i) / H, j = (8 * i) % H;
+        float g[8], u[8];
+        load8(g, gu + r * 2 * H + j), load8(u, gu + r * 2 * H + H + j);
+        for (int k = 0; k < 8; k++) g[k] = g[k] / (1.0f + __expf(-g[k])) * u[k];
+        store8(out + 8 * i, g);
     }
 }
 
 __global__ void swiglu_backward_kernel(bf16 *dgu, const bf16 *dout, const bf16 *gu, size_t R, size_t H,
                                        const int32_t *row_count) {
-    size_t n = rows_used(R, row_count) * H;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        size_t r = i / H, j = i % H;
-        float g = bf(gu[r * 2 * H + j]), u = bf(gu[r * 2 * H + H + j]), d = bf(dout[i]);
-        float s = 1.0f / (1.0f + __expf(-g));
-        dgu[r * 2 * H + j] = to_bf(d * u * s * (1.0f + g * (1.0f - s)));
-        dgu[r * 2 * H + H + j] = to_bf(d * g * s);
+    size_t n8 = rows_used(R, row_count) * H / 8;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n8; i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = (8 * i) / H, j = (8 * i) % H;
+        float g[8], u[8], d[8], dg[8], du[8];
+        load8(g, gu + r * 2 * H + j), load8(u, gu + r * 2 * H + H + j), load8(d, dout + 8 * i);
+        for (int k = 0; k < 8; k++) {
+            float s = 1.0f / (1.0f + __expf(-g[k]));
+            dg[k] = d[k] * u[k] * s * (1.0f + g[k] * (1.0f - s));
+            du[k] = d[k] * g[k] * s;
+        }
+        store8(dgu + r * 2 * H + j, dg), store8(dgu + r * 2 * H + H + j, du);
     }
 }
 
 extern "C" void cuda_swiglu_forward(void *out, const void *gu, size_t R, size_t H, const int32_t *row_count) {
     if (!R) return;
-    swiglu_forward_kernel<<<cuda_blocks(R * H, 256 * 4), 256, 0, STREAM>>>((bf16 *)out, (const bf16 *)gu, R, H, row_count);
+    swiglu_forward_kernel<<<cuda_blocks(R * H / 8, 256 * 2), 256, 0, STREAM>>>((bf16 *)out, (const bf16 *)gu, R, H, row_count);
     CUDA_LAUNCH_CHECK();
 }
 
 extern "C" void cuda_swiglu_backward(void *dgu, const void *dout, const void *gu, size_t R, size_t H,
                                      const int32_t *row_count) {
     if (!R) return;
-    swiglu_backward_kernel<<<cuda_blocks(R * H, 256 * 4), 256, 0, STREAM>>>((bf16 *)dgu, (const bf16 *)dout,
-                                                                       (const bf16 *)gu, R, H, row_count);
+    swiglu_backward_kernel<<<cuda_blocks(R * H / 8, 256 * 2), 256, 0, STREAM>>>((bf16 *)dgu, (const bf16 *)dout,
+                                                                              (const bf16 *)gu, R, H, row_count);
     CUDA_LAUNCH_CHECK();
 }
 

@@ -99,8 +99,8 @@ typedef struct {
 
 #define GB_M 128
 #define GB_N 128
-#define GB_K 32
-#define GB_STAGES 4
+#define GB_K 64
+#define GB_STAGES 3
 #define GB_GROUP 8 // row tiles that walk all column tiles together (their A stays in L2)
 #define GB_THREADS 256 // 8 warps, 2 along M x 4 along N, each 64 x 32
 #define GB_PAD 8

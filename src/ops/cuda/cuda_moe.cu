@@ -247,13 +247,17 @@ extern "C" void cuda_moe_dispatch_forward(void *xp, int32_t *slot_pos, int32_t *
 __global__ void sum_slot_rows_kernel(bf16 *out, const bf16 *rows, const int32_t *slot_pos, const float *w,
                                      int K, size_t D, bool accumulate) {
     size_t t = blockIdx.x;
-    for (size_t j = threadIdx.x; j < D; j += blockDim.x) {
-        float acc = accumulate ? bf(out[t * D + j]) : 0.0f;
+    for (size_t j = 8 * threadIdx.x; j < D; j += 8 * blockDim.x) {
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, v[8];
+        if (accumulate) load8(acc, out + t * D + j);
         for (int k = 0; k < K; k++) {
             int pos = slot_pos[t * K + k];
-            if (pos >= 0) acc += (w ? w[t * K + k] : 1.0f) * bf(rows[(size_t)pos * D + j]);
+            if (pos < 0) continue;
+            float wk = w ? w[t * K + k] : 1.0f;
+            load8(v, rows + (size_t)pos * D + j);
+            for (int q = 0; q < 8; q++) acc[q] += wk * v[q];
         }
-        out[t * D + j] = to_bf(acc);
+        store8(out + t * D + j, acc);
     }
 }
 
@@ -286,10 +290,11 @@ __global__ void combine_backward_kernel(bf16 *dy, float *dtopk_w, const bf16 *do
     }
     const bf16 *g = dout + (i / K) * D, *yr = y + (size_t)pos * D;
     float w = topk_w[i], dot = 0;
-    for (size_t j = lane; j < D; j += 32) {
-        float gj = bf(g[j]);
-        dot += gj * bf(yr[j]);
-        dy[(size_t)pos * D + j] = to_bf(w * gj);
+    for (size_t j = 8 * lane; j < D; j += 256) {
+        float gv[8], yv[8];
+        load8(gv, g + j), load8(yv, yr + j);
+        for (int q = 0; q < 8; q++) dot += gv[q] * yv[q], gv[q] *= w;
+        store8(dy + (size_t)pos * D + j, gv);
     }
     dot = warp_sum(dot);
     if (lane == 0) dtopk_w[i] = dot;
