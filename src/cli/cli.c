@@ -77,3 +77,10 @@ void cli_single_rank(const char *command, const Comm *world) {
         moe_fatal("%s runs in one process; start it without mpirun/srun (%d ranks here)", command,
                   world->size);
 }
+
+void cli_override_and_validate(Config *cfg, int n, char **assignments) {
+    MoeErr err;
+    for (int i = 0; i < n; i++)
+        if (config_apply_override(cfg, assignments[i], err)) moe_fatal("%s", err);
+    if (config_validate(cfg, err)) moe_fatal("%s", err);
+}

@@ -4,6 +4,7 @@
 #include <stdbool.h>
 
 #include "dist/comm.h"
+#include "train/config.h"
 
 typedef struct {
     const char *name;  // "--ckpt"
@@ -35,5 +36,7 @@ int cmd_sample(int argc, char **argv, Comm *world);
 int cmd_inspect(int argc, char **argv, Comm *world);
 int cmd_data(int argc, char **argv, Comm *world);
 int cmd_bench(int argc, char **argv, Comm *world);
+// Applies key=value overrides to cfg, then validates it; exits with the message on an error.
+void cli_override_and_validate(Config *cfg, int n, char **assignments);
 // Exits with a message when a one-process command was started on several ranks.
 void cli_single_rank(const char *command, const Comm *world);

@@ -62,9 +62,7 @@ int cmd_bench(int argc, char **argv, Comm *world) {
     MoeErr err;
     config_defaults(&cfg);
     if (config_load_file(&cfg, pos[0], err)) moe_fatal("%s", err);
-    for (int i = 1; i < n_pos; i++)
-        if (config_apply_override(&cfg, pos[i], err)) moe_fatal("%s", err);
-    if (config_validate(&cfg, err)) moe_fatal("%s", err);
+    cli_override_and_validate(&cfg, n_pos - 1, pos + 1);
     int warmup = values[0] ? (int)cli_number("--warmup", values[0], 2, 1000) : 3;
     int steps = values[1] ? (int)cli_number("--steps", values[1], 1, 100000) : 10;
     printf("moe bench %s: %d warm-up steps, %d timed\n", pos[0], warmup, steps);

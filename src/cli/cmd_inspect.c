@@ -88,11 +88,8 @@ int cmd_inspect(int argc, char **argv, Comm *world) {
         return 1;
     }
     Config cfg;
-    MoeErr err;
     load_config(pos[0], &cfg);
-    for (int i = 1; i < n_pos; i++)
-        if (config_apply_override(&cfg, pos[i], err)) moe_fatal("%s", err);
-    if (config_validate(&cfg, err)) moe_fatal("%s", err);
+    cli_override_and_validate(&cfg, n_pos - 1, pos + 1);
     const ModelConfig *c = &cfg.model;
     ParamCounts p = model_param_counts(c);
     double S = cfg.train.seq_len, fwd = model_forward_flops_per_token(c, (size_t)S);
