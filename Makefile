@@ -11,6 +11,7 @@ LDLIBS  += -fopenmp -ljansson -lm
 CFLAGS  += $(CFLAGS_EXTRA)
 LDLIBS  += $(LDLIBS_EXTRA)
 
+CUDA ?= 0
 # MPI (several ranks, `mpirun -np N ./moe train ...`): on when mpicc is installed; MPI=0 builds a
 # single-process moe without it.
 MPI ?= $(if $(shell command -v mpicc 2>/dev/null),1,0)
@@ -21,18 +22,26 @@ DIST_SRC := $(wildcard src/dist/*.c)
 else
 DIST_SRC := $(filter-out src/dist/comm_mpi.c,$(wildcard src/dist/*.c))
 endif
+# NCCL joins CUDA builds: comm_nccl.c, else no_nccl.c.
+ifeq ($(CUDA),1)
+DIST_SRC := $(filter-out src/dist/no_nccl.c,$(DIST_SRC))
+else
+DIST_SRC := $(filter-out src/dist/comm_nccl.c,$(DIST_SRC))
+endif
 
 LIB_SRC  := $(wildcard src/common/*.c src/io/*.c src/model/*.c src/ops/*.c src/ops/cpu/*.c src/train/*.c) $(DIST_SRC)
 
-# CUDA backend (train.device=cuda): `make CUDA=1`, for Hopper (sm_90a) by default.
-CUDA ?= 0
+# CUDA backend (train.device=cuda): `make CUDA=1`, for Hopper (sm_90a) by default. NCCL from the
+# toolkit, or NCCL_HOME (e.g. a Python wheel's nvidia/nccl).
 NVCC ?= nvcc
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
 CUDA_ARCH ?= -gencode=arch=compute_90a,code=sm_90a
 NVCCFLAGS ?= -O3 -lineinfo $(CUDA_ARCH)
 NVCCFLAGS += -std=c++17 -Isrc -MMD -MP -Xcompiler -Wall,-Wno-unused-parameter
+NCCL_HOME ?= $(CUDA_HOME)
 ifeq ($(CUDA),1)
-CFLAGS  += -DMOE_CUDA
+CFLAGS  += -DMOE_CUDA -I$(CUDA_HOME)/include -I$(NCCL_HOME)/include
+LDLIBS  += -L$(NCCL_HOME)/lib -L$(NCCL_HOME)/lib64 -Wl,-rpath,$(NCCL_HOME)/lib -Wl,-rpath,$(NCCL_HOME)/lib64 -lnccl
 LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
 CU_SRC  := $(wildcard src/ops/cuda/*.cu)
 endif

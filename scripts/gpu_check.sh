@@ -23,16 +23,27 @@ jansson_flags() {
     LDLIBS_EXTRA="-L$root/usr/lib/x86_64-linux-gnu -Wl,-rpath,$root/usr/lib/x86_64-linux-gnu"
 }
 
+# NCCL: the toolkit's, else the one PyTorch's wheel carries (linked through a symlink of our own).
+NCCL_HOME=""
+nccl_home() {
+    [ -e "$(dirname "$(command -v nvcc)")/../lib64/libnccl.so" ] && return
+    local d; d=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null) || return
+    mkdir -p .deps/nccl/lib && ln -sf "$d"/lib/libnccl.so.2 .deps/nccl/lib/libnccl.so && ln -sfn "$d"/include .deps/nccl/include
+    NCCL_HOME=$(pwd)/.deps/nccl
+    export LD_LIBRARY_PATH="$d/lib:${LD_LIBRARY_PATH:-}"
+}
+
 if has build; then
     say "machine: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1)"
     say "nvcc: $(nvcc --version | tail -1); cc: $(cc --version | head -1)"
     jansson_flags
+    nccl_home
     mpi=0; command -v mpicc >/dev/null && mpi=1
     start=$SECONDS
-    make -j"$(nproc)" CUDA=1 MPI=$mpi CFLAGS_EXTRA="$CFLAGS_EXTRA" LDLIBS_EXTRA="$LDLIBS_EXTRA" \
+    make -j"$(nproc)" CUDA=1 MPI=$mpi CFLAGS_EXTRA="$CFLAGS_EXTRA" LDLIBS_EXTRA="$LDLIBS_EXTRA" ${NCCL_HOME:+NCCL_HOME=$NCCL_HOME} \
         moe build/test_cuda data/tinyshakespeare_train.npy > "$OUT/build.log" 2>&1 \
         || { say "build FAILED"; tail -30 "$OUT/build.log"; exit 1; }
-    say "build ok ($((SECONDS - start)) s, MPI=$mpi)"
+    say "build ok ($((SECONDS - start)) s, MPI=$mpi, NCCL ${NCCL_HOME:-from the toolkit})"
 fi
 
 if has test; then

@@ -38,5 +38,8 @@ int cmd_data(int argc, char **argv, Comm *world);
 int cmd_bench(int argc, char **argv, Comm *world);
 // Applies key=value overrides to cfg, then validates it; exits with the message on an error.
 void cli_override_and_validate(Config *cfg, int n, char **assignments);
+// Runs `moe train ARGS` as n processes on this node (GPU ranks joined by NCCL); returns the first
+// failing rank's exit code, or 0.
+int cli_launch_local(int n, int argc, char **argv);
 // Exits with a message when a one-process command was started on several ranks.
 void cli_single_rank(const char *command, const Comm *world);

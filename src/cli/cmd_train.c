@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "dist/comm_nccl.h"
 #include "train/train.h"
 
 static const CliSpec SPEC = {
@@ -16,6 +17,7 @@ static const CliSpec SPEC = {
     .opts = (const CliOption[]){
         {"--stop-at", "STEP", "stop at this step with a checkpoint (the schedule still follows "
                               "train.steps); run again to continue"},
+        {"--nproc", "N", "start N GPU ranks on this node (one per GPU, joined by NCCL; no MPI needed)"},
         {NULL}},
 };
 
@@ -46,11 +48,26 @@ static void check_resumable(const Config *cfg, const Config *saved, const char *
                   "to resume (choose another train.out to start a new run)", ckpt, key, a, b);
 }
 
+// The arguments without `--nproc N`: what each started rank runs.
+static int drop_nproc(int argc, char **argv, char **out) {
+    int n = 0;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--nproc")) i++;
+        else out[n++] = argv[i];
+    }
+    return n;
+}
+
 int cmd_train(int argc, char **argv, Comm *world) {
-    const char *values[1] = {0};
+    const char *values[2] = {0};
     char **pos;
     int n_pos, n_kv;
     cli_parse(&SPEC, argc, argv, values, &pos, &n_pos);
+    if (values[1]) {
+        int n = (int)cli_number("--nproc", values[1], 1, 1024);
+        char **rest = moe_calloc((size_t)argc + 1, sizeof(char *));
+        return cli_launch_local(n, drop_nproc(argc, argv, rest), rest);
+    }
     char **kv = moe_calloc((size_t)n_pos + 1, sizeof(char *));
     const char *config_path = split_args(n_pos, pos, kv, &n_kv);
     MoeErr err;
@@ -58,8 +75,9 @@ int cmd_train(int argc, char **argv, Comm *world) {
     config_defaults(&cfg);
     if (config_path && config_load_file(&cfg, config_path, err)) moe_fatal("%s", err);
     apply_overrides(&cfg, n_kv, kv);
-    if (world->rank == 0) ckpt_clean_partial(cfg.train.out);
-    world->ops->barrier(world); // no rank looks for checkpoints while rank 0 cleans
+    int launched_size, launched = comm_launch_rank(&launched_size);
+    if (world->rank == 0 && launched <= 0) ckpt_clean_partial(cfg.train.out);
+    if (launched < 0) world->ops->barrier(world); // no rank looks for checkpoints while rank 0 cleans
     char ckpt[4200];
     bool resume = ckpt_latest(cfg.train.out, ckpt, sizeof ckpt) >= 0;
     Config saved;
@@ -74,7 +92,7 @@ int cmd_train(int argc, char **argv, Comm *world) {
     if (resume) {
         check_resumable(&cfg, &saved, ckpt);
         if (state.step >= cfg.train.steps) {
-            if (world->rank == 0) printf("%s: already at step %d of train.steps = %d; pass a larger train.steps to "
+            if (world->rank == 0 && launched <= 0) printf("%s: already at step %d of train.steps = %d; pass a larger train.steps to "
                    "continue\n", ckpt, state.step, cfg.train.steps);
             return 0;
         }

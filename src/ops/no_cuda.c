@@ -2,5 +2,5 @@
 #include "ops.h"
 
 #ifndef MOE_CUDA
-const Ops *ops_cuda(void) { return NULL; }
+const Ops *ops_cuda(int device) { return NULL; }
 #endif

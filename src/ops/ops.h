@@ -205,8 +205,9 @@ typedef struct Ops {
 } Ops;
 
 const Ops *ops_cpu(void);
-// The CUDA backend (act = bf16) when the build has it (make CUDA=1), else NULL.
-const Ops *ops_cuda(void);
+// The CUDA backend (act = bf16) on GPU `device` (modulo the GPUs visible) when the build has it
+// (make CUDA=1), else NULL. The first call picks the GPU for the process.
+const Ops *ops_cuda(int device);
 // Sizing only (allocations are counted by the model, no kernels): fp32 activations, or bf16 ones
 // as a GPU backend keeps them.
 const Ops *ops_counting(bool bf16_activations);

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dist/comm_nccl.h"
 #include "dist/pipeline.h"
 #include "ops/profile_ops.h"
 #include "io/fsutil.h"
@@ -31,6 +32,7 @@ typedef struct {
     size_t n_sched;
     double comm_wait;     // seconds of the step spent in pipeline transfers
     bool synthetic;       // benchmark: random token ids, no files written
+    Comm *host, *world;   // the ranks as started, and as this run talks (an NCCL world on GPUs)
     int first_step;       // the step this process started from
     void *graph;          // the step's work recorded once for replay (backends that record)
     FILE *log;            // metrics.jsonl (rank 0)
@@ -52,7 +54,7 @@ static void check_cuda_shapes(const ModelConfig *c) {
 const Ops *train_backend(const Config *cfg) {
     if (cfg->train.threads > 0) omp_set_num_threads(cfg->train.threads);
     if (strcmp(cfg->train.device, "cuda")) return ops_cpu();
-    const Ops *ops = ops_cuda();
+    const Ops *ops = ops_cuda(comm_local_rank(0)); // one GPU per process on a node
     if (!ops) moe_fatal("train.device = cuda, but this moe was built without CUDA (build with make CUDA=1)");
     check_cuda_shapes(&cfg->model);
     return ops;
@@ -271,21 +273,29 @@ static void open_log(Trainer *t, bool append) {
     if (!t->log) moe_fatal("%s: cannot write the metrics log (%s)", path, strerror(errno));
 }
 
-static void trainer_open(Trainer *t, const Config *cfg, Comm *world, const char *resume, bool synthetic) {
+// GPU ranks talk through NCCL: a world of its own, bootstrapped from the host one (or the launcher).
+static Comm *device_world(const Config *cfg, Comm *host) {
+    int launched = 0;
+    bool gpu = !strcmp(cfg->train.device, "cuda");
+    if (!gpu && comm_launch_rank(&launched) >= 0)
+        moe_fatal("moe train --nproc starts GPU ranks (train.device=cuda); for CPU ranks use mpirun");
+    return gpu && (host->size > 1 || comm_launch_rank(&launched) >= 0) ? comm_nccl_world(host) : host;
+}
+
+static void trainer_open(Trainer *t, const Config *cfg, Comm *host, const char *resume, bool synthetic) {
     MoeErr err;
     memset(t, 0, sizeof *t);
     t->cfg = *cfg;
     t->synthetic = synthetic;
+    const Ops *ops = train_backend(cfg); // picks this process's GPU before NCCL starts
+    t->host = host;
+    Comm *world = t->world = device_world(cfg, host);
     const TrainConfig *tc = &t->cfg.train;
     const ModelConfig *mc = &t->cfg.model;
     parallel_init(&t->par, world, cfg->parallel.pp, cfg->parallel.ep, mc->n_layers, mc->n_experts,
                   model_n_moe_layers(mc) > 0, tc->micro_batch);
     const Layout *l = &t->par.lay;
     t->root = world->rank == 0;
-    const Ops *ops = train_backend(cfg);
-    if (!ops->act_aliases_f32 && world->size > 1)
-        moe_fatal("train.device = %s runs on one GPU for now: several ranks need the NCCL transport, "
-                  "which this build does not have yet", cfg->train.device);
     if (!synthetic) train_open_dataset(&t->train, cfg, cfg->data.train, true);
     t->has_val = !synthetic && cfg->data.val[0] && tc->eval_every > 0;
     if (t->has_val) train_open_dataset(&t->val, cfg, cfg->data.val, false);
@@ -322,6 +332,7 @@ static void trainer_close(Trainer *t) {
     free(t->sched);
     model_free(&t->model);
     parallel_free(&t->par);
+    if (t->world != t->host) t->world->ops->free(t->world);
     if (!t->synthetic) dataset_close(&t->train);
     if (t->has_val) dataset_close(&t->val);
 }

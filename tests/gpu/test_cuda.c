@@ -544,7 +544,7 @@ typedef struct {
 
 int main(int argc, char **argv) {
     cpu = ops_cpu();
-    gpu = ops_cuda();
+    gpu = ops_cuda(0);
     if (!gpu) {
         fprintf(stderr, "this build has no CUDA backend (make CUDA=1)\n");
         return 1;

@@ -134,14 +134,17 @@ static Ops make_cuda_ops(void) {
     return o;
 }
 
-extern "C" const Ops *ops_cuda(void) {
+extern "C" const Ops *ops_cuda(int device) {
     static Ops ops;
     if (!ops.name) {
         int n = 0;
         if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0)
             moe_fatal("train.device = cuda but no CUDA GPU is visible here");
+        CUDA_CHECK(cudaSetDevice(device % n));
         cuda_init();
         ops = make_cuda_ops();
     }
     return &ops;
 }
+
+extern "C" void *cuda_stream_handle(void) { return cuda_ctx.stream; }

@@ -7,6 +7,9 @@
 extern "C" {
 #endif
 
+// The backend's stream (a cudaStream_t), for the NCCL communicator to queue on.
+void *cuda_stream_handle(void);
+
 // dense (cuda_dense.cu)
 void cuda_embedding_forward(void *out, const int32_t *tokens, const void *wte, size_t T, size_t D);
 void cuda_embedding_backward(void *dwte, const void *dout, const int32_t *tokens, size_t T, size_t D, size_t V);

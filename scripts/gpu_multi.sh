@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The two-GPU machine's one call: build, then train the same small model on one GPU and on two
+# (data, expert and pipeline parallel over NCCL, under mpirun and under moe's own --nproc launcher),
+# compare the loss curves with the one-GPU run, and move an expert-parallel checkpoint to one GPU
+# and to CPU ranks. Numbers and logs go to $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/moe-gpu-out}
+mkdir -p "$OUT" runs
+export NCCL_NVLS_ENABLE=0 OMP_NUM_THREADS=8
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+say() { echo "== $*" | tee -a "$OUT/summary.txt"; }
+losses() { grep -o '"loss":[^,]*' "$1/metrics.jsonl" | cut -d: -f2; }
+
+bash scripts/gpu_check.sh build > /dev/null 2>&1 || { say "build FAILED"; tail -20 "$OUT/build.log"; exit 1; }
+say "build ok; $(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l) GPUs; $(nvidia-smi topo -m | grep -m1 GPU1 | tr -s ' ')"
+
+SMALL="train.device=cuda train.steps=100 train.micro_batch=16 train.micro_batches=2 train.eval_every=50
+       train.ckpt_every=50 train.log_every=25"
+run() { # NAME COMMAND...: runs it with train.out=runs/NAME (resuming whatever is there)
+    local name=$1; shift
+    timeout 240 "$@" train.out=runs/$name > runs/$name.log 2>&1
+    local rc=$?
+    cat runs/$name.log >> "$OUT/train.log"
+    return $rc
+}
+compare() { # A B: per-step and 20-step moving-average relative differences
+    paste <(losses "$1") <(losses "$2") | awk '{ d = $1 - $2; if (d < 0) d = -d; r = d / $2; if (r > w) w = r; s += r
+        g[NR] = $1; c[NR] = $2; sg += $1; sc += $2; if (NR > 20) { sg -= g[NR - 20]; sc -= c[NR - 20] }
+        if (NR >= 20) { m = sg - sc; if (m < 0) m = -m; m /= sc; if (m > wm) wm = m } }
+        END { printf "%d steps: per step worst %.4f mean %.4f, 20-step average worst %.4f", NR, w, s / NR, wm }'
+}
+
+rm -rf runs/g1 runs/dp2 runs/ep2 runs/pp2 runs/launch runs/move1 runs/move2
+run g1 ./moe train $SMALL || say "one GPU FAILED: $(tail -3 runs/g1.log)"
+say "one GPU: $(grep -m1 'step   100' runs/g1.log)"
+for layout in "dp2" "ep2 parallel.ep=2" "pp2 parallel.pp=2"; do
+    set -- $layout
+    name=$1; shift
+    if run $name mpirun -np 2 ./moe train $SMALL "$@"; then
+        say "$name (mpirun, NCCL) vs one GPU: $(compare runs/$name runs/g1); $(grep -m1 'step   100' runs/$name.log | grep -o '[0-9,]* tok/s')"
+    else say "$name FAILED: $(grep -m3 -i error runs/$name.log)"; fi
+done
+if run launch ./moe train --nproc 2 $SMALL parallel.ep=2; then
+    say "ep2 (moe --nproc 2) vs one GPU: $(compare runs/launch runs/g1)"
+else say "--nproc FAILED: $(grep -m3 -i error runs/launch.log)"; fi
+
+# An expert-parallel checkpoint continues on one GPU and on CPU ranks.
+if run move1 mpirun -np 2 ./moe train $SMALL parallel.ep=2 --stop-at 50; then
+    cp -r runs/move1 runs/move2
+    run move1 ./moe train $SMALL || true
+    say "ep2 -> one GPU: $(grep -c 'resumed from' runs/move1.log) resume; $(compare runs/move1 runs/g1)"
+    run move2 mpirun -np 2 ./moe train $SMALL train.device=cpu train.threads=8 || true
+    say "ep2 -> CPU ranks: $(grep -c 'resumed from' runs/move2.log) resume; $(compare runs/move2 runs/g1)"
+fi
+cat "$OUT/summary.txt"

@@ -1,0 +1,179 @@
+// The communication interface over NCCL (CUDA builds): collectives and transfers on GPU buffers,
+// queued on the CUDA backend's stream. The world is bootstrapped from a host communicator (MPI:
+// rank 0's unique id reaches the others through it) or from the environment `moe train --nproc`
+// gives the processes it starts. NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
+#include "comm_nccl.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "ops/cuda/cuda_ops.h"
+
+#define NCCL_CHECK(call)                                                                         \
+    do {                                                                                         \
+        ncclResult_t r_ = (call);                                                                \
+        if (r_ != ncclSuccess)                                                                   \
+            moe_fatal("%s:%d: %s failed: %s (%s)", __FILE__, __LINE__, #call,                    \
+                      ncclGetErrorString(r_), ncclGetLastError(NULL));                          \
+    } while (0)
+
+#define CUDA_CHECK(call)                                                                         \
+    do {                                                                                         \
+        cudaError_t e_ = (call);                                                                 \
+        if (e_ != cudaSuccess)                                                                   \
+            moe_fatal("%s:%d: %s failed: %s", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+    } while (0)
+
+typedef struct {
+    ncclComm_t nccl;
+    int *flag; // one device int for all_ok
+} NcclImpl;
+
+static ncclComm_t nc(Comm *c) { return ((NcclImpl *)c->impl)->nccl; }
+static cudaStream_t stream(void) { return (cudaStream_t)cuda_stream_handle(); }
+
+// bf16 act, fp32 and int32 elements
+static ncclDataType_t dtype(CommType t) {
+    return t == COMM_ACT ? ncclBfloat16 : t == COMM_F32 ? ncclFloat32 : ncclInt32;
+}
+
+static size_t elem_bytes(CommType t) { return t == COMM_ACT ? 2 : 4; }
+
+static void nccl_all_reduce_sum(Comm *c, void *buf, size_t n, CommType t) {
+    if (n) NCCL_CHECK(ncclAllReduce(buf, buf, n, dtype(t), ncclSum, nc(c), stream()));
+}
+
+static void nccl_reduce_scatter_sum(Comm *c, const void *send, void *recv, size_t n, CommType t) {
+    if (n) NCCL_CHECK(ncclReduceScatter(send, recv, n, dtype(t), ncclSum, nc(c), stream()));
+}
+
+static void nccl_all_gather(Comm *c, const void *send, void *recv, size_t n, CommType t) {
+    if (n) NCCL_CHECK(ncclAllGather(send, recv, n, dtype(t), nc(c), stream()));
+}
+
+// Per-peer sends and receives in one group: NCCL's all-to-all with uneven counts.
+static void nccl_all_to_all_v(Comm *c, const void *send, const size_t *send_counts, void *recv,
+                              const size_t *recv_counts, CommType t) {
+    size_t es = elem_bytes(t), so = 0, ro = 0;
+    NCCL_CHECK(ncclGroupStart());
+    for (int j = 0; j < c->size; j++) {
+        if (send_counts[j])
+            NCCL_CHECK(ncclSend((const char *)send + so * es, send_counts[j], dtype(t), j, nc(c), stream()));
+        if (recv_counts[j])
+            NCCL_CHECK(ncclRecv((char *)recv + ro * es, recv_counts[j], dtype(t), j, nc(c), stream()));
+        so += send_counts[j], ro += recv_counts[j];
+    }
+    NCCL_CHECK(ncclGroupEnd());
+}
+
+static void nccl_send(Comm *c, const void *buf, size_t n, CommType t, int peer) {
+    if (n) NCCL_CHECK(ncclSend(buf, n, dtype(t), peer, nc(c), stream()));
+}
+
+static void nccl_recv(Comm *c, void *buf, size_t n, CommType t, int peer) {
+    if (n) NCCL_CHECK(ncclRecv(buf, n, dtype(t), peer, nc(c), stream()));
+}
+
+static void nccl_sendrecv(Comm *c, const void *send, size_t n_send, int to, void *recv, size_t n_recv,
+                          int from, CommType t) {
+    NCCL_CHECK(ncclGroupStart());
+    nccl_send(c, send, n_send, t, to);
+    nccl_recv(c, recv, n_recv, t, from);
+    NCCL_CHECK(ncclGroupEnd());
+}
+
+// Host-side agreement through one device int (min over ranks); waits for the stream.
+static bool nccl_all_ok(Comm *c, bool ok) {
+    NcclImpl *im = c->impl;
+    int v = ok ? 1 : 0;
+    CUDA_CHECK(cudaMemcpyAsync(im->flag, &v, sizeof v, cudaMemcpyHostToDevice, stream()));
+    NCCL_CHECK(ncclAllReduce(im->flag, im->flag, 1, ncclInt32, ncclMin, im->nccl, stream()));
+    CUDA_CHECK(cudaMemcpyAsync(&v, im->flag, sizeof v, cudaMemcpyDeviceToHost, stream()));
+    CUDA_CHECK(cudaStreamSynchronize(stream()));
+    return v == 1;
+}
+
+static void nccl_barrier(Comm *c) { nccl_all_ok(c, true); }
+
+static Comm *wrap(ncclComm_t comm);
+
+static Comm *nccl_split(Comm *c, int color, int key) {
+    ncclComm_t sub;
+    NCCL_CHECK(ncclCommSplit(nc(c), color, key, &sub, NULL));
+    return wrap(sub);
+}
+
+static void nccl_free(Comm *c) {
+    NcclImpl *im = c->impl;
+    NCCL_CHECK(ncclCommDestroy(im->nccl));
+    CUDA_CHECK(cudaFree(im->flag));
+    free(im);
+    free(c);
+}
+
+static const CommOps NCCL_OPS = {
+    .all_reduce_sum = nccl_all_reduce_sum, .reduce_scatter_sum = nccl_reduce_scatter_sum,
+    .all_gather = nccl_all_gather, .all_to_all_v = nccl_all_to_all_v, .send = nccl_send,
+    .recv = nccl_recv, .sendrecv = nccl_sendrecv, .barrier = nccl_barrier, .all_ok = nccl_all_ok,
+    .split = nccl_split, .free = nccl_free,
+};
+
+static Comm *wrap(ncclComm_t comm) {
+    Comm *c = moe_calloc(1, sizeof(Comm));
+    NcclImpl *im = moe_calloc(1, sizeof(NcclImpl));
+    im->nccl = comm;
+    CUDA_CHECK(cudaMalloc((void **)&im->flag, sizeof(int)));
+    NCCL_CHECK(ncclCommUserRank(comm, &c->rank));
+    NCCL_CHECK(ncclCommCount(comm, &c->size));
+    c->ops = &NCCL_OPS;
+    c->impl = im;
+    return c;
+}
+
+static void id_to_hex(const ncclUniqueId *id, char *hex) {
+    const unsigned char *b = (const unsigned char *)id->internal;
+    for (size_t i = 0; i < sizeof id->internal; i++) sprintf(hex + 2 * i, "%02x", b[i]);
+}
+
+static int hex_to_id(const char *hex, ncclUniqueId *id) {
+    unsigned char *b = (unsigned char *)id->internal;
+    if (strlen(hex) != 2 * sizeof id->internal) return -1;
+    for (size_t i = 0; i < sizeof id->internal; i++)
+        if (sscanf(hex + 2 * i, "%2hhx", &b[i]) != 1) return -1;
+    return 0;
+}
+
+size_t comm_nccl_id_hex_len(void) { return 2 * sizeof(((ncclUniqueId *)0)->internal) + 1; }
+
+void comm_nccl_new_id(char *hex) {
+    setenv("NCCL_NVLS_ENABLE", "0", 1);
+    ncclUniqueId id;
+    NCCL_CHECK(ncclGetUniqueId(&id));
+    id_to_hex(&id, hex);
+}
+
+Comm *comm_nccl_world(Comm *host) {
+    setenv("NCCL_NVLS_ENABLE", "0", 1); // never NVLink multicast
+    ncclUniqueId id;
+    int size = 0, rank = comm_launch_rank(&size);
+    if (rank >= 0) { // started by `moe train --nproc`: the id came with the environment
+        const char *hex = getenv("MOE_NCCL_ID");
+        MOE_CHECK(hex && hex_to_id(hex, &id) == 0, "MOE_NCCL_ID is missing or malformed (start ranks with moe train --nproc N)");
+    } else { // through the host communicator: rank 0's id summed with everyone else's zeros
+        rank = host->rank, size = host->size;
+        int32_t words[sizeof id.internal / 4] = {0};
+        if (rank == 0) {
+            NCCL_CHECK(ncclGetUniqueId(&id));
+            memcpy(words, id.internal, sizeof words);
+        }
+        host->ops->all_reduce_sum(host, words, sizeof words / 4, COMM_I32);
+        memcpy(id.internal, words, sizeof words);
+    }
+    ncclComm_t comm;
+    NCCL_CHECK(ncclCommInitRank(&comm, size, id, rank));
+    return wrap(comm);
+}

@@ -1,0 +1,14 @@
+// NCCL communicators for GPU runs (CUDA builds; see comm_nccl.c), and what a process started by
+// `moe train --nproc N` learns from its environment.
+#pragma once
+#include "comm.h"
+
+// The GPU world of every rank of `host` (MPI), or of the processes `moe train --nproc` started.
+Comm *comm_nccl_world(Comm *host);
+// A new NCCL unique id as hex (comm_nccl_id_hex_len() bytes with the terminator).
+void comm_nccl_new_id(char *hex);
+size_t comm_nccl_id_hex_len(void);
+// This process's rank when `moe train --nproc` started it (world size into *world_size), else -1.
+int comm_launch_rank(int *world_size);
+// The rank of this process on its node (the GPU it takes), from the launcher's environment.
+int comm_local_rank(int fallback);
