@@ -28,7 +28,8 @@ NCCL_HOME=""
 nccl_home() {
     [ -e "$(dirname "$(command -v nvcc)")/../lib64/libnccl.so" ] && return
     local d; d=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null) || return
-    mkdir -p .deps/nccl/lib && ln -sf "$d"/lib/libnccl.so.2 .deps/nccl/lib/libnccl.so && ln -sfn "$d"/include .deps/nccl/include
+    mkdir -p .deps/nccl/lib && ln -sfn "$d"/include .deps/nccl/include
+    ln -sf "$d"/lib/libnccl.so.2 .deps/nccl/lib/libnccl.so && ln -sf "$d"/lib/libnccl.so.2 .deps/nccl/lib/libnccl.so.2
     NCCL_HOME=$(pwd)/.deps/nccl
     export LD_LIBRARY_PATH="$d/lib:${LD_LIBRARY_PATH:-}"
 }
