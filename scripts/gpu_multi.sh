@@ -15,6 +15,15 @@ losses() { grep -o '"loss":[^,]*' "$1/metrics.jsonl" | cut -d: -f2; }
 bash scripts/gpu_check.sh build > /dev/null 2>&1 || { say "build FAILED"; tail -20 "$OUT/build.log"; exit 1; }
 say "build ok; $(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l) GPUs; $(nvidia-smi topo -m | grep -m1 GPU1 | tr -s ' ')"
 
+if [ "${1:-}" = bench ]; then # expert parallelism on the benchmark shape: 8 sequences per GPU either way
+    timeout 200 ./moe bench configs/bench/scale-E64.json > runs/bench1.txt 2>&1
+    timeout 300 mpirun -np 2 ./moe bench configs/bench/scale-E64.json train.micro_batch=16 parallel.ep=2 > runs/bench2.txt 2>&1
+    cat runs/bench1.txt runs/bench2.txt | tee "$OUT/bench.txt"
+    say "E64 1 GPU: $(grep throughput runs/bench1.txt)"
+    say "E64 2 GPUs ep=2: $(grep throughput runs/bench2.txt)"
+    exit 0
+fi
+
 SMALL="train.device=cuda train.steps=100 train.micro_batch=16 train.micro_batches=2 train.eval_every=50
        train.ckpt_every=50 train.log_every=25"
 run() { # NAME COMMAND...: runs it with train.out=runs/NAME (resuming whatever is there)

@@ -32,16 +32,19 @@ static void print_report(const Config *cfg, const BenchReport *r) {
     printf("model        %.3fB total / %.3fB active parameters, %.4g GFLOP/token training "
            "(3 x forward; causal attention at half)\n", p.total / 1e9, p.active / 1e9, flops_tok / 1e9);
     printf("device       %s, matrix product %.1f TFLOP/s measured\n", cfg->train.device, r->matmul_tflops);
-    printf("step         %.2f ms (mean of timed steps, %s), %.0f tokens\n", r->ms_per_step,
-           r->graph ? "replayed graph" : "run as queued", tokens);
-    printf("throughput   %s tokens/s, %.1f model TFLOP/s\n", tps, tflops);
-    printf("MFU          %.1f%% of 989 TFLOP/s, %.1f%% of the measured %.1f TFLOP/s\n", 100 * tflops / 989,
-           100 * tflops / r->matmul_tflops, r->matmul_tflops);
+    printf("step         %.2f ms (mean of timed steps, %s), %.0f tokens on %d rank(s)\n", r->ms_per_step,
+           r->graph ? "replayed graph" : "run as queued", tokens, r->ranks);
+    printf("throughput   %s tokens/s, %.1f model TFLOP/s (per rank: %.0f tokens/s, %.1f TFLOP/s)\n", tps, tflops,
+           tokens / sec / r->ranks, tflops / r->ranks);
+    double per_rank = tflops / r->ranks;
+    printf("MFU          %.1f%% of 989 TFLOP/s, %.1f%% of the measured %.1f TFLOP/s (per rank)\n",
+           100 * per_rank / 989, 100 * per_rank / r->matmul_tflops, r->matmul_tflops);
     printf("memory       %.2f GiB in use on the device (model plan %.2f GiB)\n", r->memory_in_use / 1073741824.0,
            r->model_bytes / 1073741824.0);
     double total = 0;
     for (int i = 0; i < PROFILE_N_PHASES; i++) total += r->phase_ms[i];
-    printf("phases       one step with every kernel timed: %.1f ms\n", total);
+    printf("phases       one step with every kernel timed: %.1f ms of kernels in %.1f ms (the rest: "
+           "communication and gaps)\n", total, r->profiled_ms);
     for (int i = 0; i < PROFILE_N_PHASES; i++)
         printf("  %-24s %8.2f ms  %5.1f%%\n", PROFILE_PHASE_NAMES[i], r->phase_ms[i],
                total > 0 ? 100 * r->phase_ms[i] / total : 0);
@@ -53,7 +56,6 @@ int cmd_bench(int argc, char **argv, Comm *world) {
     char **pos;
     int n_pos;
     cli_parse(&SPEC, argc, argv, values, &pos, &n_pos);
-    cli_single_rank(SPEC.command, world);
     if (n_pos < 1 || strchr(pos[0], '=')) {
         cli_usage(&SPEC, false);
         return 1;
@@ -65,9 +67,9 @@ int cmd_bench(int argc, char **argv, Comm *world) {
     cli_override_and_validate(&cfg, n_pos - 1, pos + 1);
     int warmup = values[0] ? (int)cli_number("--warmup", values[0], 2, 1000) : 3;
     int steps = values[1] ? (int)cli_number("--steps", values[1], 1, 100000) : 10;
-    printf("moe bench %s: %d warm-up steps, %d timed\n", pos[0], warmup, steps);
+    if (world->rank == 0) printf("moe bench %s: %d warm-up steps, %d timed\n", pos[0], warmup, steps);
     BenchReport r;
     train_bench(&cfg, world, warmup, steps, &r);
-    print_report(&cfg, &r);
+    if (world->rank == 0) print_report(&cfg, &r);
     return 0;
 }

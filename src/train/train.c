@@ -415,8 +415,13 @@ void train_bench(const Config *cfg, Comm *world, int warmup, int steps, BenchRep
     r->model_bytes = t.model.bytes;
     r->loss = t.metrics_host[METRIC_CE] / ((double)cfg->train.micro_batches * cfg->train.micro_batch * cfg->train.seq_len);
     t.model.ops = ops_profiled(ops); // one more step, every kernel timed (run as queued)
+    ops->sync();
+    ops->event_record(e0);
     train_step(&t);
+    ops->event_record(e1);
+    r->profiled_ms = ops->event_elapsed_ms(e0, e1);
     profile_collect(r->phase_ms);
+    r->ranks = t.world->size;
     t.model.ops = ops;
     trainer_close(&t);
 }
