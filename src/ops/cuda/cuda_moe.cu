@@ -310,26 +310,46 @@ extern "C" void cuda_moe_combine_backward(void *dy, void *dtopk_w, const void *d
     CUDA_LAUNCH_CHECK();
 }
 
-// A block per (source, expert) block of rows; both orders' starts from a scan of the counts.
-__global__ void regroup_kernel(bf16 *out, const bf16 *in, const int32_t *counts, int ep, int El, size_t D,
-                               bool to_expert_major) {
-    int blk = blockIdx.x, r = blk / El, e = blk % El;
-    size_t src_major = 0, exp_major = 0;
-    for (int j = 0; j < ep * El; j++) {
-        int jr = j / El, je = j % El;
-        if (j < blk) src_major += (size_t)counts[j];
-        if (je < e || (je == e && jr < r)) exp_major += (size_t)counts[j];
+// Regroup in two launches: one thread scans the (source, expert) block counts into each block's
+// start in both orders, then warps copy rows (16-byte vectors) found by binary search over the
+// source-major starts. Both directions walk the source-major positions.
+__global__ void regroup_scan_kernel(int32_t *starts, const int32_t *counts, int ep, int El) {
+    int32_t *src = starts, *exp = starts + ep * El, *total = starts + 2 * ep * El;
+    int pos = 0;
+    for (int b = 0; b < ep * El; b++) src[b] = pos, pos += counts[b];
+    *total = pos;
+    pos = 0;
+    for (int e = 0; e < El; e++)
+        for (int r = 0; r < ep; r++) exp[r * El + e] = pos, pos += counts[r * El + e];
+}
+
+__global__ void regroup_rows_kernel(bf16 *out, const bf16 *in, const int32_t *starts, int ep, int El, size_t D,
+                                    bool to_expert_major) {
+    const int32_t *src = starts, *exp = starts + ep * El;
+    int total = starts[2 * ep * El], nb = ep * El, lane = threadIdx.x & 31;
+    size_t warps = (size_t)gridDim.x * (blockDim.x / 32);
+    for (size_t i = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; i < (size_t)total; i += warps) {
+        int lo = 0, hi = nb - 1; // last block whose source-major start is <= i
+        while (lo < hi) {
+            int mid = (lo + hi + 1) / 2;
+            if (src[mid] <= (int)i) lo = mid; else hi = mid - 1;
+        }
+        size_t a = i, b = (size_t)exp[lo] + (i - (size_t)src[lo]);
+        size_t from = to_expert_major ? a : b, to = to_expert_major ? b : a;
+        const uint4 *s4 = reinterpret_cast<const uint4 *>(in + from * D);
+        uint4 *d4 = reinterpret_cast<uint4 *>(out + to * D);
+        for (size_t j = lane; j < D / 8; j += 32) d4[j] = s4[j];
     }
-    size_t from = to_expert_major ? src_major : exp_major, to = to_expert_major ? exp_major : src_major;
-    size_t n = (size_t)counts[blk] * D;
-    for (size_t j = threadIdx.x; j < n; j += blockDim.x) out[to * D + j] = in[from * D + j];
 }
 
 extern "C" void cuda_moe_regroup(void *out, const void *in, const int32_t *counts, size_t ep, size_t El, size_t D,
                                  bool to_expert_major) {
     if (!ep || !El) return;
-    regroup_kernel<<<(unsigned)(ep * El), 256, 0, STREAM>>>((bf16 *)out, (const bf16 *)in, counts, (int)ep, (int)El,
-                                                            D, to_expert_major);
+    int32_t *starts = sort_scratch(2 * ep * El + 1); // the sort's scratch is free between its uses
+    regroup_scan_kernel<<<1, 1, 0, STREAM>>>(starts, counts, (int)ep, (int)El);
+    CUDA_LAUNCH_CHECK();
+    regroup_rows_kernel<<<(unsigned)cuda_ctx.sm_count * 4, 256, 0, STREAM>>>((bf16 *)out, (const bf16 *)in, starts,
+                                                                             (int)ep, (int)El, D, to_expert_major);
     CUDA_LAUNCH_CHECK();
 }
 
