@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "common/util.h"
+#include "ops/cuda/cuda_check.h"
 #include "ops/cuda/cuda_ops.h"
 
 #define NCCL_CHECK(call)                                                                         \
@@ -21,12 +22,6 @@
                       ncclGetErrorString(r_), ncclGetLastError(NULL));                          \
     } while (0)
 
-#define CUDA_CHECK(call)                                                                         \
-    do {                                                                                         \
-        cudaError_t e_ = (call);                                                                 \
-        if (e_ != cudaSuccess)                                                                   \
-            moe_fatal("%s:%d: %s failed: %s", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-    } while (0)
 
 typedef struct {
     ncclComm_t nccl;

@@ -7,17 +7,11 @@
 #include <stdint.h>
 
 #include "common/util.h"
+#include "cuda_check.h"
 #include "ops/ops.h"
 
 typedef __nv_bfloat16 bf16;
 
-#define CUDA_CHECK(call)                                                                         \
-    do {                                                                                         \
-        cudaError_t err_ = (call);                                                               \
-        if (err_ != cudaSuccess)                                                                 \
-            moe_fatal("%s:%d: %s failed: %s (%s)", __FILE__, __LINE__, #call,                    \
-                      cudaGetErrorString(err_), cudaGetErrorName(err_));                         \
-    } while (0)
 
 #define CUBLAS_CHECK(call)                                                                       \
     do {                                                                                         \
