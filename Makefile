@@ -97,6 +97,10 @@ build/bench_gemm: build/f32/bench/bench_gemm.o build/f32/src/ops/cpu/cpu_gemm.o 
 build/test_cuda: build/f32/tests/gpu/test_cuda.o $(filter-out build/f32/src/cli/%,$(F32_OBJ))
 	$(CC) -o $@ $^ $(LDLIBS)
 
+# Expert-exchange bandwidth across GPUs (mpirun -np 2 build/bench_exchange on a GPU machine).
+build/bench_exchange: build/f32/bench/bench_exchange.o $(filter-out build/f32/src/cli/%,$(F32_OBJ))
+	$(CC) -o $@ $^ $(LDLIBS)
+
 test: moe build/test_unit $(if $(filter 1,$(MPI)),build/test_comm) $(DATA)
 	@bash tests/run_all.sh
 

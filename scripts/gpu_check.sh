@@ -42,7 +42,7 @@ if has build; then
     mpi=0; command -v mpicc >/dev/null && mpi=1
     start=$SECONDS
     make -j"$(nproc)" CUDA=1 MPI=$mpi CFLAGS_EXTRA="$CFLAGS_EXTRA" LDLIBS_EXTRA="$LDLIBS_EXTRA" ${NCCL_HOME:+NCCL_HOME=$NCCL_HOME} \
-        moe build/test_cuda data/tinyshakespeare_train.npy > "$OUT/build.log" 2>&1 \
+        moe build/test_cuda build/bench_exchange data/tinyshakespeare_train.npy > "$OUT/build.log" 2>&1 \
         || { say "build FAILED"; tail -30 "$OUT/build.log"; exit 1; }
     say "build ok ($((SECONDS - start)) s, MPI=$mpi, NCCL ${NCCL_HOME:-from the toolkit})"
 fi

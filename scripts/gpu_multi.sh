@@ -24,6 +24,11 @@ if [ "${1:-}" = bench ]; then # expert parallelism on the benchmark shape: 8 seq
     exit 0
 fi
 
+if [ "${1:-}" = exchange ]; then
+    timeout 120 mpirun -np 2 build/bench_exchange 2>&1 | tee -a "$OUT/summary.txt"
+    exit 0
+fi
+
 SMALL="train.device=cuda train.steps=100 train.micro_batch=16 train.micro_batches=2 train.eval_every=50
        train.ckpt_every=50 train.log_every=25"
 run() { # NAME COMMAND...: runs it with train.out=runs/NAME (resuming whatever is there)
