@@ -5,8 +5,8 @@
 CC      ?= cc
 ARCH    ?= -march=native
 CFLAGS  ?= -O3 $(ARCH) -g
-CFLAGS  += -std=gnu11 -fopenmp -fno-math-errno -Wall -Wextra -Wno-unused-parameter -Isrc -MMD -MP
-LDLIBS  += -fopenmp -ljansson -lm
+CFLAGS  += -std=gnu11 -pthread -fopenmp -fno-math-errno -Wall -Wextra -Wno-unused-parameter -Isrc -MMD -MP
+LDLIBS  += -pthread -fopenmp -ljansson -lm
 # Extra include or library paths, e.g. a JSON library unpacked beside the tree (scripts/gpu_check.sh).
 CFLAGS  += $(CFLAGS_EXTRA)
 LDLIBS  += $(LDLIBS_EXTRA)

@@ -29,6 +29,23 @@ if [ "${1:-}" = exchange ]; then
     exit 0
 fi
 
+# A rank that goes silent (SIGSTOP) mid-run: the other's watchdog must end the job, under moe's
+# own launcher and under mpirun, within train.comm_timeout (5 s) plus a poll.
+if [ "${1:-}" = watchdog ]; then
+    for launcher in "./moe train --nproc 2" "mpirun -np 2 ./moe train"; do
+        rm -rf runs/hang
+        timeout 120 $launcher train.device=cuda train.steps=1000000 train.eval_every=0 train.ckpt_every=0 \
+            train.log_every=100000 train.comm_timeout=5 parallel.ep=2 train.out=runs/hang > runs/hang.log 2>&1 &
+        job=$!
+        for _ in $(seq 600); do [ -s runs/hang/metrics.jsonl ] && break; sleep 0.1; done
+        victim=$(pgrep -f "train.out=runs/hang" | while read -r p; do [ "$(readlink /proc/$p/exe)" = "$PWD/moe" ] && echo "$p"; done | tail -1)
+        start=$SECONDS; kill -STOP "$victim"; wait $job; rc=$?
+        say "$launcher, one rank stopped: exit $rc after $((SECONDS - start)) s: $(grep -m1 'no progress' runs/hang.log)"
+        pkill -9 -f "train.out=runs/hang"
+    done
+    exit 0
+fi
+
 SMALL="train.device=cuda train.steps=100 train.micro_batch=16 train.micro_batches=2 train.eval_every=50
        train.ckpt_every=50 train.log_every=25"
 run() { # NAME COMMAND...: runs it with train.out=runs/NAME (resuming whatever is there)

@@ -48,10 +48,10 @@ int cli_launch_local(int n, int argc, char **argv) {
         int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
         for (int r = 0; r < n; r++)
             if (pids[r] == pid) pids[r] = 0;
-        if (code && !rc) { // the first failure stops every other rank
+        if (code && !rc) { // the first failure stops every other rank (stopped ones too)
             rc = code;
             for (int r = 0; r < n; r++)
-                if (pids[r]) kill(pids[r], SIGTERM);
+                if (pids[r]) kill(pids[r], SIGTERM), kill(pids[r], SIGCONT);
         }
     }
     free(pids), free(child_argv), free(id);

@@ -32,6 +32,9 @@ typedef struct {
     bool (*all_ok)(Comm *c, bool ok);
     // Sub-communicator of the ranks with the same color, ordered by key.
     Comm *(*split)(Comm *c, int color, int key);
+    // An error the transport found on its own (NCCL: a failed network peer), as text, or NULL.
+    // Optional (NULL: none can happen); safe to call from another thread (the watchdog).
+    const char *(*async_error)(Comm *c);
     void (*free)(Comm *c);
 } CommOps;
 

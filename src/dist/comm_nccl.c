@@ -102,6 +102,12 @@ static Comm *nccl_split(Comm *c, int color, int key) {
     return wrap(sub);
 }
 
+static const char *nccl_async_error(Comm *c) {
+    ncclResult_t r = ncclSuccess;
+    if (ncclCommGetAsyncError(nc(c), &r) != ncclSuccess) return "ncclCommGetAsyncError failed";
+    return r == ncclSuccess || r == ncclInProgress ? NULL : ncclGetErrorString(r);
+}
+
 static void nccl_free(Comm *c) {
     NcclImpl *im = c->impl;
     NCCL_CHECK(ncclCommDestroy(im->nccl));
@@ -114,7 +120,7 @@ static const CommOps NCCL_OPS = {
     .all_reduce_sum = nccl_all_reduce_sum, .reduce_scatter_sum = nccl_reduce_scatter_sum,
     .all_gather = nccl_all_gather, .all_to_all_v = nccl_all_to_all_v, .send = nccl_send,
     .recv = nccl_recv, .sendrecv = nccl_sendrecv, .barrier = nccl_barrier, .all_ok = nccl_all_ok,
-    .split = nccl_split, .free = nccl_free,
+    .split = nccl_split, .async_error = nccl_async_error, .free = nccl_free,
 };
 
 static Comm *wrap(ncclComm_t comm) {

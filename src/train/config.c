@@ -81,6 +81,8 @@ static const ConfigKey KEYS[] = {
     STR(train, out, "run directory: config.json, metrics.jsonl, step-N/ checkpoints"),
     STR(train, device, "compute backend: cpu or cuda (a build with make CUDA=1)"),
     INT(train, threads, "CPU threads (0: all cores)"),
+    REAL(train, comm_timeout, "seconds without progress before a rank of a multi-rank run ends "
+                              "the job (a peer died or hangs; 0: wait forever)"),
     STR(data, train, "training tokens: a file, a comma list, or a mix file (.txt/.mix)"),
     STR(data, val, "validation tokens (empty: no validation)"),
     INT(data, token_bytes, "2 or 4 bytes per token in headerless files (0: from vocab_size)"),
@@ -97,7 +99,7 @@ void config_defaults(Config *c) {
         .lr = 3e-3, .min_lr_ratio = 0.1, .warmup = 30, .schedule = SCHED_COSINE,
         .weight_decay = 0.1, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .clip = 1.0,
         .seed = 1, .log_every = 10, .eval_every = 100, .eval_batches = 20,
-        .ckpt_every = 200, .keep_ckpts = 2, .threads = 0,
+        .ckpt_every = 200, .keep_ckpts = 2,
     };
     snprintf(c->train.out, sizeof c->train.out, "runs/default");
     snprintf(c->train.device, sizeof c->train.device, "cpu");
@@ -110,6 +112,7 @@ void config_reset_placement(Config *c) {
     c->parallel = (ParallelConfig){.pp = 1, .ep = 1};
     snprintf(c->train.device, sizeof c->train.device, "cpu");
     c->train.threads = 0;
+    c->train.comm_timeout = 600;
 }
 
 static const ConfigKey *find_key(const char *key) {
@@ -284,6 +287,9 @@ static int check_train(const TrainConfig *t, MoeErr err) {
     if (!(t->beta1 >= 0 && t->beta1 < 1) || !(t->beta2 >= 0 && t->beta2 < 1) || !(t->eps > 0))
         return moe_err(err, "train.beta1 = %g and train.beta2 = %g must be in [0, 1), train.eps "
                        "= %g > 0", t->beta1, t->beta2, t->eps);
+    if (!(t->comm_timeout >= 0))
+        return moe_err(err, "train.comm_timeout = %g must be >= 0 seconds (0: no watchdog)",
+                       t->comm_timeout);
     if (!(t->weight_decay >= 0) || !(t->clip >= 0))
         return moe_err(err, "train.weight_decay = %g and train.clip = %g must be >= 0",
                        t->weight_decay, t->clip);

@@ -26,6 +26,7 @@ typedef struct {
     char out[CONFIG_PATH_LEN]; // run directory
     char device[32];           // "cpu"
     int threads;               // OpenMP threads (0: all cores)
+    double comm_timeout;       // seconds without progress before a multi-rank run ends (0: never)
 } TrainConfig;
 
 typedef struct {
@@ -55,7 +56,7 @@ int config_apply_json(Config *c, json_t *root, const char *source, MoeErr err);
 int config_apply_override(Config *c, const char *assignment, MoeErr err);
 int config_validate(Config *c, MoeErr err);
 // Back to the defaults for what a resumed run takes from its own command line, not from the
-// checkpoint: the parallel layout, device and threads.
+// checkpoint: the parallel layout, device, threads and communication timeout.
 void config_reset_placement(Config *c);
 json_t *config_to_json(const Config *c);
 // The first model.* key whose value differs; NULL if the model sections match. Values into a, b.

@@ -12,6 +12,7 @@
 
 #include "dist/comm_nccl.h"
 #include "dist/pipeline.h"
+#include "dist/watchdog.h"
 #include "ops/profile_ops.h"
 #include "io/fsutil.h"
 #include "metrics.h"
@@ -36,6 +37,7 @@ typedef struct {
     int first_step;       // the step this process started from
     void *graph;          // the step's work recorded once for replay (backends that record)
     FILE *log;            // metrics.jsonl (rank 0)
+    Watchdog *watchdog;   // several ranks: ends this one when its peers stop answering
 } Trainer;
 
 // The CUDA kernels copy 16-byte vectors and tile heads by 16: what they need of the shapes.
@@ -362,16 +364,26 @@ void train_run(const Config *cfg, Comm *world, const char *resume, int stop_at) 
     trainer_open(&t, cfg, world, resume, false);
     if (t.root) print_banner(&t);
     const TrainConfig *tc = &t.cfg.train;
+    Comm *groups[4] = {t.par.world, t.par.dp, t.par.ep, t.par.edp};
+    if (t.par.world->size > 1) t.watchdog = watchdog_start(tc->comm_timeout, t.par.world->rank, groups, 4);
     double start = moe_time_sec();
     int last = stop_at > 0 && stop_at < tc->steps ? stop_at : tc->steps;
     while (t.state.step < last) {
         double t0 = moe_time_sec();
+        watchdog_beat(t.watchdog, t.state.step + 1, "training step");
         train_step(&t);
         if (t.root) report_step(&t, moe_time_sec() - t0, moe_time_sec() - start);
         int s = t.state.step;
-        if (t.has_val && (s % tc->eval_every == 0 || s == tc->steps)) run_eval(&t);
-        if ((tc->ckpt_every > 0 && s % tc->ckpt_every == 0) || s == last) save_checkpoint(&t);
+        if (t.has_val && (s % tc->eval_every == 0 || s == tc->steps)) {
+            watchdog_beat(t.watchdog, s, "evaluation");
+            run_eval(&t);
+        }
+        if ((tc->ckpt_every > 0 && s % tc->ckpt_every == 0) || s == last) {
+            watchdog_beat(t.watchdog, s, "checkpoint");
+            save_checkpoint(&t);
+        }
     }
+    watchdog_stop(t.watchdog);
     trainer_close(&t);
 }
 

@@ -102,10 +102,29 @@ expect_refused() { # NAME PATTERN NP [overrides...]
 expect_refused "world not divisible by pp" "3 ranks cannot form parallel.pp = 2" 3 parallel.pp=2
 expect_refused "ep does not divide dp" "parallel.ep = 4 must divide the data-parallel size 2" 2 parallel.ep=4
 expect_refused "more stages than layers" "parallel.pp = 4 stages is more than model.n_layers = 2" 4 parallel.pp=4
+expect_refused "negative watchdog timeout" "train.comm_timeout = -1 must be >= 0" 2 train.comm_timeout=-1
 expect_refused "micro-batch not divisible by dp" "train.micro_batch = 4 .* multiple of the data-parallel size 3" 3
 start=$SECONDS
 out=$($MPIRUN -np 4 ./moe train $TINY train.out="$tmp/nan" parallel.pp=2 train.lr=1e30 train.warmup=0 train.clip=0 train.steps=20 2>&1); rc=$?
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "training diverged" <<<"$out"; then ok "divergence on 4 ranks ends all of them ($((SECONDS - start)) s)"
 else bad "divergence on 4 ranks ends all of them" "exit $rc: $(tail -3 <<<"$out")"; fi
+
+# A rank that stops answering (SIGSTOP: alive, silent, as in a hang) must not leave its peers
+# waiting forever: their watchdog ends them after train.comm_timeout and mpirun stops the job.
+out="$tmp/hang"
+$MPIRUN -np 2 ./moe train $TINY train.out="$out" train.steps=1000000 train.eval_every=0 \
+    train.ckpt_every=0 train.log_every=100000 train.comm_timeout=3 > "$out.log" 2>&1 &
+job=$!
+for _ in $(seq 300); do [ -s "$out/metrics.jsonl" ] && break; sleep 0.1; done
+rank_pids=$(pgrep -f "train.out=$out " | while read -r p; do [ "$(readlink "/proc/$p/exe")" = "$PWD/moe" ] && echo "$p"; done)
+victim=$(tail -1 <<<"$rank_pids")
+start=$SECONDS
+if [ -n "$victim" ] && kill -STOP "$victim"; then
+    wait $job; rc=$?; took=$((SECONDS - start))
+    if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -ge 3 ] && grep -q "no progress for [0-9]* s at step [0-9]* (training step)" "$out.log"; then
+        ok "a silent rank: the watchdog ends the job after ${took} s (timeout 3 s)"
+    else bad "a silent rank: the watchdog ends the job" "exit $rc after $took s: $(grep -m2 error "$out.log")"; fi
+else bad "a silent rank: the watchdog ends the job" "no rank process found to stop (pids: $rank_pids)"; kill $job; fi
+kill -9 $rank_pids 2>/dev/null
 
 summary
