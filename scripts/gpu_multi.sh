@@ -2,7 +2,7 @@
 # The two-GPU machine's one call: build, then train the same small model on one GPU and on two
 # (data, expert and pipeline parallel over NCCL, under mpirun and under moe's own --nproc launcher),
 # compare the loss curves with the one-GPU run, and move an expert-parallel checkpoint to one GPU
-# and to CPU ranks. Numbers and logs go to $OUT.
+# and to CPU ranks. Modes: bench, exchange, watchdog, direct (see each). Numbers and logs go to $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/moe-gpu-out}
@@ -61,6 +61,26 @@ compare() { # A B: per-step and 20-step moving-average relative differences
         if (NR >= 20) { m = sg - sc; if (m < 0) m = -m; m /= sc; if (m > wm) wm = m } }
         END { printf "%d steps: per step worst %.4f mean %.4f, 20-step average worst %.4f", NR, w, s / NR, wm }'
 }
+
+# The direct expert exchange: its kernels against the CPU, its bandwidth, training curves of ep=2
+# by direct writes (steps replayed as a graph) and by send/recv against one GPU, and throughput.
+if [ "${1:-}" = direct ]; then
+    timeout 120 build/test_cuda moe > "$OUT/test_cuda_moe.log" 2>&1
+    say "CUDA vs CPU, MoE ops with the exchange: $(tail -1 "$OUT/test_cuda_moe.log")"; grep -B1 -A3 -i "fail\|exchange" "$OUT/test_cuda_moe.log" | head -30
+    timeout 60 mpirun -np 2 build/bench_exchange 2>&1 | tee -a "$OUT/summary.txt"
+    rm -rf runs/g1 runs/ep2 runs/ep2sr runs/dp2
+    run g1 ./moe train $SMALL || say "one GPU FAILED: $(tail -3 runs/g1.log)"
+    for layout in "ep2 parallel.ep=2" "ep2sr parallel.ep=2 parallel.exchange=sendrecv" "dp2"; do
+        set -- $layout; name=$1; shift
+        if run $name mpirun -np 2 ./moe train $SMALL "$@"; then
+            say "$name vs one GPU: $(compare runs/$name runs/g1); $(grep -o 'expert rows [a-z/ ]*' runs/$name.log | head -1); $(grep -m1 'step   100' runs/$name.log | grep -o '[0-9,]* tok/s')"
+        else say "$name FAILED: $(grep -m3 -i error runs/$name.log)"; fi
+    done
+    timeout 150 mpirun -np 2 ./moe bench configs/bench/scale-E64.json train.micro_batch=16 parallel.ep=2 > runs/bench2.txt 2>&1
+    cp runs/bench2.txt "$OUT/bench_ep2_direct.txt"
+    say "E64 2 GPUs ep=2 direct: $(grep -E '^step|throughput' runs/bench2.txt | tr -s ' ' | tr '\n' ' ')"
+    exit 0
+fi
 
 rm -rf runs/g1 runs/dp2 runs/ep2 runs/pp2 runs/launch runs/move1 runs/move2
 run g1 ./moe train $SMALL || say "one GPU FAILED: $(tail -3 runs/g1.log)"

@@ -492,6 +492,49 @@ static void test_adamw_matches_formula(void) {
 }
 
 #define T(name) {#name, name}
+// The direct exchange among 3 simulated ranks with 2 experts each, in one process: every rank's
+// plan from the same gathered dispatch offsets; each rank's rows pushed into the owners' receive
+// buffers must land expert-major (sources in rank order within an expert, as the send/recv path's
+// regroup leaves them), and the return blocks must bring every row back to its source position.
+static void test_direct_exchange(void) {
+    enum { N = 3, EL = 2, E = N * EL, D = 3, CAP = 40 };
+    int32_t counts[N][E] = {{2, 0, 1, 3, 0, 1}, {0, 0, 4, 1, 2, 0}, {1, 5, 0, 0, 0, 2}};
+    int32_t all[N * (E + 1)], plans[N][EL + 1 + 8 * E];
+    for (int s = 0; s < N; s++) {
+        all[s * (E + 1)] = 0;
+        for (int g = 0; g < E; g++) all[s * (E + 1) + g + 1] = all[s * (E + 1) + g] + counts[s][g];
+    }
+    for (int r = 0; r < N; r++) ops->moe_exchange_plan(plans[r], all, N, EL, (size_t)r);
+    real *src[N], *recv[N], *back[N];
+    for (int r = 0; r < N; r++)
+        src[r] = rnd(CAP * D, 80 + (uint64_t)r, 1), recv[r] = poisoned(CAP * D), back[r] = poisoned(CAP * D);
+    for (int s = 0; s < N; s++)
+        ops->moe_push_rows((void *const *)recv, 0, src[s], plans[s] + EL + 1, E, D, CAP);
+    for (int j = 0; j < N; j++) { // expected: j's experts in order, sources in order within each
+        int row = 0;
+        for (int e = 0; e < EL; e++) {
+            CHECK_MSG(plans[j][e] == row, "rank %d: expert %d starts at %d, not %d", j, e, plans[j][e], row);
+            for (int s = 0; s < N; s++)
+                for (int i = 0; i < counts[s][j * EL + e]; i++, row++)
+                    for (int d = 0; d < D; d++) {
+                        real want = src[s][(all[s * (E + 1) + j * EL + e] + i) * D + d];
+                        CHECK_MSG(recv[j][row * D + d] == want, "rank %d row %d: got %g, want %g", j, row,
+                                  (double)recv[j][row * D + d], (double)want);
+                    }
+        }
+        CHECK_MSG(plans[j][EL] == row, "rank %d receives %d rows, plan says %d", j, row, plans[j][EL]);
+        CHECK_MSG(isnan(recv[j][row * D]), "rank %d: a row past the received ones was written", j);
+    }
+    for (int j = 0; j < N; j++)
+        ops->moe_push_rows((void *const *)back, 0, recv[j], plans[j] + EL + 1 + 4 * E, E, D, CAP);
+    for (int s = 0; s < N; s++) {
+        int sent = all[s * (E + 1) + E];
+        CHECK_MSG(!memcmp(back[s], src[s], (size_t)sent * D * sizeof(real)), "rank %d: rows did not return home", s);
+        CHECK_MSG(isnan(back[s][sent * D]), "rank %d: a row past the sent ones was written", s);
+    }
+    for (int r = 0; r < N; r++) free(src[r]), free(recv[r]), free(back[r]);
+}
+
 const TestCase ops_tests[] = {
     T(test_attention_fd),
     T(test_qkv_norm_rope_fd),
@@ -504,6 +547,7 @@ const TestCase ops_tests[] = {
     T(test_router_split_batch),
     T(test_router_ties_bias_and_noise),
     T(test_regroup_round_trip),
+    T(test_direct_exchange),
     T(test_dispatch_combine_capacity),
     T(test_grouped_matmul_fd_empty_expert),
     T(test_bias_update_signs),

@@ -11,6 +11,15 @@ typedef enum { COMM_ACT, COMM_F32, COMM_I32 } CommType;
 
 typedef struct Comm Comm;
 
+// Memory of one rank that every rank of a communicator can write directly (CUDA IPC between GPUs
+// of one node, an MPI shared-memory window between CPU processes of one node).
+typedef struct {
+    void *base;   // this rank's bytes, in its backend's memory
+    void **peers; // (size) host array: rank j's base as this process addresses it (peers[rank] = base)
+    size_t bytes;
+    void *impl;
+} PeerMem;
+
 typedef struct {
     void (*all_reduce_sum)(Comm *c, void *buf, size_t n, CommType t);
     // recv (n) = this rank's n-element block of the sum over ranks of send (size x n); in place
@@ -32,6 +41,15 @@ typedef struct {
     bool (*all_ok)(Comm *c, bool ok);
     // Sub-communicator of the ranks with the same color, ordered by key.
     Comm *(*split)(Comm *c, int color, int key);
+    // Collective: `bytes` of this rank's memory that every rank can write, with every rank's base
+    // (peer_free releases it, collectively). Returns -1 on every rank, allocating nothing, when
+    // the ranks cannot reach each other's memory (other nodes, no peer access). Optional.
+    int (*peer_alloc)(Comm *c, size_t bytes, PeerMem *pm);
+    void (*peer_free)(Comm *c, PeerMem *pm);
+    // Collective, in stream order and without a host wait on GPUs: no rank passes it before every
+    // rank reaches it, and writes into peer memory made before it are visible to all after it.
+    // Present with peer_alloc.
+    void (*fence)(Comm *c);
     // An error the transport found on its own (NCCL: a failed network peer), as text, or NULL.
     // Optional (NULL: none can happen); safe to call from another thread (the watchdog).
     const char *(*async_error)(Comm *c);

@@ -221,6 +221,41 @@ static bool comm_mpi_all_ok(Comm *c, bool ok) {
     return v != 0;
 }
 
+// A shared-memory window over the communicator when all its ranks are on this node.
+static int comm_mpi_peer_alloc(Comm *c, size_t bytes, PeerMem *pm) {
+    MpiComm *m = c->impl;
+    MPI_Comm node;
+    int node_size = 0;
+    MPI_CHECK(MPI_Comm_split_type(m->comm, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &node));
+    MPI_CHECK(MPI_Comm_size(node, &node_size));
+    MPI_CHECK(MPI_Comm_free(&node));
+    if (!comm_mpi_all_ok(c, node_size == c->size)) return -1;
+    MPI_Win *win = moe_malloc(sizeof *win);
+    *pm = (PeerMem){.peers = moe_calloc((size_t)c->size, sizeof(void *)), .bytes = bytes, .impl = win};
+    MPI_CHECK(MPI_Win_allocate_shared((MPI_Aint)bytes, 1, MPI_INFO_NULL, m->comm, &pm->base, win));
+    for (int j = 0; j < c->size; j++) {
+        MPI_Aint size;
+        int disp;
+        MPI_CHECK(MPI_Win_shared_query(*win, j, &size, &disp, &pm->peers[j]));
+    }
+    return 0;
+}
+
+static void comm_mpi_peer_free(Comm *c, PeerMem *pm) {
+    MPI_CHECK(MPI_Win_free((MPI_Win *)pm->impl));
+    free(pm->impl);
+    free(pm->peers);
+    memset(pm, 0, sizeof *pm);
+}
+
+// CPU ops finish before they return: a barrier between two full memory fences orders the stores
+// each rank made into the shared window before it against every load after it.
+static void comm_mpi_fence(Comm *c) {
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    comm_mpi_barrier(c);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
+
 static Comm *comm_mpi_split(Comm *c, int color, int key) {
     MpiComm *m = c->impl;
     MOE_ASSERT(color >= 0); // MPI_UNDEFINED (negative) would give no communicator at all
@@ -247,6 +282,9 @@ static const CommOps comm_mpi_ops = {
     .barrier = comm_mpi_barrier,
     .all_ok = comm_mpi_all_ok,
     .split = comm_mpi_split,
+    .peer_alloc = comm_mpi_peer_alloc,
+    .peer_free = comm_mpi_peer_free,
+    .fence = comm_mpi_fence,
     .free = comm_mpi_free,
 };
 

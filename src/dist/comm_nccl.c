@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/util.h"
 #include "ops/cuda/cuda_check.h"
@@ -25,7 +26,8 @@
 
 typedef struct {
     ncclComm_t nccl;
-    int *flag; // one device int for all_ok
+    int *flag;  // one device int for all_ok
+    int *fence; // one device int for fence
 } NcclImpl;
 
 static ncclComm_t nc(Comm *c) { return ((NcclImpl *)c->impl)->nccl; }
@@ -94,6 +96,81 @@ static bool nccl_all_ok(Comm *c, bool ok) {
 
 static void nccl_barrier(Comm *c) { nccl_all_ok(c, true); }
 
+// A stream-ordered fence: a one-int all-reduce. It cannot finish on any rank before every rank's
+// stream reaches it, and the peer writes before it are fenced (__threadfence_system) by the
+// kernels that made them.
+static void nccl_fence(Comm *c) {
+    NcclImpl *im = c->impl;
+    NCCL_CHECK(ncclAllReduce(im->fence, im->fence, 1, ncclInt32, ncclMax, im->nccl, stream()));
+}
+
+// What a rank publishes for peer memory: its IPC handle and a hash of its host name (IPC handles
+// open only on the node that made them).
+typedef struct {
+    cudaIpcMemHandle_t handle;
+    uint32_t host[2];
+} PeerCard;
+
+static void host_hash(uint32_t out[2]) {
+    char name[256] = "";
+    gethostname(name, sizeof name - 1);
+    uint64_t h = 1469598103934665603ull; // FNV-1a
+    for (const char *p = name; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+    out[0] = (uint32_t)h, out[1] = (uint32_t)(h >> 32);
+}
+
+// Every rank's card, gathered through the device (NCCL moves device memory only).
+static PeerCard *gather_cards(Comm *c, const PeerCard *mine) {
+    size_t words = sizeof(PeerCard) / 4, n = (size_t)c->size;
+    PeerCard *all = moe_calloc(n, sizeof(PeerCard));
+    int32_t *dev;
+    CUDA_CHECK(cudaMalloc((void **)&dev, n * sizeof(PeerCard)));
+    CUDA_CHECK(cudaMemcpy(dev + (size_t)c->rank * words, mine, sizeof *mine, cudaMemcpyHostToDevice));
+    nccl_all_gather(c, dev + (size_t)c->rank * words, dev, words, COMM_I32);
+    CUDA_CHECK(cudaMemcpyAsync(all, dev, n * sizeof(PeerCard), cudaMemcpyDeviceToHost, stream()));
+    CUDA_CHECK(cudaStreamSynchronize(stream()));
+    CUDA_CHECK(cudaFree(dev));
+    return all;
+}
+
+static void close_peers(Comm *c, PeerMem *pm) {
+    for (int j = 0; j < c->size; j++)
+        if (j != c->rank && pm->peers[j]) CUDA_CHECK(cudaIpcCloseMemHandle(pm->peers[j]));
+}
+
+// CUDA IPC: each rank's buffer opened in every other rank of the same node.
+static int nccl_peer_alloc(Comm *c, size_t bytes, PeerMem *pm) {
+    PeerCard mine;
+    memset(&mine, 0, sizeof mine);
+    host_hash(mine.host);
+    *pm = (PeerMem){.peers = moe_calloc((size_t)c->size, sizeof(void *)), .bytes = bytes};
+    CUDA_CHECK(cudaMalloc(&pm->base, bytes ? bytes : 1));
+    CUDA_CHECK(cudaIpcGetMemHandle(&mine.handle, pm->base));
+    PeerCard *all = gather_cards(c, &mine);
+    bool ok = true;
+    for (int j = 0; j < c->size && ok; j++) {
+        if (j == c->rank) { pm->peers[j] = pm->base; continue; }
+        ok = !memcmp(all[j].host, mine.host, sizeof mine.host) &&
+             cudaIpcOpenMemHandle(&pm->peers[j], all[j].handle, cudaIpcMemLazyEnablePeerAccess) == cudaSuccess;
+        if (!ok) pm->peers[j] = NULL, (void)cudaGetLastError();
+    }
+    free(all);
+    if (nccl_all_ok(c, ok)) return 0;
+    close_peers(c, pm);
+    CUDA_CHECK(cudaFree(pm->base));
+    free(pm->peers);
+    memset(pm, 0, sizeof *pm);
+    return -1;
+}
+
+static void nccl_peer_free(Comm *c, PeerMem *pm) {
+    close_peers(c, pm);
+    nccl_all_ok(c, true); // no peer still maps this rank's buffer
+    CUDA_CHECK(cudaFree(pm->base));
+    free(pm->peers);
+    memset(pm, 0, sizeof *pm);
+}
+
 static Comm *wrap(ncclComm_t comm);
 
 static Comm *nccl_split(Comm *c, int color, int key) {
@@ -112,6 +189,7 @@ static void nccl_free(Comm *c) {
     NcclImpl *im = c->impl;
     NCCL_CHECK(ncclCommDestroy(im->nccl));
     CUDA_CHECK(cudaFree(im->flag));
+    CUDA_CHECK(cudaFree(im->fence));
     free(im);
     free(c);
 }
@@ -120,7 +198,8 @@ static const CommOps NCCL_OPS = {
     .all_reduce_sum = nccl_all_reduce_sum, .reduce_scatter_sum = nccl_reduce_scatter_sum,
     .all_gather = nccl_all_gather, .all_to_all_v = nccl_all_to_all_v, .send = nccl_send,
     .recv = nccl_recv, .sendrecv = nccl_sendrecv, .barrier = nccl_barrier, .all_ok = nccl_all_ok,
-    .split = nccl_split, .async_error = nccl_async_error, .free = nccl_free,
+    .split = nccl_split, .peer_alloc = nccl_peer_alloc, .peer_free = nccl_peer_free,
+    .fence = nccl_fence, .async_error = nccl_async_error, .free = nccl_free,
 };
 
 static Comm *wrap(ncclComm_t comm) {
@@ -128,6 +207,8 @@ static Comm *wrap(ncclComm_t comm) {
     NcclImpl *im = moe_calloc(1, sizeof(NcclImpl));
     im->nccl = comm;
     CUDA_CHECK(cudaMalloc((void **)&im->flag, sizeof(int)));
+    CUDA_CHECK(cudaMalloc((void **)&im->fence, sizeof(int)));
+    CUDA_CHECK(cudaMemset(im->fence, 0, sizeof(int)));
     NCCL_CHECK(ncclCommUserRank(comm, &c->rank));
     NCCL_CHECK(ncclCommCount(comm, &c->size));
     c->ops = &NCCL_OPS;

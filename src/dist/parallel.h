@@ -5,8 +5,14 @@
 #include "comm.h"
 #include "layout.h"
 
+// How expert rows travel between expert-parallel ranks: written straight into the owner's memory
+// (direct: one node, peer memory) or as NCCL/MPI transfers planned on the host (sendrecv); auto
+// takes direct where the ranks can reach each other's memory.
+typedef enum { EXCHANGE_AUTO, EXCHANGE_DIRECT, EXCHANGE_SENDRECV } ExchangeMode;
+
 typedef struct {
     Layout lay;
+    ExchangeMode exchange; // EXCHANGE_AUTO unless set after parallel_init
     Comm *world;
     Comm *dp;   // the ranks of this stage: replicas of its dense parameters, the data split
     Comm *ep;   // the ranks that split this rank's MoE layers' experts among them

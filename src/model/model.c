@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/util.h"
+#include "ops/exchange_plan.h"
 
 // ---------------------------------------------------------------- registry and memory
 
@@ -147,11 +148,61 @@ static size_t received_rows(const Model *m, size_t T) {
 
 static void alloc_exchange(Model *m, ExpertExchange *x) {
     size_t ep = (size_t)m->par->ep->size, El = (size_t)m->n_experts_local;
+    if (m->direct) {
+        x->all_offsets = i32_buf(m, ep * (size_t)(m->cfg.n_experts + 1));
+        x->plan = x->offsets = i32_buf(m, exchange_plan_len(ep, El));
+        return;
+    }
     x->send_rows = moe_calloc(ep, sizeof(size_t));
     x->recv_rows = moe_calloc(ep, sizeof(size_t));
     x->send_counts = i32_buf(m, ep * El);
     x->recv_counts = i32_buf(m, ep * El);
     x->offsets = i32_buf(m, El + 1);
+}
+
+// Bytes of exchange memory for `rows` rows (256-byte aligned pieces).
+static size_t exchange_piece(const Model *m, size_t rows) {
+    return (rows * m->cfg.d_model * m->ops->act_size + 255) / 256 * 256;
+}
+
+// A buffer of `rows` rows that expert-parallel peers write into: a piece of the exchange memory
+// when rows travel by direct writes, else an ordinary buffer.
+static void *exchange_buf(Model *m, size_t rows) {
+    if (!m->direct) return act_buf(m, rows * m->cfg.d_model);
+    size_t bytes = exchange_piece(m, rows);
+    MOE_ASSERT(m->exchange_used + bytes <= m->exchange_mem.bytes);
+    void *p = (char *)m->exchange_mem.base + m->exchange_used;
+    m->exchange_used += bytes;
+    return p;
+}
+
+static int n_local_moe_layers(const Model *m) {
+    int n = 0;
+    for (int l = m->layer_begin; l < m->layer_end; l++) n += model_layer_is_moe(&m->cfg, l);
+    return n;
+}
+
+// Direct expert exchange: one block of peer memory holds every buffer the peers write (each slot's
+// and MoE layer's xe and y, the scratch dxe and dxp). Where the ranks cannot share memory, rows
+// go by send/recv, unless parallel.exchange asked for direct.
+static void open_direct_exchange(Model *m, size_t T) {
+    Comm *ep = m->par->ep;
+    ExchangeMode mode = m->par->exchange;
+    int layers = n_local_moe_layers(m);
+    if (ep->size == 1 || mode == EXCHANGE_SENDRECV || layers == 0) return;
+    size_t per_layer = exchange_piece(m, routed_rows(&m->cfg, T)) + exchange_piece(m, received_rows(m, T));
+    size_t bytes = ((size_t)m->n_slots * (size_t)layers + 1) * per_layer;
+    if (!ep->ops || !ep->ops->peer_alloc || ep->ops->peer_alloc(ep, bytes, &m->exchange_mem)) {
+        if (mode == EXCHANGE_DIRECT)
+            moe_fatal("parallel.exchange = direct: the %d expert-parallel ranks cannot write into each "
+                      "other's memory (not all on one node, or no peer access between their devices); "
+                      "use parallel.exchange=auto or sendrecv", ep->size);
+        return;
+    }
+    m->direct = true;
+    m->bytes += bytes;
+    m->exchange_peers = model_alloc(m, (size_t)ep->size * sizeof(void *));
+    m->ops->upload(m->exchange_peers, m->exchange_mem.peers, (size_t)ep->size * sizeof(void *));
 }
 
 static void alloc_moe_acts(Model *m, LayerActs *a, size_t T) {
@@ -161,8 +212,8 @@ static void alloc_moe_acts(Model *m, LayerActs *a, size_t T) {
     a->logits = act_buf(m, T * E), a->scores = f32_buf(m, T * E);
     a->topk_idx = i32_buf(m, T * K), a->topk_w = f32_buf(m, T * K), a->aux = f32_buf(m, router_aux_len(E));
     a->counts = i32_buf(m, E), a->offsets = i32_buf(m, E + 1), a->slot_pos = i32_buf(m, T * K);
-    a->xp = act_buf(m, R * D), a->y = act_buf(m, R * D);
-    a->xe = m->par->ep->size > 1 ? act_buf(m, Rr * D) : a->xp;
+    a->xp = act_buf(m, R * D), a->y = exchange_buf(m, R);
+    a->xe = m->par->ep->size > 1 ? exchange_buf(m, Rr) : a->xp;
     a->gu = act_buf(m, Rr * 2 * H), a->hact = act_buf(m, Rr * H);
     if (m->par->ep->size > 1) alloc_exchange(m, &a->xchg);
     if (c->shared_hidden)
@@ -198,9 +249,10 @@ static void alloc_scratch(Model *m, size_t T) {
     s->dgu = act_buf(m, rows * 2 * hidden), s->dhact = act_buf(m, rows * hidden);
     s->dxf = act_buf(m, T * D);
     if (moe) {
-        s->dy = act_buf(m, R * D), s->dxp = act_buf(m, R * D);
+        s->dy = act_buf(m, R * D), s->dxp = exchange_buf(m, R);
         s->dlogits = act_buf(m, T * c->n_experts), s->dtopk_w = f32_buf(m, T * c->top_k);
-        if (m->par->ep->size > 1) s->xfer = act_buf(m, max_size(R, Rr) * D), s->dxe = act_buf(m, Rr * D);
+        if (m->par->ep->size > 1 && !m->direct) s->xfer = act_buf(m, max_size(R, Rr) * D);
+        if (m->par->ep->size > 1) s->dxe = exchange_buf(m, Rr);
     }
 }
 
@@ -254,6 +306,7 @@ void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel
     m->metrics_scratch = f32_buf(m, model_metrics_len(cfg));
     upload_rope(m, S);
     m->tokens = i32_buf(m, (size_t)n_micro * T), m->targets = i32_buf(m, (size_t)n_micro * T);
+    open_direct_exchange(m, T);
     m->slots = moe_calloc((size_t)n_slots, sizeof(SlotActs));
     for (int i = 0; i < n_slots; i++) alloc_slot(m, &m->slots[i], T);
     if (m->last_stage) {
@@ -266,6 +319,7 @@ void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel
 }
 
 void model_free(Model *m) {
+    if (m->direct) m->par->ep->ops->peer_free(m->par->ep, &m->exchange_mem);
     for (size_t i = 0; i < m->n_allocs; i++) m->ops->free(m->allocs[i]);
     for (int i = 0; i < m->n_slots; i++) {
         for (int l = 0; l < n_local_layers(m); l++) {
@@ -355,9 +409,10 @@ static void swiglu_mlp_forward(const Model *m, void *out, const void *in, void *
     ops->matmul_forward(out, hact, W(m, down_w), T, D, H, accumulate);
 }
 
-// Counts of the rows this rank sends to each expert-parallel rank, exchanged for the counts it
-// will receive; the plan is kept for the backward, which moves gradients along the same routes.
-static void plan_exchange(Model *m, LayerActs *x) {
+// Send/recv plan: counts of the rows this rank sends to each expert-parallel rank, exchanged
+// through the host for the counts it will receive; kept for the backward, which moves gradients
+// along the same routes.
+static void plan_sendrecv(Model *m, LayerActs *x) {
     const Ops *ops = m->ops;
     Comm *ep = m->par->ep;
     ExpertExchange *xc = &x->xchg;
@@ -376,21 +431,45 @@ static void plan_exchange(Model *m, LayerActs *x) {
         eoff[e + 1] = eoff[e];
         for (size_t j = 0; j < n; j++) eoff[e + 1] += cnt[j * El + e];
     }
-    xc->rows = 0;
     for (size_t j = 0; j < n; j++) {
         xc->recv_rows[j] = 0;
         for (size_t e = 0; e < El; e++) xc->recv_rows[j] += (size_t)cnt[j * El + e];
-        xc->rows += xc->recv_rows[j];
     }
     ops->upload(xc->offsets, eoff, (El + 1) * sizeof(int32_t));
     free(off), free(cnt), free(eoff), free(blocks);
 }
 
-// Moves rows between this rank's dispatch order and its experts' expert-major order (to_experts),
-// or back. Without expert parallelism the two orders are the same buffer: returns `rows`.
-static void *exchange_rows(Model *m, LayerActs *x, void *rows, void *out, bool to_experts) {
+// The plan of this MoE call. Direct: every rank's dispatch offsets gathered and turned into block
+// lists on the device (no host wait).
+static void plan_exchange(Model *m, LayerActs *x) {
     Comm *ep = m->par->ep;
-    if (ep->size == 1) return rows;
+    if (!m->direct) {
+        plan_sendrecv(m, x);
+        return;
+    }
+    size_t n = (size_t)ep->size, E = (size_t)m->cfg.n_experts;
+    ep->ops->all_gather(ep, x->offsets, x->xchg.all_offsets, E + 1, COMM_I32);
+    m->ops->moe_exchange_plan(x->xchg.plan, x->xchg.all_offsets, n, (size_t)m->n_experts_local,
+                              (size_t)ep->rank);
+}
+
+// Direct: each block of rows written into its owner's `out` (dispatch blocks toward the experts,
+// return blocks back), between two fences: peers are done with `out` before, rows landed after.
+static void push_rows(Model *m, const LayerActs *x, const void *rows, void *out, bool to_experts) {
+    Comm *ep = m->par->ep;
+    size_t E = (size_t)m->cfg.n_experts, T = m->B * m->S;
+    size_t offset = (size_t)((char *)out - (char *)m->exchange_mem.base);
+    MOE_ASSERT((char *)out >= (char *)m->exchange_mem.base && offset < m->exchange_mem.bytes);
+    const int32_t *blocks = x->xchg.plan + m->n_experts_local + 1 + (to_experts ? 0 : 4 * E);
+    size_t R = to_experts ? routed_rows(&m->cfg, T) : received_rows(m, T);
+    ep->ops->fence(ep);
+    m->ops->moe_push_rows(m->exchange_peers, offset, rows, blocks, E, m->cfg.d_model, R);
+    ep->ops->fence(ep);
+}
+
+// Send/recv: one all-to-all-v of rank-major blocks, regrouped to or from expert-major order.
+static void transfer_rows(Model *m, const LayerActs *x, void *rows, void *out, bool to_experts) {
+    Comm *ep = m->par->ep;
     const ExpertExchange *xc = &x->xchg;
     size_t n = (size_t)ep->size, D = m->cfg.d_model, El = (size_t)m->n_experts_local;
     size_t *send = moe_malloc(2 * n * sizeof(size_t)), *recv = send + n;
@@ -406,6 +485,14 @@ static void *exchange_rows(Model *m, LayerActs *x, void *rows, void *out, bool t
         ep->ops->all_to_all_v(ep, m->s.xfer, send, out, recv, COMM_ACT);
     }
     free(send);
+}
+
+// Moves rows between this rank's dispatch order and its experts' expert-major order (to_experts),
+// or back. Without expert parallelism the two orders are the same buffer: returns `rows`.
+static void *exchange_rows(Model *m, LayerActs *x, void *rows, void *out, bool to_experts) {
+    if (m->par->ep->size == 1) return rows;
+    if (m->direct) push_rows(m, x, rows, out, to_experts);
+    else transfer_rows(m, x, rows, out, to_experts);
     return out;
 }
 

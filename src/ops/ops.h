@@ -179,6 +179,20 @@ typedef struct Ops {
     // (rows, D) act. to_expert_major false applies the inverse.
     void (*moe_regroup)(void *out, const void *in, const int32_t *counts, size_t ep, size_t El,
                         size_t D, bool to_expert_major);
+    // The direct expert exchange of rank `rank` among n expert-parallel ranks with El experts each
+    // (E = n El), from every rank's dispatch offsets all_offsets (n, E + 1) i32. Writes plan i32:
+    // [0, El] the expert-major offsets of the rows this rank receives (source ranks in order
+    // within an expert), then E dispatch blocks (this rank's rows of global expert g, to their
+    // owner) and E return blocks (index e n + s: what source s sent to local expert e, back to s),
+    // each {src_row, rows, dst_rank, dst_row}; both block lists tile their source rows from 0.
+    void (*moe_exchange_plan)(int32_t *plan, const int32_t *all_offsets, size_t n, size_t El,
+                              size_t rank);
+    // Rows [src_row, src_row + rows) of in (.., D) act go to rows from dst_row of the buffer at
+    // byte dst_offset from peers[dst_rank] (peers: backend array of base pointers, writable from
+    // here), per block of `blocks` (n_blocks x 4 i32, as moe_exchange_plan writes them). R: a bound
+    // on the rows the blocks cover (they stay in backend memory).
+    void (*moe_push_rows)(void *const *peers, size_t dst_offset, const void *in,
+                          const int32_t *blocks, size_t n_blocks, size_t D, size_t R);
     // Per expert e, rows [offsets[e], offsets[e+1]): out (R, N) act = x (R, K) . w[e] (N, K)^T.
     // R: rows of the buffers, a bound on offsets[E] (which stays in backend memory).
     void (*grouped_matmul_forward)(void *out, const void *x, const void *w, const int32_t *offsets,

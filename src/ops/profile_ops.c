@@ -17,7 +17,8 @@ static int *phases;       // (PROFILE_MAX_CALLS)
 static int n_calls;
 
 const char *const PROFILE_PHASE_NAMES[PROFILE_N_PHASES] = {
-    "attention", "expert GEMMs", "routing and permutation", "dense GEMMs", "optimizer", "rest"};
+    "attention", "expert GEMMs", "routing and permutation", "dense GEMMs", "optimizer",
+    "expert row pushes", "rest"};
 
 static void begin(void) {
     MOE_CHECK(n_calls < PROFILE_MAX_CALLS, "profiler: more than %d kernel calls in one profiled run", PROFILE_MAX_CALLS);
@@ -85,6 +86,11 @@ WRAP(moe_combine_backward, PHASE_ROUTING,
      (dy, dw, d, y, p, w, T, K, D))
 WRAP(moe_regroup, PHASE_ROUTING, (void *o, const void *i, const int32_t *c, size_t ep, size_t El, size_t D, bool f),
      (o, i, c, ep, El, D, f))
+WRAP(moe_exchange_plan, PHASE_ROUTING, (int32_t *p, const int32_t *o, size_t n, size_t El, size_t r),
+     (p, o, n, El, r))
+WRAP(moe_push_rows, PHASE_EXCHANGE,
+     (void *const *p, size_t off, const void *i, const int32_t *b, size_t nb, size_t D, size_t R),
+     (p, off, i, b, nb, D, R))
 WRAP(grouped_matmul_forward, PHASE_EXPERT_GEMM,
      (void *o, const void *x, const void *w, const int32_t *off, size_t E, size_t N, size_t K, size_t R),
      (o, x, w, off, E, N, K, R))
@@ -111,6 +117,7 @@ const Ops *ops_profiled(const Ops *backend) {
     SET(attention_forward), SET(attention_backward), SET(swiglu_forward), SET(swiglu_backward);
     SET(router_forward), SET(router_aux_loss), SET(router_backward), SET(moe_dispatch_forward);
     SET(moe_dispatch_backward), SET(moe_combine_forward), SET(moe_combine_backward), SET(moe_regroup);
+    SET(moe_exchange_plan), SET(moe_push_rows);
     SET(grouped_matmul_forward), SET(grouped_matmul_backward), SET(router_bias_update), SET(cross_entropy);
     SET(sum_squares), SET(adamw_update);
 #undef SET

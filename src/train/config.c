@@ -23,6 +23,7 @@ static const char *const QK_NORM_NAMES[] = {"none", "full", "head", NULL};
 static const char *const NORM_NAMES[] = {"pre", "reordered", NULL};
 static const char *const ROUTER_NAMES[] = {"softmax", "sigmoid", NULL};
 static const char *const SCHED_NAMES[] = {"cosine", "linear", "constant", NULL};
+static const char *const EXCHANGE_NAMES[] = {"auto", "direct", "sendrecv", NULL}; // ExchangeMode
 
 // One table row per key; the section and field names become the dotted key.
 #define F(sec, fld) .key = #sec "." #fld, .offset = offsetof(Config, sec.fld)
@@ -88,6 +89,8 @@ static const ConfigKey KEYS[] = {
     INT(data, token_bytes, "2 or 4 bytes per token in headerless files (0: from vocab_size)"),
     INT(parallel, pp, "pipeline stages (data-parallel size = ranks / pp)"),
     INT(parallel, ep, "expert-parallel ranks per MoE layer (divides the data-parallel size)"),
+    ENUM(parallel, exchange, EXCHANGE_NAMES, "expert rows between ranks: written into the owner's "
+                                             "memory (direct, one node), NCCL/MPI transfers (sendrecv), or auto"),
 };
 #define N_KEYS (sizeof KEYS / sizeof KEYS[0])
 

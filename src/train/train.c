@@ -192,10 +192,12 @@ static void compute_step(Trainer *t) {
     optim_step(&t->opt, m, &t->cfg.train, t->metrics);
 }
 
-// Recording needs a backend that records and a step without host transfers (one rank). The first
+// Recording needs a backend that records and a step without host waits: every rank's collectives
+// are device work, but the send/recv expert exchange plans its transfers on the host. The first
 // step runs directly: it sizes the kernels' scratch buffers and library plans.
 static bool replay_step(const Trainer *t, int step) {
-    return t->model.ops->capture_begin && t->par.world->size == 1 && step > t->first_step;
+    bool host_planned = t->par.ep->size > 1 && !t->model.direct;
+    return t->model.ops->capture_begin && !host_planned && step > t->first_step;
 }
 
 // One optimizer step; leaves the step's metrics (totals over all ranks) on the host.
@@ -213,6 +215,7 @@ static void train_step(Trainer *t) {
             t->graph = ops->capture_end();
         }
         ops->graph_launch(t->graph);
+        t->comm_wait = 0; // a replay queues no transfer from the host
     }
     ops->download_f32(t->metrics_host, t->metrics, model_metrics_len(&t->cfg.model));
     t->state.step = step;
@@ -296,6 +299,7 @@ static void trainer_open(Trainer *t, const Config *cfg, Comm *host, const char *
     const ModelConfig *mc = &t->cfg.model;
     parallel_init(&t->par, world, cfg->parallel.pp, cfg->parallel.ep, mc->n_layers, mc->n_experts,
                   model_n_moe_layers(mc) > 0, tc->micro_batch);
+    t->par.exchange = (ExchangeMode)cfg->parallel.exchange;
     const Layout *l = &t->par.lay;
     t->root = world->rank == 0;
     if (!synthetic) train_open_dataset(&t->train, cfg, cfg->data.train, true);
@@ -353,6 +357,7 @@ static void print_banner(const Trainer *t) {
            tok, seqs, c->train.seq_len, c->train.device, omp_get_max_threads());
     printf("layout | %d ranks: pp %d x dp %d (ep %d, expert-dp %d) | rank 0 holds %zu parameters, "
            "optimizer state %s bytes", l->world, l->pp, l->dp, l->ep, l->edp, t->model.reg.total, opt);
+    if (l->ep > 1) printf(" | expert rows %s", t->model.direct ? "written into peers' memory" : "by send/recv");
     if (l->pp > 1)
         printf(" | 1F1B bubble %.1f%% (%d micro-batches)",
                100 * pipeline_bubble_fraction(l->pp, c->train.micro_batches), c->train.micro_batches);

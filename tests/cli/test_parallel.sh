@@ -51,6 +51,17 @@ layout_matches "pp=2 x dp=2 ep=2" 4 parallel.pp=2 parallel.ep=2
 layout_matches "dp=4 ep=4" 4 parallel.ep=4
 layout_matches "dp=4 ep=2" 4 parallel.ep=2
 
+# The two ways expert rows travel give the same numbers: direct writes into the owners' shared
+# memory (the default on one node) and MPI transfers planned on the host.
+out="$tmp/sendrecv"
+if train 4 "$out" parallel.ep=4 parallel.exchange=sendrecv && grep -q "expert rows by send/recv" "$out.log"; then
+    direct=$(grep -l "dp 4 (ep 4" "$tmp"/layout-*.log | head -1)
+    if [ -n "$direct" ] && grep -q "expert rows written into peers' memory" "$direct" && \
+       cmp -s <(losses "${direct%.log}") <(losses "$out"); then
+        ok "dp=4 ep=4: direct writes and send/recv give identical losses"
+    else bad "dp=4 ep=4: direct writes and send/recv give identical losses" "direct log: '$direct'"; fi
+else bad "dp=4 ep=4 by send/recv" "$(tail -3 "$out.log")"; fi
+
 # Random routing draws the same noise for a token whatever rank holds it.
 train 1 "$tmp/random1" model.random_routing=true || bad "random routing on one rank" "$(tail -3 "$tmp/random1.log")"
 out="$tmp/random4"

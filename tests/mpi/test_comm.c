@@ -233,6 +233,27 @@ static void test_all_ok(Comm *w) {
     CHECK(!w->ops->all_ok(w, false), "all_ok: every rank false gave true");
 }
 
+// Peer memory (the ranks here share one node, so it must be granted): in each of two rounds every
+// rank writes round * 100 + its rank into its slot of every rank's buffer; after a fence each rank
+// must see all the slots of its own buffer filled.
+static void test_peer_memory(Comm *w) {
+    PeerMem pm;
+    size_t n = (size_t)w->size;
+    bool ok = w->ops->peer_alloc && w->ops->peer_alloc(w, 2 * n * sizeof(int32_t) + 5, &pm) == 0;
+    CHECK(ok, "peer_alloc refused ranks of one node");
+    if (!ok) return;
+    CHECK(pm.peers[w->rank] == pm.base, "peers[rank] is not this rank's base");
+    for (int round = 0; round < 2; round++) {
+        for (size_t j = 0; j < n; j++) ((int32_t *)pm.peers[j])[round * n + (size_t)w->rank] = 100 * round + w->rank;
+        w->ops->fence(w);
+        for (size_t i = 0; i < n; i++) {
+            int32_t got = ((int32_t *)pm.base)[round * n + i];
+            CHECK(got == 100 * round + (int32_t)i, "round %d: slot %zu holds %d", round, i, got);
+        }
+    }
+    w->ops->peer_free(w, &pm);
+}
+
 // Gathers the world ranks of sub's members (int32) in sub's rank order; want[j] = world rank of
 // sub rank j.
 static void expect_members(Comm *sub, int world_rank, const double *want) {
@@ -336,6 +357,7 @@ static const TestCase TESTS[] = {
     {"split by even/odd rank", NULL, test_split_parity, 1},
     {"split ordered by key", NULL, test_split_key_order, 1},
     {"comm_self", NULL, test_comm_self, 1},
+    {"peer memory written by every rank, fenced", NULL, test_peer_memory, 1},
 };
 
 // Runs one test on every rank; returns 1 if it failed on any rank, 0 if it passed, -1 if skipped.

@@ -1,11 +1,13 @@
 // CPU reference kernels for the mixture-of-experts ops: router (scores, top-k, aux losses), the
 // counting-sort dispatch of routed token rows into expert-contiguous order, the weighted combine
-// back, grouped expert matmuls over per-expert row offsets, and loss-free bias balancing.
+// back, the expert-parallel regroup and direct exchange (plan, row pushes into peer memory),
+// grouped expert matmuls over per-expert row offsets, and loss-free bias balancing.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/util.h"
+#include "ops/exchange_plan.h"
 #include "cpu_gemm.h"
 #include "cpu_ops.h"
 
@@ -236,6 +238,21 @@ void cpu_moe_regroup(void *out_, const void *in_, const int32_t *counts, size_t 
     }
     free(src_major);
     free(exp_major);
+}
+
+void cpu_moe_exchange_plan(int32_t *plan, const int32_t *all_offsets, size_t n, size_t El, size_t rank) {
+    for (size_t i = 0; i <= n * El; i++) exchange_plan_entry(plan, all_offsets, n, El, rank, i);
+}
+
+void cpu_moe_push_rows(void *const *peers, size_t dst_offset, const void *in_, const int32_t *blocks,
+                       size_t n_blocks, size_t D, size_t R) {
+    const real *in = in_;
+#pragma omp parallel for schedule(static)
+    for (size_t b = 0; b < n_blocks; b++) {
+        const int32_t *k = blocks + 4 * b;
+        real *dst = (real *)((char *)peers[k[2]] + dst_offset) + (size_t)k[3] * D;
+        memcpy(dst, in + (size_t)k[0] * D, (size_t)k[1] * D * sizeof(real));
+    }
 }
 
 void cpu_grouped_matmul_forward(void *out_, const void *x_, const void *w_, const int32_t *offsets,

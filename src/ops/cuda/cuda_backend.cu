@@ -125,7 +125,8 @@ static Ops make_cuda_ops(void) {
     o.router_backward = cuda_router_backward;
     o.moe_dispatch_forward = cuda_moe_dispatch_forward, o.moe_dispatch_backward = cuda_moe_dispatch_backward;
     o.moe_combine_forward = cuda_moe_combine_forward, o.moe_combine_backward = cuda_moe_combine_backward;
-    o.moe_regroup = cuda_moe_regroup;
+    o.moe_regroup = cuda_moe_regroup, o.moe_exchange_plan = cuda_moe_exchange_plan;
+    o.moe_push_rows = cuda_moe_push_rows;
     o.grouped_matmul_forward = cuda_grouped_matmul_forward;
     o.grouped_matmul_backward = cuda_grouped_matmul_backward;
     o.router_bias_update = cuda_router_bias_update;

@@ -5,6 +5,7 @@
 #include "common/rng.h"
 #include "cuda_common.cuh"
 #include "cuda_ops.h"
+#include "ops/exchange_plan.h"
 
 #define STREAM cuda_ctx.stream
 #define MAX_E 256   // experts per layer the router kernels hold in registers/shared memory
@@ -340,6 +341,50 @@ __global__ void regroup_rows_kernel(bf16 *out, const bf16 *in, const int32_t *st
         uint4 *d4 = reinterpret_cast<uint4 *>(out + to * D);
         for (size_t j = lane; j < D / 8; j += 32) d4[j] = s4[j];
     }
+}
+
+// The direct exchange's plan: a thread per entry (E + 1 of them; E is at most a few hundred).
+__global__ void exchange_plan_kernel(int32_t *plan, const int32_t *all_offsets, size_t n, size_t El, size_t rank) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i <= n * El) exchange_plan_entry(plan, all_offsets, n, El, rank, i);
+}
+
+extern "C" void cuda_moe_exchange_plan(int32_t *plan, const int32_t *all_offsets, size_t n, size_t El, size_t rank) {
+    size_t entries = n * El + 1;
+    exchange_plan_kernel<<<cuda_blocks(entries, 128), 128, 0, STREAM>>>(plan, all_offsets, n, El, rank);
+    CUDA_LAUNCH_CHECK();
+}
+
+// A warp per source row (16-byte vectors), its block found by binary search over the blocks'
+// source starts; the stores go straight to the owner's memory (NVLink for a peer). The fence makes
+// them visible to the peer before the next stream-ordered fence (an NCCL collective) completes.
+__global__ void push_rows_kernel(void *const *peers, size_t dst_offset, const bf16 *in, const int32_t *blocks,
+                                 int n_blocks, size_t D) {
+    const int32_t *last = blocks + 4 * (n_blocks - 1);
+    int total = last[0] + last[1], lane = threadIdx.x & 31;
+    size_t warps = (size_t)gridDim.x * (blockDim.x / 32);
+    for (size_t i = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; i < (size_t)total; i += warps) {
+        int lo = 0, hi = n_blocks - 1; // last block whose source start is <= i
+        while (lo < hi) {
+            int mid = (lo + hi + 1) / 2;
+            if (blocks[4 * mid] <= (int)i) lo = mid; else hi = mid - 1;
+        }
+        const int32_t *b = blocks + 4 * lo;
+        bf16 *dst = (bf16 *)((char *)peers[b[2]] + dst_offset) + ((size_t)b[3] + (i - (size_t)b[0])) * D;
+        const uint4 *s4 = reinterpret_cast<const uint4 *>(in + i * D);
+        uint4 *d4 = reinterpret_cast<uint4 *>(dst);
+        for (size_t j = lane; j < D / 8; j += 32) d4[j] = s4[j];
+    }
+    __threadfence_system();
+}
+
+extern "C" void cuda_moe_push_rows(void *const *peers, size_t dst_offset, const void *in, const int32_t *blocks,
+                                   size_t n_blocks, size_t D, size_t R) {
+    if (!n_blocks || !R) return;
+    unsigned grid = cuda_blocks(R, 8), most = (unsigned)cuda_ctx.sm_count * 4; // 8 warps, a row each
+    if (grid > most) grid = most;
+    push_rows_kernel<<<grid, 256, 0, STREAM>>>(peers, dst_offset, (const bf16 *)in, blocks, (int)n_blocks, D);
+    CUDA_LAUNCH_CHECK();
 }
 
 extern "C" void cuda_moe_regroup(void *out, const void *in, const int32_t *counts, size_t ep, size_t El, size_t D,
