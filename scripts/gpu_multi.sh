@@ -65,7 +65,7 @@ compare() { # A B: per-step and 20-step moving-average relative differences
 # The direct expert exchange: its kernels against the CPU, its bandwidth, training curves of ep=2
 # by direct writes (steps replayed as a graph) and by send/recv against one GPU, and throughput.
 if [ "${1:-}" = direct ]; then
-    timeout 120 build/test_cuda moe > "$OUT/test_cuda_moe.log" 2>&1
+    timeout 120 build/test_cuda exchange > "$OUT/test_cuda_moe.log" 2>&1
     say "CUDA vs CPU, MoE ops with the exchange: $(tail -1 "$OUT/test_cuda_moe.log")"; grep -B1 -A3 -i "fail\|exchange" "$OUT/test_cuda_moe.log" | head -30
     timeout 60 mpirun -np 2 build/bench_exchange 2>&1 | tee -a "$OUT/summary.txt"
     rm -rf runs/g1 runs/ep2 runs/ep2sr runs/dp2

@@ -615,7 +615,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     Test tests[] = {{"dense ops", test_dense}, {"optimizer ops", test_optimizer}, {"attention ops", test_attention},
-                    {"router and experts ops", test_router}, {"dispatch, combine, grouped matmul", test_moe},
+                    {"router and experts ops", test_router}, {"dispatch, combine, grouped matmul, exchange", test_moe},
                     {"whole models: loss and every gradient", test_models}};
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
         if (argc > 1 && !strstr(tests[i].name, argv[1])) continue;
