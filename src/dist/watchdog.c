@@ -94,6 +94,14 @@ void watchdog_beat(Watchdog *w, int step, const char *phase) {
     pthread_mutex_unlock(&w->lock);
 }
 
+void watchdog_closing(Watchdog *w, int step) {
+    if (!w) return;
+    pthread_mutex_lock(&w->lock);
+    w->n_watched = 0;
+    w->last_beat = monotonic_sec(), w->step = step, w->phase = "closing the run";
+    pthread_mutex_unlock(&w->lock);
+}
+
 void watchdog_stop(Watchdog *w) {
     if (!w) return;
     pthread_mutex_lock(&w->lock);

@@ -14,4 +14,7 @@ typedef struct Watchdog Watchdog;
 Watchdog *watchdog_start(double timeout_s, int rank, Comm *const *watched, int n);
 // Progress: this rank is now at `step`, doing `phase` (a string literal such as "checkpoint").
 void watchdog_beat(Watchdog *w, int step, const char *phase);
+// The run is closing: the communicators stop being polled (they are about to be freed); the
+// timeout still covers the teardown (a peer that never reaches it).
+void watchdog_closing(Watchdog *w, int step);
 void watchdog_stop(Watchdog *w);

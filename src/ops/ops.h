@@ -94,6 +94,7 @@ typedef struct Ops {
     void (*capture_begin)(void);       // queued work from here on is recorded, not run
     void *(*capture_end)(void);        // the recorded work as a replayable graph
     void (*graph_launch)(void *graph); // queues one replay
+    void (*graph_free)(void *graph);   // after its replays finish (NCCL work in it holds its comms)
     void *(*event_create)(void);
     void (*event_record)(void *event); // marks this point of the queued work
     float (*event_elapsed_ms)(void *start, void *end); // waits for end

@@ -192,12 +192,14 @@ static void compute_step(Trainer *t) {
     optim_step(&t->opt, m, &t->cfg.train, t->metrics);
 }
 
-// Recording needs a backend that records and a step without host waits: every rank's collectives
-// are device work, but the send/recv expert exchange plans its transfers on the host. The first
-// step runs directly: it sizes the kernels' scratch buffers and library plans.
+// Recording needs a backend that records and a step without host waits. The first step runs
+// directly: it sizes the kernels' scratch buffers and library plans. One rank only for now: with
+// the direct exchange a step of several GPUs has no host wait either, and replaying it trained
+// correctly (docs/PERF.md), but that run hung at exit in NCCL's teardown (the graph was never
+// freed, and NCCL keeps its communicators for a graph's captured work); graph_free in
+// trainer_close should fix that, yet it has not run on GPUs, so several ranks still run eagerly.
 static bool replay_step(const Trainer *t, int step) {
-    bool host_planned = t->par.ep->size > 1 && !t->model.direct;
-    return t->model.ops->capture_begin && !host_planned && step > t->first_step;
+    return t->model.ops->capture_begin && t->par.world->size == 1 && step > t->first_step;
 }
 
 // One optimizer step; leaves the step's metrics (totals over all ranks) on the host.
@@ -332,6 +334,7 @@ static void trainer_open(Trainer *t, const Config *cfg, Comm *host, const char *
 }
 
 static void trainer_close(Trainer *t) {
+    if (t->graph) t->model.ops->graph_free(t->graph); // before the communicators its NCCL work uses
     if (t->log) fclose(t->log);
     free(t->metrics_host);
     free(t->seqs);
@@ -388,8 +391,9 @@ void train_run(const Config *cfg, Comm *world, const char *resume, int stop_at) 
             save_checkpoint(&t);
         }
     }
-    watchdog_stop(t.watchdog);
+    watchdog_closing(t.watchdog, t.state.step);
     trainer_close(&t);
+    watchdog_stop(t.watchdog);
 }
 
 void train_single_process(Parallel *par, const Config *cfg) {

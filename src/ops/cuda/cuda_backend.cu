@@ -81,6 +81,11 @@ static void *cuda_capture_end(void) {
     return exec;
 }
 
+static void cuda_graph_free(void *graph) {
+    CUDA_CHECK(cudaStreamSynchronize(cuda_ctx.stream));
+    CUDA_CHECK(cudaGraphExecDestroy((cudaGraphExec_t)graph));
+}
+
 static void cuda_graph_launch(void *graph) {
     CUDA_CHECK(cudaGraphLaunch((cudaGraphExec_t)graph, cuda_ctx.stream));
 }
@@ -111,6 +116,7 @@ static Ops make_cuda_ops(void) {
     o.upload_f32 = cuda_upload_f32, o.download_f32 = cuda_download_f32, o.download_act = cuda_download_act;
     o.cast_f32_to_act = cuda_cast_f32_to_act, o.sync = cuda_sync, o.memory_in_use = cuda_memory_in_use;
     o.capture_begin = cuda_capture_begin, o.capture_end = cuda_capture_end, o.graph_launch = cuda_graph_launch;
+    o.graph_free = cuda_graph_free;
     o.event_create = cuda_event_create, o.event_record = cuda_event_record;
     o.event_elapsed_ms = cuda_event_elapsed_ms;
     o.embedding_forward = cuda_embedding_forward, o.embedding_backward = cuda_embedding_backward;
