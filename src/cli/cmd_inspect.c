@@ -48,6 +48,7 @@ static RankMemory rank_memory(const Config *cfg, int world, int rank, bool bf16)
     if (parallel_plan(&par, groups, world, rank, cfg->parallel.pp, cfg->parallel.ep, mc->n_layers,
                       mc->n_experts, model_n_moe_layers(mc) > 0, cfg->train.micro_batch, err))
         moe_fatal("%s", err);
+    par.exchange = (ExchangeMode)cfg->parallel.exchange; // auto is planned as direct (one node)
     Model m;
     Optimizer o;
     int slots = pipeline_slots(par.lay.pp, par.lay.stage, cfg->train.micro_batches);

@@ -184,7 +184,8 @@ static int n_local_moe_layers(const Model *m) {
 
 // Direct expert exchange: one block of peer memory holds every buffer the peers write (each slot's
 // and MoE layer's xe and y, the scratch dxe and dxp). Where the ranks cannot share memory, rows
-// go by send/recv, unless parallel.exchange asked for direct.
+// go by send/recv, unless parallel.exchange asked for direct. A plan without communicators
+// (`moe inspect`) is sized as if the ranks shared a node.
 static void open_direct_exchange(Model *m, size_t T) {
     Comm *ep = m->par->ep;
     ExchangeMode mode = m->par->exchange;
@@ -192,7 +193,11 @@ static void open_direct_exchange(Model *m, size_t T) {
     if (ep->size == 1 || mode == EXCHANGE_SENDRECV || layers == 0) return;
     size_t per_layer = exchange_piece(m, routed_rows(&m->cfg, T)) + exchange_piece(m, received_rows(m, T));
     size_t bytes = ((size_t)m->n_slots * (size_t)layers + 1) * per_layer;
-    if (!ep->ops || !ep->ops->peer_alloc || ep->ops->peer_alloc(ep, bytes, &m->exchange_mem)) {
+    if (!ep->ops) {
+        m->exchange_mem = (PeerMem){.base = model_alloc(m, bytes), .bytes = bytes};
+    } else if (ep->ops->peer_alloc && ep->ops->peer_alloc(ep, bytes, &m->exchange_mem) == 0) {
+        m->bytes += bytes;
+    } else {
         if (mode == EXCHANGE_DIRECT)
             moe_fatal("parallel.exchange = direct: the %d expert-parallel ranks cannot write into each "
                       "other's memory (not all on one node, or no peer access between their devices); "
@@ -200,7 +205,6 @@ static void open_direct_exchange(Model *m, size_t T) {
         return;
     }
     m->direct = true;
-    m->bytes += bytes;
     m->exchange_peers = model_alloc(m, (size_t)ep->size * sizeof(void *));
     m->ops->upload(m->exchange_peers, m->exchange_mem.peers, (size_t)ep->size * sizeof(void *));
 }
@@ -319,7 +323,7 @@ void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel
 }
 
 void model_free(Model *m) {
-    if (m->direct) m->par->ep->ops->peer_free(m->par->ep, &m->exchange_mem);
+    if (m->direct && m->par->ep->ops) m->par->ep->ops->peer_free(m->par->ep, &m->exchange_mem);
     for (size_t i = 0; i < m->n_allocs; i++) m->ops->free(m->allocs[i]);
     for (int i = 0; i < m->n_slots; i++) {
         for (int l = 0; l < n_local_layers(m); l++) {
