@@ -9,7 +9,10 @@ OUT=${OUT:-/tmp/moe-gpu-out}
 mkdir -p "$OUT" runs
 export NCCL_NVLS_ENABLE=0 OMP_NUM_THREADS=8
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+source tests/testlib.sh
 say() { echo "== $*" | tee -a "$OUT/summary.txt"; }
+# scale-E64 on two GPUs, experts split (8 sequences per GPU, as on one GPU with micro_batch 8).
+bench_ep2() { timeout "$1" mpirun -np 2 ./moe bench configs/bench/scale-E64.json train.micro_batch=16 parallel.ep=2 > runs/bench2.txt 2>&1; }
 losses() { grep -o '"loss":[^,]*' "$1/metrics.jsonl" | cut -d: -f2; }
 
 bash scripts/gpu_check.sh build > /dev/null 2>&1 || { say "build FAILED"; tail -20 "$OUT/build.log"; exit 1; }
@@ -17,7 +20,7 @@ say "build ok; $(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l) GPUs
 
 if [ "${1:-}" = bench ]; then # expert parallelism on the benchmark shape: 8 sequences per GPU either way
     timeout 200 ./moe bench configs/bench/scale-E64.json > runs/bench1.txt 2>&1
-    timeout 300 mpirun -np 2 ./moe bench configs/bench/scale-E64.json train.micro_batch=16 parallel.ep=2 > runs/bench2.txt 2>&1
+    bench_ep2 300
     cat runs/bench1.txt runs/bench2.txt | tee "$OUT/bench.txt"
     say "E64 1 GPU: $(grep throughput runs/bench1.txt)"
     say "E64 2 GPUs ep=2: $(grep throughput runs/bench2.txt)"
@@ -38,7 +41,7 @@ if [ "${1:-}" = watchdog ]; then
             train.log_every=100000 train.comm_timeout=5 parallel.ep=2 train.out=runs/hang > runs/hang.log 2>&1 &
         job=$!
         for _ in $(seq 600); do [ -s runs/hang/metrics.jsonl ] && break; sleep 0.1; done
-        victim=$(pgrep -f "train.out=runs/hang" | while read -r p; do [ "$(readlink /proc/$p/exe)" = "$PWD/moe" ] && echo "$p"; done | tail -1)
+        victim=$(newest_moe_pid "train.out=runs/hang")
         start=$SECONDS; kill -STOP "$victim"; wait $job; rc=$?
         say "$launcher, one rank stopped: exit $rc after $((SECONDS - start)) s: $(grep -m1 'no progress' runs/hang.log)"
         pkill -9 -f "train.out=runs/hang"
@@ -61,37 +64,39 @@ compare() { # A B: per-step and 20-step moving-average relative differences
         if (NR >= 20) { m = sg - sc; if (m < 0) m = -m; m /= sc; if (m > wm) wm = m } }
         END { printf "%d steps: per step worst %.4f mean %.4f, 20-step average worst %.4f", NR, w, s / NR, wm }'
 }
+one_gpu() {
+    rm -rf runs/g1
+    run g1 ./moe train $SMALL || say "one GPU FAILED: $(tail -3 runs/g1.log)"
+}
+layouts_match() { # "NAME [overrides...]"...: each on two GPUs under mpirun, its curve against one GPU's
+    for layout in "$@"; do
+        set -- $layout
+        local name=$1; shift
+        rm -rf runs/$name
+        if run $name mpirun -np 2 ./moe train $SMALL "$@"; then
+            say "$name (mpirun, NCCL) vs one GPU: $(compare runs/$name runs/g1); $(grep -o 'expert rows [a-z/ ]*' runs/$name.log | head -1); $(grep -m1 'step   100' runs/$name.log | grep -o '[0-9,]* tok/s')"
+        else say "$name FAILED: $(grep -m3 -i error runs/$name.log)"; fi
+    done
+}
 
 # The direct expert exchange: its kernels against the CPU, its bandwidth, training curves of ep=2
-# by direct writes (steps replayed as a graph) and by send/recv against one GPU, and throughput.
+# by direct writes and by send/recv against one GPU, and throughput.
 if [ "${1:-}" = direct ]; then
     timeout 120 build/test_cuda exchange > "$OUT/test_cuda_moe.log" 2>&1
     say "CUDA vs CPU, MoE ops with the exchange: $(tail -1 "$OUT/test_cuda_moe.log")"; grep -B1 -A3 -i "fail\|exchange" "$OUT/test_cuda_moe.log" | head -30
     timeout 60 mpirun -np 2 build/bench_exchange 2>&1 | tee -a "$OUT/summary.txt"
-    rm -rf runs/g1 runs/ep2 runs/ep2sr runs/dp2
-    run g1 ./moe train $SMALL || say "one GPU FAILED: $(tail -3 runs/g1.log)"
-    for layout in "ep2 parallel.ep=2" "ep2sr parallel.ep=2 parallel.exchange=sendrecv" "dp2"; do
-        set -- $layout; name=$1; shift
-        if run $name mpirun -np 2 ./moe train $SMALL "$@"; then
-            say "$name vs one GPU: $(compare runs/$name runs/g1); $(grep -o 'expert rows [a-z/ ]*' runs/$name.log | head -1); $(grep -m1 'step   100' runs/$name.log | grep -o '[0-9,]* tok/s')"
-        else say "$name FAILED: $(grep -m3 -i error runs/$name.log)"; fi
-    done
-    timeout 150 mpirun -np 2 ./moe bench configs/bench/scale-E64.json train.micro_batch=16 parallel.ep=2 > runs/bench2.txt 2>&1
+    one_gpu
+    layouts_match "ep2 parallel.ep=2" "ep2sr parallel.ep=2 parallel.exchange=sendrecv" "dp2"
+    bench_ep2 150
     cp runs/bench2.txt "$OUT/bench_ep2_direct.txt"
     say "E64 2 GPUs ep=2 direct: $(grep -E '^step|throughput' runs/bench2.txt | tr -s ' ' | tr '\n' ' ')"
     exit 0
 fi
 
-rm -rf runs/g1 runs/dp2 runs/ep2 runs/pp2 runs/launch runs/move1 runs/move2
-run g1 ./moe train $SMALL || say "one GPU FAILED: $(tail -3 runs/g1.log)"
+rm -rf runs/launch runs/move1 runs/move2
+one_gpu
 say "one GPU: $(grep -m1 'step   100' runs/g1.log)"
-for layout in "dp2" "ep2 parallel.ep=2" "pp2 parallel.pp=2"; do
-    set -- $layout
-    name=$1; shift
-    if run $name mpirun -np 2 ./moe train $SMALL "$@"; then
-        say "$name (mpirun, NCCL) vs one GPU: $(compare runs/$name runs/g1); $(grep -m1 'step   100' runs/$name.log | grep -o '[0-9,]* tok/s')"
-    else say "$name FAILED: $(grep -m3 -i error runs/$name.log)"; fi
-done
+layouts_match "dp2" "ep2 parallel.ep=2" "pp2 parallel.pp=2"
 if run launch ./moe train --nproc 2 $SMALL parallel.ep=2; then
     say "ep2 (moe --nproc 2) vs one GPU: $(compare runs/launch runs/g1)"
 else say "--nproc FAILED: $(grep -m3 -i error runs/launch.log)"; fi

@@ -5,6 +5,12 @@ ok()  { pass=$((pass + 1)); printf '  %-58s ok\n' "$1"; }
 bad() { fail=$((fail + 1)); printf '  %-58s FAIL\n' "$1"; shift; printf '    %s\n' "$@" >&2; }
 summary() { echo "$pass passed, $fail failed"; [ "$fail" -eq 0 ]; }
 
+# The newest ./moe process whose command line matches PATTERN: a rank (under moe train --nproc the
+# launcher is older than the ranks it starts; mpirun is not ./moe).
+newest_moe_pid() {
+    pgrep -f "$1" | while read -r p; do [ "$(readlink "/proc/$p/exe")" = "$PWD/moe" ] && echo "$p"; done | tail -1
+}
+
 # Skips the calling script (exit 0, "0 passed, 0 failed") when the build has no MPI; otherwise sets
 # up mpirun for CI: root in containers, no single-copy shared memory, one OpenMP thread per rank.
 require_mpi() {

@@ -165,7 +165,7 @@ static int nccl_peer_alloc(Comm *c, size_t bytes, PeerMem *pm) {
 
 static void nccl_peer_free(Comm *c, PeerMem *pm) {
     close_peers(c, pm);
-    nccl_all_ok(c, true); // no peer still maps this rank's buffer
+    nccl_barrier(c); // no peer still maps this rank's buffer
     CUDA_CHECK(cudaFree(pm->base));
     free(pm->peers);
     memset(pm, 0, sizeof *pm);

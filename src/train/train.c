@@ -217,7 +217,6 @@ static void train_step(Trainer *t) {
             t->graph = ops->capture_end();
         }
         ops->graph_launch(t->graph);
-        t->comm_wait = 0; // a replay queues no transfer from the host
     }
     ops->download_f32(t->metrics_host, t->metrics, model_metrics_len(&t->cfg.model));
     t->state.step = step;

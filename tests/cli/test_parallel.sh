@@ -127,15 +127,14 @@ $MPIRUN -np 2 ./moe train $TINY train.out="$out" train.steps=1000000 train.eval_
     train.ckpt_every=0 train.log_every=100000 train.comm_timeout=3 > "$out.log" 2>&1 &
 job=$!
 for _ in $(seq 300); do [ -s "$out/metrics.jsonl" ] && break; sleep 0.1; done
-rank_pids=$(pgrep -f "train.out=$out " | while read -r p; do [ "$(readlink "/proc/$p/exe")" = "$PWD/moe" ] && echo "$p"; done)
-victim=$(tail -1 <<<"$rank_pids")
+victim=$(newest_moe_pid "train.out=$out ")
 start=$SECONDS
 if [ -n "$victim" ] && kill -STOP "$victim"; then
     wait $job; rc=$?; took=$((SECONDS - start))
     if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -ge 3 ] && grep -q "no progress for [0-9]* s at step [0-9]* (training step)" "$out.log"; then
         ok "a silent rank: the watchdog ends the job after ${took} s (timeout 3 s)"
     else bad "a silent rank: the watchdog ends the job" "exit $rc after $took s: $(grep -m2 error "$out.log")"; fi
-else bad "a silent rank: the watchdog ends the job" "no rank process found to stop (pids: $rank_pids)"; kill $job; fi
-kill -9 $rank_pids 2>/dev/null
+else bad "a silent rank: the watchdog ends the job" "no rank process found to stop"; kill $job; fi
+pkill -9 -f "train.out=$out " 2>/dev/null
 
 summary
