@@ -193,13 +193,14 @@ static void compute_step(Trainer *t) {
 }
 
 // Recording needs a backend that records and a step without host waits. The first step runs
-// directly: it sizes the kernels' scratch buffers and library plans. One rank only for now: with
-// the direct exchange a step of several GPUs has no host wait either, and replaying it trained
-// correctly (docs/PERF.md), but that run hung at exit in NCCL's teardown (the graph was never
-// freed, and NCCL keeps its communicators for a graph's captured work); graph_free in
-// trainer_close should fix that, yet it has not run on GPUs, so several ranks still run eagerly.
+// directly: it sizes the kernels' scratch buffers and library plans. Expert rows moved by send/recv
+// need their counts on the host, so those steps run as queued; so do pipeline stages, whose
+// measured transfer wait (a host clock) would mean nothing in a replay. The graph is freed before
+// the communicators (trainer_close): NCCL's teardown waits for the work a live graph holds.
 static bool replay_step(const Trainer *t, int step) {
-    return t->model.ops->capture_begin && t->par.world->size == 1 && step > t->first_step;
+    const Model *m = &t->model;
+    bool host_planned = m->par->ep->size > 1 && !m->direct;
+    return m->ops->capture_begin && !host_planned && t->par.lay.pp == 1 && step > t->first_step;
 }
 
 // One optimizer step; leaves the step's metrics (totals over all ranks) on the host.

@@ -355,25 +355,39 @@ extern "C" void cuda_moe_exchange_plan(int32_t *plan, const int32_t *all_offsets
     CUDA_LAUNCH_CHECK();
 }
 
-// A warp per source row (16-byte vectors), its block found by binary search over the blocks'
-// source starts; the stores go straight to the owner's memory (NVLink for a peer). The fence makes
-// them visible to the peer before the next stream-ordered fence (an NCCL collective) completes.
-__global__ void push_rows_kernel(void *const *peers, size_t dst_offset, const bf16 *in, const int32_t *blocks,
-                                 int n_blocks, size_t D) {
+// Each warp copies a contiguous run of source rows (16-byte vectors, up to 8 loads in flight per
+// lane before its stores), so at any moment the warps are spread over every destination: the rows
+// bound for a peer cross NVLink from the start instead of queueing behind the local ones. A warp
+// finds its first row's block by binary search over the blocks' source starts, then walks on. The
+// stores go straight to the owner's memory; the fence makes them visible to the peer before the
+// next stream-ordered fence (an NCCL collective) completes.
+#define PUSH_UNROLL 8
+__global__ void push_rows_kernel(void *const *peers, size_t dst_offset, const bf16 *__restrict__ in,
+                                 const int32_t *blocks, int n_blocks, size_t D) {
     const int32_t *last = blocks + 4 * (n_blocks - 1);
-    int total = last[0] + last[1], lane = threadIdx.x & 31;
-    size_t warps = (size_t)gridDim.x * (blockDim.x / 32);
-    for (size_t i = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; i < (size_t)total; i += warps) {
-        int lo = 0, hi = n_blocks - 1; // last block whose source start is <= i
-        while (lo < hi) {
-            int mid = (lo + hi + 1) / 2;
-            if (blocks[4 * mid] <= (int)i) lo = mid; else hi = mid - 1;
-        }
+    size_t total = (size_t)(last[0] + last[1]), warps = (size_t)gridDim.x * (blockDim.x / 32);
+    size_t warp = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, per = (total + warps - 1) / warps;
+    size_t first = warp * per, end = first + per < total ? first + per : total, n4 = D / 8;
+    int lane = threadIdx.x & 31, lo = 0, hi = n_blocks - 1; // last block whose source start is <= first
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if ((size_t)blocks[4 * mid] <= first) lo = mid; else hi = mid - 1;
+    }
+    for (size_t i = first; i < end; i++) {
+        while (lo + 1 < n_blocks && (size_t)blocks[4 * (lo + 1)] <= i) lo++;
         const int32_t *b = blocks + 4 * lo;
         bf16 *dst = (bf16 *)((char *)peers[b[2]] + dst_offset) + ((size_t)b[3] + (i - (size_t)b[0])) * D;
         const uint4 *s4 = reinterpret_cast<const uint4 *>(in + i * D);
         uint4 *d4 = reinterpret_cast<uint4 *>(dst);
-        for (size_t j = lane; j < D / 8; j += 32) d4[j] = s4[j];
+        for (size_t j0 = lane; j0 < n4; j0 += 32 * PUSH_UNROLL) {
+            uint4 v[PUSH_UNROLL];
+#pragma unroll
+            for (int u = 0; u < PUSH_UNROLL; u++)
+                if (j0 + 32 * u < n4) v[u] = s4[j0 + 32 * u];
+#pragma unroll
+            for (int u = 0; u < PUSH_UNROLL; u++)
+                if (j0 + 32 * u < n4) d4[j0 + 32 * u] = v[u];
+        }
     }
     __threadfence_system();
 }
@@ -381,7 +395,7 @@ __global__ void push_rows_kernel(void *const *peers, size_t dst_offset, const bf
 extern "C" void cuda_moe_push_rows(void *const *peers, size_t dst_offset, const void *in, const int32_t *blocks,
                                    size_t n_blocks, size_t D, size_t R) {
     if (!n_blocks || !R) return;
-    unsigned grid = cuda_blocks(R, 8), most = (unsigned)cuda_ctx.sm_count * 4; // 8 warps, a row each
+    unsigned grid = cuda_blocks(R, 8), most = (unsigned)cuda_ctx.sm_count * 4; // warps of a block: 8
     if (grid > most) grid = most;
     push_rows_kernel<<<grid, 256, 0, STREAM>>>(peers, dst_offset, (const bf16 *)in, blocks, (int)n_blocks, D);
     CUDA_LAUNCH_CHECK();
