@@ -2,7 +2,8 @@
 # The two-GPU machine's one call: build, then train the same small model on one GPU and on two
 # (data, expert and pipeline parallel over NCCL, under mpirun and under moe's own --nproc launcher),
 # compare the loss curves with the one-GPU run, and move an expert-parallel checkpoint to one GPU
-# and to CPU ranks. Modes: bench, exchange, watchdog, direct (see each). Numbers and logs go to $OUT.
+# and to CPU ranks. Modes: bench, exchange, watchdog, direct, overlap (see each); "all" runs the
+# default checks and then overlap. Numbers and logs go to $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/moe-gpu-out}
@@ -31,6 +32,22 @@ if [ "${1:-}" = exchange ]; then
     timeout 120 mpirun -np 2 build/bench_exchange 2>&1 | tee -a "$OUT/summary.txt"
     exit 0
 fi
+
+# Data parallelism on the benchmark shape with every parameter replicated (scale-E8, dp=2, 8
+# sequences per GPU): the gradient reduce-scatter per layer during the backward against all of it
+# after the backward, and one GPU. NCCL's channel count (an SM each) comes from its own log.
+overlap_bench() {
+    timeout 150 ./moe bench configs/bench/scale-E8.json > runs/e8_1.txt 2>&1
+    say "E8 1 GPU: $(grep throughput runs/e8_1.txt)"
+    for overlap in true false; do
+        timeout 200 mpirun -np 2 -x NCCL_DEBUG=INFO ./moe bench configs/bench/scale-E8.json train.micro_batch=16 \
+            parallel.overlap_grad_reduce=$overlap > runs/e8_dp2_$overlap.txt 2>&1
+        grep -v NCCL runs/e8_dp2_$overlap.txt > "$OUT/bench_e8_dp2_overlap_$overlap.txt"
+        say "E8 dp=2 overlap_grad_reduce=$overlap: $(grep -E '^step|throughput' runs/e8_dp2_$overlap.txt | tr -s ' ' | tr '\n' ' ')"
+    done
+    say "NCCL: $(grep -m2 -o 'NCCL INFO [0-9]* coll channels.*' runs/e8_dp2_true.txt | tr '\n' ' ')"
+}
+if [ "${1:-}" = overlap ]; then overlap_bench; exit 0; fi
 
 # A rank that goes silent (SIGSTOP) mid-run: the other's watchdog must end the job, under moe's
 # own launcher and under mpirun, within train.comm_timeout (5 s) plus a poll.
@@ -96,7 +113,7 @@ fi
 rm -rf runs/launch runs/move1 runs/move2
 one_gpu
 say "one GPU: $(grep -m1 'step   100' runs/g1.log)"
-layouts_match "dp2" "ep2 parallel.ep=2" "pp2 parallel.pp=2"
+layouts_match "dp2" "dp2after parallel.overlap_grad_reduce=false" "ep2 parallel.ep=2" "pp2 parallel.pp=2"
 if run launch ./moe train --nproc 2 $SMALL parallel.ep=2; then
     say "ep2 (moe --nproc 2) vs one GPU: $(compare runs/launch runs/g1)"
 else say "--nproc FAILED: $(grep -m3 -i error runs/launch.log)"; fi
@@ -109,4 +126,5 @@ if run move1 mpirun -np 2 ./moe train $SMALL parallel.ep=2 --stop-at 50; then
     run move2 mpirun -np 2 ./moe train $SMALL train.device=cpu train.threads=8 || true
     say "ep2 -> CPU ranks: $(grep -c 'resumed from' runs/move2.log) resume; $(compare runs/move2 runs/g1)"
 fi
+[ "${1:-}" = all ] && overlap_bench
 cat "$OUT/summary.txt"

@@ -25,6 +25,8 @@ typedef struct {
     // recv (n) = this rank's n-element block of the sum over ranks of send (size x n); in place
     // when recv == send + rank * n
     void (*reduce_scatter_sum)(Comm *c, const void *send, void *recv, size_t n, CommType t);
+    // recv (n) on rank `root` = the sum over ranks of send (n); recv is not touched elsewhere
+    void (*reduce_sum)(Comm *c, const void *send, void *recv, size_t n, CommType t, int root);
     // recv (size x n) = every rank's send (n) in rank order; in place when send == recv + rank * n
     void (*all_gather)(Comm *c, const void *send, void *recv, size_t n, CommType t);
     // send holds size blocks (block j: send_counts[j] elements for rank j, back to back); recv gets
@@ -37,6 +39,9 @@ typedef struct {
     void (*sendrecv)(Comm *c, const void *send, size_t n_send, int to, void *recv, size_t n_recv,
                      int from, CommType t);
     void (*barrier)(Comm *c);
+    // Calls between these two may run at once (NCCL groups); NULL where calls run one by one.
+    void (*group_begin)(void);
+    void (*group_end)(void);
     // Logical AND of `ok` over the ranks (host value): lets ranks agree that a step succeeded.
     bool (*all_ok)(Comm *c, bool ok);
     // Sub-communicator of the ranks with the same color, ordered by key.
@@ -59,8 +64,21 @@ typedef struct {
 struct Comm {
     const CommOps *ops;
     int rank, size;
+    size_t elem_bytes[3]; // bytes of one element of each CommType
     void *impl;
 };
+
+// Element i of a buffer of type t.
+static inline void *comm_at(const Comm *c, const void *buf, size_t i, CommType t) {
+    return (char *)buf + i * c->elem_bytes[t];
+}
+
+// Part of a reduce-scatter: of the elements [a, b) of send (size x n), rank r receives the sum of
+// those inside its block [r n, (r + 1) n), at recv + (their start - r n); the rest of recv is not
+// touched. [0, size n) is the whole reduce_scatter_sum. Lets a reduction start on the part of a
+// buffer that is final while the rest is still being written.
+void comm_reduce_scatter_part(Comm *c, const void *send, void *recv, size_t n, size_t a, size_t b,
+                              CommType t);
 
 // Starts the world communicator: MPI when the build has it (mpirun, srun or a plain start), else a
 // single process. Installs a fatal-error hook that aborts every rank. elem_size: bytes of a

@@ -95,7 +95,7 @@ static Comm *comm_mpi_wrap(MPI_Comm comm, size_t elem_size, size_t chunk) {
     MpiComm *m = moe_malloc(sizeof *m);
     *m = (MpiComm){.comm = comm, .elem_size = elem_size, .chunk = chunk};
     Comm *c = moe_malloc(sizeof *c);
-    *c = (Comm){.ops = &comm_mpi_ops, .impl = m};
+    *c = (Comm){.ops = &comm_mpi_ops, .elem_bytes = {elem_size, elem_size, sizeof(int32_t)}, .impl = m};
     MPI_CHECK(MPI_Comm_rank(comm, &c->rank));
     MPI_CHECK(MPI_Comm_size(comm, &c->size));
     return c;
@@ -126,6 +126,15 @@ static void comm_mpi_reduce_scatter_sum(Comm *c, const void *send, void *recv, s
         memcpy(recv, out, bytes);
         free(out);
     }
+}
+
+static void comm_mpi_reduce_sum(Comm *c, const void *send, void *recv, size_t n, CommType t, int root) {
+    MpiComm *m = c->impl;
+    MPI_Datatype dt = comm_mpi_type(m, t);
+    MOE_ASSERT(c->rank != root || !comm_mpi_overlap(send, n * comm_mpi_bytes(dt), recv, n * comm_mpi_bytes(dt)));
+    for (size_t o = 0; o < n; o += m->chunk)
+        MPI_CHECK(MPI_Reduce(comm_mpi_at(send, o, dt), comm_mpi_at(recv, o, dt), comm_mpi_piece(m, n, o), dt,
+                             MPI_SUM, root, m->comm));
 }
 
 static void comm_mpi_all_gather(Comm *c, const void *send, void *recv, size_t n, CommType t) {
@@ -274,6 +283,7 @@ static void comm_mpi_free(Comm *c) {
 static const CommOps comm_mpi_ops = {
     .all_reduce_sum = comm_mpi_all_reduce_sum,
     .reduce_scatter_sum = comm_mpi_reduce_scatter_sum,
+    .reduce_sum = comm_mpi_reduce_sum,
     .all_gather = comm_mpi_all_gather,
     .all_to_all_v = comm_mpi_all_to_all_v,
     .send = comm_mpi_send,

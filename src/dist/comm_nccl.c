@@ -48,6 +48,13 @@ static void nccl_reduce_scatter_sum(Comm *c, const void *send, void *recv, size_
     if (n) NCCL_CHECK(ncclReduceScatter(send, recv, n, dtype(t), ncclSum, nc(c), stream()));
 }
 
+static void nccl_reduce_sum(Comm *c, const void *send, void *recv, size_t n, CommType t, int root) {
+    if (n) NCCL_CHECK(ncclReduce(send, recv, n, dtype(t), ncclSum, root, nc(c), stream()));
+}
+
+static void nccl_group_begin(void) { NCCL_CHECK(ncclGroupStart()); }
+static void nccl_group_end(void) { NCCL_CHECK(ncclGroupEnd()); }
+
 static void nccl_all_gather(Comm *c, const void *send, void *recv, size_t n, CommType t) {
     if (n) NCCL_CHECK(ncclAllGather(send, recv, n, dtype(t), nc(c), stream()));
 }
@@ -196,6 +203,7 @@ static void nccl_free(Comm *c) {
 
 static const CommOps NCCL_OPS = {
     .all_reduce_sum = nccl_all_reduce_sum, .reduce_scatter_sum = nccl_reduce_scatter_sum,
+    .reduce_sum = nccl_reduce_sum, .group_begin = nccl_group_begin, .group_end = nccl_group_end,
     .all_gather = nccl_all_gather, .all_to_all_v = nccl_all_to_all_v, .send = nccl_send,
     .recv = nccl_recv, .sendrecv = nccl_sendrecv, .barrier = nccl_barrier, .all_ok = nccl_all_ok,
     .split = nccl_split, .peer_alloc = nccl_peer_alloc, .peer_free = nccl_peer_free,
@@ -212,6 +220,7 @@ static Comm *wrap(ncclComm_t comm) {
     NCCL_CHECK(ncclCommUserRank(comm, &c->rank));
     NCCL_CHECK(ncclCommCount(comm, &c->size));
     c->ops = &NCCL_OPS;
+    c->elem_bytes[COMM_ACT] = 2, c->elem_bytes[COMM_F32] = 4, c->elem_bytes[COMM_I32] = 4;
     c->impl = im;
     return c;
 }
@@ -231,15 +240,18 @@ static int hex_to_id(const char *hex, ncclUniqueId *id) {
 
 size_t comm_nccl_id_hex_len(void) { return 2 * sizeof(((ncclUniqueId *)0)->internal) + 1; }
 
+// Before any NCCL call: never NVLink multicast.
+static void nccl_environment(void) { setenv("NCCL_NVLS_ENABLE", "0", 1); }
+
 void comm_nccl_new_id(char *hex) {
-    setenv("NCCL_NVLS_ENABLE", "0", 1);
+    nccl_environment();
     ncclUniqueId id;
     NCCL_CHECK(ncclGetUniqueId(&id));
     id_to_hex(&id, hex);
 }
 
 Comm *comm_nccl_world(Comm *host) {
-    setenv("NCCL_NVLS_ENABLE", "0", 1); // never NVLink multicast
+    nccl_environment();
     ncclUniqueId id;
     int size = 0, rank = comm_launch_rank(&size);
     if (rank >= 0) { // started by `moe train --nproc`: the id came with the environment

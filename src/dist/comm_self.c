@@ -8,13 +8,8 @@
 
 #include "common/util.h"
 
-typedef struct {
-    size_t elem_size; // bytes of an act/f32 element
-} SelfComm;
-
 static void comm_self_copy(Comm *c, void *dst, const void *src, size_t n, CommType t) {
-    size_t bytes = t == COMM_I32 ? sizeof(int32_t) : ((SelfComm *)c->impl)->elem_size;
-    if (dst != src && n) memmove(dst, src, n * bytes);
+    if (dst != src && n) memmove(dst, src, n * c->elem_bytes[t]);
 }
 
 // The sum over one rank is the buffer itself.
@@ -22,6 +17,11 @@ static void comm_self_all_reduce_sum(Comm *c, void *buf, size_t n, CommType t) {
 
 static void comm_self_reduce_scatter_sum(Comm *c, const void *send, void *recv, size_t n,
                                          CommType t) {
+    comm_self_copy(c, recv, send, n, t);
+}
+
+static void comm_self_reduce_sum(Comm *c, const void *send, void *recv, size_t n, CommType t,
+                                 int root) {
     comm_self_copy(c, recv, send, n, t);
 }
 
@@ -60,17 +60,15 @@ static void comm_self_barrier(Comm *c) {}
 static bool comm_self_all_ok(Comm *c, bool ok) { return ok; }
 
 static Comm *comm_self_split(Comm *c, int color, int key) {
-    return comm_self(((SelfComm *)c->impl)->elem_size);
+    return comm_self(c->elem_bytes[COMM_F32]);
 }
 
-static void comm_self_free(Comm *c) {
-    free(c->impl);
-    free(c);
-}
+static void comm_self_free(Comm *c) { free(c); }
 
 static const CommOps comm_self_ops = {
     .all_reduce_sum = comm_self_all_reduce_sum,
     .reduce_scatter_sum = comm_self_reduce_scatter_sum,
+    .reduce_sum = comm_self_reduce_sum,
     .all_gather = comm_self_all_gather,
     .all_to_all_v = comm_self_all_to_all_v,
     .send = comm_self_send,
@@ -83,10 +81,9 @@ static const CommOps comm_self_ops = {
 };
 
 Comm *comm_self(size_t elem_size) {
-    SelfComm *s = moe_malloc(sizeof *s);
-    s->elem_size = elem_size;
     Comm *c = moe_malloc(sizeof *c);
-    *c = (Comm){.ops = &comm_self_ops, .rank = 0, .size = 1, .impl = s};
+    *c = (Comm){.ops = &comm_self_ops, .rank = 0, .size = 1,
+                .elem_bytes = {elem_size, elem_size, sizeof(int32_t)}};
     return c;
 }
 

@@ -715,7 +715,10 @@ static void layer_backward(Model *m, int l, const ForwardArgs *a) {
 
 void model_backward(Model *m, const ForwardArgs *a) {
     MOE_ASSERT(a->train);
-    for (int l = m->layer_end - 1; l >= m->layer_begin; l--) layer_backward(m, l, a);
+    for (int l = m->layer_end - 1; l >= m->layer_begin; l--) {
+        layer_backward(m, l, a);
+        if (a->layer_done) a->layer_done(a->layer_done_ctx, l);
+    }
     if (m->first_stage)
         m->ops->embedding_backward(G(m, m->wte), m->s.dres, micro_tokens(m, a->micro), a->B * a->S,
                                    m->cfg.d_model, m->cfg.vocab_size);

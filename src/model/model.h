@@ -92,6 +92,8 @@ typedef struct {
     uint64_t token_base; // this rank's first token within the step's global batch (noise counter)
     LossScales scales;
     void *metrics;      // f32 accumulators (model_metrics_len)
+    void (*layer_done)(void *ctx, int layer); // backward: called after each layer's (NULL: not)
+    void *layer_done_ctx;
 } ForwardArgs;
 
 typedef struct {

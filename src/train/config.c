@@ -91,6 +91,8 @@ static const ConfigKey KEYS[] = {
     INT(parallel, ep, "expert-parallel ranks per MoE layer (divides the data-parallel size)"),
     ENUM(parallel, exchange, EXCHANGE_NAMES, "expert rows between ranks: written into the owner's "
                                              "memory (direct, one node), NCCL/MPI transfers (sendrecv), or auto"),
+    BOOL(parallel, overlap_grad_reduce, "reduce-scatter each layer's gradients during the backward of the "
+                                        "layers before it (false: all after the backward)"),
 };
 #define N_KEYS (sizeof KEYS / sizeof KEYS[0])
 
@@ -112,7 +114,7 @@ void config_defaults(Config *c) {
 }
 
 void config_reset_placement(Config *c) {
-    c->parallel = (ParallelConfig){.pp = 1, .ep = 1};
+    c->parallel = (ParallelConfig){.pp = 1, .ep = 1, .overlap_grad_reduce = true};
     snprintf(c->train.device, sizeof c->train.device, "cpu");
     c->train.threads = 0;
     c->train.comm_timeout = 600;

@@ -39,6 +39,7 @@ typedef struct {
     int pp; // pipeline stages (the data-parallel size is the number of ranks / pp)
     int ep; // expert-parallel ranks per MoE layer (divides the data-parallel size)
     int exchange; // ExchangeMode (dist/parallel.h): how expert rows travel between ranks
+    bool overlap_grad_reduce; // gradient buckets reduced during the backward
 } ParallelConfig;
 
 typedef struct {

@@ -16,12 +16,40 @@ void optim_init(Optimizer *o, Model *m) {
         s->begin = m->reg.region_begin[r], s->size = m->reg.region_size[r];
         s->shard = s->size / (size_t)s->group->size;
         s->shard_begin = s->begin + (size_t)s->group->rank * s->shard;
+        s->reduced_from = s->begin + s->size;
         size_t bytes = s->shard * ops->f32_size;
         s->grad = s->group->size > 1 ? model_alloc(m, bytes) : model_f32(m, m->grads, s->begin);
         s->m = model_alloc(m, bytes), s->v = model_alloc(m, bytes);
         ops->zero(s->m, bytes), ops->zero(s->v, bytes);
         o->state_bytes += 2 * bytes;
     }
+}
+
+// Queues the reduce-scatter of the gradients [from, reduced_from) of a region on the side queue.
+static void reduce_grads(OptShard *s, Model *m, size_t from) {
+    const Ops *ops = m->ops;
+    if (s->group->size == 1 || from >= s->reduced_from) return;
+    if (ops->side_begin) ops->side_begin();
+    comm_reduce_scatter_part(s->group, model_f32(m, m->grads, s->begin), s->grad, s->shard,
+                             from - s->begin, s->reduced_from - s->begin, COMM_F32);
+    if (ops->side_end) ops->side_end();
+    s->reduced_from = from;
+}
+
+// Where the tensors of layers l and after start in a region (its end when it has none of them).
+// Tensors of no layer (embedding, head) are not counted: the head, after the last layer, goes
+// with the last layer's bucket, the embedding, first, with the step's last call.
+static size_t layers_from(const OptShard *s, const Model *m, int l) {
+    size_t start = s->begin + s->size;
+    for (size_t i = 0; i < m->reg.n; i++) {
+        const ParamInfo *p = &m->reg.p[i];
+        if (p->layer >= l && p->offset >= s->begin && p->offset < start) start = p->offset;
+    }
+    return start;
+}
+
+void optim_grads_ready(Optimizer *o, Model *m, int l) {
+    for (int r = 0; r < PARAM_N_REGIONS; r++) reduce_grads(&o->region[r], m, layers_from(&o->region[r], m, l));
 }
 
 double optim_lr(const TrainConfig *t, int step) {
@@ -69,11 +97,11 @@ void optim_step(Optimizer *o, Model *m, const TrainConfig *t, void *metrics) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
     void *norm_sq = model_f32(m, metrics, METRIC_GRAD_NORM_SQ);
+    for (int r = 0; r < PARAM_N_REGIONS; r++) reduce_grads(&o->region[r], m, o->region[r].begin);
+    if (ops->side_join) ops->side_join();
     for (int r = 0; r < PARAM_N_REGIONS; r++) {
         OptShard *s = &o->region[r];
-        if (s->group->size > 1)
-            s->group->ops->reduce_scatter_sum(s->group, model_f32(m, m->grads, s->begin), s->grad,
-                                              s->shard, COMM_F32);
+        s->reduced_from = s->begin + s->size;
         ops->sum_squares(norm_sq, s->grad, s->shard);
     }
     Comm *world = m->par->world;

@@ -1,7 +1,11 @@
 // The optimizer: learning-rate schedule, global gradient norm, and AdamW (decoupled weight decay,
 // none on norms and embeddings) sharded ZeRO-1 style: each parameter region (dense, experts) is
 // replicated over a group of ranks; gradients are reduce-scattered over the group, each rank
-// updates its shard with its own moments, and the parameters are all-gathered back.
+// updates its shard with its own moments, and the parameters are all-gathered back. The
+// reduction can run in buckets, one per layer, each started as soon as the backward of the step's
+// last micro-batch is done with that layer, on the backend's side queue (overlapping the backward
+// of the layers before it): a region is laid out in layer order and the backward runs the layers
+// in reverse, so what is final is always the region's tail.
 #pragma once
 #include "config.h"
 #include "model/model.h"
@@ -10,6 +14,7 @@ typedef struct {
     Comm *group;               // ranks holding this region
     size_t begin, size;        // the region in the flat buffers (size divisible by the group)
     size_t shard_begin, shard; // this rank's part: flat [shard_begin, shard_begin + shard)
+    size_t reduced_from;       // flat: the tail [reduced_from, begin + size) is queued for reduction
     void *grad;                // f32 (shard) summed gradient (the model's own when the group is 1)
     void *m, *v;               // f32 (shard) AdamW moments
 } OptShard;
@@ -21,13 +26,16 @@ typedef struct {
 
 // Sets up the shards of m's regions with zero moments (memory freed with the model).
 void optim_init(Optimizer *o, Model *m);
+// After the backward of held layer l for the step's last micro-batch: queues the reduction of
+// the gradients of l and the layers after it that are not queued yet (a bucket per layer).
+void optim_grads_ready(Optimizer *o, Model *m, int l);
 // Learning rate of 1-based step `step`: linear warmup, then cosine or linear decay to
 // lr * min_lr_ratio at the last step, or constant.
 double optim_lr(const TrainConfig *t, int step);
 // Writes this step's StepInfo (lr, step, routing-noise seed) to backend memory; call before the
 // step's forwards.
 void optim_begin_step(Model *m, const TrainConfig *t, int step);
-// Reduce-scatter of the gradients, global gradient norm into metrics[METRIC_GRAD_NORM_SQ] (over
+// Reduce-scatter of the gradients not queued yet (all of them unless optim_grads_ready ran), global gradient norm into metrics[METRIC_GRAD_NORM_SQ] (over
 // every rank), clipped AdamW on the shards, all-gather of the weights, and the loss-free bias
 // update from the step's expert loads (metrics must already hold the totals over all ranks).
 void optim_step(Optimizer *o, Model *m, const TrainConfig *t, void *metrics);

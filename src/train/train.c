@@ -126,11 +126,19 @@ static LossScales loss_scales(const Config *cfg) {
                         .z = calls > 0 ? (float)(c->z_coef / calls) : 0};
 }
 
+static void grads_ready(void *trainer, int layer) {
+    Trainer *t = trainer;
+    optim_grads_ready(&t->opt, &t->model, layer);
+}
+
+// The step's last micro-batch hands each layer's finished gradients to the optimizer's reduction.
 static ForwardArgs micro_args(Trainer *t, int micro) {
     Model *m = &t->model;
+    bool last = micro == m->n_micro - 1 && t->cfg.parallel.overlap_grad_reduce;
     return (ForwardArgs){.B = m->B, .S = m->S, .micro = micro, .slot = micro % m->n_slots, .train = true,
                          .token_base = first_sequence(m, micro) * m->S, .scales = loss_scales(&t->cfg),
-                         .metrics = t->metrics};
+                         .metrics = t->metrics, .layer_done = last ? grads_ready : NULL,
+                         .layer_done_ctx = t};
 }
 
 // Random token ids for benchmarks (the data only decides the routing, like random real text).
@@ -360,6 +368,9 @@ static void print_banner(const Trainer *t) {
            tok, seqs, c->train.seq_len, c->train.device, omp_get_max_threads());
     printf("layout | %d ranks: pp %d x dp %d (ep %d, expert-dp %d) | rank 0 holds %zu parameters, "
            "optimizer state %s bytes", l->world, l->pp, l->dp, l->ep, l->edp, t->model.reg.total, opt);
+    if (l->dp > 1)
+        printf(" | gradients reduced %s", c->parallel.overlap_grad_reduce ? "per layer during the backward"
+                                                                          : "after the backward");
     if (l->ep > 1) printf(" | expert rows %s", t->model.direct ? "written into peers' memory" : "by send/recv");
     if (l->pp > 1)
         printf(" | 1F1B bubble %.1f%% (%d micro-batches)",

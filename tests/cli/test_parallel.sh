@@ -50,6 +50,7 @@ layout_matches "pp=2" 2 parallel.pp=2
 layout_matches "pp=2 x dp=2 ep=2" 4 parallel.pp=2 parallel.ep=2
 layout_matches "dp=4 ep=4" 4 parallel.ep=4
 layout_matches "dp=4 ep=2" 4 parallel.ep=2
+layout_matches "dp=4 ep=2, gradients reduced after the backward" 4 parallel.ep=2 parallel.overlap_grad_reduce=false
 
 # The two ways expert rows travel give the same numbers: direct writes into the owners' shared
 # memory (the default on one node) and MPI transfers planned on the host.

@@ -122,6 +122,58 @@ static void check_reduce_scatter(Comm *w, CommType t, bool in_place) {
 static void test_reduce_scatter(Comm *w, CommType t) { check_reduce_scatter(w, t, false); }
 static void test_reduce_scatter_in_place(Comm *w, CommType t) { check_reduce_scatter(w, t, true); }
 
+// To each root in turn: the root gets the sum; recv stays untouched everywhere else.
+static void test_reduce_sum(Comm *w, CommType t) {
+    static const size_t sizes[] = {0, 1, 1001};
+    for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
+        for (int root = 0; root < w->size; root++) {
+            size_t n = sizes[s];
+            void *send = poisoned(t, n), *recv = poisoned(t, n + 1);
+            double *want = moe_calloc(n + 1, sizeof *want);
+            for (size_t i = 0; i < n; i++) {
+                put(t, send, i, val(w->rank, s, i));
+                for (int r = 0; r < w->size; r++) want[i] += val(r, s, i);
+                if (w->rank != root) want[i] = POISON;
+            }
+            w->ops->reduce_sum(w, send, recv, n, t, root);
+            expect("reduce_sum", t, recv, want, n);
+            expect_poison("reduce_sum", t, recv, n);
+            free(want), free(send), free(recv);
+        }
+}
+
+// Parts [a, b) of a reduce-scatter of size blocks of n: inside one block, across blocks, empty,
+// whole, and pseudo-random ones (the same on every rank). Elements of this rank's block outside
+// [a, b) stay untouched.
+static void test_reduce_scatter_part(Comm *w, CommType t) {
+    size_t n = 7, p = (size_t)w->size, total = p * n;
+    size_t parts[12][2] = {{0, total}, {0, 0}, {3, 4}, {5, total < 2 * n + 3 ? total : 2 * n + 3},
+                           {n - 1, total}, {0, 1}};
+    uint64_t x = 12345;
+    for (int k = 6; k < 12; k++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        size_t a = (size_t)(x >> 33) % (total + 1), b = (size_t)(x >> 13) % (total + 1);
+        parts[k][0] = a < b ? a : b, parts[k][1] = a < b ? b : a;
+    }
+    void *send = poisoned(t, total);
+    for (size_t j = 0; j < total; j++) put(t, send, j, val(w->rank, j / n, j % n));
+    for (int k = 0; k < 12; k++) {
+        size_t a = parts[k][0], b = parts[k][1], lo = (size_t)w->rank * n;
+        void *recv = poisoned(t, n + 1);
+        double want[7];
+        for (size_t i = 0; i < n; i++) {
+            double sum = 0;
+            for (int r = 0; r < w->size; r++) sum += val(r, (size_t)w->rank, i);
+            want[i] = lo + i >= a && lo + i < b ? sum : POISON;
+        }
+        comm_reduce_scatter_part(w, send, recv, n, a, b, t);
+        expect("comm_reduce_scatter_part", t, recv, want, n);
+        expect_poison("comm_reduce_scatter_part", t, recv, n);
+        free(recv);
+    }
+    free(send);
+}
+
 // Every rank contributes val(rank, 0, .); recv gets them in rank order.
 static void check_all_gather(Comm *w, CommType t, bool in_place) {
     size_t n = 3, p = (size_t)w->size;
@@ -314,6 +366,9 @@ static void check_self_copies(Comm *c, CommType t) {
     c->ops->reduce_scatter_sum(c, a, a, n, t);
     expect("comm_self reduce_scatter_sum in place", t, a, want, n);
     for (size_t i = 0; i < n; i++) put(t, b, i, POISON);
+    c->ops->reduce_sum(c, a, b, n, t, 0);
+    expect("comm_self reduce_sum", t, b, want, n);
+    for (size_t i = 0; i < n; i++) put(t, b, i, POISON);
     c->ops->all_gather(c, a, b, n, t);
     expect("comm_self all_gather", t, b, want, n);
     expect_poison("comm_self all_gather", t, b, n);
@@ -348,6 +403,8 @@ static const TestCase TESTS[] = {
     {"all_reduce_sum", test_all_reduce_sum, NULL, 1},
     {"reduce_scatter_sum", test_reduce_scatter, NULL, 1},
     {"reduce_scatter_sum in place", test_reduce_scatter_in_place, NULL, 1},
+    {"reduce_sum to each root", test_reduce_sum, NULL, 1},
+    {"reduce-scatter of parts of a buffer", test_reduce_scatter_part, NULL, 1},
     {"all_gather", test_all_gather, NULL, 1},
     {"all_gather in place", test_all_gather_in_place, NULL, 1},
     {"all_to_all_v uneven counts, zero blocks", test_all_to_all_v, NULL, 1},

@@ -9,11 +9,15 @@
 CudaContext cuda_ctx;
 
 void cuda_init(void) {
-    if (cuda_ctx.stream) return;
+    if (cuda_ctx.main) return;
     int device = 0;
     CUDA_CHECK(cudaGetDevice(&device));
     CUDA_CHECK(cudaDeviceGetAttribute(&cuda_ctx.sm_count, cudaDevAttrMultiProcessorCount, device));
-    CUDA_CHECK(cudaStreamCreateWithFlags(&cuda_ctx.stream, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&cuda_ctx.main, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&cuda_ctx.side, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&cuda_ctx.fork, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&cuda_ctx.join, cudaEventDisableTiming));
+    cuda_ctx.stream = cuda_ctx.main;
     CUBLAS_CHECK(cublasLtCreate(&cuda_ctx.lt));
     cuda_ctx.workspace_bytes = (size_t)64 << 20;
     CUDA_CHECK(cudaMalloc(&cuda_ctx.workspace, cuda_ctx.workspace_bytes));
@@ -105,6 +109,24 @@ static float cuda_event_elapsed_ms(void *a, void *b) {
     return ms;
 }
 
+// The side stream forks from the main one and joins it through events (in a capture too, where a
+// join without a fork would be an error).
+static void cuda_side_begin(void) {
+    CUDA_CHECK(cudaEventRecord(cuda_ctx.fork, cuda_ctx.main));
+    CUDA_CHECK(cudaStreamWaitEvent(cuda_ctx.side, cuda_ctx.fork, 0));
+    cuda_ctx.stream = cuda_ctx.side;
+    cuda_ctx.side_pending = true;
+}
+
+static void cuda_side_end(void) { cuda_ctx.stream = cuda_ctx.main; }
+
+static void cuda_side_join(void) {
+    if (!cuda_ctx.side_pending) return;
+    cuda_ctx.side_pending = false;
+    CUDA_CHECK(cudaEventRecord(cuda_ctx.join, cuda_ctx.side));
+    CUDA_CHECK(cudaStreamWaitEvent(cuda_ctx.main, cuda_ctx.join, 0));
+}
+
 static Ops make_cuda_ops(void) {
     Ops o;
     memset(&o, 0, sizeof o);
@@ -119,6 +141,7 @@ static Ops make_cuda_ops(void) {
     o.graph_free = cuda_graph_free;
     o.event_create = cuda_event_create, o.event_record = cuda_event_record;
     o.event_elapsed_ms = cuda_event_elapsed_ms;
+    o.side_begin = cuda_side_begin, o.side_end = cuda_side_end, o.side_join = cuda_side_join;
     o.embedding_forward = cuda_embedding_forward, o.embedding_backward = cuda_embedding_backward;
     o.matmul_forward = cuda_matmul_forward, o.matmul_backward = cuda_matmul_backward;
     o.rmsnorm_forward = cuda_rmsnorm_forward, o.rmsnorm_backward = cuda_rmsnorm_backward;

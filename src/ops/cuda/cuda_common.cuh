@@ -24,10 +24,13 @@ typedef __nv_bfloat16 bf16;
 // Launch errors surface at the launch; asynchronous faults at the next synchronising call.
 #define CUDA_LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
 
-// The backend's stream (every kernel and copy runs on it, so a step can be captured as a graph)
-// and cuBLASLt state, created by cuda_init.
+// The backend's stream (every kernel and copy runs on it, so a step can be captured as a graph):
+// `stream` is the current one, the main stream or, between side_begin and side_end, the side
+// stream that communication overlapping the main one runs on. cuBLASLt state. Made by cuda_init.
 typedef struct {
-    cudaStream_t stream;
+    cudaStream_t stream, main, side;
+    cudaEvent_t fork, join;
+    bool side_pending; // work went to the side stream since its last join
     cublasLtHandle_t lt;
     void *workspace;
     size_t workspace_bytes;
