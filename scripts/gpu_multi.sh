@@ -13,7 +13,10 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 source tests/testlib.sh
 say() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 # scale-E64 on two GPUs, experts split (8 sequences per GPU, as on one GPU with micro_batch 8).
-bench_ep2() { timeout "$1" mpirun -np 2 ./moe bench configs/bench/scale-E64.json train.micro_batch=16 parallel.ep=2 > runs/bench2.txt 2>&1; }
+bench_ep2() { # SECONDS [overrides...]
+    local limit=$1; shift
+    timeout "$limit" mpirun -np 2 ./moe bench configs/bench/scale-E64.json train.micro_batch=16 parallel.ep=2 "$@" > runs/bench2.txt 2>&1
+}
 losses() { grep -o '"loss":[^,]*' "$1/metrics.jsonl" | cut -d: -f2; }
 
 bash scripts/gpu_check.sh build > /dev/null 2>&1 || { say "build FAILED"; tail -20 "$OUT/build.log"; exit 1; }
@@ -48,6 +51,22 @@ overlap_bench() {
     say "NCCL: $(grep -m2 -o 'NCCL INFO [0-9]* coll channels.*' runs/e8_dp2_true.txt | tr '\n' ' ')"
 }
 if [ "${1:-}" = overlap ]; then overlap_bench; exit 0; fi
+
+# The same with NCCL held to fewer CTAs (SMs), which leaves the overlapped backward more of the
+# GPU; and scale-E64 at ep=2 with and without the overlap.
+if [ "${1:-}" = ctas ]; then
+    for run in "8 true" "8 false" "4 true" "16 true"; do
+        set -- $run
+        timeout 200 mpirun -np 2 -x NCCL_MAX_CTAS=$1 ./moe bench configs/bench/scale-E8.json train.micro_batch=16 \
+            parallel.overlap_grad_reduce=$2 > runs/e8_ctas.txt 2>&1
+        say "E8 dp=2 NCCL_MAX_CTAS=$1 overlap_grad_reduce=$2: $(grep -E '^step|throughput|of kernels' runs/e8_ctas.txt | tr -s ' ' | tr '\n' ' ')"
+    done
+    for overlap in true false; do
+        bench_ep2 200 parallel.overlap_grad_reduce=$overlap
+        say "E64 ep=2 overlap_grad_reduce=$overlap: $(grep -E '^step|throughput|of kernels' runs/bench2.txt | tr -s ' ' | tr '\n' ' ')"
+    done
+    exit 0
+fi
 
 # A rank that goes silent (SIGSTOP) mid-run: the other's watchdog must end the job, under moe's
 # own launcher and under mpirun, within train.comm_timeout (5 s) plus a poll.
