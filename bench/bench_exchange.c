@@ -2,7 +2,8 @@
 // 32,768-token, d_model 2048, top-4 batch go to the ranks owning their experts and come back (the
 // combine), by both paths: NCCL grouped send/recv (all-to-all-v with host counts) and direct
 // writes into the owners' memory (plan from device offsets, pushes between stream-ordered
-// fences). Timed with CUDA events; reports GB/s of rows leaving each GPU, each call counted.
+// fences). Timed with CUDA events; reports GB/s of rows leaving each GPU, each call counted, and
+// what a fence costs on its own.
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -39,6 +40,10 @@ static void direct_round(Bench *b) {
     b->w->ops->fence(b->w);
     b->ops->moe_push_rows(b->back_peers, 0, b->recv.base, ret, E, D, b->rows);
     b->w->ops->fence(b->w);
+}
+
+static void fence_round(Bench *b) {
+    for (int i = 0; i < 3; i++) b->w->ops->fence(b->w);
 }
 
 static double time_ms(Bench *b, void (*round)(Bench *)) {
@@ -84,6 +89,7 @@ int main(int argc, char **argv) {
     b.ops->zero(b.a, b.rows * D * 2), b.ops->zero(b.b, b.rows * D * 2);
     direct_setup(&b);
     double ms_sr = time_ms(&b, sendrecv_round), ms_direct = time_ms(&b, direct_round);
+    double ms_fences = time_ms(&b, fence_round);
     double crossing = 2.0 * (double)(b.rows - b.rows / b.n) * D * 2; // bytes leaving this GPU per round
     if (b.w->rank == 0) {
         printf("exchange: %zu ranks, %zu rows of %d bf16 per rank, dispatch + combine (each call counted)\n",
@@ -91,6 +97,7 @@ int main(int argc, char **argv) {
         printf("  send/recv (NCCL)   %.3f ms  %.1f GB/s crossing per GPU\n", ms_sr, crossing / (ms_sr * 1e-3) / 1e9);
         printf("  direct writes      %.3f ms  %.1f GB/s crossing per GPU (3 fences included)\n", ms_direct,
                crossing / (ms_direct * 1e-3) / 1e9);
+        printf("  of which fences    %.1f us each (3 per round, timed alone)\n", ms_fences * 1e3 / 3);
     }
     b.w->ops->peer_free(b.w, &b.recv), b.w->ops->peer_free(b.w, &b.back);
     b.w->ops->free(b.w);

@@ -27,7 +27,11 @@
 typedef struct {
     ncclComm_t nccl;
     int *flag;  // one device int for all_ok
-    int *fence; // one device int for fence
+    int *fence; // one device int for the fence by all-reduce
+    // The fence through peer memory, set up with the first peer memory (NULL table until then):
+    PeerMem fence_mem;      // (size) flag words of this rank that every rank writes
+    unsigned **fence_table; // device (size): every rank's flag words
+    unsigned *epoch;        // device: fences passed
 } NcclImpl;
 
 static ncclComm_t nc(Comm *c) { return ((NcclImpl *)c->impl)->nccl; }
@@ -103,12 +107,14 @@ static bool nccl_all_ok(Comm *c, bool ok) {
 
 static void nccl_barrier(Comm *c) { nccl_all_ok(c, true); }
 
-// A stream-ordered fence: a one-int all-reduce. It cannot finish on any rank before every rank's
-// stream reaches it, and the peer writes before it are fenced (__threadfence_system) by the
-// kernels that made them.
+// A stream-ordered fence: flag words in peer memory once the ranks share some (a one-warp kernel,
+// cuda_peer_fence), else a one-int all-reduce. Neither finishes on any rank before every rank's
+// stream reaches it; the peer writes before it are fenced (__threadfence_system) by the kernels
+// that made them.
 static void nccl_fence(Comm *c) {
     NcclImpl *im = c->impl;
-    NCCL_CHECK(ncclAllReduce(im->fence, im->fence, 1, ncclInt32, ncclMax, im->nccl, stream()));
+    if (im->fence_table) cuda_peer_fence(im->fence_table, c->rank, c->size, im->epoch);
+    else NCCL_CHECK(ncclAllReduce(im->fence, im->fence, 1, ncclInt32, ncclMax, im->nccl, stream()));
 }
 
 // What a rank publishes for peer memory: its IPC handle and a hash of its host name (IPC handles
@@ -145,13 +151,15 @@ static void close_peers(Comm *c, PeerMem *pm) {
         if (j != c->rank && pm->peers[j]) CUDA_CHECK(cudaIpcCloseMemHandle(pm->peers[j]));
 }
 
-// CUDA IPC: each rank's buffer opened in every other rank of the same node.
-static int nccl_peer_alloc(Comm *c, size_t bytes, PeerMem *pm) {
+// CUDA IPC: each rank's buffer opened in every other rank of the same node (zeroed).
+static int open_peer_mem(Comm *c, size_t bytes, PeerMem *pm) {
     PeerCard mine;
     memset(&mine, 0, sizeof mine);
     host_hash(mine.host);
     *pm = (PeerMem){.peers = moe_calloc((size_t)c->size, sizeof(void *)), .bytes = bytes};
     CUDA_CHECK(cudaMalloc(&pm->base, bytes ? bytes : 1));
+    CUDA_CHECK(cudaMemset(pm->base, 0, bytes));
+    CUDA_CHECK(cudaDeviceSynchronize());
     CUDA_CHECK(cudaIpcGetMemHandle(&mine.handle, pm->base));
     PeerCard *all = gather_cards(c, &mine);
     bool ok = true;
@@ -178,6 +186,19 @@ static void nccl_peer_free(Comm *c, PeerMem *pm) {
     memset(pm, 0, sizeof *pm);
 }
 
+// The first peer memory brings the fence's flag words with it.
+static int nccl_peer_alloc(Comm *c, size_t bytes, PeerMem *pm) {
+    NcclImpl *im = c->impl;
+    if (open_peer_mem(c, bytes, pm)) return -1;
+    if (im->fence_table || open_peer_mem(c, (size_t)c->size * sizeof(unsigned), &im->fence_mem)) return 0;
+    CUDA_CHECK(cudaMalloc((void **)&im->epoch, sizeof(unsigned)));
+    CUDA_CHECK(cudaMemset(im->epoch, 0, sizeof(unsigned)));
+    CUDA_CHECK(cudaMalloc((void **)&im->fence_table, (size_t)c->size * sizeof(void *)));
+    CUDA_CHECK(cudaMemcpy(im->fence_table, im->fence_mem.peers, (size_t)c->size * sizeof(void *),
+                          cudaMemcpyHostToDevice));
+    return 0;
+}
+
 static Comm *wrap(ncclComm_t comm);
 
 static Comm *nccl_split(Comm *c, int color, int key) {
@@ -194,6 +215,11 @@ static const char *nccl_async_error(Comm *c) {
 
 static void nccl_free(Comm *c) {
     NcclImpl *im = c->impl;
+    if (im->fence_table) {
+        nccl_peer_free(c, &im->fence_mem);
+        CUDA_CHECK(cudaFree(im->fence_table));
+        CUDA_CHECK(cudaFree(im->epoch));
+    }
     NCCL_CHECK(ncclCommDestroy(im->nccl));
     CUDA_CHECK(cudaFree(im->flag));
     CUDA_CHECK(cudaFree(im->fence));

@@ -48,17 +48,20 @@ void report_free(StepReport *r) {
 
 bool report_finite(const StepReport *r) { return isfinite(r->loss) && isfinite(r->grad_norm); }
 
+double report_worst_imbalance(const StepReport *r) {
+    double worst = 0;
+    for (int i = 0; i < r->n_moe; i++) worst = r->layers[i].imbalance > worst ? r->layers[i].imbalance : worst;
+    return worst;
+}
+
 void report_print(const StepReport *r, FILE *f) {
     char tps[32];
     moe_fmt_count(tps, sizeof tps, (uint64_t)(r->tokens_per_sec + 0.5));
     fprintf(f, "step %5d/%d | loss %.4f | ce %.4f", r->step, r->steps, r->loss, r->ce);
     if (r->n_moe) {
-        double worst = 0, drop = 0;
-        for (int i = 0; i < r->n_moe; i++) {
-            worst = r->layers[i].imbalance > worst ? r->layers[i].imbalance : worst;
-            drop += r->layers[i].drop_rate / r->n_moe;
-        }
-        fprintf(f, " lb %.3f z %.3f | load max/mean %.2f", r->lb, r->z, worst);
+        double drop = 0;
+        for (int i = 0; i < r->n_moe; i++) drop += r->layers[i].drop_rate / r->n_moe;
+        fprintf(f, " lb %.3f z %.3f | load max/mean %.2f", r->lb, r->z, report_worst_imbalance(r));
         if (drop > 0) fprintf(f, " drop %.1f%%", 100 * drop);
     }
     fprintf(f, " | lr %.2e | gnorm %.3f | %s tok/s\n", r->lr, r->grad_norm, tps);

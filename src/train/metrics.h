@@ -30,5 +30,6 @@ void report_build(StepReport *r, const ModelConfig *c, const float *metrics, siz
                   size_t T);
 void report_free(StepReport *r);
 bool report_finite(const StepReport *r);
+double report_worst_imbalance(const StepReport *r);      // max/mean expert load of the worst layer
 void report_print(const StepReport *r, FILE *f);          // one console line
 void report_write_json(const StepReport *r, FILE *f);     // one JSON line

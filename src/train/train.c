@@ -446,6 +446,11 @@ void train_bench(const Config *cfg, Comm *world, int warmup, int steps, BenchRep
     r->memory_in_use = ops->memory_in_use();
     r->model_bytes = t.model.bytes;
     r->loss = t.metrics_host[METRIC_CE] / ((double)cfg->train.micro_batches * cfg->train.micro_batch * cfg->train.seq_len);
+    StepReport sr = {0};
+    report_build(&sr, &t.cfg.model, t.metrics_host, t.cfg.train.micro_batches,
+                 (size_t)t.cfg.train.micro_batch * t.cfg.train.seq_len);
+    r->load_imbalance = report_worst_imbalance(&sr);
+    report_free(&sr);
     t.model.ops = ops_profiled(ops); // one more step, every kernel timed (run as queued)
     ops->sync();
     ops->event_record(e0);

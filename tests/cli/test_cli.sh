@@ -75,6 +75,18 @@ if run train.steps=60 train.eval_every=60 train.out="$tmp/learn"; then
         || bad "per-layer expert loads logged" "no moe_layers load array in metrics.jsonl"
 else bad "training runs" "$(tail -5 "$tmp/last.log")"; fi
 
+# moe bench on the CPU: the report's parts are there, with numbers, and random routing is even.
+bench_cpu="model.vocab_size=300 model.d_model=32 model.n_layers=2 model.n_heads=2 model.n_kv_heads=2
+           model.head_dim=16 model.expert_hidden=32 train.device=cpu train.seq_len=32 train.micro_batch=4"
+out=$(./moe bench configs/bench/scale-E64.json $bench_cpu --warmup 2 --steps 2 2>&1)
+if grep -qE "^throughput +[0-9,]+ tokens/s" <<<"$out" && grep -qE "^  expert GEMMs +[0-9.]+ ms" <<<"$out" &&
+   grep -qE "^experts +load max/mean [1-9]\.[0-9]+" <<<"$out"; then ok "moe bench reports throughput, phases, expert load"
+else bad "moe bench reports throughput, phases, expert load" "$out"; fi
+out=$(./moe bench configs/bench/scale-E64.json $bench_cpu model.random_routing=true train.micro_batch=64 --warmup 2 --steps 2 2>&1)
+load=$(grep -oE "load max/mean [0-9.]+" <<<"$out" | cut -d' ' -f3)
+if awk -v l="${load:-0}" 'BEGIN { exit !(l >= 1 && l < 1.3) }'; then ok "moe bench, random routing: expert load max/mean $load"
+else bad "moe bench, random routing: max/mean load near 1" "$out"; fi
+
 run train.steps=20 train.ckpt_every=10 train.out="$tmp/straight" &&
 run train.steps=20 train.ckpt_every=10 train.out="$tmp/resumed" --stop-at 10 &&
 run train.steps=20 train.ckpt_every=10 train.out="$tmp/resumed"

@@ -9,6 +9,9 @@ extern "C" {
 
 // The backend's stream (a cudaStream_t), for the NCCL communicator to queue on.
 void *cuda_stream_handle(void);
+// A barrier of n GPUs in stream order, through peer memory: flags (n) device table of every
+// rank's n flag words (CUDA IPC), epoch one device word of this rank (see cuda_moe.cu).
+void cuda_peer_fence(unsigned *const *flags, int rank, int n, unsigned *epoch);
 
 // dense (cuda_dense.cu)
 void cuda_embedding_forward(void *out, const int32_t *tokens, const void *wte, size_t T, size_t D);
