@@ -3,8 +3,11 @@
 # 16 heads, expert hidden 1024, sequence 4096, 8 layers, top-4) with E experts per layer, active
 # parameters fixed, one rank per GPU, dp = the GPU count, ep = min(GPUs, E), 8 sequences of 4096
 # (32,768 tokens) per GPU. Then E = 128 with random routing, and ep = 1 (experts replicated) at
-# E = 8 to show what expert parallelism costs. One markdown table to $OUT/scale.md.
-#   bash scripts/gpu_scale.sh [E ...]      (default: 8 16 32 64 128)
+# E = 8 to show what expert parallelism costs. Rows of one markdown table to $OUT/scale.md.
+#   bash scripts/gpu_scale.sh [RUN ...]    RUN: an expert count, random (E = 128, random routing)
+#                                          or replicated (E = 8, ep = 1); default: all seven
+# Each run takes 1-2 minutes (E = 128 mostly initialising 6.4B parameters), so on 8 GPUs split
+# them over calls of the device tool's 10 minutes, e.g. "8 16 32 64", then "128 random replicated".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/moe-gpu-out}
@@ -12,7 +15,7 @@ mkdir -p "$OUT" runs
 export NCCL_NVLS_ENABLE=0 OMP_NUM_THREADS=8
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 say() { echo "== $*" | tee -a "$OUT/summary.txt"; }
-EXPERTS=${*:-8 16 32 64 128}
+RUNS=${*:-8 16 32 64 128 random replicated}
 
 bash scripts/gpu_check.sh build > /dev/null 2>&1 || { say "build FAILED"; tail -20 "$OUT/build.log"; exit 1; }
 GPUS=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
@@ -20,9 +23,9 @@ say "build ok; $GPUS GPUs"
 
 phase() { grep -E "^  $2 " "$1" | awk '{ print $(NF) }'; }
 
-# bench NAME EP [overrides...]: one row of the table.
+# bench NAME FILE EP [overrides...]: one row of the table.
 bench() {
-    local name=$1 ep=$2 log=runs/scale-$1.txt; shift 2
+    local name=$1 log=runs/scale-$2.txt ep=$3; shift 3
     timeout 400 mpirun -np "$GPUS" ./moe bench configs/bench/scale-E8.json train.micro_batch=$((8 * GPUS)) \
         parallel.ep="$ep" "$@" > "$log" 2>&1
     cp "$log" "$OUT/"
@@ -42,10 +45,11 @@ bench() {
     echo "| run | layout | tokens/s per GPU | TFLOP/s per GPU | memory per GPU | row pushes (share of kernel time) | routing and permutation | load max/mean |"
     echo "|---|---|---|---|---|---|---|---|"
 } > "$OUT/scale.md"
-for E in $EXPERTS; do
-    ep=$((E < GPUS ? E : GPUS))
-    bench "E=$E" "$ep" model.n_experts="$E"
+for run in $RUNS; do
+    case $run in
+    random) bench "E=128 random routing" E128-random "$GPUS" model.n_experts=128 model.random_routing=true ;;
+    replicated) bench "E=8 experts replicated" E8-replicated 1 model.n_experts=8 ;;
+    *) bench "E=$run" "E$run" $((run < GPUS ? run : GPUS)) model.n_experts="$run" ;;
+    esac
 done
-bench "E=128 random routing" "$GPUS" model.n_experts=128 model.random_routing=true
-bench "E=8 experts replicated" 1 model.n_experts=8
 cat "$OUT/scale.md"
