@@ -76,8 +76,11 @@ static void direct_setup(Bench *b) {
     b->plan = b->ops->alloc(exchange_plan_len(b->n, EL) * 4);
     b->ops->upload(mine, off, (E + 1) * 4);
     b->w->ops->all_gather(b->w, mine, all, E + 1, COMM_I32);
-    b->ops->moe_exchange_plan(b->plan, all, b->n, EL, (size_t)b->w->rank);
+    float *dropped = b->ops->alloc(sizeof(float));
+    b->ops->zero(dropped, sizeof(float));
+    b->ops->moe_exchange_plan(b->plan, all, b->n, EL, (size_t)b->w->rank, b->rows, dropped); // room for all
     free(off);
+    b->ops->free(dropped);
 }
 
 int main(int argc, char **argv) {

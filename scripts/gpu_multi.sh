@@ -129,6 +129,21 @@ if [ "${1:-}" = direct ]; then
     exit 0
 fi
 
+# Receive buffers bounded by parallel.recv_capacity: kernels against the CPU with rows dropped,
+# a training curve against one GPU, and scale-E64's memory and speed at ep=2.
+if [ "${1:-}" = capacity ]; then
+    timeout 120 build/test_cuda exchange > "$OUT/test_cuda_moe.log" 2>&1
+    say "CUDA vs CPU, MoE ops with the exchange: $(tail -1 "$OUT/test_cuda_moe.log")"; grep -i "fail" "$OUT/test_cuda_moe.log" | head
+    timeout 60 mpirun -np 2 build/bench_exchange 2>&1 | tee -a "$OUT/summary.txt"
+    one_gpu
+    layouts_match "ep2cap parallel.ep=2 parallel.recv_capacity=1.25"
+    say "ep2cap drop rates at steps 25/50/75/100: $(grep -o '"drop_rate":[^,]*' runs/ep2cap/metrics.jsonl | cut -d: -f2 | awk 'NR % 25 == 0' | tr '\n' ' ')"
+    bench_ep2 200 parallel.recv_capacity=1.25
+    cp runs/bench2.txt "$OUT/bench_ep2_cap.txt"
+    say "E64 ep=2 recv_capacity=1.25: $(grep -E '^step|throughput|^memory|^experts' runs/bench2.txt | tr -s ' ' | tr '\n' ' ')"
+    exit 0
+fi
+
 rm -rf runs/launch runs/move1 runs/move2
 one_gpu
 say "one GPU: $(grep -m1 'step   100' runs/g1.log)"

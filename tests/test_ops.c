@@ -496,43 +496,65 @@ static void test_adamw_matches_formula(void) {
 // plan from the same gathered dispatch offsets; each rank's rows pushed into the owners' receive
 // buffers must land expert-major (sources in rank order within an expert, as the send/recv path's
 // regroup leaves them), and the return blocks must bring every row back to its source position.
-static void test_direct_exchange(void) {
-    enum { N = 3, EL = 2, E = N * EL, D = 3, CAP = 40 };
+// With receive buffers of `cap` rows, rows past cap are dropped: never written, counted, and
+// returned as zeros.
+static void check_direct_exchange(int cap) {
+    enum { N = 3, EL = 2, E = N * EL, D = 3, ROOM = 40 };
     int32_t counts[N][E] = {{2, 0, 1, 3, 0, 1}, {0, 0, 4, 1, 2, 0}, {1, 5, 0, 0, 0, 2}};
     int32_t all[N * (E + 1)], plans[N][EL + 1 + 8 * E];
     for (int s = 0; s < N; s++) {
         all[s * (E + 1)] = 0;
         for (int g = 0; g < E; g++) all[s * (E + 1) + g + 1] = all[s * (E + 1) + g] + counts[s][g];
     }
-    for (int r = 0; r < N; r++) ops->moe_exchange_plan(plans[r], all, N, EL, (size_t)r);
+    real dropped[N] = {0}, want_dropped[N] = {0};
+    for (int r = 0; r < N; r++) ops->moe_exchange_plan(plans[r], all, N, EL, (size_t)r, (size_t)cap, &dropped[r]);
     real *src[N], *recv[N], *back[N];
     for (int r = 0; r < N; r++)
-        src[r] = rnd(CAP * D, 80 + (uint64_t)r, 1), recv[r] = poisoned(CAP * D), back[r] = poisoned(CAP * D);
+        src[r] = rnd(ROOM * D, 80 + (uint64_t)r, 1), recv[r] = poisoned(ROOM * D), back[r] = poisoned(ROOM * D);
     for (int s = 0; s < N; s++)
-        ops->moe_push_rows((void *const *)recv, 0, src[s], plans[s] + EL + 1, E, D, CAP);
+        ops->moe_push_rows((void *const *)recv, 0, src[s], plans[s] + EL + 1, E, D, (size_t)all[s * (E + 1) + E]);
+    real *want_back[N];
+    for (int s = 0; s < N; s++) want_back[s] = calloc(ROOM * D, sizeof(real));
     for (int j = 0; j < N; j++) { // expected: j's experts in order, sources in order within each
         int row = 0;
         for (int e = 0; e < EL; e++) {
-            CHECK_MSG(plans[j][e] == row, "rank %d: expert %d starts at %d, not %d", j, e, plans[j][e], row);
+            int start = row < cap ? row : cap;
+            CHECK_MSG(plans[j][e] == start, "rank %d: expert %d starts at %d, not %d", j, e, plans[j][e], start);
             for (int s = 0; s < N; s++)
-                for (int i = 0; i < counts[s][j * EL + e]; i++, row++)
-                    for (int d = 0; d < D; d++) {
-                        real want = src[s][(all[s * (E + 1) + j * EL + e] + i) * D + d];
-                        CHECK_MSG(recv[j][row * D + d] == want, "rank %d row %d: got %g, want %g", j, row,
-                                  (double)recv[j][row * D + d], (double)want);
+                for (int i = 0; i < counts[s][j * EL + e]; i++, row++) {
+                    int at = all[s * (E + 1) + j * EL + e] + i;
+                    if (row >= cap) {
+                        want_dropped[s]++;
+                        continue;
                     }
+                    memcpy(want_back[s] + at * D, src[s] + at * D, D * sizeof(real));
+                    for (int d = 0; d < D; d++)
+                        CHECK_MSG(recv[j][row * D + d] == src[s][at * D + d], "rank %d row %d: got %g, want %g",
+                                  j, row, (double)recv[j][row * D + d], (double)src[s][at * D + d]);
+                }
         }
-        CHECK_MSG(plans[j][EL] == row, "rank %d receives %d rows, plan says %d", j, row, plans[j][EL]);
-        CHECK_MSG(isnan(recv[j][row * D]), "rank %d: a row past the received ones was written", j);
+        int kept = row < cap ? row : cap;
+        CHECK_MSG(plans[j][EL] == kept, "rank %d keeps %d rows, plan says %d", j, kept, plans[j][EL]);
+        CHECK_MSG(isnan(recv[j][kept * D]), "rank %d: a row past the kept ones was written", j);
     }
     for (int j = 0; j < N; j++)
-        ops->moe_push_rows((void *const *)back, 0, recv[j], plans[j] + EL + 1 + 4 * E, E, D, CAP);
+        ops->moe_push_rows((void *const *)back, 0, recv[j], plans[j] + EL + 1 + 4 * E, E, D, (size_t)cap);
     for (int s = 0; s < N; s++) {
         int sent = all[s * (E + 1) + E];
-        CHECK_MSG(!memcmp(back[s], src[s], (size_t)sent * D * sizeof(real)), "rank %d: rows did not return home", s);
+        CHECK_MSG(dropped[s] == want_dropped[s], "rank %d: %g rows counted dropped, %g were", s,
+                  (double)dropped[s], (double)want_dropped[s]);
+        CHECK_MSG(!memcmp(back[s], want_back[s], (size_t)sent * D * sizeof(real)),
+                  "rank %d: kept rows did not return home, or dropped ones not as zeros", s);
         CHECK_MSG(isnan(back[s][sent * D]), "rank %d: a row past the sent ones was written", s);
     }
-    for (int r = 0; r < N; r++) free(src[r]), free(recv[r]), free(back[r]);
+    for (int r = 0; r < N; r++) free(src[r]), free(recv[r]), free(back[r]), free(want_back[r]);
+}
+
+static void test_direct_exchange(void) {
+    check_direct_exchange(40); // room for everything (rank 1 receives 9 rows, the most)
+    check_direct_exchange(9);  // exactly full
+    check_direct_exchange(5);  // rows dropped on every rank
+    check_direct_exchange(0);
 }
 
 const TestCase ops_tests[] = {

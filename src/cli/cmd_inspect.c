@@ -49,6 +49,7 @@ static RankMemory rank_memory(const Config *cfg, int world, int rank, bool bf16)
                       mc->n_experts, model_n_moe_layers(mc) > 0, cfg->train.micro_batch, err))
         moe_fatal("%s", err);
     par.exchange = (ExchangeMode)cfg->parallel.exchange; // auto is planned as direct (one node)
+    par.recv_capacity = cfg->parallel.recv_capacity;
     Model m;
     Optimizer o;
     int slots = pipeline_slots(par.lay.pp, par.lay.stage, cfg->train.micro_batches);

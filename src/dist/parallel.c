@@ -9,7 +9,7 @@ void parallel_init(Parallel *p, Comm *world, int pp, int ep, int n_layers, int n
         moe_fatal("%s", err);
     const Layout *l = &p->lay;
     p->world = world;
-    p->exchange = EXCHANGE_AUTO;
+    p->exchange = EXCHANGE_AUTO, p->recv_capacity = 0;
     p->dp = world->ops->split(world, l->stage, l->dp_rank);
     p->ep = world->ops->split(world, l->stage * l->edp + l->edp_rank, l->ep_rank);
     p->edp = world->ops->split(world, l->stage * l->ep + l->ep_rank, l->edp_rank);
@@ -29,7 +29,7 @@ int parallel_plan(Parallel *p, Comm groups[4], int world, int rank, int pp, int 
     groups[1] = (Comm){.rank = l->dp_rank, .size = l->dp};
     groups[2] = (Comm){.rank = l->ep_rank, .size = l->ep};
     groups[3] = (Comm){.rank = l->edp_rank, .size = l->edp};
-    p->exchange = EXCHANGE_AUTO;
+    p->exchange = EXCHANGE_AUTO, p->recv_capacity = 0;
     p->world = &groups[0], p->dp = &groups[1], p->ep = &groups[2], p->edp = &groups[3];
     return 0;
 }

@@ -13,6 +13,8 @@ typedef enum { EXCHANGE_AUTO, EXCHANGE_DIRECT, EXCHANGE_SENDRECV } ExchangeMode;
 typedef struct {
     Layout lay;
     ExchangeMode exchange; // EXCHANGE_AUTO unless set after parallel_init
+    double recv_capacity;  // direct exchange: receive rows per rank in units of its own routed rows
+                           // (0: room for the worst case, every ep rank sending it everything)
     Comm *world;
     Comm *dp;   // the ranks of this stage: replicas of its dense parameters, the data split
     Comm *ep;   // the ranks that split this rank's MoE layers' experts among them

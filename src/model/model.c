@@ -137,13 +137,15 @@ static size_t routed_rows(const ModelConfig *c, size_t T) {
     return cap && cap * c->n_experts < slots ? cap * c->n_experts : slots;
 }
 
-// Rows this rank's experts can receive: at worst every ep rank sends all its kept rows here.
+// Rows this rank's experts can receive: at worst every ep rank sends all its kept rows here;
+// parallel.recv_capacity can bound it (rows past it are dropped).
 static size_t received_rows(const Model *m, size_t T) {
     const ModelConfig *c = &m->cfg;
     size_t ep = (size_t)m->par->ep->size, slots = T * c->top_k, cap = expert_capacity(c, T);
     if (ep == 1) return routed_rows(c, T);
     size_t per_source = cap && cap * m->n_experts_local < slots ? cap * m->n_experts_local : slots;
-    return ep * per_source;
+    size_t worst = ep * per_source, bound = (size_t)ceil(m->par->recv_capacity * (double)routed_rows(c, T));
+    return m->par->recv_capacity > 0 && bound < worst ? bound : worst;
 }
 
 static void alloc_exchange(Model *m, ExpertExchange *x) {
@@ -190,7 +192,12 @@ static void open_direct_exchange(Model *m, size_t T) {
     Comm *ep = m->par->ep;
     ExchangeMode mode = m->par->exchange;
     int layers = n_local_moe_layers(m);
-    if (ep->size == 1 || mode == EXCHANGE_SENDRECV || layers == 0) return;
+    if (ep->size == 1 || layers == 0) return;
+    if (mode == EXCHANGE_SENDRECV) {
+        MOE_CHECK(m->par->recv_capacity <= 0, "parallel.recv_capacity bounds the direct exchange's receive "
+                  "buffers; with parallel.exchange=sendrecv leave it at 0");
+        return;
+    }
     size_t per_layer = exchange_piece(m, routed_rows(&m->cfg, T)) + exchange_piece(m, received_rows(m, T));
     size_t bytes = ((size_t)m->n_slots * (size_t)layers + 1) * per_layer;
     if (!ep->ops) {
@@ -198,10 +205,11 @@ static void open_direct_exchange(Model *m, size_t T) {
     } else if (ep->ops->peer_alloc && ep->ops->peer_alloc(ep, bytes, &m->exchange_mem) == 0) {
         m->bytes += bytes;
     } else {
-        if (mode == EXCHANGE_DIRECT)
-            moe_fatal("parallel.exchange = direct: the %d expert-parallel ranks cannot write into each "
-                      "other's memory (not all on one node, or no peer access between their devices); "
-                      "use parallel.exchange=auto or sendrecv", ep->size);
+        if (mode == EXCHANGE_DIRECT || m->par->recv_capacity > 0)
+            moe_fatal("%s: the %d expert-parallel ranks cannot write into each other's memory (not all "
+                      "on one node, or no peer access between their devices); use parallel.exchange=auto "
+                      "or sendrecv with parallel.recv_capacity=0", mode == EXCHANGE_DIRECT ?
+                      "parallel.exchange = direct" : "parallel.recv_capacity needs the direct exchange", ep->size);
         return;
     }
     m->direct = true;
@@ -444,8 +452,8 @@ static void plan_sendrecv(Model *m, LayerActs *x) {
 }
 
 // The plan of this MoE call. Direct: every rank's dispatch offsets gathered and turned into block
-// lists on the device (no host wait).
-static void plan_exchange(Model *m, LayerActs *x) {
+// lists on the device (no host wait); rows past a receive buffer are counted as dropped.
+static void plan_exchange(Model *m, LayerActs *x, void *stats, size_t T) {
     Comm *ep = m->par->ep;
     if (!m->direct) {
         plan_sendrecv(m, x);
@@ -454,7 +462,8 @@ static void plan_exchange(Model *m, LayerActs *x) {
     size_t n = (size_t)ep->size, E = (size_t)m->cfg.n_experts;
     ep->ops->all_gather(ep, x->offsets, x->xchg.all_offsets, E + 1, COMM_I32);
     m->ops->moe_exchange_plan(x->xchg.plan, x->xchg.all_offsets, n, (size_t)m->n_experts_local,
-                              (size_t)ep->rank);
+                              (size_t)ep->rank, received_rows(m, T),
+                              model_f32(m, stats, router_stat_dropped(E)));
 }
 
 // Direct: each block of rows written into its owner's `out` (dispatch blocks toward the experts,
@@ -530,7 +539,7 @@ static void moe_forward(Model *m, int l, LayerActs *x, const void *in, const For
     route(m, l, x, in, a);
     ops->moe_dispatch_forward(x->xp, x->slot_pos, x->offsets, stats, in, x->topk_idx, x->counts,
                               T, K, E, D, expert_capacity(c, T));
-    if (m->par->ep->size > 1) plan_exchange(m, x);
+    if (m->par->ep->size > 1) plan_exchange(m, x, stats, T);
     exchange_rows(m, x, x->xp, x->xe, true);
     const int32_t *off = expert_offsets(m, x);
     void *ye = m->par->ep->size > 1 ? m->s.dxe : x->y;

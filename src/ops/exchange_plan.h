@@ -31,24 +31,34 @@ static inline EXCHANGE_HD int32_t exchange_recv_row(const int32_t *all_offsets, 
 }
 
 // Entry i of rank `rank`'s plan (i <= E): receive offset i (i <= El), dispatch block i and return
-// block i (i < E; return block i = e n + s). Layout as in ops.h.
-static inline EXCHANGE_HD void exchange_plan_entry(int32_t *plan, const int32_t *all_offsets, size_t n, size_t El,
-                                                   size_t rank, size_t i) {
+// block i (i < E; return block i = e n + s). Layout as in ops.h. Each rank's receive buffer holds
+// `cap` rows: dispatch blocks are cut where they would pass it, return blocks keep their counts
+// (their rows past cap were dropped and go back as zeros), receive offsets stop at cap. Returns
+// the rows of dispatch block i that were dropped (0 for i = E).
+static inline EXCHANGE_HD int32_t exchange_plan_entry(int32_t *plan, const int32_t *all_offsets, size_t n,
+                                                      size_t El, size_t rank, size_t i, size_t cap) {
     size_t E = n * El;
-    int32_t *dispatch = plan + El + 1, *ret = dispatch + 4 * E;
-    if (i <= El) plan[i] = exchange_recv_row(all_offsets, n, El, rank, i, 0);
-    if (i >= E) return;
+    int32_t *dispatch = plan + El + 1, *ret = dispatch + 4 * E, room;
+    if (i <= El) {
+        int32_t start = exchange_recv_row(all_offsets, n, El, rank, i, 0);
+        plan[i] = (size_t)start < cap ? start : (int32_t)cap;
+    }
+    if (i >= E) return 0;
     int32_t *b = dispatch + 4 * i;
     b[0] = all_offsets[rank * (E + 1) + i];
     b[1] = exchange_count(all_offsets, E, rank, i);
     b[2] = (int32_t)(i / El);
     b[3] = exchange_recv_row(all_offsets, n, El, i / El, i % El, rank);
+    room = (size_t)b[3] < cap ? (int32_t)cap - b[3] : 0;
+    int32_t dropped = b[1] > room ? b[1] - room : 0;
+    b[1] -= dropped;
     size_t e = i / n, s = i % n, g = rank * El + e;
     b = ret + 4 * i;
     b[0] = exchange_recv_row(all_offsets, n, El, rank, e, s);
     b[1] = exchange_count(all_offsets, E, s, g);
     b[2] = (int32_t)s;
     b[3] = all_offsets[s * (E + 1) + g];
+    return dropped;
 }
 
 // Length of a plan in int32.

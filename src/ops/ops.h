@@ -189,13 +189,15 @@ typedef struct Ops {
     // [0, El] the expert-major offsets of the rows this rank receives (source ranks in order
     // within an expert), then E dispatch blocks (this rank's rows of global expert g, to their
     // owner) and E return blocks (index e n + s: what source s sent to local expert e, back to s),
-    // each {src_row, rows, dst_rank, dst_row}; both block lists tile their source rows from 0.
+    // each {src_row, rows, dst_rank, dst_row}; the return blocks tile their source rows from 0.
+    // Every receive buffer holds `cap` rows: rows past it are dropped (dispatch blocks cut short,
+    // offsets stopped at cap) and this rank's dropped rows added to *dropped (f32, one value).
     void (*moe_exchange_plan)(int32_t *plan, const int32_t *all_offsets, size_t n, size_t El,
-                              size_t rank);
-    // Rows [src_row, src_row + rows) of in (.., D) act go to rows from dst_row of the buffer at
+                              size_t rank, size_t cap, void *dropped);
+    // Rows [src_row, src_row + rows) of in (R, D) act go to rows from dst_row of the buffer at
     // byte dst_offset from peers[dst_rank] (peers: backend array of base pointers, writable from
-    // here), per block of `blocks` (n_blocks x 4 i32, as moe_exchange_plan writes them). R: a bound
-    // on the rows the blocks cover (they stay in backend memory).
+    // here), per block of `blocks` (n_blocks x 4 i32, as moe_exchange_plan writes them, in order of
+    // src_row). Source rows at or past R were dropped: their destination rows get zeros.
     void (*moe_push_rows)(void *const *peers, size_t dst_offset, const void *in,
                           const int32_t *blocks, size_t n_blocks, size_t D, size_t R);
     // Per expert e, rows [offsets[e], offsets[e+1]): out (R, N) act = x (R, K) . w[e] (N, K)^T.

@@ -86,8 +86,8 @@ WRAP(moe_combine_backward, PHASE_ROUTING,
      (dy, dw, d, y, p, w, T, K, D))
 WRAP(moe_regroup, PHASE_ROUTING, (void *o, const void *i, const int32_t *c, size_t ep, size_t El, size_t D, bool f),
      (o, i, c, ep, El, D, f))
-WRAP(moe_exchange_plan, PHASE_ROUTING, (int32_t *p, const int32_t *o, size_t n, size_t El, size_t r),
-     (p, o, n, El, r))
+WRAP(moe_exchange_plan, PHASE_ROUTING,
+     (int32_t *p, const int32_t *o, size_t n, size_t El, size_t r, size_t cap, void *d), (p, o, n, El, r, cap, d))
 WRAP(moe_push_rows, PHASE_EXCHANGE,
      (void *const *p, size_t off, const void *i, const int32_t *b, size_t nb, size_t D, size_t R),
      (p, off, i, b, nb, D, R))

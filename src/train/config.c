@@ -91,6 +91,8 @@ static const ConfigKey KEYS[] = {
     INT(parallel, ep, "expert-parallel ranks per MoE layer (divides the data-parallel size)"),
     ENUM(parallel, exchange, EXCHANGE_NAMES, "expert rows between ranks: written into the owner's "
                                              "memory (direct, one node), NCCL/MPI transfers (sendrecv), or auto"),
+    REAL(parallel, recv_capacity, "direct exchange: rows a rank's experts can receive, in units of the rows "
+                                  "it routes (0: room for the worst case; past it rows are dropped and counted)"),
     BOOL(parallel, overlap_grad_reduce, "reduce-scatter each layer's gradients during the backward of the "
                                         "layers before it (false: all after the backward)"),
 };
@@ -312,6 +314,9 @@ int config_validate(Config *c, MoeErr err) {
     if (c->parallel.pp < 1 || c->parallel.ep < 1)
         return moe_err(err, "parallel.pp = %d and parallel.ep = %d must be at least 1",
                        c->parallel.pp, c->parallel.ep);
+    if (!(c->parallel.recv_capacity >= 0))
+        return moe_err(err, "parallel.recv_capacity = %g must be >= 0 (0: room for the worst case; e.g. 2 "
+                       "holds twice an even share)", c->parallel.recv_capacity);
     return 0;
 }
 

@@ -310,6 +310,7 @@ static void trainer_open(Trainer *t, const Config *cfg, Comm *host, const char *
     parallel_init(&t->par, world, cfg->parallel.pp, cfg->parallel.ep, mc->n_layers, mc->n_experts,
                   model_n_moe_layers(mc) > 0, tc->micro_batch);
     t->par.exchange = (ExchangeMode)cfg->parallel.exchange;
+    t->par.recv_capacity = cfg->parallel.recv_capacity;
     const Layout *l = &t->par.lay;
     t->root = world->rank == 0;
     if (!synthetic) train_open_dataset(&t->train, cfg, cfg->data.train, true);

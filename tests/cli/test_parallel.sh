@@ -78,6 +78,16 @@ if train 4 "$out" parallel.ep=4 model.capacity_factor=0.5 model.bias_gamma=0; th
         || bad "capacity 0.5 at dp=4 ep=4: runs, reports drops" "no non-zero drop_rate"
 else bad "capacity 0.5 at dp=4 ep=4: runs, reports drops" "$(tail -3 "$out.log")"; fi
 
+# Receive buffers of the direct exchange bounded by parallel.recv_capacity: at 2 (what a rank can
+# receive at most here: 1 expert per rank, top-2 of 4) nothing is dropped and the losses are one
+# rank's; at 0.5 rows are dropped, counted and reported.
+layout_matches "dp=4 ep=4, receive buffers of 2 x routed rows" 4 parallel.ep=4 parallel.recv_capacity=2
+out="$tmp/recvcap"
+if train 4 "$out" parallel.ep=4 parallel.recv_capacity=0.5 model.bias_gamma=0; then
+    grep -q '"drop_rate":0\.[0-9]*[1-9]' "$out/metrics.jsonl" && ok "receive buffers of 0.5 x routed rows: runs, reports drops" \
+        || bad "receive buffers of 0.5 x routed rows: runs, reports drops" "no non-zero drop_rate"
+else bad "receive buffers of 0.5 x routed rows: runs, reports drops" "$(tail -3 "$out.log")"; fi
+
 # Checkpoints move between layouts: stop at step 5 on one layout, finish on another.
 resume_matches() { # NAME NP_FIRST "ARGS_FIRST" NP_SECOND "ARGS_SECOND"
     local name=$1 out="$tmp/move-$RANDOM"
@@ -115,6 +125,9 @@ expect_refused "world not divisible by pp" "3 ranks cannot form parallel.pp = 2"
 expect_refused "ep does not divide dp" "parallel.ep = 4 must divide the data-parallel size 2" 2 parallel.ep=4
 expect_refused "more stages than layers" "parallel.pp = 4 stages is more than model.n_layers = 2" 4 parallel.pp=4
 expect_refused "negative watchdog timeout" "train.comm_timeout = -1 must be >= 0" 2 train.comm_timeout=-1
+expect_refused "receive capacity with send/recv" "parallel.recv_capacity bounds the direct exchange" 2 \
+    parallel.ep=2 parallel.exchange=sendrecv parallel.recv_capacity=1.5
+expect_refused "negative receive capacity" "parallel.recv_capacity = -1 must be >= 0" 2 parallel.recv_capacity=-1
 expect_refused "micro-batch not divisible by dp" "train.micro_batch = 4 .* multiple of the data-parallel size 3" 3
 start=$SECONDS
 out=$($MPIRUN -np 4 ./moe train $TINY train.out="$tmp/nan" parallel.pp=2 train.lr=1e30 train.warmup=0 train.clip=0 train.steps=20 2>&1); rc=$?

@@ -435,26 +435,31 @@ static void *const *peer_table(const Ops *o, void *base, size_t n, size_t stride
 
 // The direct exchange among n ranks simulated on one device: the plans of every rank from the
 // same gathered offsets (random counts, some zero), rows pushed to their owners' receive buffers
-// (at a row offset inside each), then the return blocks back into poisoned source buffers.
-static void test_exchange_case(size_t n, size_t El, size_t D, int max_count) {
-    size_t E = n * El, len = exchange_plan_len(n, El), cap = 0, pad = 5;
-    Buf all = buf_new(K_I32, n * (E + 1)), plan = buf_new(K_I32, n * len);
+// (at a row offset inside each), then the return blocks back into poisoned source buffers. Each
+// receive buffer holds `keep` rows (0: room for all): rows past it are dropped, counted, and come
+// back as zeros.
+static void test_exchange_case(size_t n, size_t El, size_t D, int max_count, size_t keep) {
+    size_t E = n * El, len = exchange_plan_len(n, El), total = 0, pad = 5;
+    Buf all = buf_new(K_I32, n * (E + 1)), plan = buf_new(K_I32, n * len), dropped = buf_new(K_F32, n);
     for (size_t s = 0; s < n; s++) {
         all.ref[s * (E + 1)] = 0;
         for (size_t g = 0; g < E; g++) {
             size_t c = (g + s) % 5 == 1 ? 0 : (size_t)(rng_uniform(90 + s, g) * (max_count + 1));
-            all.ref[s * (E + 1) + g + 1] = all.ref[s * (E + 1) + g] + (float)c, cap += c;
+            all.ref[s * (E + 1) + g + 1] = all.ref[s * (E + 1) + g] + (float)c, total += c;
         }
     }
-    buf_push(&all), buf_poison(&plan);
+    keep = keep ? keep : total;
+    for (size_t r = 0; r < n; r++) dropped.ref[r] = 0;
+    buf_push(&all), buf_push(&dropped), buf_poison(&plan);
     for (size_t r = 0; r < n; r++) {
-        cpu->moe_exchange_plan((int32_t *)plan.c + r * len, all.c, n, El, r);
-        gpu->moe_exchange_plan((int32_t *)plan.g + r * len, all.g, n, El, r);
+        cpu->moe_exchange_plan((int32_t *)plan.c + r * len, all.c, n, El, r, keep, (char *)dropped.c + r * cpu->f32_size);
+        gpu->moe_exchange_plan((int32_t *)plan.g + r * len, all.g, n, El, r, keep, (char *)dropped.g + r * gpu->f32_size);
     }
-    char what[96];
-    snprintf(what, sizeof what, "exchange plan: %zu ranks x %zu experts, %zu rows", n, El, cap);
+    char what[128];
+    snprintf(what, sizeof what, "exchange plan: %zu ranks x %zu experts, %zu rows, %zu kept per rank", n, El, total, keep);
     check(what, &plan, n * len, 0, 0);
-    size_t stride = (cap + pad) * D; // every buffer can hold all rows
+    check("  rows dropped", &dropped, n, 0, 0);
+    size_t stride = (total + pad) * D; // every buffer can hold all rows
     Buf src = buf_new(K_ACT, n * stride), recv = buf_new(K_ACT, n * stride), back = buf_new(K_ACT, n * stride);
     buf_random(&src, 91, 1), buf_poison(&recv), buf_poison(&back);
     const Ops *both[2] = {cpu, gpu};
@@ -465,22 +470,25 @@ static void test_exchange_case(size_t n, size_t El, size_t D, int max_count) {
         void *const *to_recv = peer_table(o, rc, n, stride), *const *to_back = peer_table(o, bk, n, stride);
         for (size_t r = 0; r < n; r++) // dispatch: rows of rank r (at the start of its buffer)
             o->moe_push_rows(to_recv, pad * D * o->act_size, (char *)sr + r * stride * o->act_size,
-                             pl + r * len + El + 1, E, D, cap);
-        for (size_t r = 0; r < n; r++) // return: rank r's received rows (after its pad)
+                             pl + r * len + El + 1, E, D, total);
+        for (size_t r = 0; r < n; r++) // return: rank r's kept rows (after its pad)
             o->moe_push_rows(to_back, 0, (char *)rc + (r * stride + pad * D) * o->act_size,
-                             pl + r * len + El + 1 + 4 * E, E, D, cap);
+                             pl + r * len + El + 1 + 4 * E, E, D, keep);
         o->free((void *)to_recv), o->free((void *)to_back);
     }
     check("  rows pushed to their owners", &recv, n * stride, 0, 0);
     check("  rows pushed back to their sources", &back, n * stride, 0, 0);
-    float *home = malloc(n * stride * sizeof(float));
-    fetch(gpu, K_ACT, back.g, n * stride, home);
-    size_t lost = 0;
-    for (size_t r = 0; r < n; r++)
-        for (size_t i = 0; i < (size_t)all.ref[r * (E + 1) + E] * D; i++) lost += home[r * stride + i] != src.ref[r * stride + i];
-    if (lost) FAIL("exchange: %zu values did not come back to their source positions", lost);
-    free(home);
-    Buf *bufs[] = {&all, &plan, &src, &recv, &back};
+    if (keep == total) { // nothing dropped: every row is home again
+        float *home = malloc(n * stride * sizeof(float));
+        fetch(gpu, K_ACT, back.g, n * stride, home);
+        size_t lost = 0;
+        for (size_t r = 0; r < n; r++)
+            for (size_t i = 0; i < (size_t)all.ref[r * (E + 1) + E] * D; i++)
+                lost += home[r * stride + i] != src.ref[r * stride + i];
+        if (lost) FAIL("exchange: %zu values did not come back to their source positions", lost);
+        free(home);
+    }
+    Buf *bufs[] = {&all, &plan, &dropped, &src, &recv, &back};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) buf_free(bufs[i]);
 }
 
@@ -501,9 +509,11 @@ static void test_moe(void) {
         check(dir ? "regroup to expert-major" : "regroup to source-major", &out, 6 * 16, 0, 0);
     }
     buf_free(&c), buf_free(&in), buf_free(&out);
-    test_exchange_case(2, 3, 16, 9);
-    test_exchange_case(3, 5, 24, 40);
-    test_exchange_case(2, 32, 2048, 300); // the benchmark's width, a few thousand rows
+    test_exchange_case(2, 3, 16, 9, 0);
+    test_exchange_case(3, 5, 24, 40, 0);
+    test_exchange_case(3, 5, 24, 40, 61); // receive buffers of 61 rows: some dropped
+    test_exchange_case(2, 32, 2048, 300, 0); // the benchmark's width, a few thousand rows
+    test_exchange_case(2, 32, 2048, 300, 2500);
 }
 
 // ---------------------------------------------------------------- whole models

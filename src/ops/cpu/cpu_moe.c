@@ -240,8 +240,11 @@ void cpu_moe_regroup(void *out_, const void *in_, const int32_t *counts, size_t 
     free(exp_major);
 }
 
-void cpu_moe_exchange_plan(int32_t *plan, const int32_t *all_offsets, size_t n, size_t El, size_t rank) {
-    for (size_t i = 0; i <= n * El; i++) exchange_plan_entry(plan, all_offsets, n, El, rank, i);
+void cpu_moe_exchange_plan(int32_t *plan, const int32_t *all_offsets, size_t n, size_t El, size_t rank,
+                           size_t cap, void *dropped) {
+    int32_t total = 0;
+    for (size_t i = 0; i <= n * El; i++) total += exchange_plan_entry(plan, all_offsets, n, El, rank, i, cap);
+    *(real *)dropped += (real)total;
 }
 
 void cpu_moe_push_rows(void *const *peers, size_t dst_offset, const void *in_, const int32_t *blocks,
@@ -251,7 +254,9 @@ void cpu_moe_push_rows(void *const *peers, size_t dst_offset, const void *in_, c
     for (size_t b = 0; b < n_blocks; b++) {
         const int32_t *k = blocks + 4 * b;
         real *dst = (real *)((char *)peers[k[2]] + dst_offset) + (size_t)k[3] * D;
-        memcpy(dst, in + (size_t)k[0] * D, (size_t)k[1] * D * sizeof(real));
+        size_t from = (size_t)k[0], rows = (size_t)k[1], kept = from >= R ? 0 : R - from < rows ? R - from : rows;
+        memcpy(dst, in + from * D, kept * D * sizeof(real));
+        memset(dst + kept * D, 0, (rows - kept) * D * sizeof(real));
     }
 }
 

@@ -51,7 +51,8 @@ void cpu_router_backward(void *dlogits, const void *dtopk_w, const void *logits,
                          RouterArgs a);
 void cpu_moe_regroup(void *out, const void *in, const int32_t *counts, size_t ep, size_t El,
                      size_t D, bool to_expert_major);
-void cpu_moe_exchange_plan(int32_t *plan, const int32_t *all_offsets, size_t n, size_t El, size_t rank);
+void cpu_moe_exchange_plan(int32_t *plan, const int32_t *all_offsets, size_t n, size_t El, size_t rank,
+                           size_t cap, void *dropped);
 void cpu_moe_push_rows(void *const *peers, size_t dst_offset, const void *in, const int32_t *blocks,
                        size_t n_blocks, size_t D, size_t R);
 void cpu_moe_dispatch_forward(void *xp, int32_t *slot_pos, int32_t *offsets, void *stats,

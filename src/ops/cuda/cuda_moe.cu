@@ -343,27 +343,35 @@ __global__ void regroup_rows_kernel(bf16 *out, const bf16 *in, const int32_t *st
     }
 }
 
-// The direct exchange's plan: a thread per entry (E + 1 of them; E is at most a few hundred).
-__global__ void exchange_plan_kernel(int32_t *plan, const int32_t *all_offsets, size_t n, size_t El, size_t rank) {
+// The direct exchange's plan: a thread per entry (E + 1 of them; E is at most a few hundred); each
+// block of E + 1 threads adds its dropped rows once.
+__global__ void exchange_plan_kernel(int32_t *plan, const int32_t *all_offsets, size_t n, size_t El, size_t rank,
+                                     size_t cap, float *dropped) {
+    __shared__ float scratch[32];
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i <= n * El) exchange_plan_entry(plan, all_offsets, n, El, rank, i);
+    float mine = i <= n * El ? (float)exchange_plan_entry(plan, all_offsets, n, El, rank, i, cap) : 0.0f;
+    float total = block_sum(mine, scratch);
+    if (threadIdx.x == 0 && total > 0) atomicAdd(dropped, total);
 }
 
-extern "C" void cuda_moe_exchange_plan(int32_t *plan, const int32_t *all_offsets, size_t n, size_t El, size_t rank) {
+extern "C" void cuda_moe_exchange_plan(int32_t *plan, const int32_t *all_offsets, size_t n, size_t El, size_t rank,
+                                       size_t cap, void *dropped) {
     size_t entries = n * El + 1;
-    exchange_plan_kernel<<<cuda_blocks(entries, 128), 128, 0, STREAM>>>(plan, all_offsets, n, El, rank);
+    exchange_plan_kernel<<<cuda_blocks(entries, 128), 128, 0, STREAM>>>(plan, all_offsets, n, El, rank, cap,
+                                                                         (float *)dropped);
     CUDA_LAUNCH_CHECK();
 }
 
 // Each warp copies a contiguous run of source rows (16-byte vectors, up to 8 loads in flight per
 // lane before its stores), so at any moment the warps are spread over every destination: the rows
 // bound for a peer cross NVLink from the start instead of queueing behind the local ones. A warp
-// finds its first row's block by binary search over the blocks' source starts, then walks on. The
-// stores go straight to the owner's memory; the fence makes them visible to the peer before the
-// next stream-ordered fence (an NCCL collective) completes.
+// finds its first row's block by binary search over the blocks' source starts, then walks on
+// (rows between blocks were cut from a block: skipped; rows at or past R were dropped: zeros go
+// out). The stores go straight to the owner's memory; the fence makes them visible to the peer
+// before the next stream-ordered fence completes.
 #define PUSH_UNROLL 8
 __global__ void push_rows_kernel(void *const *peers, size_t dst_offset, const bf16 *__restrict__ in,
-                                 const int32_t *blocks, int n_blocks, size_t D) {
+                                 const int32_t *blocks, int n_blocks, size_t D, size_t R) {
     const int32_t *last = blocks + 4 * (n_blocks - 1);
     size_t total = (size_t)(last[0] + last[1]), warps = (size_t)gridDim.x * (blockDim.x / 32);
     size_t warp = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, per = (total + warps - 1) / warps;
@@ -376,14 +384,16 @@ __global__ void push_rows_kernel(void *const *peers, size_t dst_offset, const bf
     for (size_t i = first; i < end; i++) {
         while (lo + 1 < n_blocks && (size_t)blocks[4 * (lo + 1)] <= i) lo++;
         const int32_t *b = blocks + 4 * lo;
+        if (i >= (size_t)b[0] + (size_t)b[1]) continue;
         bf16 *dst = (bf16 *)((char *)peers[b[2]] + dst_offset) + ((size_t)b[3] + (i - (size_t)b[0])) * D;
         const uint4 *s4 = reinterpret_cast<const uint4 *>(in + i * D);
         uint4 *d4 = reinterpret_cast<uint4 *>(dst);
+        bool kept = i < R;
         for (size_t j0 = lane; j0 < n4; j0 += 32 * PUSH_UNROLL) {
             uint4 v[PUSH_UNROLL];
 #pragma unroll
             for (int u = 0; u < PUSH_UNROLL; u++)
-                if (j0 + 32 * u < n4) v[u] = s4[j0 + 32 * u];
+                if (j0 + 32 * u < n4) v[u] = kept ? s4[j0 + 32 * u] : make_uint4(0, 0, 0, 0);
 #pragma unroll
             for (int u = 0; u < PUSH_UNROLL; u++)
                 if (j0 + 32 * u < n4) d4[j0 + 32 * u] = v[u];
@@ -394,10 +404,10 @@ __global__ void push_rows_kernel(void *const *peers, size_t dst_offset, const bf
 
 extern "C" void cuda_moe_push_rows(void *const *peers, size_t dst_offset, const void *in, const int32_t *blocks,
                                    size_t n_blocks, size_t D, size_t R) {
-    if (!n_blocks || !R) return;
+    if (!n_blocks) return;
     unsigned grid = cuda_blocks(R, 8), most = (unsigned)cuda_ctx.sm_count * 4; // warps of a block: 8
     if (grid > most) grid = most;
-    push_rows_kernel<<<grid, 256, 0, STREAM>>>(peers, dst_offset, (const bf16 *)in, blocks, (int)n_blocks, D);
+    push_rows_kernel<<<grid, 256, 0, STREAM>>>(peers, dst_offset, (const bf16 *)in, blocks, (int)n_blocks, D, R);
     CUDA_LAUNCH_CHECK();
 }
 

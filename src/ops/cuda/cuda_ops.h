@@ -64,7 +64,8 @@ void cuda_moe_combine_forward(void *out, const void *y, const int32_t *slot_pos,
                               size_t T, size_t K, size_t D, bool accumulate);
 void cuda_moe_combine_backward(void *dy, void *dtopk_w, const void *dout, const void *y,
                                const int32_t *slot_pos, const void *topk_w, size_t T, size_t K, size_t D);
-void cuda_moe_exchange_plan(int32_t *plan, const int32_t *all_offsets, size_t n, size_t El, size_t rank);
+void cuda_moe_exchange_plan(int32_t *plan, const int32_t *all_offsets, size_t n, size_t El, size_t rank,
+                            size_t cap, void *dropped);
 void cuda_moe_push_rows(void *const *peers, size_t dst_offset, const void *in, const int32_t *blocks,
                         size_t n_blocks, size_t D, size_t R);
 void cuda_moe_regroup(void *out, const void *in, const int32_t *counts, size_t ep, size_t El,
