@@ -137,7 +137,7 @@ if [ "${1:-}" = capacity ]; then
     timeout 60 mpirun -np 2 build/bench_exchange 2>&1 | tee -a "$OUT/summary.txt"
     one_gpu
     layouts_match "ep2cap parallel.ep=2 parallel.recv_capacity=1.25"
-    say "ep2cap drop rates at steps 25/50/75/100: $(grep -o '"drop_rate":[^,]*' runs/ep2cap/metrics.jsonl | cut -d: -f2 | awk 'NR % 25 == 0' | tr '\n' ' ')"
+    say "ep2cap drop rate per MoE layer, last step: $(grep '"loss"' runs/ep2cap/metrics.jsonl | tail -1 | grep -o '"drop_rate":[^,}]*' | cut -d: -f2 | tr '\n' ' ')"
     bench_ep2 200 parallel.recv_capacity=1.25
     cp runs/bench2.txt "$OUT/bench_ep2_cap.txt"
     say "E64 ep=2 recv_capacity=1.25: $(grep -E '^step|throughput|^memory|^experts' runs/bench2.txt | tr -s ' ' | tr '\n' ' ')"
