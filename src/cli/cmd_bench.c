@@ -50,8 +50,8 @@ static void print_report(const Config *cfg, const BenchReport *r) {
                total > 0 ? 100 * r->phase_ms[i] / total : 0);
     printf("loss         %.4f (cross-entropy of the last timed step)\n", r->loss);
     if (model_n_moe_layers(c))
-        printf("experts      load max/mean %.2f (worst MoE layer, last timed step; 1.00 = even)\n",
-               r->load_imbalance);
+        printf("experts      load max/mean %.2f (worst MoE layer, last timed step; 1.00 = even), "
+               "%.2f%% of slots dropped\n", r->load_imbalance, 100 * r->drop_rate);
 }
 
 int cmd_bench(int argc, char **argv, Comm *world) {

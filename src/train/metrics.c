@@ -54,13 +54,18 @@ double report_worst_imbalance(const StepReport *r) {
     return worst;
 }
 
+double report_drop_rate(const StepReport *r) {
+    double drop = 0;
+    for (int i = 0; i < r->n_moe; i++) drop += r->layers[i].drop_rate / r->n_moe;
+    return drop;
+}
+
 void report_print(const StepReport *r, FILE *f) {
     char tps[32];
     moe_fmt_count(tps, sizeof tps, (uint64_t)(r->tokens_per_sec + 0.5));
     fprintf(f, "step %5d/%d | loss %.4f | ce %.4f", r->step, r->steps, r->loss, r->ce);
     if (r->n_moe) {
-        double drop = 0;
-        for (int i = 0; i < r->n_moe; i++) drop += r->layers[i].drop_rate / r->n_moe;
+        double drop = report_drop_rate(r);
         fprintf(f, " lb %.3f z %.3f | load max/mean %.2f", r->lb, r->z, report_worst_imbalance(r));
         if (drop > 0) fprintf(f, " drop %.1f%%", 100 * drop);
     }

@@ -31,5 +31,6 @@ void report_build(StepReport *r, const ModelConfig *c, const float *metrics, siz
 void report_free(StepReport *r);
 bool report_finite(const StepReport *r);
 double report_worst_imbalance(const StepReport *r);      // max/mean expert load of the worst layer
+double report_drop_rate(const StepReport *r);            // dropped / routed slots, mean over layers
 void report_print(const StepReport *r, FILE *f);          // one console line
 void report_write_json(const StepReport *r, FILE *f);     // one JSON line

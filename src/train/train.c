@@ -451,6 +451,7 @@ void train_bench(const Config *cfg, Comm *world, int warmup, int steps, BenchRep
     report_build(&sr, &t.cfg.model, t.metrics_host, t.cfg.train.micro_batches,
                  (size_t)t.cfg.train.micro_batch * t.cfg.train.seq_len);
     r->load_imbalance = report_worst_imbalance(&sr);
+    r->drop_rate = report_drop_rate(&sr);
     report_free(&sr);
     t.model.ops = ops_profiled(ops); // one more step, every kernel timed (run as queued)
     ops->sync();

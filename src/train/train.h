@@ -28,6 +28,7 @@ typedef struct {
     double ms_per_step;    // mean over the timed steps (CUDA events on a GPU)
     double loss;           // CE of the last timed step (sanity)
     double load_imbalance; // the last timed step's worst MoE layer: max / mean expert load
+    double drop_rate;      // the last timed step: dropped / routed slots, mean over MoE layers
     bool graph;            // steps replayed a recorded graph
     size_t memory_in_use;  // device memory in use after the run (0 when unknown)
     size_t model_bytes;    // what the model and optimizer allocated
