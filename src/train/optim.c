@@ -121,16 +121,29 @@ void optim_step(Optimizer *o, Model *m, const TrainConfig *t, void *metrics) {
                                         (size_t)c->n_experts, (float)c->bias_gamma);
 }
 
+// full (size x n) on the group's rank 0 = every rank's shard (n) in rank order; the others send.
+static void gather_to_first(Comm *g, const Ops *ops, const void *shard, void *full, size_t n) {
+    if (g->rank != 0) {
+        g->ops->send(g, shard, n, COMM_F32, 0);
+        return;
+    }
+    ops->copy(full, shard, n * ops->f32_size);
+    if (g->ops->group_begin) g->ops->group_begin();
+    for (int j = 1; j < g->size; j++) g->ops->recv(g, (char *)full + (size_t)j * n * ops->f32_size, n, COMM_F32, j);
+    if (g->ops->group_end) g->ops->group_end();
+}
+
 void optim_gather_moments(const Optimizer *o, Model *m, ParamRegion r, void **mom_m, void **mom_v,
                           bool *owned) {
     const OptShard *s = &o->region[r];
-    *owned = s->group->size > 1;
-    if (!*owned) {
+    const Ops *ops = m->ops;
+    *owned = s->group->size > 1 && s->group->rank == 0;
+    if (s->group->size == 1) {
         *mom_m = s->m, *mom_v = s->v;
         return;
     }
-    const Ops *ops = m->ops;
-    *mom_m = ops->alloc(s->size * ops->f32_size), *mom_v = ops->alloc(s->size * ops->f32_size);
-    s->group->ops->all_gather(s->group, s->m, *mom_m, s->shard, COMM_F32);
-    s->group->ops->all_gather(s->group, s->v, *mom_v, s->shard, COMM_F32);
+    *mom_m = *owned ? ops->alloc(s->size * ops->f32_size) : NULL;
+    *mom_v = *owned ? ops->alloc(s->size * ops->f32_size) : NULL;
+    gather_to_first(s->group, ops, s->m, *mom_m, s->shard);
+    gather_to_first(s->group, ops, s->v, *mom_v, s->shard);
 }

@@ -39,8 +39,8 @@ void optim_begin_step(Model *m, const TrainConfig *t, int step);
 // every rank), clipped AdamW on the shards, all-gather of the weights, and the loss-free bias
 // update from the step's expert loads (metrics must already hold the totals over all ranks).
 void optim_step(Optimizer *o, Model *m, const TrainConfig *t, void *metrics);
-// Every rank of a region's group gets the full moments of the region (for checkpoints): m, v
-// point to new backend buffers of the region's size (free with ops->free), or to the shards
-// themselves when the group is one rank (*owned = false).
+// The full moments of a region for its checkpoint writer, the group's rank 0 (collective): m, v
+// point to new backend buffers of the region's size there (free with ops->free; *owned = true),
+// to NULL on the group's other ranks, or to the shards themselves when the group is one rank.
 void optim_gather_moments(const Optimizer *o, Model *m, ParamRegion r, void **mom_m, void **mom_v,
                           bool *owned);
