@@ -95,6 +95,8 @@ static const ConfigKey KEYS[] = {
                                   "it routes (0: room for the worst case; past it rows are dropped and counted)"),
     BOOL(parallel, overlap_grad_reduce, "reduce-scatter each layer's gradients during the backward of the "
                                         "layers before it (false: all after the backward)"),
+    REAL(parallel, grad_bucket_mb, "least MB of fp32 gradients reduced at once during the backward (smaller "
+                                   "layers join the next; 0: every layer alone)"),
 };
 #define N_KEYS (sizeof KEYS / sizeof KEYS[0])
 
@@ -116,7 +118,7 @@ void config_defaults(Config *c) {
 }
 
 void config_reset_placement(Config *c) {
-    c->parallel = (ParallelConfig){.pp = 1, .ep = 1, .overlap_grad_reduce = true};
+    c->parallel = (ParallelConfig){.pp = 1, .ep = 1, .overlap_grad_reduce = true, .grad_bucket_mb = 32};
     snprintf(c->train.device, sizeof c->train.device, "cpu");
     c->train.threads = 0;
     c->train.comm_timeout = 600;
@@ -314,6 +316,9 @@ int config_validate(Config *c, MoeErr err) {
     if (c->parallel.pp < 1 || c->parallel.ep < 1)
         return moe_err(err, "parallel.pp = %d and parallel.ep = %d must be at least 1",
                        c->parallel.pp, c->parallel.ep);
+    if (!(c->parallel.grad_bucket_mb >= 0))
+        return moe_err(err, "parallel.grad_bucket_mb = %g must be >= 0 (0: a bucket per layer)",
+                       c->parallel.grad_bucket_mb);
     if (!(c->parallel.recv_capacity >= 0))
         return moe_err(err, "parallel.recv_capacity = %g must be >= 0 (0: room for the worst case; e.g. 2 "
                        "holds twice an even share)", c->parallel.recv_capacity);

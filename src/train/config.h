@@ -40,6 +40,7 @@ typedef struct {
     int ep; // expert-parallel ranks per MoE layer (divides the data-parallel size)
     int exchange; // ExchangeMode (dist/parallel.h): how expert rows travel between ranks
     bool overlap_grad_reduce; // gradient buckets reduced during the backward
+    double grad_bucket_mb;    // their least size (MB of fp32 gradients; 0: a layer each)
     double recv_capacity;     // direct exchange receive rows / routed rows (0: worst case)
 } ParallelConfig;
 

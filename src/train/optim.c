@@ -48,8 +48,12 @@ static size_t layers_from(const OptShard *s, const Model *m, int l) {
     return start;
 }
 
-void optim_grads_ready(Optimizer *o, Model *m, int l) {
-    for (int r = 0; r < PARAM_N_REGIONS; r++) reduce_grads(&o->region[r], m, layers_from(&o->region[r], m, l));
+void optim_grads_ready(Optimizer *o, Model *m, int l, size_t min_bucket) {
+    for (int r = 0; r < PARAM_N_REGIONS; r++) {
+        OptShard *s = &o->region[r];
+        size_t from = layers_from(s, m, l);
+        if (s->reduced_from - from >= min_bucket) reduce_grads(s, m, from);
+    }
 }
 
 double optim_lr(const TrainConfig *t, int step) {

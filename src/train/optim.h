@@ -27,8 +27,9 @@ typedef struct {
 // Sets up the shards of m's regions with zero moments (memory freed with the model).
 void optim_init(Optimizer *o, Model *m);
 // After the backward of held layer l for the step's last micro-batch: queues the reduction of
-// the gradients of l and the layers after it that are not queued yet (a bucket per layer).
-void optim_grads_ready(Optimizer *o, Model *m, int l);
+// the gradients of l and the layers after it that are not queued yet, once they are at least
+// min_bucket elements (a bucket per layer when layers are that large; small ones join).
+void optim_grads_ready(Optimizer *o, Model *m, int l, size_t min_bucket);
 // Learning rate of 1-based step `step`: linear warmup, then cosine or linear decay to
 // lr * min_lr_ratio at the last step, or constant.
 double optim_lr(const TrainConfig *t, int step);

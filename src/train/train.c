@@ -128,7 +128,8 @@ static LossScales loss_scales(const Config *cfg) {
 
 static void grads_ready(void *trainer, int layer) {
     Trainer *t = trainer;
-    optim_grads_ready(&t->opt, &t->model, layer);
+    size_t min_bucket = (size_t)(t->cfg.parallel.grad_bucket_mb * 1e6 / sizeof(float));
+    optim_grads_ready(&t->opt, &t->model, layer, min_bucket);
 }
 
 // The step's last micro-batch hands each layer's finished gradients to the optimizer's reduction.
@@ -369,9 +370,9 @@ static void print_banner(const Trainer *t) {
            tok, seqs, c->train.seq_len, c->train.device, omp_get_max_threads());
     printf("layout | %d ranks: pp %d x dp %d (ep %d, expert-dp %d) | rank 0 holds %zu parameters, "
            "optimizer state %s bytes", l->world, l->pp, l->dp, l->ep, l->edp, t->model.reg.total, opt);
-    if (l->dp > 1)
-        printf(" | gradients reduced %s", c->parallel.overlap_grad_reduce ? "per layer during the backward"
-                                                                          : "after the backward");
+    if (l->dp > 1 && c->parallel.overlap_grad_reduce)
+        printf(" | gradients reduced during the backward in buckets of whole layers >= %g MB", c->parallel.grad_bucket_mb);
+    else if (l->dp > 1) printf(" | gradients reduced after the backward");
     if (l->ep > 1) printf(" | expert rows %s", t->model.direct ? "written into peers' memory" : "by send/recv");
     if (l->pp > 1)
         printf(" | 1F1B bubble %.1f%% (%d micro-batches)",

@@ -18,7 +18,7 @@ TINY="model.d_model=32 model.n_layers=2 model.n_heads=2 model.n_kv_heads=1 model
       model.top_k=2 model.expert_hidden=32 model.shared_hidden=16 model.bias_gamma=0.001
       train.seq_len=32 train.micro_batch=4 train.micro_batches=4 train.steps=10 train.warmup=3
       train.lr=3e-3 train.eval_every=5 train.eval_batches=2 train.ckpt_every=5 train.log_every=1
-      train.threads=1"
+      train.threads=1 parallel.grad_bucket_mb=0"
 losses() { grep -o '"loss":[^,]*' "$1/metrics.jsonl" | cut -d: -f2; }
 val_losses() { grep -o '"val_loss": [^,]*' "$1/metrics.jsonl" | cut -d' ' -f2; }
 
@@ -51,6 +51,7 @@ layout_matches "pp=2 x dp=2 ep=2" 4 parallel.pp=2 parallel.ep=2
 layout_matches "dp=4 ep=4" 4 parallel.ep=4
 layout_matches "dp=4 ep=2" 4 parallel.ep=2
 layout_matches "dp=4 ep=2, gradients reduced after the backward" 4 parallel.ep=2 parallel.overlap_grad_reduce=false
+layout_matches "dp=4 ep=2, gradient buckets of at least 0.04 MB" 4 parallel.ep=2 parallel.grad_bucket_mb=0.04
 
 # The two ways expert rows travel give the same numbers: direct writes into the owners' shared
 # memory (the default on one node) and MPI transfers planned on the host.
@@ -127,6 +128,7 @@ expect_refused "more stages than layers" "parallel.pp = 4 stages is more than mo
 expect_refused "negative watchdog timeout" "train.comm_timeout = -1 must be >= 0" 2 train.comm_timeout=-1
 expect_refused "receive capacity with send/recv" "parallel.recv_capacity bounds the direct exchange" 2 \
     parallel.ep=2 parallel.exchange=sendrecv parallel.recv_capacity=1.5
+expect_refused "negative gradient bucket" "parallel.grad_bucket_mb = -2 must be >= 0" 2 parallel.grad_bucket_mb=-2
 expect_refused "negative receive capacity" "parallel.recv_capacity = -1 must be >= 0" 2 parallel.recv_capacity=-1
 expect_refused "micro-batch not divisible by dp" "train.micro_batch = 4 .* multiple of the data-parallel size 3" 3
 start=$SECONDS
