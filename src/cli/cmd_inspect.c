@@ -77,6 +77,17 @@ static void print_memory(const Config *cfg, int world) {
     printf("    optimizer state        %.0f bytes (this rank's shard of the AdamW moments)\n", worst[0].optimizer);
     printf("    whole plan, CPU backend (fp32)                   %.4g GiB\n", worst[0].total / GiB);
     printf("    whole plan, bf16 activations + bf16 weight copy  %.4g GiB\n", worst[1].total / GiB);
+    if (cfg->parallel.ep > 1 && cfg->parallel.recv_capacity == 0 && cfg->parallel.exchange != EXCHANGE_SENDRECV) {
+        Config bounded = *cfg; // the expert rows a rank receives are sized for the worst case
+        bounded.parallel.recv_capacity = 2;
+        double most = 0;
+        for (int rank = 0; rank < world; rank++) {
+            double total = rank_memory(&bounded, world, rank, true).total;
+            most = total > most ? total : most;
+        }
+        printf("    the same with parallel.recv_capacity=2           %.4g GiB (rows received: twice an even "
+               "share, not the worst case)\n", most / GiB);
+    }
 }
 
 int cmd_inspect(int argc, char **argv, Comm *world) {

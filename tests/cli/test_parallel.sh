@@ -113,6 +113,12 @@ if [ -n "$one" ] && [ -n "$four" ] && awk -v a="$one" -v b="$four" 'BEGIN { r = 
 else bad "optimizer state per rank: dp=4 is 1/4 of dp=1" "dp=1: '$one', dp=4: '$four'"; fi
 inspect=$(./moe inspect "$tmp/single" --world 4 2>&1)
 grep -q "optimizer state" <<<"$inspect" && ok "inspect prints per-rank memory for a layout" || bad "inspect prints per-rank memory for a layout" "$inspect"
+inspect=$(./moe inspect "$tmp/single" parallel.ep=4 --world 4 2>&1)
+whole=$(grep -oE "bf16 weight copy +[0-9.]+" <<<"$inspect" | grep -oE "[0-9.]+$")
+bounded=$(grep -oE "recv_capacity=2 +[0-9.]+" <<<"$inspect" | grep -oE "[0-9.]+$")
+if awk -v a="${whole:-0}" -v b="${bounded:-0}" 'BEGIN { exit !(b > 0 && b < a) }'; then
+    ok "inspect at ep=4: bounded receive buffers plan less ($bounded < $whole GiB)"
+else bad "inspect at ep=4: bounded receive buffers plan less" "$inspect"; fi
 
 # Impossible layouts are refused before any work, by every rank, promptly.
 expect_refused() { # NAME PATTERN NP [overrides...]
