@@ -2,8 +2,8 @@
 # The two-GPU machine's one call: build, then train the same small model on one GPU and on two
 # (data, expert and pipeline parallel over NCCL, under mpirun and under moe's own --nproc launcher),
 # compare the loss curves with the one-GPU run, and move an expert-parallel checkpoint to one GPU
-# and to CPU ranks. Modes: bench, exchange, watchdog, direct, overlap (see each); "all" runs the
-# default checks and then overlap. Numbers and logs go to $OUT.
+# and to CPU ranks. Modes: bench, exchange, watchdog, direct, overlap, ctas, capacity (see each);
+# "all" runs the default checks and then overlap. Numbers and logs go to $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/moe-gpu-out}

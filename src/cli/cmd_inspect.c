@@ -85,8 +85,9 @@ static void print_memory(const Config *cfg, int world) {
             double total = rank_memory(&bounded, world, rank, true).total;
             most = total > most ? total : most;
         }
-        printf("    the same with parallel.recv_capacity=2           %.4g GiB (rows received: twice an even "
-               "share, not the worst case)\n", most / GiB);
+        if (most < worst[1].total)
+            printf("    the same with parallel.recv_capacity=2           %.4g GiB (rows received: twice an even "
+                   "share, not the worst case)\n", most / GiB);
     }
 }
 

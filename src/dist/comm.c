@@ -11,8 +11,9 @@ void comm_reduce_scatter_part(Comm *c, const void *send, void *recv, size_t n, s
     }
     if (c->ops->group_begin) c->ops->group_begin();
     for (int r = (int)(a / n); r < c->size && (size_t)r * n < b; r++) {
-        size_t lo = a > (size_t)r * n ? a : (size_t)r * n, hi = b < (size_t)(r + 1) * n ? b : (size_t)(r + 1) * n;
-        c->ops->reduce_sum(c, comm_at(c, send, lo, t), comm_at(c, recv, lo - (size_t)r * n, t), hi - lo, t, r);
+        size_t first = (size_t)r * n, end = first + n; // rank r's block
+        size_t lo = a > first ? a : first, hi = b < end ? b : end;
+        c->ops->reduce_sum(c, comm_at(c, send, lo, t), comm_at(c, recv, lo - first, t), hi - lo, t, r);
     }
     if (c->ops->group_end) c->ops->group_end();
 }

@@ -42,7 +42,6 @@ static ncclDataType_t dtype(CommType t) {
     return t == COMM_ACT ? ncclBfloat16 : t == COMM_F32 ? ncclFloat32 : ncclInt32;
 }
 
-static size_t elem_bytes(CommType t) { return t == COMM_ACT ? 2 : 4; }
 
 static void nccl_all_reduce_sum(Comm *c, void *buf, size_t n, CommType t) {
     if (n) NCCL_CHECK(ncclAllReduce(buf, buf, n, dtype(t), ncclSum, nc(c), stream()));
@@ -66,7 +65,7 @@ static void nccl_all_gather(Comm *c, const void *send, void *recv, size_t n, Com
 // Per-peer sends and receives in one group: NCCL's all-to-all with uneven counts.
 static void nccl_all_to_all_v(Comm *c, const void *send, const size_t *send_counts, void *recv,
                               const size_t *recv_counts, CommType t) {
-    size_t es = elem_bytes(t), so = 0, ro = 0;
+    size_t es = c->elem_bytes[t], so = 0, ro = 0;
     NCCL_CHECK(ncclGroupStart());
     for (int j = 0; j < c->size; j++) {
         if (send_counts[j])
@@ -196,6 +195,7 @@ static int nccl_peer_alloc(Comm *c, size_t bytes, PeerMem *pm) {
     CUDA_CHECK(cudaMalloc((void **)&im->fence_table, (size_t)c->size * sizeof(void *)));
     CUDA_CHECK(cudaMemcpy(im->fence_table, im->fence_mem.peers, (size_t)c->size * sizeof(void *),
                           cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaDeviceSynchronize()); // the fence's stream does not wait for the legacy one
     return 0;
 }
 
@@ -243,6 +243,7 @@ static Comm *wrap(ncclComm_t comm) {
     CUDA_CHECK(cudaMalloc((void **)&im->flag, sizeof(int)));
     CUDA_CHECK(cudaMalloc((void **)&im->fence, sizeof(int)));
     CUDA_CHECK(cudaMemset(im->fence, 0, sizeof(int)));
+    CUDA_CHECK(cudaDeviceSynchronize()); // the backend's stream does not wait for the legacy one
     NCCL_CHECK(ncclCommUserRank(comm, &c->rank));
     NCCL_CHECK(ncclCommCount(comm, &c->size));
     c->ops = &NCCL_OPS;

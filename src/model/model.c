@@ -192,12 +192,7 @@ static void open_direct_exchange(Model *m, size_t T) {
     Comm *ep = m->par->ep;
     ExchangeMode mode = m->par->exchange;
     int layers = n_local_moe_layers(m);
-    if (ep->size == 1 || layers == 0) return;
-    if (mode == EXCHANGE_SENDRECV) {
-        MOE_CHECK(m->par->recv_capacity <= 0, "parallel.recv_capacity bounds the direct exchange's receive "
-                  "buffers; with parallel.exchange=sendrecv leave it at 0");
-        return;
-    }
+    if (ep->size == 1 || layers == 0 || mode == EXCHANGE_SENDRECV) return;
     size_t per_layer = exchange_piece(m, routed_rows(&m->cfg, T)) + exchange_piece(m, received_rows(m, T));
     size_t bytes = ((size_t)m->n_slots * (size_t)layers + 1) * per_layer;
     if (!ep->ops) {
@@ -205,11 +200,14 @@ static void open_direct_exchange(Model *m, size_t T) {
     } else if (ep->ops->peer_alloc && ep->ops->peer_alloc(ep, bytes, &m->exchange_mem) == 0) {
         m->bytes += bytes;
     } else {
-        if (mode == EXCHANGE_DIRECT || m->par->recv_capacity > 0)
-            moe_fatal("%s: the %d expert-parallel ranks cannot write into each other's memory (not all "
-                      "on one node, or no peer access between their devices); use parallel.exchange=auto "
-                      "or sendrecv with parallel.recv_capacity=0", mode == EXCHANGE_DIRECT ?
-                      "parallel.exchange = direct" : "parallel.recv_capacity needs the direct exchange", ep->size);
+        const char *why = "cannot write into each other's memory (not all on one node, or no peer "
+                          "access between their devices)";
+        if (mode == EXCHANGE_DIRECT)
+            moe_fatal("parallel.exchange = direct: the %d expert-parallel ranks %s; use parallel.exchange="
+                      "auto or sendrecv", ep->size, why);
+        if (m->par->recv_capacity > 0)
+            moe_fatal("parallel.recv_capacity = %g bounds the direct exchange, but the %d expert-parallel "
+                      "ranks %s; set parallel.recv_capacity=0", m->par->recv_capacity, ep->size, why);
         return;
     }
     m->direct = true;
@@ -461,9 +459,9 @@ static void plan_exchange(Model *m, LayerActs *x, void *stats, size_t T) {
     }
     size_t n = (size_t)ep->size, E = (size_t)m->cfg.n_experts;
     ep->ops->all_gather(ep, x->offsets, x->xchg.all_offsets, E + 1, COMM_I32);
+    x->xchg.kept_rows = received_rows(m, T);
     m->ops->moe_exchange_plan(x->xchg.plan, x->xchg.all_offsets, n, (size_t)m->n_experts_local,
-                              (size_t)ep->rank, received_rows(m, T),
-                              model_f32(m, stats, router_stat_dropped(E)));
+                              (size_t)ep->rank, x->xchg.kept_rows, model_f32(m, stats, router_stat_dropped(E)));
 }
 
 // Direct: each block of rows written into its owner's `out` (dispatch blocks toward the experts,
@@ -474,7 +472,7 @@ static void push_rows(Model *m, const LayerActs *x, const void *rows, void *out,
     size_t offset = (size_t)((char *)out - (char *)m->exchange_mem.base);
     MOE_ASSERT((char *)out >= (char *)m->exchange_mem.base && offset < m->exchange_mem.bytes);
     const int32_t *blocks = x->xchg.plan + m->n_experts_local + 1 + (to_experts ? 0 : 4 * E);
-    size_t R = to_experts ? routed_rows(&m->cfg, T) : received_rows(m, T);
+    size_t R = to_experts ? routed_rows(&m->cfg, T) : x->xchg.kept_rows; // rows of `rows`
     ep->ops->fence(ep);
     m->ops->moe_push_rows(m->exchange_peers, offset, rows, blocks, E, m->cfg.d_model, R);
     ep->ops->fence(ep);

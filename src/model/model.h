@@ -27,6 +27,7 @@ typedef struct {
     int32_t *offsets;                 // (El + 1) backend: expert-major row offsets of the received
     int32_t *all_offsets;             // direct: (ep, E + 1) backend, every ep rank's dispatch offsets
     int32_t *plan;                    // direct: backend, ops.h moe_exchange_plan (offsets == plan)
+    size_t kept_rows;                 // direct: rows each receive buffer holds under this plan
     size_t *send_rows, *recv_rows;    // send/recv: (ep) rows to and from each rank of the ep group
     int32_t *send_counts;             // send/recv: (ep, El) backend, rows per (destination, expert)
     int32_t *recv_counts;             // send/recv: (ep, El) backend, rows per (source, local expert)

@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dist/parallel.h"
+
 typedef enum { KEY_INT, KEY_REAL, KEY_BOOL, KEY_STR, KEY_ENUM } KeyType;
 
 typedef struct {
@@ -93,8 +95,8 @@ static const ConfigKey KEYS[] = {
                                              "memory (direct, one node), NCCL/MPI transfers (sendrecv), or auto"),
     REAL(parallel, recv_capacity, "direct exchange: rows a rank's experts can receive, in units of the rows "
                                   "it routes (0: room for the worst case; past it rows are dropped and counted)"),
-    BOOL(parallel, overlap_grad_reduce, "reduce-scatter each layer's gradients during the backward of the "
-                                        "layers before it (false: all after the backward)"),
+    BOOL(parallel, overlap_grad_reduce, "reduce-scatter gradients in buckets of whole layers during the "
+                                        "backward of the layers before them (false: all after the backward)"),
     REAL(parallel, grad_bucket_mb, "least MB of fp32 gradients reduced at once during the backward (smaller "
                                    "layers join the next; 0: every layer alone)"),
 };
@@ -322,6 +324,9 @@ int config_validate(Config *c, MoeErr err) {
     if (!(c->parallel.recv_capacity >= 0))
         return moe_err(err, "parallel.recv_capacity = %g must be >= 0 (0: room for the worst case; e.g. 2 "
                        "holds twice an even share)", c->parallel.recv_capacity);
+    if (c->parallel.recv_capacity > 0 && c->parallel.exchange == EXCHANGE_SENDRECV)
+        return moe_err(err, "parallel.recv_capacity bounds the direct exchange's receive buffers; with "
+                       "parallel.exchange=sendrecv leave it at 0");
     return 0;
 }
 

@@ -133,7 +133,8 @@ static void gather_to_first(Comm *g, const Ops *ops, const void *shard, void *fu
     }
     ops->copy(full, shard, n * ops->f32_size);
     if (g->ops->group_begin) g->ops->group_begin();
-    for (int j = 1; j < g->size; j++) g->ops->recv(g, (char *)full + (size_t)j * n * ops->f32_size, n, COMM_F32, j);
+    for (int j = 1; j < g->size; j++)
+        g->ops->recv(g, (char *)full + (size_t)j * n * ops->f32_size, n, COMM_F32, j);
     if (g->ops->group_end) g->ops->group_end();
 }
 

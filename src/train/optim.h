@@ -2,10 +2,10 @@
 // none on norms and embeddings) sharded ZeRO-1 style: each parameter region (dense, experts) is
 // replicated over a group of ranks; gradients are reduce-scattered over the group, each rank
 // updates its shard with its own moments, and the parameters are all-gathered back. The
-// reduction can run in buckets, one per layer, each started as soon as the backward of the step's
-// last micro-batch is done with that layer, on the backend's side queue (overlapping the backward
-// of the layers before it): a region is laid out in layer order and the backward runs the layers
-// in reverse, so what is final is always the region's tail.
+// reduction can run in buckets of whole layers, each started as soon as the backward of the
+// step's last micro-batch is done with them, on the backend's side queue (overlapping the
+// backward of the layers before): a region is laid out in layer order and the backward runs the
+// layers in reverse, so what is final is always the region's tail.
 #pragma once
 #include "config.h"
 #include "model/model.h"
@@ -36,8 +36,9 @@ double optim_lr(const TrainConfig *t, int step);
 // Writes this step's StepInfo (lr, step, routing-noise seed) to backend memory; call before the
 // step's forwards.
 void optim_begin_step(Model *m, const TrainConfig *t, int step);
-// Reduce-scatter of the gradients not queued yet (all of them unless optim_grads_ready ran), global gradient norm into metrics[METRIC_GRAD_NORM_SQ] (over
-// every rank), clipped AdamW on the shards, all-gather of the weights, and the loss-free bias
+// Reduce-scatter of the gradients not queued yet (all of them unless optim_grads_ready ran),
+// global gradient norm into metrics[METRIC_GRAD_NORM_SQ] (over every rank), clipped AdamW on the
+// shards, all-gather of the weights, and the loss-free bias
 // update from the step's expert loads (metrics must already hold the totals over all ranks).
 void optim_step(Optimizer *o, Model *m, const TrainConfig *t, void *metrics);
 // The full moments of a region for its checkpoint writer, the group's rank 0 (collective): m, v

@@ -128,7 +128,7 @@ static LossScales loss_scales(const Config *cfg) {
 
 static void grads_ready(void *trainer, int layer) {
     Trainer *t = trainer;
-    size_t min_bucket = (size_t)(t->cfg.parallel.grad_bucket_mb * 1e6 / sizeof(float));
+    size_t min_bucket = (size_t)(t->cfg.parallel.grad_bucket_mb * 1e6 / (double)t->model.ops->f32_size);
     optim_grads_ready(&t->opt, &t->model, layer, min_bucket);
 }
 
@@ -371,7 +371,8 @@ static void print_banner(const Trainer *t) {
     printf("layout | %d ranks: pp %d x dp %d (ep %d, expert-dp %d) | rank 0 holds %zu parameters, "
            "optimizer state %s bytes", l->world, l->pp, l->dp, l->ep, l->edp, t->model.reg.total, opt);
     if (l->dp > 1 && c->parallel.overlap_grad_reduce)
-        printf(" | gradients reduced during the backward in buckets of whole layers >= %g MB", c->parallel.grad_bucket_mb);
+        printf(" | gradients reduced during the backward in buckets of whole layers >= %g MB",
+               c->parallel.grad_bucket_mb);
     else if (l->dp > 1) printf(" | gradients reduced after the backward");
     if (l->ep > 1) printf(" | expert rows %s", t->model.direct ? "written into peers' memory" : "by send/recv");
     if (l->pp > 1)
@@ -447,10 +448,10 @@ void train_bench(const Config *cfg, Comm *world, int warmup, int steps, BenchRep
     r->graph = t.graph != NULL;
     r->memory_in_use = ops->memory_in_use();
     r->model_bytes = t.model.bytes;
-    r->loss = t.metrics_host[METRIC_CE] / ((double)cfg->train.micro_batches * cfg->train.micro_batch * cfg->train.seq_len);
     StepReport sr = {0};
     report_build(&sr, &t.cfg.model, t.metrics_host, t.cfg.train.micro_batches,
                  (size_t)t.cfg.train.micro_batch * t.cfg.train.seq_len);
+    r->loss = sr.ce;
     r->load_imbalance = report_worst_imbalance(&sr);
     r->drop_rate = report_drop_rate(&sr);
     report_free(&sr);

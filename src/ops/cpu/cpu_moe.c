@@ -254,7 +254,8 @@ void cpu_moe_push_rows(void *const *peers, size_t dst_offset, const void *in_, c
     for (size_t b = 0; b < n_blocks; b++) {
         const int32_t *k = blocks + 4 * b;
         real *dst = (real *)((char *)peers[k[2]] + dst_offset) + (size_t)k[3] * D;
-        size_t from = (size_t)k[0], rows = (size_t)k[1], kept = from >= R ? 0 : R - from < rows ? R - from : rows;
+        size_t from = (size_t)k[0], rows = (size_t)k[1];
+        size_t kept = from >= R ? 0 : R - from < rows ? R - from : rows; // rows past R were dropped
         memcpy(dst, in + from * D, kept * D * sizeof(real));
         memset(dst + kept * D, 0, (rows - kept) * D * sizeof(real));
     }

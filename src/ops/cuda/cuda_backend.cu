@@ -1,5 +1,6 @@
-// The CUDA backend: device memory on one stream, graph capture and events, and the table of CUDA
-// kernels behind the ops interface (act = bf16, f32 = float).
+// The CUDA backend: device memory and work on one main stream (plus a side stream for
+// communication that overlaps it), graph capture and events, and the table of CUDA kernels behind
+// the ops interface (act = bf16, f32 = float).
 #include <stdlib.h>
 #include <string.h>
 

@@ -1,5 +1,5 @@
 // Shared by the CUDA backend's files: error checks that name the call and where it failed, the
-// backend's one stream and library handles, bf16 helpers, and small launch and reduction helpers.
+// backend's streams and library handles, bf16 helpers, and small launch and reduction helpers.
 #pragma once
 #include <cublasLt.h>
 #include <cuda_bf16.h>

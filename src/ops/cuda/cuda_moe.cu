@@ -344,7 +344,7 @@ __global__ void regroup_rows_kernel(bf16 *out, const bf16 *in, const int32_t *st
 }
 
 // The direct exchange's plan: a thread per entry (E + 1 of them; E is at most a few hundred); each
-// block of E + 1 threads adds its dropped rows once.
+// block sums its threads' dropped rows and adds them once.
 __global__ void exchange_plan_kernel(int32_t *plan, const int32_t *all_offsets, size_t n, size_t El, size_t rank,
                                      size_t cap, float *dropped) {
     __shared__ float scratch[32];
