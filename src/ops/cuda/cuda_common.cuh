@@ -58,26 +58,22 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// Sum over the block (any multiple of 32 threads); every thread gets the result. `scratch` holds
-// 32 floats of shared memory.
-__device__ __forceinline__ float block_sum(float v, float *scratch) {
+// A reduction over the block (any multiple of 32 threads) by a warp reduction and its identity;
+// every thread gets the result. `scratch` holds 32 floats of shared memory.
+template <float (*warp_reduce)(float)>
+__device__ __forceinline__ float block_reduce(float v, float *scratch, float identity) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    v = warp_sum(v);
+    v = warp_reduce(v);
     __syncthreads();
     if (lane == 0) scratch[warp] = v;
     __syncthreads();
-    v = lane < nwarps ? scratch[lane] : 0.0f;
-    return warp_sum(v);
+    v = lane < nwarps ? scratch[lane] : identity;
+    return warp_reduce(v);
 }
 
+__device__ __forceinline__ float block_sum(float v, float *scratch) { return block_reduce<warp_sum>(v, scratch, 0.0f); }
 __device__ __forceinline__ float block_max(float v, float *scratch) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    v = lane < nwarps ? scratch[lane] : -INFINITY;
-    return warp_max(v);
+    return block_reduce<warp_max>(v, scratch, -INFINITY);
 }
 
 // 8 bf16 values (16 bytes) to and from fp32: the unit of the memory-bound kernels' loads.
