@@ -4,13 +4,9 @@
 # move checkpoints between devices, and benchmark the configs of configs/bench/. Numbers and logs
 # go to $OUT (the device tool brings them back). Stages: all (default) or a list, e.g. "build test".
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/moe-gpu-out}
-mkdir -p "$OUT" runs
+source "$(dirname "$0")/gpu_env.sh"
 STAGES=${1:-build test curves ckpt bench}
-export NCCL_NVLS_ENABLE=0 # never NVLink multicast on these machines
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-16}
-say() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 
 # The image has no Debian JSON library: unpack the carried packages (.deps) next to the build.

@@ -5,13 +5,9 @@
 # and to CPU ranks. Modes: bench, exchange, watchdog, direct, overlap, ctas, capacity (see each);
 # "all" runs the default checks and then overlap. Numbers and logs go to $OUT.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/moe-gpu-out}
-mkdir -p "$OUT" runs
-export NCCL_NVLS_ENABLE=0 OMP_NUM_THREADS=8
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+source "$(dirname "$0")/gpu_env.sh"
+export OMP_NUM_THREADS=8
 source tests/testlib.sh
-say() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 # scale-E64 on two GPUs, experts split (8 sequences per GPU, as on one GPU with micro_batch 8).
 bench_ep2() { # SECONDS [overrides...]
     local limit=$1; shift
@@ -19,7 +15,7 @@ bench_ep2() { # SECONDS [overrides...]
 }
 losses() { grep -o '"loss":[^,]*' "$1/metrics.jsonl" | cut -d: -f2; }
 
-bash scripts/gpu_check.sh build > /dev/null 2>&1 || { say "build FAILED"; tail -20 "$OUT/build.log"; exit 1; }
+build_cuda
 say "build ok; $(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l) GPUs; $(nvidia-smi topo -m | grep -m1 GPU1 | tr -s ' ')"
 
 if [ "${1:-}" = bench ]; then # expert parallelism on the benchmark shape: 8 sequences per GPU either way

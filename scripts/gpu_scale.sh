@@ -12,15 +12,11 @@
 # Each run takes 1-2 minutes (E = 128 mostly initialising 6.4B parameters), so on 8 GPUs split
 # them over calls of the device tool's 10 minutes, e.g. "8 16 32 64", then "128 random replicated".
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/moe-gpu-out}
-mkdir -p "$OUT" runs
-export NCCL_NVLS_ENABLE=0 OMP_NUM_THREADS=8
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-say() { echo "== $*" | tee -a "$OUT/summary.txt"; }
+source "$(dirname "$0")/gpu_env.sh"
+export OMP_NUM_THREADS=8
 RUNS=${*:-8 16 32 64 128 random replicated}
 
-bash scripts/gpu_check.sh build > /dev/null 2>&1 || { say "build FAILED"; tail -20 "$OUT/build.log"; exit 1; }
+build_cuda
 GPUS=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
 say "build ok; $GPUS GPUs; overrides: ${EXTRA:-none}"
 
