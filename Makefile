@@ -31,18 +31,26 @@ endif
 
 LIB_SRC  := $(wildcard src/common/*.c src/io/*.c src/model/*.c src/ops/*.c src/ops/cpu/*.c src/train/*.c) $(DIST_SRC)
 
-# CUDA backend (train.device=cuda): `make CUDA=1`, for Hopper (sm_90a) by default. NCCL from the
-# toolkit, or NCCL_HOME (e.g. a Python wheel's nvidia/nccl).
+# CUDA backend (train.device=cuda): `make CUDA=1`, for Hopper (sm_90a) by default. NCCL and cuDNN
+# from the toolkit, or NCCL_HOME / CUDNN_HOME (e.g. a Python wheel's nvidia/nccl, nvidia/cudnn).
+# The header-only CUTLASS and cuDNN frontend come from scripts/setup.sh (DEPS_INCLUDE).
 NVCC ?= nvcc
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
 CUDA_ARCH ?= -gencode=arch=compute_90a,code=sm_90a
 NVCCFLAGS ?= -O3 -lineinfo $(CUDA_ARCH)
-NVCCFLAGS += -std=c++17 -Isrc -MMD -MP -Xcompiler -Wall,-Wno-unused-parameter
 NCCL_HOME ?= $(CUDA_HOME)
+CUDNN_HOME ?= $(CUDA_HOME)
+DEPS_INCLUDE ?= .deps/include
+NVCCFLAGS += -std=c++17 -Isrc -I$(CUDNN_HOME)/include -isystem $(DEPS_INCLUDE) --expt-relaxed-constexpr -MMD -MP \
+             -Xcompiler -Wall,-Wno-unused-parameter
+lib_dirs = $(foreach d,$(1)/lib $(1)/lib64,-L$(d) -Wl,-rpath,$(d))
 ifeq ($(CUDA),1)
+ifeq ($(wildcard $(DEPS_INCLUDE)/cutlass/version.h),)
+$(error CUTLASS headers missing in $(DEPS_INCLUDE): run scripts/setup.sh (it needs nvcc on PATH))
+endif
 CFLAGS  += -DMOE_CUDA -I$(CUDA_HOME)/include -I$(NCCL_HOME)/include
-LDLIBS  += -L$(NCCL_HOME)/lib -L$(NCCL_HOME)/lib64 -Wl,-rpath,$(NCCL_HOME)/lib -Wl,-rpath,$(NCCL_HOME)/lib64 -lnccl
-LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
+LDLIBS  += $(call lib_dirs,$(NCCL_HOME)) -lnccl $(call lib_dirs,$(CUDNN_HOME)) -lcudnn
+LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lnvrtc -lcudart -lstdc++
 CU_SRC  := $(wildcard src/ops/cuda/*.cu)
 endif
 CLI_SRC  := $(wildcard src/cli/*.c)

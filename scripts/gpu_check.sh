@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The GPU machine's one call: build with CUDA, check every CUDA op and whole models against the
 # CPU backend, train the default model on GPU and CPU from the same start and compare the curves,
-# move checkpoints between devices, and benchmark the configs of configs/bench/. Numbers and logs
-# go to $OUT (the device tool brings them back). Stages: all (default) or a list, e.g. "build test".
+# move checkpoints between devices, time each kernel alone (library and built-in variants), and
+# benchmark the configs of configs/bench/. Numbers and logs go to $OUT (the device tool brings them
+# back). Stages: all (default) or a list, e.g. "build test kernels". Carry .deps/include (CUTLASS and
+# cuDNN frontend headers from scripts/setup.sh) and the .deps/*.deb JSON library packages.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
-STAGES=${1:-build test curves ckpt bench}
+STAGES=${1:-build test curves ckpt kernels bench}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-16}
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 
@@ -30,14 +32,28 @@ nccl_home() {
     export LD_LIBRARY_PATH="$d/lib:${LD_LIBRARY_PATH:-}"
 }
 
+# cuDNN: the toolkit's, else the one PyTorch's wheel carries (linked through a folder of our own).
+CUDNN_HOME=""
+cudnn_home() {
+    [ -e "$(dirname "$(command -v nvcc)")/../include/cudnn.h" ] && return
+    local d; d=$(python3 -c 'import nvidia.cudnn, os; print(os.path.dirname(nvidia.cudnn.__file__))' 2>/dev/null) || return
+    mkdir -p .deps/cudnn/lib && ln -sfn "$d"/include .deps/cudnn/include
+    for f in "$d"/lib/libcudnn*.so.9; do ln -sf "$f" .deps/cudnn/lib/; done
+    ln -sf "$d"/lib/libcudnn.so.9 .deps/cudnn/lib/libcudnn.so
+    CUDNN_HOME=$(pwd)/.deps/cudnn
+    export LD_LIBRARY_PATH="$d/lib:${LD_LIBRARY_PATH:-}"
+}
+
 if has build; then
     say "machine: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1)"
     say "nvcc: $(nvcc --version | tail -1); cc: $(cc --version | head -1)"
     jansson_flags
     nccl_home
+    cudnn_home
+    say "cuDNN: ${CUDNN_HOME:-toolkit} $(grep -h -m3 -E 'define CUDNN_(MAJOR|MINOR|PATCHLEVEL)' ${CUDNN_HOME:-$(dirname "$(command -v nvcc)")/..}/include/cudnn_version.h | awk '{printf "%s.", $3}')"
     mpi=0; command -v mpicc >/dev/null && mpi=1
     start=$SECONDS
-    make -j"$(nproc)" CUDA=1 MPI=$mpi CFLAGS_EXTRA="$CFLAGS_EXTRA" LDLIBS_EXTRA="$LDLIBS_EXTRA" ${NCCL_HOME:+NCCL_HOME=$NCCL_HOME} \
+    make -j"$(nproc)" CUDA=1 MPI=$mpi CFLAGS_EXTRA="$CFLAGS_EXTRA" LDLIBS_EXTRA="$LDLIBS_EXTRA" ${NCCL_HOME:+NCCL_HOME=$NCCL_HOME} ${CUDNN_HOME:+CUDNN_HOME=$CUDNN_HOME} \
         moe build/test_cuda build/bench_exchange data/tinyshakespeare_train.npy > "$OUT/build.log" 2>&1 \
         || { say "build FAILED"; tail -30 "$OUT/build.log"; exit 1; }
     say "build ok ($((SECONDS - start)) s, MPI=$mpi, NCCL ${NCCL_HOME:-from the toolkit})"
@@ -45,7 +61,9 @@ fi
 
 if has test; then
     timeout 300 build/test_cuda 2>&1 | tee "$OUT/test_cuda.log" | tail -60
-    say "CUDA vs CPU: $(tail -1 "$OUT/test_cuda.log")"
+    say "CUDA vs CPU (cuDNN attention, CUTLASS grouped GEMM): $(tail -1 "$OUT/test_cuda.log")"
+    MOE_KERNELS=builtin timeout 300 build/test_cuda 2>&1 | tee "$OUT/test_cuda_builtin.log" | tail -20
+    say "CUDA vs CPU (built-in kernels): $(tail -1 "$OUT/test_cuda_builtin.log")"
 fi
 
 losses() { grep -o '"loss":[^,]*' "$1/metrics.jsonl" | cut -d: -f2; }
@@ -79,6 +97,17 @@ if has ckpt; then
         cat $out.log >> "$OUT/train.log"
         say "checkpoint $1 -> $2: $(grep -c 'resumed from' $out.log) resume, steps 20/21/40 losses: $(losses $out | sed -n '20p;21p;40p' | tr '\n' ' ')"
     done
+fi
+
+if has kernels; then
+    for c in scale-E8 scale-E64; do
+        for k in default builtin; do
+            MOE_KERNELS=$([ $k = builtin ] && echo builtin) timeout 200 ./moe bench --kernels configs/bench/$c.json \
+                > runs/kernels_${c}_$k.txt 2>&1
+            echo "== kernels $c ($k)" >> "$OUT/kernels.txt"; cat runs/kernels_${c}_$k.txt >> "$OUT/kernels.txt"
+        done
+    done
+    grep -E "attention|grouped up\+gate forward|ceilings|==" "$OUT/kernels.txt" | head -40
 fi
 
 if has bench; then

@@ -1,11 +1,44 @@
 #!/usr/bin/env bash
 # Installs what moe.c needs to build and test on Debian/Ubuntu: a C compiler with OpenMP, make,
-# the jansson JSON library, and Open MPI (several ranks). Safe to run again.
+# the jansson JSON library, and Open MPI (several ranks). Where the CUDA toolkit is installed
+# (nvcc on PATH) it also fetches the header-only libraries of the CUDA build into .deps/include:
+# CUTLASS (the Hopper grouped GEMM) and the cuDNN frontend (attention), pinned and checksummed,
+# from their PyPI wheels. Safe to run again.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 packages=(build-essential libjansson-dev libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
-[ ${#missing[@]} -eq 0 ] && exit 0
 sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
-$sudo apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
+if [ ${#missing[@]} -gt 0 ]; then
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
+fi
+command -v nvcc >/dev/null || exit 0
+
+# wheel file name, sha256, folder inside the wheel whose contents go to .deps/include
+headers=(
+    "nvidia_cutlass-4.2.0.0-py3-none-any.whl f9599ada45c7bcb6bf53f7d3f0a7d154183e53451c01bfa59eecd37dd4a693f6 cutlass_library/source/include/"
+    "nvidia_cudnn_frontend-1.32.0-cp312-cp312-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl 8b354a8e550c083eb247f1eb39a7d69a4a269075f5a01e4fcbd2531680b17239 include/"
+)
+[ -e .deps/include/cutlass/version.h ] && [ -e .deps/include/cudnn_frontend.h ] && exit 0
+python3 -m pip --version >/dev/null 2>&1 || { $sudo apt-get update -qq; $sudo apt-get install -y -qq python3-pip; }
+mkdir -p .deps/wheels .deps/include
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 -d .deps/wheels nvidia-cutlass==4.2.0.0 nvidia-cudnn-frontend==1.32.0
+for h in "${headers[@]}"; do
+    set -- $h
+    echo "$2  .deps/wheels/$1" | sha256sum --check --quiet
+    python3 - ".deps/wheels/$1" "$3" <<'PY'
+import sys, zipfile, os
+wheel, prefix = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(wheel) as z:
+    for name in z.namelist():
+        if name.startswith(prefix) and not name.endswith("/"):
+            out = os.path.join(".deps/include", name[len(prefix):])
+            os.makedirs(os.path.dirname(out), exist_ok=True)
+            with open(out, "wb") as f:
+                f.write(z.read(name))
+PY
+done
+echo "CUTLASS and cuDNN frontend headers in .deps/include"

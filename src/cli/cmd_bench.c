@@ -9,15 +9,20 @@
 
 static const CliSpec SPEC = {
     .command = "moe bench",
-    .usage = "CONFIG.json [key=value ...] [--warmup N] [--steps N]",
+    .usage = "CONFIG.json [key=value ...] [--warmup N] [--steps N] [--kernels]",
     .summary = "Trains the config's model on random token ids (like the PyTorch baseline) and\n"
-               "reports tokens/s, model TFLOP/s (moe-model.md accounting: causal attention at half,\n"
+               "reports tokens/s, model TFLOP/s (docs/MODEL.md accounting: causal attention at half,\n"
                "training = 3 x forward, no recompute counted), MFU against 989 TFLOP/s (H200 dense\n"
                "bf16 datasheet) and against the measured matrix-product rate, memory, and a\n"
-               "per-phase breakdown of one more step with every kernel timed.",
+               "per-phase breakdown of one more step with every kernel timed. With --kernels, times\n"
+               "each component kernel alone on the config's shapes instead (attention, grouped\n"
+               "GEMMs with balanced, Zipf and sparse expert loads, dense GEMMs, memory-bound kernels)\n"
+               "against ceilings measured in the same run. MOE_KERNELS=builtin (or attention=builtin,\n"
+               "grouped=builtin) selects the built-in CUDA kernels instead of cuDNN's and CUTLASS's.",
     .opts = (const CliOption[]){
         {"--warmup", "N", "untimed steps first (default 3; the first runs eagerly, the second records the graph)"},
         {"--steps", "N", "timed steps (default 10)"},
+        {"--kernels", NULL, "time each component kernel alone instead of training steps"},
         {NULL}},
 };
 
@@ -55,7 +60,7 @@ static void print_report(const Config *cfg, const BenchReport *r) {
 }
 
 int cmd_bench(int argc, char **argv, Comm *world) {
-    const char *values[2] = {0};
+    const char *values[3] = {0};
     char **pos;
     int n_pos;
     cli_parse(&SPEC, argc, argv, values, &pos, &n_pos);
@@ -68,6 +73,11 @@ int cmd_bench(int argc, char **argv, Comm *world) {
     config_defaults(&cfg);
     if (config_load_file(&cfg, pos[0], err)) moe_fatal("%s", err);
     cli_override_and_validate(&cfg, n_pos - 1, pos + 1);
+    if (values[2]) {
+        cli_single_rank("moe bench --kernels", world);
+        bench_kernels(&cfg);
+        return 0;
+    }
     int warmup = values[0] ? (int)cli_number("--warmup", values[0], 2, 1000) : 3;
     int steps = values[1] ? (int)cli_number("--steps", values[1], 1, 100000) : 10;
     if (world->rank == 0) printf("moe bench %s: %d warm-up steps, %d timed\n", pos[0], warmup, steps);

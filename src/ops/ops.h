@@ -204,7 +204,8 @@ typedef struct Ops {
     // R: rows of the buffers, a bound on offsets[E] (which stays in backend memory).
     void (*grouped_matmul_forward)(void *out, const void *x, const void *w, const int32_t *offsets,
                                    size_t E, size_t N, size_t K, size_t R);
-    // dx (R, K) act = dout . w[e]; dw (E, N, K) f32 += dout^T . x per expert
+    // dx (R, K) act = dout . w[e]; dw (E, N, K) f32 += dout^T . x per expert (either skipped
+    // when NULL)
     void (*grouped_matmul_backward)(void *dx, void *dw, const void *dout, const void *x,
                                     const void *w, const int32_t *offsets, size_t E, size_t N,
                                     size_t K, size_t R);
@@ -224,6 +225,9 @@ typedef struct Ops {
     void (*adamw_update)(void *param, void *param_act, const void *grad, void *m, void *v,
                          size_t n, AdamWArgs a, const StepInfo *step, const void *grad_norm_sq);
 } Ops;
+
+// n act elements of normal(0, scale^2) values keyed by seed (ops_fill.c; waits for the copies).
+void ops_fill_random(const Ops *o, void *act, size_t n, uint64_t seed, float scale);
 
 const Ops *ops_cpu(void);
 // The CUDA backend (act = bf16) on GPU `device` (modulo the GPUs visible) when the build has it

@@ -416,11 +416,12 @@ void train_single_process(Parallel *par, const Config *cfg) {
                   model_n_moe_layers(mc) > 0, cfg->train.micro_batch);
 }
 
-// The backend's matrix-multiply rate on a square bf16 (CPU: fp32) product, from its events.
-static double matmul_tflops(const Ops *ops) {
+// The backend's matrix-multiply rate on a square bf16 (CPU: fp32) product of random values, from
+// its events.
+double train_matmul_tflops(const Ops *ops) {
     size_t n = ops->act_aliases_f32 ? 1024 : 8192, bytes = n * n * ops->act_size;
     void *a = ops->alloc(bytes), *b = ops->alloc(bytes), *c = ops->alloc(bytes);
-    ops->zero(a, bytes), ops->zero(b, bytes);
+    ops_fill_random(ops, a, n * n, 1, 1.0f), ops_fill_random(ops, b, n * n, 2, 1.0f);
     void *e0 = ops->event_create(), *e1 = ops->event_create();
     int reps = ops->act_aliases_f32 ? 2 : 10;
     for (int i = 0; i < 3; i++) ops->matmul_forward(c, a, b, n, n, n, false);
@@ -437,7 +438,7 @@ void train_bench(const Config *cfg, Comm *world, int warmup, int steps, BenchRep
     trainer_open(&t, cfg, world, NULL, true);
     const Ops *ops = t.model.ops;
     memset(r, 0, sizeof *r);
-    r->matmul_tflops = matmul_tflops(ops);
+    r->matmul_tflops = train_matmul_tflops(ops);
     for (int i = 0; i < warmup; i++) train_step(&t);
     void *e0 = ops->event_create(), *e1 = ops->event_create();
     ops->sync();

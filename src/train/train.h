@@ -37,6 +37,9 @@ typedef struct {
     int ranks;             // ranks of the run (tokens are over all of them)
 } BenchReport;
 
+// The backend's matrix-product rate (TFLOP/s) on a large square product of random values.
+double train_matmul_tflops(const Ops *ops);
+
 // Trains `warmup` then `steps` steps of cfg on random token ids (nothing written) and measures.
 void train_bench(const Config *cfg, Comm *world, int warmup, int steps, BenchReport *r);
 

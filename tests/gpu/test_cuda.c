@@ -312,6 +312,8 @@ static void test_attention(void) {
     test_attention_case((AttnDims){1, 130, 2, 2, 32});
     test_attention_case((AttnDims){2, 64, 4, 1, 64});
     test_attention_case((AttnDims){1, 200, 8, 2, 128});
+    test_attention_case((AttnDims){1, 333, 8, 2, 64});   // GQA, odd length
+    test_attention_case((AttnDims){2, 1024, 4, 4, 128}); // the benchmark's head size, several tiles
 }
 
 // ---------------------------------------------------------------- mixture of experts
@@ -419,6 +421,14 @@ static void test_grouped_case(size_t E, const int *rows, size_t N, size_t K) {
     gpu->grouped_matmul_backward(dx.g, dw.g, y.g, x.g, w.g, off.g, E, N, K, Rb);
     check("  grouped matmul backward dx", &dx, Rb * K, BF);
     check("  grouped matmul backward dw (accumulates; empty experts unchanged)", &dw, E * N * K, FP);
+    // each half alone (the other output NULL): dx again from poison, dw accumulated a second time
+    buf_poison(&dx);
+    cpu->grouped_matmul_backward(dx.c, NULL, y.c, x.c, w.c, off.c, E, N, K, Rb);
+    gpu->grouped_matmul_backward(dx.g, NULL, y.g, x.g, w.g, off.g, E, N, K, Rb);
+    check("  grouped matmul backward dx alone", &dx, Rb * K, BF);
+    cpu->grouped_matmul_backward(NULL, dw.c, y.c, x.c, w.c, off.c, E, N, K, Rb);
+    gpu->grouped_matmul_backward(NULL, dw.g, y.g, x.g, w.g, off.g, E, N, K, Rb);
+    check("  grouped matmul backward dw alone", &dw, E * N * K, FP);
     Buf *all[] = {&off, &x, &w, &y, &dx, &dw};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) buf_free(all[i]);
 }
@@ -499,6 +509,8 @@ static void test_moe(void) {
     int rows1[5] = {0, 37, 0, 130, 3}, rows2[8] = {500, 1, 0, 257, 64, 129, 0, 2000};
     test_grouped_case(5, rows1, 48, 40);
     test_grouped_case(8, rows2, 256, 128);
+    int rows3[16] = {3000, 1500, 1000, 750, 600, 500, 1, 0, 333, 300, 2, 250, 0, 7, 200, 129};
+    test_grouped_case(16, rows3, 384, 264); // Zipf-like loads, tiles cut on every edge
     int counts[6] = {2, 1, 1, 0, 0, 2}; // (source, expert), ep 3, El 2
     Buf c = buf_new(K_I32, 6), in = buf_new(K_ACT, 6 * 16), out = buf_new(K_ACT, 6 * 16);
     for (int i = 0; i < 6; i++) c.ref[i] = (float)counts[i];

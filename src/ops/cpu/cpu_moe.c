@@ -278,8 +278,8 @@ void cpu_grouped_matmul_backward(void *dx_, void *dw_, const void *dout_, const 
     const real *dout = dout_, *x = x_, *w = w_;
     for (size_t e = 0; e < E; e++) {
         size_t r0 = (size_t)offsets[e], n = (size_t)(offsets[e + 1] - offsets[e]);
-        cpu_gemm(false, false, n, K, N, 1, dout + r0 * N, N, w + e * N * K, K, 0, dx + r0 * K, K);
-        cpu_gemm(true, false, N, K, n, 1, dout + r0 * N, N, x + r0 * K, K, 1, dw + e * N * K, K);
+        if (dx) cpu_gemm(false, false, n, K, N, 1, dout + r0 * N, N, w + e * N * K, K, 0, dx + r0 * K, K);
+        if (dw) cpu_gemm(true, false, N, K, n, 1, dout + r0 * N, N, x + r0 * K, K, 1, dw + e * N * K, K);
     }
 }
 

@@ -1,7 +1,9 @@
 // CUDA kernels for attention: QK-norm + RoPE on packed qkv rows, and causal grouped-query flash
 // attention (forward keeps only each row's log-sum-exp; backward recomputes the probabilities).
-// Tiles of 64 queries x 64 keys go through tensor cores (mma.sync) with the scores, probabilities
-// and accumulators in registers, as FlashAttention-2 does.
+// Attention runs through cuDNN (cuda_attention_cudnn.cu) where it has an engine for the shape;
+// the built-in kernels here serve the other shapes and GPUs: tiles of 64 queries x 64 keys through
+// tensor cores (mma.sync) with the scores, probabilities and accumulators in registers, as
+// FlashAttention-2 does.
 #include "cuda_common.cuh"
 #include "cuda_mma.cuh"
 #include "cuda_ops.h"
@@ -467,6 +469,7 @@ static void attention_backward_hd(void *dqkv, const void *dout, const void *qkv,
 
 extern "C" void cuda_attention_forward(void *out, void *lse, const void *qkv, AttnDims d) {
     if (!d.B || !d.S) return;
+    if (!cuda_ctx.builtin_attention && cuda_attention_forward_cudnn(out, lse, qkv, d)) return;
 #define FWD(HD) attention_forward_hd<HD>(out, lse, qkv, d)
     DISPATCH_HD(d.hd, FWD)
 #undef FWD
@@ -475,6 +478,7 @@ extern "C" void cuda_attention_forward(void *out, void *lse, const void *qkv, At
 extern "C" void cuda_attention_backward(void *dqkv, const void *dout, const void *qkv, const void *out,
                                         const void *lse, AttnDims d) {
     if (!d.B || !d.S) return;
+    if (!cuda_ctx.builtin_attention && cuda_attention_backward_cudnn(dqkv, dout, qkv, out, lse, d, false)) return;
 #define BWD(HD) attention_backward_hd<HD>(dqkv, dout, qkv, out, lse, d)
     DISPATCH_HD(d.hd, BWD)
 #undef BWD

@@ -9,11 +9,24 @@
 
 CudaContext cuda_ctx;
 
+// MOE_KERNELS=builtin (every choice), or a comma list of attention=builtin|cudnn and
+// grouped=builtin|cutlass: lets one build compare kernel variants. The CUTLASS grouped GEMM needs
+// a Hopper GPU (compute capability 9.0); elsewhere the built-in kernel runs.
+static void cuda_choose_kernels(int major) {
+    const char *k = getenv("MOE_KERNELS");
+    bool all = k && !strcmp(k, "builtin");
+    cuda_ctx.builtin_attention = all || (k && strstr(k, "attention=builtin"));
+    cuda_ctx.builtin_grouped = all || (k && strstr(k, "grouped=builtin")) || major != 9;
+}
+
 void cuda_init(void) {
     if (cuda_ctx.main) return;
     int device = 0;
     CUDA_CHECK(cudaGetDevice(&device));
     CUDA_CHECK(cudaDeviceGetAttribute(&cuda_ctx.sm_count, cudaDevAttrMultiProcessorCount, device));
+    int major = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    cuda_choose_kernels(major);
     CUDA_CHECK(cudaStreamCreateWithFlags(&cuda_ctx.main, cudaStreamNonBlocking));
     CUDA_CHECK(cudaStreamCreateWithFlags(&cuda_ctx.side, cudaStreamNonBlocking));
     CUDA_CHECK(cudaEventCreateWithFlags(&cuda_ctx.fork, cudaEventDisableTiming));

@@ -35,6 +35,9 @@ typedef struct {
     void *workspace;
     size_t workspace_bytes;
     int sm_count;
+    // Kernel choices (cuda_init, from the device and the MOE_KERNELS environment variable):
+    // library kernels (cuDNN attention, CUTLASS sm90 grouped GEMM) or the built-in mma.sync ones.
+    bool builtin_attention, builtin_grouped;
 } CudaContext;
 
 extern CudaContext cuda_ctx;

@@ -1,7 +1,9 @@
 // Matrix products on the GPU. Dense layers go through cuBLASLt (bf16 inputs, fp32 accumulation;
-// weight gradients accumulate into fp32). Experts go through our own grouped GEMM: tensor cores
-// (mma.sync, a 3-stage cp.async pipeline) over tiles that each block assigns itself from the per-expert row offsets in device
-// memory, so no count ever travels to the host and one launch covers every expert.
+// weight gradients accumulate into fp32). Experts go through a grouped GEMM that reads the
+// per-expert row offsets in device memory, so no count ever travels to the host and one launch
+// covers every expert: on Hopper CUTLASS's wgmma kernel (cuda_grouped_sm90.cu), elsewhere (or with
+// MOE_KERNELS=grouped=builtin) the built-in one below: tensor cores (mma.sync, a 3-stage cp.async
+// pipeline) over tiles that each block assigns itself from the offsets.
 #include "cuda_common.cuh"
 #include "cuda_mma.cuh"
 #include "cuda_ops.h"
@@ -260,16 +262,22 @@ static void grouped_launch(const GroupedArgs &g, size_t max_rows) {
 // out (R, N) = x (R, K) w[e] (N, K)^T
 extern "C" void cuda_grouped_matmul_forward(void *out, const void *x, const void *w, const int32_t *offsets,
                                             size_t E, size_t N, size_t K, size_t R) {
+    if (!cuda_ctx.builtin_grouped) return cuda_grouped_sm90(GROUPED_FWD, x, w, out, offsets, E, N, K);
     GroupedArgs g = {(const bf16 *)x, (const bf16 *)w, out, K, K, N, N * K, 0, offsets, (int)E, 0, (int)N, (int)K, false};
     grouped_launch<false, true, false>(g, R);
 }
 
 extern "C" void cuda_grouped_matmul_backward(void *dx, void *dw, const void *dout, const void *x, const void *w,
                                              const int32_t *offsets, size_t E, size_t N, size_t K, size_t R) {
+    if (!cuda_ctx.builtin_grouped) {
+        if (dx) cuda_grouped_sm90(GROUPED_DGRAD, dout, w, dx, offsets, E, N, K);
+        if (dw) cuda_grouped_sm90(GROUPED_WGRAD, dout, x, dw, offsets, E, N, K);
+        return;
+    }
     // dx (R, K) = dout (R, N) w[e] (N, K)
     GroupedArgs gx = {(const bf16 *)dout, (const bf16 *)w, dx, N, K, K, N * K, 0, offsets, (int)E, 0, (int)K, (int)N, false};
-    grouped_launch<false, false, false>(gx, R);
+    if (dx) grouped_launch<false, false, false>(gx, R);
     // dw[e] (N, K) += dout^T (N, rows) x (rows, K)
     GroupedArgs gw = {(const bf16 *)dout, (const bf16 *)x, dw, N, K, K, 0, N * K, offsets, (int)E, (int)N, (int)K, 0, true};
-    grouped_launch<true, false, true>(gw, 0);
+    if (dw) grouped_launch<true, false, true>(gw, 0);
 }

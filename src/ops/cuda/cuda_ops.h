@@ -39,6 +39,13 @@ void cuda_grouped_matmul_forward(void *out, const void *x, const void *w, const 
 void cuda_grouped_matmul_backward(void *dx, void *dw, const void *dout, const void *x, const void *w,
                                   const int32_t *offsets, size_t E, size_t N, size_t K, size_t R);
 
+// Hopper grouped GEMM (cuda_grouped_sm90.cu, CUTLASS) on at most GROUPED_MAX_E experts: FWD out = a
+// . b[e]^T, DGRAD d = a . b[e], WGRAD d[e] += a^T . b over each expert's rows (see the file).
+#define GROUPED_MAX_E 1024
+typedef enum { GROUPED_FWD, GROUPED_DGRAD, GROUPED_WGRAD } GroupedOp;
+void cuda_grouped_sm90(GroupedOp op, const void *a, const void *b, void *d, const int32_t *offsets,
+                       size_t E, size_t N, size_t K);
+
 // attention (cuda_attention.cu)
 void cuda_qkv_norm_rope_forward(void *qkv, void *rstd, const void *qkv_raw, const void *wq,
                                 const void *wk, const void *rope, AttnDims d, QkNorm mode, float eps);
@@ -48,6 +55,10 @@ void cuda_qkv_norm_rope_backward(void *dqkv_raw, void *dwq, void *dwk, const voi
 void cuda_attention_forward(void *out, void *lse, const void *qkv, AttnDims d);
 void cuda_attention_backward(void *dqkv, const void *dout, const void *qkv, const void *out,
                              const void *lse, AttnDims d);
+// The same through cuDNN (cuda_attention_cudnn.cu); false when cuDNN has no engine for the shape.
+bool cuda_attention_forward_cudnn(void *out, void *lse, const void *qkv, AttnDims d);
+bool cuda_attention_backward_cudnn(void *dqkv, const void *dout, const void *qkv, const void *out,
+                                   const void *lse, AttnDims d, bool deterministic);
 
 // mixture of experts (cuda_moe.cu)
 void cuda_router_forward(void *scores, int32_t *topk_idx, void *topk_w, int32_t *counts, void *aux,

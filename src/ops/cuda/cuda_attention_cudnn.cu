@@ -1,0 +1,149 @@
+// Causal grouped-query attention through cuDNN's fused flash attention (the frontend's SDPA graph):
+// on Hopper its engines use wgmma and TMA. Q, K and V are read in place from the packed qkv rows
+// and dQ, dK, dV written in place into the packed gradient rows (strided tensors, no copies); the
+// forward keeps each row's log-sum-exp (cuDNN's softmax "stats", natural log of the scaled scores,
+// the same quantity as the CPU backend's lse). One graph per shape and direction is built on first
+// use (before any step is recorded) and executed with the tensors' addresses afterwards.
+#include <cudnn_frontend.h>
+
+#include <math.h>
+#include <stdio.h>
+
+#include "cuda_common.cuh"
+#include "cuda_ops.h"
+
+namespace fe = cudnn_frontend;
+
+enum { UID_Q = 1, UID_K, UID_V, UID_O, UID_STATS, UID_DO, UID_DQ, UID_DK, UID_DV };
+
+typedef struct {
+    AttnDims d;
+    bool backward, deterministic;
+    std::shared_ptr<fe::graph::Graph> graph; // NULL: cuDNN cannot run this shape
+    int64_t workspace;
+} SdpaPlan;
+
+#define SDPA_CACHE 16
+static SdpaPlan sdpa_cache[SDPA_CACHE];
+static int sdpa_cached;
+static cudnnHandle_t sdpa_handle;
+
+static bool same_dims(AttnDims a, AttnDims b) {
+    return a.B == b.B && a.S == b.S && a.Hq == b.Hq && a.Hkv == b.Hkv && a.hd == b.hd;
+}
+
+// (B, heads, S, hd) view of `heads` heads from column `col` of rows of `row` elements.
+static std::shared_ptr<fe::graph::Tensor_attributes> sdpa_tensor(fe::graph::Graph &g, const char *name, int uid,
+                                                                 AttnDims d, size_t heads, size_t row) {
+    int64_t B = (int64_t)d.B, S = (int64_t)d.S, H = (int64_t)heads, hd = (int64_t)d.hd, C = (int64_t)row;
+    return g.tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim({B, H, S, hd}).set_stride(
+        {S * C, hd, C, 1}));
+}
+
+static void sdpa_set_output(std::shared_ptr<fe::graph::Tensor_attributes> t, int uid, AttnDims d, size_t heads,
+                            size_t row) {
+    int64_t B = (int64_t)d.B, S = (int64_t)d.S, H = (int64_t)heads, hd = (int64_t)d.hd, C = (int64_t)row;
+    t->set_output(true).set_uid(uid).set_dim({B, H, S, hd}).set_stride({S * C, hd, C, 1});
+}
+
+static bool fe_ok(fe::error_t e, std::string *why) {
+    if (!e.is_good()) *why = e.get_message();
+    return e.is_good();
+}
+
+// The forward or backward graph of shape d, or NULL (with the reason printed once) when cuDNN has
+// no engine for it.
+static std::shared_ptr<fe::graph::Graph> sdpa_build(AttnDims d, bool backward, bool deterministic, int64_t *ws) {
+    auto g = std::make_shared<fe::graph::Graph>();
+    g->set_io_data_type(fe::DataType_t::BFLOAT16)
+        .set_intermediate_data_type(fe::DataType_t::FLOAT)
+        .set_compute_data_type(fe::DataType_t::FLOAT);
+    size_t C = (d.Hq + 2 * d.Hkv) * d.hd, Dq = d.Hq * d.hd;
+    float scale = 1.0f / sqrtf((float)d.hd);
+    auto q = sdpa_tensor(*g, "Q", UID_Q, d, d.Hq, C), k = sdpa_tensor(*g, "K", UID_K, d, d.Hkv, C);
+    auto v = sdpa_tensor(*g, "V", UID_V, d, d.Hkv, C);
+    if (!backward) {
+        auto opts = fe::graph::SDPA_attributes().set_name("attention").set_generate_stats(true).set_causal_mask(true).set_attn_scale(scale);
+        auto [o, stats] = g->sdpa(q, k, v, opts);
+        sdpa_set_output(o, UID_O, d, d.Hq, Dq);
+        stats->set_output(true).set_uid(UID_STATS).set_data_type(fe::DataType_t::FLOAT);
+    } else {
+        auto o = sdpa_tensor(*g, "O", UID_O, d, d.Hq, Dq), dO = sdpa_tensor(*g, "dO", UID_DO, d, d.Hq, Dq);
+        int64_t B = (int64_t)d.B, H = (int64_t)d.Hq, S = (int64_t)d.S;
+        auto stats = g->tensor(fe::graph::Tensor_attributes().set_name("stats").set_uid(UID_STATS).set_dim({B, H, S, 1}).set_stride(
+            {H * S, S, 1, 1}).set_data_type(fe::DataType_t::FLOAT));
+        auto opts = fe::graph::SDPA_backward_attributes().set_name("attention_backward").set_causal_mask(true).set_attn_scale(
+            scale).set_deterministic_algorithm(deterministic);
+        auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dO, stats, opts);
+        sdpa_set_output(dq, UID_DQ, d, d.Hq, C), sdpa_set_output(dk, UID_DK, d, d.Hkv, C);
+        sdpa_set_output(dv, UID_DV, d, d.Hkv, C);
+    }
+    std::string why;
+    bool ok = fe_ok(g->validate(), &why) && fe_ok(g->build_operation_graph(sdpa_handle), &why) &&
+              fe_ok(g->create_execution_plans({fe::HeurMode_t::A}), &why) && fe_ok(g->check_support(sdpa_handle), &why) &&
+              fe_ok(g->build_plans(sdpa_handle), &why) && fe_ok(g->get_workspace_size(*ws), &why);
+    if (!ok) {
+        fprintf(stderr, "note: cuDNN attention %s (B %zu, S %zu, heads %zu/%zu, hd %zu) not available: %s; using the "
+                        "built-in kernel\n", backward ? "backward" : "forward", d.B, d.S, d.Hq, d.Hkv, d.hd, why.c_str());
+        return nullptr;
+    }
+    return g;
+}
+
+static const SdpaPlan *sdpa_plan(AttnDims d, bool backward, bool deterministic) {
+    for (int i = 0; i < sdpa_cached; i++) {
+        const SdpaPlan *p = &sdpa_cache[i];
+        if (same_dims(p->d, d) && p->backward == backward && p->deterministic == deterministic) return p;
+    }
+    if (!sdpa_handle) {
+        cudnnStatus_t st = cudnnCreate(&sdpa_handle);
+        if (st != CUDNN_STATUS_SUCCESS) moe_fatal("cudnnCreate failed: %s", cudnnGetErrorString(st));
+    }
+    SdpaPlan *p = &sdpa_cache[sdpa_cached < SDPA_CACHE ? sdpa_cached++ : SDPA_CACHE - 1];
+    p->d = d, p->backward = backward, p->deterministic = deterministic, p->workspace = 0;
+    p->graph = sdpa_build(d, backward, deterministic, &p->workspace);
+    return p;
+}
+
+// Grow-only workspace, sized by the first call of each shape (before any step is recorded).
+static void *sdpa_workspace(int64_t bytes) {
+    static void *buf;
+    static int64_t have;
+    if (bytes > have) {
+        if (buf) CUDA_CHECK(cudaFree(buf));
+        CUDA_CHECK(cudaMalloc(&buf, (size_t)bytes));
+        have = bytes;
+    }
+    return buf;
+}
+
+static bool sdpa_run(const SdpaPlan *p, std::unordered_map<int64_t, void *> &ptrs) {
+    if (!p->graph) return false;
+    cudnnStatus_t st = cudnnSetStream(sdpa_handle, cuda_ctx.stream);
+    if (st != CUDNN_STATUS_SUCCESS) moe_fatal("cudnnSetStream failed: %s", cudnnGetErrorString(st));
+    fe::error_t err = p->graph->execute(sdpa_handle, ptrs, sdpa_workspace(p->workspace));
+    if (!err.is_good()) moe_fatal("cuDNN attention failed: %s", err.get_message().c_str());
+    return true;
+}
+
+extern "C" bool cuda_attention_forward_cudnn(void *out, void *lse, const void *qkv, AttnDims d) {
+    const bf16 *q = (const bf16 *)qkv;
+    std::unordered_map<int64_t, void *> ptrs = {{UID_Q, (void *)q},
+                                                {UID_K, (void *)(q + d.Hq * d.hd)},
+                                                {UID_V, (void *)(q + (d.Hq + d.Hkv) * d.hd)},
+                                                {UID_O, out},
+                                                {UID_STATS, lse}};
+    return sdpa_run(sdpa_plan(d, false, false), ptrs);
+}
+
+extern "C" bool cuda_attention_backward_cudnn(void *dqkv, const void *dout, const void *qkv, const void *out,
+                                              const void *lse, AttnDims d, bool deterministic) {
+    const bf16 *q = (const bf16 *)qkv;
+    bf16 *dq = (bf16 *)dqkv;
+    size_t k_col = d.Hq * d.hd, v_col = (d.Hq + d.Hkv) * d.hd;
+    std::unordered_map<int64_t, void *> ptrs = {
+        {UID_Q, (void *)q},       {UID_K, (void *)(q + k_col)}, {UID_V, (void *)(q + v_col)},
+        {UID_O, (void *)out},     {UID_DO, (void *)dout},      {UID_STATS, (void *)lse},
+        {UID_DQ, dq},             {UID_DK, dq + k_col},        {UID_DV, dq + v_col}};
+    return sdpa_run(sdpa_plan(d, true, deterministic), ptrs);
+}
