@@ -41,7 +41,7 @@ NVCCFLAGS ?= -O3 -lineinfo $(CUDA_ARCH)
 NCCL_HOME ?= $(CUDA_HOME)
 CUDNN_HOME ?= $(CUDA_HOME)
 DEPS_INCLUDE ?= .deps/include
-NVCCFLAGS += -std=c++17 -Isrc -I$(CUDNN_HOME)/include -isystem $(DEPS_INCLUDE) --expt-relaxed-constexpr -MMD -MP \
+NVCCFLAGS += -std=c++17 -DNDEBUG -Isrc -I$(CUDNN_HOME)/include -isystem $(DEPS_INCLUDE) --expt-relaxed-constexpr -MMD -MP \
              -Xcompiler -Wall,-Wno-unused-parameter
 lib_dirs = $(foreach d,$(1)/lib $(1)/lib64,-L$(d) -Wl,-rpath,$(d))
 ifeq ($(CUDA),1)

@@ -101,7 +101,7 @@ fi
 
 if has kernels; then
     for c in scale-E8 scale-E64; do
-        for k in default builtin; do
+        for k in ${KERNEL_VARIANTS:-default builtin}; do
             MOE_KERNELS=$([ $k = builtin ] && echo builtin) timeout 200 ./moe bench --kernels configs/bench/$c.json \
                 > runs/kernels_${c}_$k.txt 2>&1
             echo "== kernels $c ($k)" >> "$OUT/kernels.txt"; cat runs/kernels_${c}_$k.txt >> "$OUT/kernels.txt"
@@ -111,10 +111,13 @@ if has kernels; then
 fi
 
 if has bench; then
-    for c in scale-E8 scale-E64 olmoe-L8; do
-        timeout 240 ./moe bench configs/bench/$c.json > runs/bench_$c.txt 2>&1
-        say "bench $c: $(grep -E '^throughput|^memory' runs/bench_$c.txt | tr -s ' ' | tr '\n' ';')"
-        cat runs/bench_$c.txt | tee -a "$OUT/bench.txt"
+    # the three configs of the PyTorch baseline, then scale-E8 at sequence 16384 (same tokens a step)
+    for spec in scale-E8 scale-E64 olmoe-L8 "scale-E8 train.seq_len=16384 train.micro_batch=2"; do
+        set -- $spec
+        name=$(echo "$spec" | tr ' =' '_-')
+        timeout 240 ./moe bench configs/bench/$1.json "${@:2}" > runs/bench_$name.txt 2>&1
+        say "bench $spec: $(grep -E '^throughput|^memory' runs/bench_$name.txt | tr -s ' ' | tr '\n' ';')"
+        cat runs/bench_$name.txt | tee -a "$OUT/bench.txt"
     done
 fi
 cat "$OUT/summary.txt"

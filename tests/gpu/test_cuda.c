@@ -247,6 +247,12 @@ static void test_optimizer(void) {
     size_t bad = 0;
     for (size_t i = 0; i < n; i++) bad += pb[i] != round_bf16(pg[i]);
     if (bad) FAIL("adamw bf16 copy: %zu of %zu differ from the rounded fp32 weights", bad, n);
+    // a second step from element 1 on: arrays off 16-byte alignment take the scalar path
+    size_t f = gpu->f32_size, h = gpu->act_size;
+    cpu->adamw_update((float *)p.c + 1, NULL, (float *)g.c + 1, (float *)m.c + 1, (float *)v.c + 1, n - 1, a, si.c, ss.c);
+    gpu->adamw_update((char *)p.g + f, (char *)pa.g + h, (char *)g.g + f, (char *)m.g + f, (char *)v.g + f, n - 1, a,
+                      si.g, ss.g);
+    check("adamw params, unaligned", &p, n, 1e-5, 1e-6), check("adamw m, unaligned", &m, n, 1e-5, 1e-6);
     free(pg), free(pb);
     Buf bias = buf_new(K_F32, 9), loads = buf_new(K_F32, 9);
     buf_random(&bias, 24, 0.1), buf_random(&loads, 25, 10);
@@ -298,6 +304,10 @@ static void test_attention_case(AttnDims d) {
     cpu->attention_forward(out.c, lse.c, qkv.c, d), gpu->attention_forward(out.g, lse.g, qkv.g, d);
     snprintf(what, sizeof what, "attention forward B%zu S%zu Hq%zu Hkv%zu hd%zu", d.B, d.S, d.Hq, d.Hkv, d.hd);
     check(what, &out, T * Dq, BF), check("  attention lse", &lse, d.B * d.Hq * d.S, 1e-3, 1e-4);
+    // The backward from the same inputs on both: the GPU's bf16 forward output (the row dots
+    // rowsum(dO * O) of a bf16 O differ systematically from fp32 ones, and a long GQA row sums
+    // that difference into dK coherently).
+    gpu->download_act(out.ref, out.g, T * Dq), buf_push(&out);
     buf_random(&dout, 37, 1), buf_poison(&dq);
     cpu->attention_backward(dq.c, dout.c, qkv.c, out.c, lse.c, d);
     gpu->attention_backward(dq.g, dout.g, qkv.g, out.g, lse.g, d);

@@ -72,24 +72,37 @@ template <class Stride> __device__ Stride packed_stride(int64_t ld) {
 //   FWD   out (rows, N) = x (rows, K) . w[e] (N, K)^T
 //   DGRAD dx (rows, K) = dout (rows, N) . w[e] (N, K)
 //   WGRAD dw[e] (N, K) += dout (rows, N)^T . x (rows, K)   (an expert without rows has no tiles)
+// The persistent grid hands out tiles in table order, CTA i taking tiles i, i + grid, ... A weight
+// gradient tile costs its expert's row count, so there the table lists the experts by falling
+// row count (longest first: the tiles of the large experts spread over all CTAs instead of piling
+// onto some when the loads are skewed); the other products' tiles cost the same, in expert order.
+// One block: e's slot is the number of experts before it in that order.
 template <class G, GroupedOp OP>
 __global__ void grouped_sm90_prepare(typename G::Table *t, const bf16 *a, const bf16 *b, void *d,
                                      const int32_t *offsets, int E, int N, int K) {
-    int e = blockIdx.x * blockDim.x + threadIdx.x;
-    if (e >= E) return;
-    int64_t row0 = offsets[e], rows = offsets[e + 1] - row0;
-    const cutlass::bfloat16_t *A = (const cutlass::bfloat16_t *)a, *B = (const cutlass::bfloat16_t *)b;
-    typename G::Out *D = (typename G::Out *)d;
-    int64_t lda = OP == GROUPED_FWD ? K : N, ldd = OP == GROUPED_FWD ? N : K;
-    if (OP == GROUPED_FWD) t->shape[e] = {(int)rows, N, K};
-    else if (OP == GROUPED_DGRAD) t->shape[e] = {(int)rows, K, N};
-    else t->shape[e] = {rows ? N : 0, K, (int)rows};
-    t->a[e] = A + row0 * lda;
-    t->b[e] = OP == GROUPED_WGRAD ? B + row0 * K : B + (int64_t)e * N * K;
-    t->d[e] = OP == GROUPED_WGRAD ? D + (int64_t)e * N * K : D + row0 * ldd;
-    t->sa[e] = packed_stride<typename G::StrideA>(lda);
-    t->sb[e] = packed_stride<typename G::StrideB>(K);
-    t->sd[e] = packed_stride<typename G::StrideD>(ldd);
+    __shared__ int32_t rows_of[GROUPED_MAX_E];
+    for (int e = threadIdx.x; e < E; e += blockDim.x) rows_of[e] = offsets[e + 1] - offsets[e];
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        int64_t row0 = offsets[e], rows = rows_of[e];
+        int slot = e;
+        if (OP == GROUPED_WGRAD) {
+            slot = 0;
+            for (int j = 0; j < E; j++) slot += rows_of[j] > rows || (rows_of[j] == rows && j < e);
+        }
+        const cutlass::bfloat16_t *A = (const cutlass::bfloat16_t *)a, *B = (const cutlass::bfloat16_t *)b;
+        typename G::Out *D = (typename G::Out *)d;
+        int64_t lda = OP == GROUPED_FWD ? K : N, ldd = OP == GROUPED_FWD ? N : K;
+        if (OP == GROUPED_FWD) t->shape[slot] = {(int)rows, N, K};
+        else if (OP == GROUPED_DGRAD) t->shape[slot] = {(int)rows, K, N};
+        else t->shape[slot] = {rows ? N : 0, K, (int)rows};
+        t->a[slot] = A + row0 * lda;
+        t->b[slot] = OP == GROUPED_WGRAD ? B + row0 * K : B + (int64_t)e * N * K;
+        t->d[slot] = OP == GROUPED_WGRAD ? D + (int64_t)e * N * K : D + row0 * ldd;
+        t->sa[slot] = packed_stride<typename G::StrideA>(lda);
+        t->sb[slot] = packed_stride<typename G::StrideB>(K);
+        t->sd[slot] = packed_stride<typename G::StrideD>(ldd);
+    }
 }
 
 #define CUTLASS_CHECK(call)                                                                        \
@@ -110,7 +123,7 @@ static void grouped_sm90_run(const void *a, const void *b, void *d, const int32_
     static int ready_E;
     if (E > GROUPED_MAX_E) moe_fatal("grouped GEMM: %d experts, at most %d", E, GROUPED_MAX_E);
     if (!table) CUDA_CHECK(cudaMalloc(&table, sizeof *table));
-    grouped_sm90_prepare<G, OP><<<cuda_blocks((size_t)E, 128), 128, 0, cuda_ctx.stream>>>(
+    grouped_sm90_prepare<G, OP><<<1, 256, 0, cuda_ctx.stream>>>(
         table, (const bf16 *)a, (const bf16 *)b, d, offsets, E, N, K);
     CUDA_LAUNCH_CHECK();
     if (ready_E != E) {
