@@ -724,6 +724,33 @@ static void test_prepare_errors(void) {
     tmp_dir_remove(dir);
 }
 
+// An output that is the input (by any path: the same name, "./", a hard or symbolic link), or two
+// outputs that are one file, are refused before anything is written: the text stays whole.
+static void test_prepare_own_input(void) {
+    char dir[64], in[PATH_MAX], out[PATH_MAX], alias[PATH_MAX + 8], link_path[PATH_MAX];
+    MoeErr err;
+    tmp_dir_make(dir, sizeof dir);
+    static const char text[] = "notes\nmore notes\n";
+    write_text(tmp_path(in, dir, "notes.txt"), text);
+    tmp_path(out, dir, "out.npy");
+    snprintf(alias, sizeof alias, "%s/./notes.txt", dir);
+    CHECK_ERR(data_prepare_bytes(in, in, NULL, 0, err), err, "is the input file", "notes.txt");
+    CHECK_ERR(data_prepare_bytes(in, alias, NULL, 0, err), err, "is the input file");
+    CHECK_ERR(data_prepare_bytes(in, out, alias, 0.5, err), err, "is the input file");
+    MOE_CHECK(link(in, tmp_path(link_path, dir, "hard.npy")) == 0, "link: %s", strerror(errno));
+    CHECK_ERR(data_prepare_bytes(in, link_path, NULL, 0, err), err, "hard.npy is the input file");
+    MOE_CHECK(symlink(in, tmp_path(link_path, dir, "soft.npy")) == 0, "symlink: %s", strerror(errno));
+    CHECK_ERR(data_prepare_bytes(in, out, link_path, 0.5, err), err, "soft.npy is the input file");
+    snprintf(alias, sizeof alias, "%s/../%s/out.npy", dir, strrchr(dir, '/') + 1);
+    CHECK_ERR(data_prepare_bytes(in, out, alias, 0.5, err), err, "are the same file");
+    size_t n;
+    uint8_t *kept = read_whole(in, &n);
+    CHECK_MSG(n == strlen(text) && kept && !memcmp(kept, text, n), "the input changed (%zu bytes)", n);
+    free(kept);
+    CHECK_MSG(!file_exists(out), "%s written by a refused run", out);
+    tmp_dir_remove(dir);
+}
+
 const TestCase data_tests[] = {
     {"data_headerless_u16", test_headerless_u16},
     {"data_headerless_u32", test_headerless_u32},
@@ -739,5 +766,6 @@ const TestCase data_tests[] = {
     {"data_shuffle", test_shuffle},
     {"data_prepare_round_trip", test_prepare_round_trip},
     {"data_prepare_errors", test_prepare_errors},
+    {"data_prepare_own_input", test_prepare_own_input},
     {0},
 };

@@ -65,6 +65,27 @@ bool fs_is_dir(const char *path) {
     return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+// The folder of path ("." when it has none) into dir; returns the last component.
+static const char *fs_split(const char *path, char *dir, size_t len) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(dir, len, ".");
+    else if (slash == path) snprintf(dir, len, "/");
+    else snprintf(dir, len, "%.*s", (int)(slash - path), path);
+    return slash ? slash + 1 : path;
+}
+
+static bool fs_same_inode(const char *a, const char *b) {
+    struct stat sa, sb;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+bool fs_same_file(const char *a, const char *b) {
+    if (fs_exists(a) || fs_exists(b)) return fs_same_inode(a, b);
+    char dir_a[4096], dir_b[4096];
+    const char *name_a = fs_split(a, dir_a, sizeof dir_a), *name_b = fs_split(b, dir_b, sizeof dir_b);
+    return !strcmp(name_a, name_b) && fs_same_inode(dir_a, dir_b);
+}
+
 int fs_write_json_synced(const char *path, json_t *root, MoeErr err) {
     FILE *f = fopen(path, "w");
     if (!f) return moe_err(err, "%s: cannot write (%s)", path, strerror(errno));

@@ -10,6 +10,10 @@ int fs_fsync_dir(const char *path, MoeErr err);
 int fs_remove_tree(const char *path); // 0 or -1; a missing path counts as removed
 bool fs_exists(const char *path);
 bool fs_is_dir(const char *path);
+// Whether two paths name one file (same device and inode), whatever their spelling: links, "./",
+// "a/../". A path that does not exist yet names the same file as another when their folders are
+// the same folder and their last components are equal.
+bool fs_same_file(const char *a, const char *b);
 // Writes `root` as indented JSON to path via "path.tmp", fsync and rename.
 int fs_write_json_atomic(const char *path, json_t *root, MoeErr err);
 // Writes `root` to a new file (no rename) and fsyncs it: for files inside a temporary directory.

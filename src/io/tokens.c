@@ -14,6 +14,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "io/fsutil.h"
+
 #define NPY_MAGIC "\x93NUMPY"
 #define NPY_MAGIC_LEN 6
 #define NPY_MAX_DIMS 8
@@ -584,6 +586,21 @@ static size_t data_split_point(const uint8_t *text, size_t n, double val_fractio
     return cut;
 }
 
+// Outputs are renamed over their paths: one that is the input would destroy the text it is made
+// from, and two that are one file would leave only the second.
+static int data_check_outputs(const char *text_path, const char *train_path, const char *val_path,
+                              MoeErr err) {
+    const char *outputs[2] = {train_path, val_path};
+    for (int i = 0; i < 2; i++)
+        if (outputs[i] && fs_same_file(outputs[i], text_path))
+            return moe_err(err, "output %s is the input file %s: writing it would destroy the text; "
+                           "choose another output path", outputs[i], text_path);
+    if (val_path && fs_same_file(train_path, val_path))
+        return moe_err(err, "train output %s and validation output %s are the same file; give two "
+                       "paths", train_path, val_path);
+    return 0;
+}
+
 int data_prepare_bytes(const char *text_path, const char *train_path, const char *val_path,
                        double val_fraction, MoeErr err) {
     if (!(val_fraction >= 0 && val_fraction <= 0.5))
@@ -591,9 +608,7 @@ int data_prepare_bytes(const char *text_path, const char *train_path, const char
                        val_fraction);
     if (val_fraction > 0 && !val_path)
         return moe_err(err, "val_fraction %g needs a validation output path", val_fraction);
-    if (val_fraction > 0 && !strcmp(train_path, val_path))
-        return moe_err(err, "train and validation outputs are the same file %s; give two paths",
-                       train_path);
+    if (data_check_outputs(text_path, train_path, val_path, err)) return -1;
     uint8_t *text = NULL;
     size_t n = 0;
     if (data_read_all(text_path, &text, &n, err)) return -1;

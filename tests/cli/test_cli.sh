@@ -60,6 +60,11 @@ expect_error "raw text as data gets a hint" "moe data prepare" $MOE train $TINY 
 touch "$tmp/afile"
 expect_error "output directory not writable" "afile.*(not a directory|cannot create)" $MOE train $TINY train.steps=1 train.out="$tmp/afile/run"
 
+printf 'my notes\nmore\n' > "$tmp/notes.txt"
+expect_error "data prepare refuses to overwrite its input" "notes.txt is the input file" $MOE data prepare "$tmp/notes.txt" "$tmp/notes.txt"
+expect_error "data prepare: --val-out the input" "is the input file" $MOE data prepare "$tmp/notes.txt" "$tmp/n.npy" --val-out "$tmp/./notes.txt"
+[ "$(cat "$tmp/notes.txt")" = "$(printf 'my notes\nmore')" ] && ok "data prepare: the input is intact" || bad "data prepare: the input is intact" "$(od -c "$tmp/notes.txt" | head -2)"
+
 [ -e "$tmp/never/step-1" ] && bad "rejected runs leave no checkpoint" "$(ls "$tmp/never")"
 
 # ---------------------------------------------------------------- training, resume, determinism
