@@ -3,9 +3,11 @@
 // given) and its run length, device and layout from this command line.
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "dist/comm_nccl.h"
+#include "io/fsutil.h"
 #include "train/train.h"
 
 static const CliSpec SPEC = {
@@ -48,6 +50,19 @@ static void check_resumable(const Config *cfg, const Config *saved, const char *
                   "to resume (choose another train.out to start a new run)", ckpt, key, a, b);
 }
 
+// The writing rank holds train.out's lock for the whole run, so that a second run on the same
+// directory cannot mix its checkpoints and logs into this one or delete its save in progress.
+// Partial saves of crashed runs are removed once the lock is ours. A directory is created only for
+// a command line that is valid on its own (nothing to resume yet).
+static int lock_run(Config *cfg) {
+    MoeErr err;
+    if (!fs_is_dir(cfg->train.out) && config_validate(cfg, err)) moe_fatal("%s", err);
+    int lock = fs_lock_dir(cfg->train.out, err);
+    if (lock < 0) moe_fatal("train.out: %s", err);
+    ckpt_clean_partial(cfg->train.out);
+    return lock;
+}
+
 // The arguments without `--nproc N`: what each started rank runs.
 static int drop_nproc(int argc, char **argv, char **out) {
     int n = 0;
@@ -76,7 +91,7 @@ int cmd_train(int argc, char **argv, Comm *world) {
     if (config_path && config_load_file(&cfg, config_path, err)) moe_fatal("%s", err);
     apply_overrides(&cfg, n_kv, kv);
     int launched_size, launched = comm_launch_rank(&launched_size);
-    if (world->rank == 0 && launched <= 0) ckpt_clean_partial(cfg.train.out);
+    int lock = world->rank == 0 && launched <= 0 ? lock_run(&cfg) : -1;
     if (launched < 0) world->ops->barrier(world); // no rank looks for checkpoints while rank 0 cleans
     char ckpt[4200];
     bool resume = ckpt_latest(cfg.train.out, ckpt, sizeof ckpt) >= 0;
@@ -99,6 +114,7 @@ int cmd_train(int argc, char **argv, Comm *world) {
     }
     int stop_at = values[0] ? (int)cli_number("--stop-at", values[0], 1, 2147483647.0) : 0;
     train_run(&cfg, world, resume ? ckpt : NULL, stop_at);
+    if (lock >= 0) close(lock);
     free(kv);
     free(pos);
     return 0;

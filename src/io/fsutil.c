@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -84,6 +85,39 @@ bool fs_same_file(const char *a, const char *b) {
     char dir_a[4096], dir_b[4096];
     const char *name_a = fs_split(a, dir_a, sizeof dir_a), *name_b = fs_split(b, dir_b, sizeof dir_b);
     return !strcmp(name_a, name_b) && fs_same_inode(dir_a, dir_b);
+}
+
+static int fs_lock_held(int fd, const char *dir, MoeErr err) {
+    char holder[128] = "";
+    ssize_t n = pread(fd, holder, sizeof holder - 1, 0);
+    holder[n > 0 ? n : 0] = 0;
+    holder[strcspn(holder, "\n")] = 0;
+    close(fd);
+    return moe_err(err, "%s is in use by another moe train (%s%s); wait for it to end or choose "
+                   "another train.out", dir, holder[0] ? "pid " : "its pid is not written yet",
+                   holder);
+}
+
+int fs_lock_dir(const char *dir, MoeErr err) {
+    char path[4200], me[128], host[64] = "?";
+    if (fs_mkdir_p(dir, err)) return -1;
+    snprintf(path, sizeof path, "%s/.lock", dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0) return moe_err(err, "%s: cannot open the run lock (%s)", path, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB)) {
+        if (errno == EWOULDBLOCK) return fs_lock_held(fd, dir, err);
+        int saved = errno;
+        close(fd);
+        return moe_err(err, "%s: cannot lock (%s)", path, strerror(saved));
+    }
+    gethostname(host, sizeof host - 1);
+    int len = snprintf(me, sizeof me, "%ld on %s\n", (long)getpid(), host);
+    if (ftruncate(fd, 0) || pwrite(fd, me, (size_t)len, 0) != len) {
+        int saved = errno;
+        close(fd);
+        return moe_err(err, "%s: cannot write the run lock (%s)", path, strerror(saved));
+    }
+    return fd;
 }
 
 int fs_write_json_synced(const char *path, json_t *root, MoeErr err) {

@@ -1,5 +1,5 @@
 // File-system helpers for crash-safe output: recursive mkdir, directory fsync, tree removal,
-// and JSON files written to a temporary name, fsynced and renamed into place.
+// directory locks, and JSON files written to a temporary name, fsynced and renamed into place.
 #pragma once
 #include <jansson.h>
 
@@ -14,6 +14,11 @@ bool fs_is_dir(const char *path);
 // "a/../". A path that does not exist yet names the same file as another when their folders are
 // the same folder and their last components are equal.
 bool fs_same_file(const char *a, const char *b);
+// Takes an exclusive lock (flock) on DIR/.lock, creating DIR and the file, and writes this
+// process's PID and host into it. The lock lasts until the descriptor is closed or the process
+// ends (however it ends). Returns the descriptor, or -1 with a message naming the directory and
+// the holder when another process has it.
+int fs_lock_dir(const char *dir, MoeErr err);
 // Writes `root` as indented JSON to path via "path.tmp", fsync and rename.
 int fs_write_json_atomic(const char *path, json_t *root, MoeErr err);
 // Writes `root` to a new file (no rename) and fsyncs it: for files inside a temporary directory.

@@ -114,9 +114,25 @@ run train.steps=20 train.out="$tmp/straight" && grep -q "already at step 20" "$t
     ok "finished run: nothing to do" || bad "finished run: nothing to do" "$(cat "$tmp/last.log")"
 expect_error "resume with another model shape" "checkpoint has model.n_layers = 2 but this run asks for 3" $MOE train $TINY model.n_layers=3 train.steps=30 train.out="$tmp/straight"
 
+# ---------------------------------------------------------------- one run per directory
+# A second run on a directory in use is refused (naming the holder) and touches nothing there;
+# the lock ends with its holder.
+$MOE train $TINY train.steps=1000000 train.eval_every=0 train.ckpt_every=0 train.log_every=100000 \
+    train.out="$tmp/busy" > /dev/null 2>&1 &
+holder=$!
+for _ in $(seq 300); do [ -s "$tmp/busy/metrics.jsonl" ] && break; sleep 0.1; done
+before=$(md5sum "$tmp/busy/config.json")
+expect_error "second run on a train.out in use is refused" "busy is in use by another moe train \(pid $holder on" \
+    $MOE train $TINY train.steps=5 train.out="$tmp/busy"
+kill -0 $holder 2>/dev/null && [ "$before" = "$(md5sum "$tmp/busy/config.json")" ] &&
+    ok "the running one goes on untouched" || bad "the running one goes on untouched" "holder $holder gone or config.json changed"
+kill $holder; wait $holder 2>/dev/null
+run train.steps=2 train.out="$tmp/busy" && ok "the lock ends with its holder" || bad "the lock ends with its holder" "$(tail -2 "$tmp/last.log")"
+
 # ---------------------------------------------------------------- corrupted checkpoints
+# (.lock records the last run that held the directory; everything else must stay as it was)
 cp -r "$tmp/straight" "$tmp/corrupt"
-snapshot=$(cd "$tmp/corrupt" && find . -type f | sort | xargs md5sum)
+snapshot=$(cd "$tmp/corrupt" && find . -type f ! -name .lock | sort | xargs md5sum)
 ck="$tmp/corrupt/step-20/$MF"
 head -c 1000 "$tmp/straight/step-20/$MF" > "$ck"
 expect_error "truncated safetensors" "$MF" $MOE train $TINY train.steps=30 train.out="$tmp/corrupt"
@@ -131,7 +147,7 @@ import sys; p = sys.argv[1]; b = bytearray(open(p, 'rb').read()); i = b.find(b'"
 PY
 expect_error "wrong dtype in safetensors" "I32" $MOE eval --ckpt "$tmp/corrupt"
 cp "$tmp/straight/step-20/$MF" "$ck"
-after=$(cd "$tmp/corrupt" && find . -type f | sort | xargs md5sum)
+after=$(cd "$tmp/corrupt" && find . -type f ! -name .lock | sort | xargs md5sum)
 [ "$snapshot" = "$after" ] && ok "failed resumes overwrite nothing" || bad "failed resumes overwrite nothing" "$(diff <(echo "$snapshot") <(echo "$after"))"
 
 # ---------------------------------------------------------------- crash and full disk mid-save
