@@ -1,6 +1,7 @@
 // `moe train [CONFIG.json] [key=value ...]`: starts a run, or resumes the newest checkpoint in
 // train.out. A resumed run takes its model from the checkpoint (which must match any model keys
 // given) and its run length, device and layout from this command line.
+#include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -107,12 +108,12 @@ int cmd_train(int argc, char **argv, Comm *world) {
     if (resume) {
         check_resumable(&cfg, &saved, ckpt);
         if (state.step >= cfg.train.steps) {
-            if (world->rank == 0 && launched <= 0) printf("%s: already at step %d of train.steps = %d; pass a larger train.steps to "
+            if (world->rank == 0 && launched <= 0) printf("%s: already at step %" PRId64 " of train.steps = %d; pass a larger train.steps to "
                    "continue\n", ckpt, state.step, cfg.train.steps);
             return 0;
         }
     }
-    int stop_at = values[0] ? (int)cli_number("--stop-at", values[0], 1, 2147483647.0) : 0;
+    int64_t stop_at = values[0] ? (int64_t)cli_number("--stop-at", values[0], 1, 9007199254740992.0) : 0;
     train_run(&cfg, world, resume ? ckpt : NULL, stop_at);
     if (lock >= 0) close(lock);
     free(kv);

@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,11 +84,11 @@ static TensorList file_tensors(Model *m, const Moments *mo, bool moments) {
 
 // ---------------------------------------------------------------- writing
 
-static int write_tensor_file(const char *path, Model *m, const TensorList *l, int step, MoeErr err) {
+static int write_tensor_file(const char *path, Model *m, const TensorList *l, int64_t step, MoeErr err) {
     StWriter w;
     if (st_writer_open(&w, path, err)) return -1;
     char step_text[32];
-    snprintf(step_text, sizeof step_text, "%d", step);
+    snprintf(step_text, sizeof step_text, "%" PRId64, step);
     st_writer_meta(&w, "format", CKPT_FORMAT);
     st_writer_meta(&w, "step", step_text);
     for (size_t i = 0; i < l->n; i++) {
@@ -115,7 +116,7 @@ static void shard_name(char *buf, size_t len, const char *dir, const char *prefi
 }
 
 // This rank's model and optimizer shard files (nothing when it owns no tensors).
-static int write_rank_files(const char *tmp, Model *m, const Moments *mo, int step, MoeErr err) {
+static int write_rank_files(const char *tmp, Model *m, const Moments *mo, int64_t step, MoeErr err) {
     const Layout *lay = &m->par->lay;
     int k = lay->stage * lay->ep + lay->ep_rank, n = lay->pp * lay->ep;
     char path[4300];
@@ -175,42 +176,43 @@ static int write_state(const char *path, const Config *cfg, const TrainState *st
     return rc;
 }
 
-// Parses "step-N"; returns N or -1.
-static int step_of(const char *name) {
-    if (strncmp(name, "step-", 5) || !name[5]) return -1;
+// Parses "step-N" (N a 64-bit count of steps); returns N or -1.
+static int64_t step_of(const char *name) {
+    if (strncmp(name, "step-", 5) || name[5] < '0' || name[5] > '9') return -1;
     char *end;
-    long v = strtol(name + 5, &end, 10);
-    return *end || v < 0 || v > 2147483647L ? -1 : (int)v;
+    errno = 0;
+    long long v = strtoll(name + 5, &end, 10);
+    return *end || errno ? -1 : (int64_t)v;
 }
 
 // Steps of all checkpoint directories in run_dir, ascending; returns the count.
-static size_t list_steps(const char *run_dir, int **steps) {
+static size_t list_steps(const char *run_dir, int64_t **steps) {
     *steps = NULL;
     DIR *d = opendir(run_dir);
     if (!d) return 0;
     size_t n = 0;
     struct dirent *e;
     while ((e = readdir(d))) {
-        int s = step_of(e->d_name);
+        int64_t s = step_of(e->d_name);
         if (s < 0) continue;
-        *steps = moe_realloc(*steps, (n + 1) * sizeof(int));
+        *steps = moe_realloc(*steps, (n + 1) * sizeof(int64_t));
         (*steps)[n++] = s;
     }
     closedir(d);
     for (size_t i = 1; i < n; i++) // insertion sort: few entries
         for (size_t j = i; j > 0 && (*steps)[j - 1] > (*steps)[j]; j--) {
-            int tmp = (*steps)[j];
+            int64_t tmp = (*steps)[j];
             (*steps)[j] = (*steps)[j - 1], (*steps)[j - 1] = tmp;
         }
     return n;
 }
 
 static void prune(const char *run_dir, int keep) {
-    int *steps;
+    int64_t *steps;
     size_t n = list_steps(run_dir, &steps);
     for (size_t i = 0; i + (size_t)keep < n; i++) {
         char path[4096];
-        snprintf(path, sizeof path, "%s/step-%d", run_dir, steps[i]);
+        snprintf(path, sizeof path, "%s/step-%" PRId64, run_dir, steps[i]);
         fs_remove_tree(path);
     }
     free(steps);
@@ -220,8 +222,8 @@ static void prune(const char *run_dir, int keep) {
 static int publish(const char *run_dir, const char *tmp, const Config *cfg, const TrainState *st,
                    const Layout *lay, int keep, MoeErr err) {
     char final[4096], old[4096], file[4300];
-    snprintf(final, sizeof final, "%s/step-%d", run_dir, st->step);
-    snprintf(old, sizeof old, "%s/.old-step-%d", run_dir, st->step);
+    snprintf(final, sizeof final, "%s/step-%" PRId64, run_dir, st->step);
+    snprintf(old, sizeof old, "%s/.old-step-%" PRId64, run_dir, st->step);
     snprintf(file, sizeof file, "%s/train_state.json", tmp);
     if (write_index(tmp, "model", err) || write_index(tmp, "optimizer", err) ||
         write_state(file, cfg, st, lay, err) || fs_fsync_dir(tmp, err))
@@ -257,7 +259,7 @@ int ckpt_save(const char *run_dir, Model *m, const Optimizer *o, const Config *c
               const TrainState *st, int keep, MoeErr err) {
     Comm *w = m->par->world;
     char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s/.tmp-step-%d", run_dir, st->step);
+    snprintf(tmp, sizeof tmp, "%s/.tmp-step-%" PRId64, run_dir, st->step);
     int rc = 0;
     if (w->rank == 0) {
         fs_remove_tree(tmp);
@@ -281,12 +283,12 @@ int ckpt_save(const char *run_dir, Model *m, const Optimizer *o, const Config *c
 
 // ---------------------------------------------------------------- discovery
 
-int ckpt_latest(const char *run_dir, char *path, size_t len) {
-    int *steps;
+int64_t ckpt_latest(const char *run_dir, char *path, size_t len) {
+    int64_t *steps;
     size_t n = list_steps(run_dir, &steps);
-    int step = n ? steps[n - 1] : -1;
+    int64_t step = n ? steps[n - 1] : -1;
     free(steps);
-    if (step >= 0) snprintf(path, len, "%s/step-%d", run_dir, step);
+    if (step >= 0) snprintf(path, len, "%s/step-%" PRId64, run_dir, step);
     return step;
 }
 
@@ -338,7 +340,7 @@ int ckpt_read_state(const char *ckpt_dir, Config *cfg, TrainState *st, MoeErr er
     }
     MoeErr why;
     if (!rc && config_validate(cfg, why)) rc = moe_err(err, "%s: saved config: %.400s", path, why);
-    if (!rc) st->step = (int)json_integer_value(step), st->data_position = (uint64_t)json_integer_value(pos);
+    if (!rc) st->step = (int64_t)json_integer_value(step), st->data_position = (uint64_t)json_integer_value(pos);
     json_decref(root);
     return rc;
 }

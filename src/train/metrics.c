@@ -1,6 +1,7 @@
 // Step reports: from the raw metrics buffer to a console line and a JSON-lines record.
 #include "metrics.h"
 
+#include <inttypes.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
@@ -63,7 +64,7 @@ double report_drop_rate(const StepReport *r) {
 void report_print(const StepReport *r, FILE *f) {
     char tps[32];
     moe_fmt_count(tps, sizeof tps, (uint64_t)(r->tokens_per_sec + 0.5));
-    fprintf(f, "step %5d/%d | loss %.4f | ce %.4f", r->step, r->steps, r->loss, r->ce);
+    fprintf(f, "step %5" PRId64 "/%" PRId64 " | loss %.4f | ce %.4f", r->step, r->steps, r->loss, r->ce);
     if (r->n_moe) {
         double drop = report_drop_rate(r);
         fprintf(f, " lb %.3f z %.3f | load max/mean %.2f", r->lb, r->z, report_worst_imbalance(r));
@@ -74,7 +75,7 @@ void report_print(const StepReport *r, FILE *f) {
 }
 
 void report_write_json(const StepReport *r, FILE *f) {
-    json_t *o = json_pack("{s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "step", r->step,
+    json_t *o = json_pack("{s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "step", (json_int_t)r->step,
                           "loss", r->loss, "ce", r->ce, "lb_loss", r->lb, "z_loss", r->z,
                           "lm_z_loss", r->lm_z, "lr", r->lr, "grad_norm", r->grad_norm,
                           "tokens_per_sec", r->tokens_per_sec, "elapsed_s", r->elapsed_s,

@@ -15,7 +15,7 @@ typedef struct {
 } LayerLoad;
 
 typedef struct {
-    int step, steps;
+    int64_t step, steps;
     double loss, ce, lb, z, lm_z; // loss = ce + coefficients x aux losses
     double lr, grad_norm;
     double tokens_per_sec, elapsed_s;

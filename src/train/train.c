@@ -5,6 +5,7 @@
 #include "train.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -34,7 +35,7 @@ typedef struct {
     double comm_wait;     // seconds of the step spent in pipeline transfers
     bool synthetic;       // benchmark: random token ids, no files written
     Comm *host, *world;   // the ranks as started, and as this run talks (an NCCL world on GPUs)
-    int first_step;       // the step this process started from
+    int64_t first_step;   // the step this process started from
     void *graph;          // the step's work recorded once for replay (backends that record)
     FILE *log;            // metrics.jsonl (rank 0)
     Watchdog *watchdog;   // several ranks: ends this one when its peers stop answering
@@ -148,7 +149,7 @@ static void random_batch(int32_t *seqs, size_t n, uint64_t first, size_t vocab) 
 }
 
 // Host work before a step: its batches read and uploaded, its StepInfo written.
-static void stage_step(Trainer *t, int step) {
+static void stage_step(Trainer *t, int64_t step) {
     Model *m = &t->model;
     for (int micro = 0; micro < m->n_micro; micro++) {
         uint64_t first = t->state.data_position + first_sequence(m, micro);
@@ -206,7 +207,7 @@ static void compute_step(Trainer *t) {
 // need their counts on the host, so those steps run as queued; so do pipeline stages, whose
 // measured transfer wait (a host clock) would mean nothing in a replay. The graph is freed before
 // the communicators (trainer_close): NCCL's teardown waits for the work a live graph holds.
-static bool replay_step(const Trainer *t, int step) {
+static bool replay_step(const Trainer *t, int64_t step) {
     const Model *m = &t->model;
     bool host_planned = m->par->ep->size > 1 && !m->direct;
     return m->ops->capture_begin && !host_planned && t->par.lay.pp == 1 && step > t->first_step;
@@ -216,7 +217,7 @@ static bool replay_step(const Trainer *t, int step) {
 static void train_step(Trainer *t) {
     Model *m = &t->model;
     const Ops *ops = m->ops;
-    int step = t->state.step + 1;
+    int64_t step = t->state.step + 1;
     stage_step(t, step);
     if (!replay_step(t, step)) {
         compute_step(t);
@@ -237,20 +238,20 @@ static void save_checkpoint(Trainer *t) {
     MoeErr err;
     if (ckpt_save(t->cfg.train.out, &t->model, &t->opt, &t->cfg, &t->state,
                   t->cfg.train.keep_ckpts, err))
-        moe_fatal("checkpoint at step %d not written: %s (the previous checkpoint is intact)",
+        moe_fatal("checkpoint at step %" PRId64 " not written: %s (the previous checkpoint is intact)",
                   t->state.step, err);
-    if (t->root) printf("saved %s/step-%d\n", t->cfg.train.out, t->state.step);
+    if (t->root) printf("saved %s/step-%" PRId64 "\n", t->cfg.train.out, t->state.step);
 }
 
 static void run_eval(Trainer *t) {
     size_t max_seqs = (size_t)t->cfg.train.eval_batches * t->cfg.train.micro_batch, n;
     double loss = eval_loss(&t->model, &t->val, max_seqs, &n);
     if (!t->root) return;
-    printf("step %5d | val loss %.4f\n", t->state.step, loss);
-    fprintf(t->log, "{\"step\": %d, \"val_loss\": %.9g, \"val_sequences\": %zu}\n", t->state.step,
+    printf("step %5" PRId64 " | val loss %.4f\n", t->state.step, loss);
+    fprintf(t->log, "{\"step\": %" PRId64 ", \"val_loss\": %.9g, \"val_sequences\": %zu}\n", t->state.step,
             loss, n);
     fflush(t->log);
-    if (!isfinite(loss)) moe_fatal("step %d: validation loss is %g; stopping", t->state.step, loss);
+    if (!isfinite(loss)) moe_fatal("step %" PRId64 ": validation loss is %g; stopping", t->state.step, loss);
 }
 
 static void report_step(Trainer *t, double seconds, double elapsed) {
@@ -265,7 +266,7 @@ static void report_step(Trainer *t, double seconds, double elapsed) {
     if (!report_finite(&r)) {
         char last[4200] = "none";
         ckpt_latest(tc->out, last, sizeof last);
-        moe_fatal("step %d: loss %g, gradient norm %g: training diverged; stopping (last good "
+        moe_fatal("step %" PRId64 ": loss %g, gradient norm %g: training diverged; stopping (last good "
                   "checkpoint: %s; try a lower train.lr)", r.step, r.loss, r.grad_norm, last);
     }
     if (r.step % tc->log_every == 0 || r.step == tc->steps || r.step == 1) report_print(&r, stdout);
@@ -327,7 +328,7 @@ static void trainer_open(Trainer *t, const Config *cfg, Comm *host, const char *
         if (ckpt_read_state(resume, &saved, &t->state, err) ||
             ckpt_load(resume, &t->model, &t->opt, err))
             moe_fatal("%s", err);
-        if (t->root) printf("resumed from %s (step %d)\n", resume, t->state.step);
+        if (t->root) printf("resumed from %s (step %" PRId64 ")\n", resume, t->state.step);
         t->first_step = t->state.step + 1;
     } else {
         t->first_step = 1;
@@ -381,7 +382,7 @@ static void print_banner(const Trainer *t) {
     printf("\n");
 }
 
-void train_run(const Config *cfg, Comm *world, const char *resume, int stop_at) {
+void train_run(const Config *cfg, Comm *world, const char *resume, int64_t stop_at) {
     Trainer t;
     trainer_open(&t, cfg, world, resume, false);
     if (t.root) print_banner(&t);
@@ -389,13 +390,13 @@ void train_run(const Config *cfg, Comm *world, const char *resume, int stop_at) 
     Comm *groups[4] = {t.par.world, t.par.dp, t.par.ep, t.par.edp};
     if (t.par.world->size > 1) t.watchdog = watchdog_start(tc->comm_timeout, t.par.world->rank, groups, 4);
     double start = moe_time_sec();
-    int last = stop_at > 0 && stop_at < tc->steps ? stop_at : tc->steps;
+    int64_t last = stop_at > 0 && stop_at < tc->steps ? stop_at : tc->steps;
     while (t.state.step < last) {
         double t0 = moe_time_sec();
         watchdog_beat(t.watchdog, t.state.step + 1, "training step");
         train_step(&t);
         if (t.root) report_step(&t, moe_time_sec() - t0, moe_time_sec() - start);
-        int s = t.state.step;
+        int64_t s = t.state.step;
         if (t.has_val && (s % tc->eval_every == 0 || s == tc->steps)) {
             watchdog_beat(t.watchdog, s, "evaluation");
             run_eval(&t);

@@ -11,7 +11,7 @@
 // checkpoint directory) when non-NULL, up to train.steps or, when stop_at > 0, until step stop_at
 // (saving a checkpoint there: for jobs with a time limit; the schedule still follows train.steps).
 // Writes config.json, metrics.jsonl and checkpoints under cfg->train.out. Exits on errors.
-void train_run(const Config *cfg, Comm *world, const char *resume, int stop_at);
+void train_run(const Config *cfg, Comm *world, const char *resume, int64_t stop_at);
 
 // Mean cross-entropy per token over the first max_seqs sequences of ds (in file order, whole
 // micro-batches of all data-parallel ranks; *evaluated says how many), summed over the ranks.

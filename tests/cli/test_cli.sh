@@ -112,6 +112,11 @@ cmp -s "$tmp/straight/step-20/$MF" "$tmp/threads1/step-20/$MF" &&
 ls -d "$tmp"/straight/step-* | wc -l | grep -qx 2 && ok "keeps the last N checkpoints" || bad "keeps the last N checkpoints" "$(ls "$tmp/straight")"
 run train.steps=20 train.out="$tmp/straight" && grep -q "already at step 20" "$tmp/last.log" &&
     ok "finished run: nothing to do" || bad "finished run: nothing to do" "$(cat "$tmp/last.log")"
+# Step counts are 64-bit: a checkpoint past 2^31 steps is read as it is, not wrapped to a negative step.
+mkdir -p "$tmp/big" && cp -r "$tmp/straight/step-20" "$tmp/big/step-3000000000"
+sed -i 's/"step": 20,/"step": 3000000000,/' "$tmp/big/step-3000000000/train_state.json"
+run train.steps=20 train.out="$tmp/big" && grep -q "already at step 3000000000 of" "$tmp/last.log" &&
+    ok "a step past 2^31 in train_state.json" || bad "a step past 2^31 in train_state.json" "$(cat "$tmp/last.log")"
 expect_error "resume with another model shape" "checkpoint has model.n_layers = 2 but this run asks for 3" $MOE train $TINY model.n_layers=3 train.steps=30 train.out="$tmp/straight"
 
 # ---------------------------------------------------------------- one run per directory
