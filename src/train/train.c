@@ -4,7 +4,6 @@
 // update. Only rank 0 prints and writes logs.
 #include "train.h"
 
-#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <omp.h>
@@ -37,7 +36,7 @@ typedef struct {
     Comm *host, *world;   // the ranks as started, and as this run talks (an NCCL world on GPUs)
     int64_t first_step;   // the step this process started from
     void *graph;          // the step's work recorded once for replay (backends that record)
-    FILE *log;            // metrics.jsonl (rank 0)
+    MetricsLog log;       // metrics.jsonl (rank 0)
     Watchdog *watchdog;   // several ranks: ends this one when its peers stop answering
 } Trainer;
 
@@ -243,14 +242,20 @@ static void save_checkpoint(Trainer *t) {
     if (t->root) printf("saved %s/step-%" PRId64 "\n", t->cfg.train.out, t->state.step);
 }
 
+// Every record reaches metrics.jsonl or the run stops: a full disk must not lose metrics silently.
+static void log_record(Trainer *t, json_t *record) {
+    MoeErr err;
+    if (metrics_log_write(&t->log, record, err))
+        moe_fatal("step %" PRId64 ": %s; stopping (the checkpoints so far are whole: make room, then run "
+                  "again to resume)", t->state.step, err);
+}
+
 static void run_eval(Trainer *t) {
     size_t max_seqs = (size_t)t->cfg.train.eval_batches * t->cfg.train.micro_batch, n;
     double loss = eval_loss(&t->model, &t->val, max_seqs, &n);
     if (!t->root) return;
     printf("step %5" PRId64 " | val loss %.4f\n", t->state.step, loss);
-    fprintf(t->log, "{\"step\": %" PRId64 ", \"val_loss\": %.9g, \"val_sequences\": %zu}\n", t->state.step,
-            loss, n);
-    fflush(t->log);
+    log_record(t, metrics_val_record(t->state.step, loss, n));
     if (!isfinite(loss)) moe_fatal("step %" PRId64 ": validation loss is %g; stopping", t->state.step, loss);
 }
 
@@ -270,7 +275,7 @@ static void report_step(Trainer *t, double seconds, double elapsed) {
                   "checkpoint: %s; try a lower train.lr)", r.step, r.loss, r.grad_norm, last);
     }
     if (r.step % tc->log_every == 0 || r.step == tc->steps || r.step == 1) report_print(&r, stdout);
-    report_write_json(&r, t->log);
+    log_record(t, report_to_json(&r));
     report_free(&r);
 }
 
@@ -283,11 +288,12 @@ static void write_run_config(const Trainer *t) {
     json_decref(j);
 }
 
-static void open_log(Trainer *t, bool append) {
-    char path[CONFIG_PATH_LEN + 16];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", t->cfg.train.out);
-    t->log = fopen(path, append ? "a" : "w");
-    if (!t->log) moe_fatal("%s: cannot write the metrics log (%s)", path, strerror(errno));
+static void open_log(Trainer *t, bool resume) {
+    MoeErr err;
+    if (metrics_log_open(&t->log, t->cfg.train.out, resume, t->state.step, err)) moe_fatal("%s", err);
+    if (t->log.dropped)
+        printf("%s: dropped %zu lines after step %" PRId64 " (steps this run redoes, or a line cut short)\n",
+               t->log.path, t->log.dropped, t->state.step);
 }
 
 // GPU ranks talk through NCCL: a world of its own, bootstrapped from the host one (or the launcher).
@@ -346,7 +352,7 @@ static void trainer_open(Trainer *t, const Config *cfg, Comm *host, const char *
 
 static void trainer_close(Trainer *t) {
     if (t->graph) t->model.ops->graph_free(t->graph); // before the communicators its NCCL work uses
-    if (t->log) fclose(t->log);
+    metrics_log_close(&t->log);
     free(t->metrics_host);
     free(t->seqs);
     free(t->sched);

@@ -170,6 +170,21 @@ run train.steps=15 train.ckpt_every=5 train.out="$tmp/crash" && grep -q "resumed
     [ -z "$(ls -a "$tmp/crash" | grep '^\.tmp')" ] && ok "next run resumes from the whole checkpoint" \
     || bad "next run resumes from the whole checkpoint" "$(tail -3 "$tmp/last.log")"
 
+# A full disk while logging: the run stops naming metrics.jsonl (the last record cut mid-line); the
+# resume keeps whole records up to its checkpoint's step only, so every step is logged once, every
+# line is JSON, and the losses are those of a run never stopped.
+run train.steps=20 train.ckpt_every=10 train.out="$tmp/logfull" --stop-at 5
+out=$( trap '' XFSZ; ulimit -f 4; $MOE train $TINY train.steps=20 train.ckpt_every=10 train.out="$tmp/logfull" 2>&1 >/dev/null ); rc=$?
+if [ $rc -ne 0 ] && grep -q "metrics.jsonl: cannot write the metrics log" <<<"$out" && [ -n "$(tail -c 1 "$tmp/logfull/metrics.jsonl")" ]; then
+    ok "full disk while logging: stops with a message"
+else bad "full disk while logging: stops with a message" "rc $rc: $out"; fi
+run train.steps=20 train.ckpt_every=10 train.out="$tmp/logfull"
+if grep -qE "dropped [1-9][0-9]* lines after step 5" "$tmp/last.log" && [ "$(losses "$tmp/straight")" = "$(losses "$tmp/logfull")" ] &&
+   [ "$(grep -vc '^{"step":[0-9]*,.*}$' "$tmp/logfull/metrics.jsonl")" = 0 ]; then
+    ok "resume repairs metrics.jsonl: whole lines, each step once"
+else bad "resume repairs metrics.jsonl: whole lines, each step once" "$(grep dropped "$tmp/last.log")" \
+    "$(diff <(losses "$tmp/straight") <(losses "$tmp/logfull") | head -5)"; fi
+
 # ---------------------------------------------------------------- divergence
 out=$($MOE train $TINY train.lr=1e30 train.warmup=0 train.clip=0 train.steps=20 train.ckpt_every=1 train.out="$tmp/nan" 2>&1); rc=$?
 if [ $rc -ne 0 ] && grep -q "training diverged" <<<"$out" && ls "$tmp/nan" | grep -q '^step-'; then ok "NaN/Inf loss stops with a message, keeps a checkpoint"

@@ -20,7 +20,7 @@ TINY="model.d_model=32 model.n_layers=2 model.n_heads=2 model.n_kv_heads=1 model
       train.lr=3e-3 train.eval_every=5 train.eval_batches=2 train.ckpt_every=5 train.log_every=1
       train.threads=1 parallel.grad_bucket_mb=0"
 losses() { grep -o '"loss":[^,]*' "$1/metrics.jsonl" | cut -d: -f2; }
-val_losses() { grep -o '"val_loss": [^,]*' "$1/metrics.jsonl" | cut -d' ' -f2; }
+val_losses() { grep -o '"val_loss":[^,]*' "$1/metrics.jsonl" | cut -d: -f2; }
 
 # same_losses A B: every step's loss (and validation loss) agree within a relative 1e-5.
 same_losses() {
