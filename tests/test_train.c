@@ -156,6 +156,27 @@ static void test_step_report(void) {
     free(m);
 }
 
+// JSON has no NaN: a non-finite value is logged as null, and the record stays valid JSON.
+static void test_records_without_nan(void) {
+    ModelConfig c = small_model();
+    float *m = calloc(model_metrics_len(&c), sizeof(float));
+    m[METRIC_CE] = NAN, m[METRIC_GRAD_NORM_SQ] = INFINITY;
+    StepReport r = {.step = 7};
+    report_build(&r, &c, m, 1, 10);
+    json_t *records[2] = {report_to_json(&r), metrics_val_record(7, NAN, 8)};
+    const char *want[2] = {"\"loss\":null", "\"val_loss\":null"};
+    for (int i = 0; i < 2; i++) {
+        char *text = json_dumps(records[i], JSON_COMPACT);
+        json_t *back = text ? json_loads(text, 0, NULL) : NULL;
+        CHECK_MSG(text && strstr(text, want[i]) && back, "record %d: %s", i, text ? text : "(not written)");
+        free(text);
+        json_decref(back);
+        json_decref(records[i]);
+    }
+    report_free(&r);
+    free(m);
+}
+
 static void test_checkpoint_round_trip_and_prune(void) {
     char dir[] = "/tmp/moe-ckpt-XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
@@ -211,6 +232,7 @@ const TestCase train_tests[] = {
     {"model_micro_batch_accumulation", test_micro_batch_accumulation},
     {"train_lr_schedule", test_lr_schedule},
     {"train_step_report", test_step_report},
+    {"train_records_without_nan", test_records_without_nan},
     {"train_checkpoint_round_trip_and_prune", test_checkpoint_round_trip_and_prune},
     {0},
 };

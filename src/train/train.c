@@ -117,6 +117,13 @@ double eval_loss(Model *m, Dataset *ds, size_t max_seqs, size_t *evaluated) {
     return n ? ce / (double)(n * S) : NAN;
 }
 
+int eval_check_data(const Dataset *ds, const Config *cfg, const char *what, MoeErr err) {
+    if (ds->n_seqs >= (size_t)cfg->train.micro_batch) return 0;
+    return moe_err(err, "%s has %zu sequences of %d tokens, fewer than one micro-batch (train.micro_batch "
+                   "= %d), so no loss can be evaluated", what, ds->n_seqs, cfg->train.seq_len,
+                   cfg->train.micro_batch);
+}
+
 static LossScales loss_scales(const Config *cfg) {
     const ModelConfig *c = &cfg->model;
     double tokens = (double)cfg->train.micro_batches * cfg->train.micro_batch * cfg->train.seq_len;
@@ -323,7 +330,13 @@ static void trainer_open(Trainer *t, const Config *cfg, Comm *host, const char *
     t->root = world->rank == 0;
     if (!synthetic) train_open_dataset(&t->train, cfg, cfg->data.train, true);
     t->has_val = !synthetic && cfg->data.val[0] && tc->eval_every > 0;
-    if (t->has_val) train_open_dataset(&t->val, cfg, cfg->data.val, false);
+    if (t->has_val) {
+        char what[CONFIG_PATH_LEN + 16];
+        snprintf(what, sizeof what, "data.val %s", cfg->data.val);
+        train_open_dataset(&t->val, cfg, cfg->data.val, false);
+        if (eval_check_data(&t->val, cfg, what, err))
+            moe_fatal("%s: use more validation data, or train.eval_every=0 for none", err);
+    }
     if (t->root && !synthetic && fs_mkdir_p(tc->out, err)) moe_fatal("train.out: %s", err);
     int slots = pipeline_slots(l->pp, l->stage, tc->micro_batches);
     model_init(&t->model, mc, ops, &t->par, (size_t)l->micro_per_rank, (size_t)tc->seq_len, slots,

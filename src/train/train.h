@@ -17,6 +17,10 @@ void train_run(const Config *cfg, Comm *world, const char *resume, int64_t stop_
 // micro-batches of all data-parallel ranks; *evaluated says how many), summed over the ranks.
 double eval_loss(Model *m, Dataset *ds, size_t max_seqs, size_t *evaluated);
 
+// Evaluation reads whole micro-batches of train.micro_batch sequences: -1 with a message naming
+// `what` (e.g. "data.val FILE") when ds holds fewer.
+int eval_check_data(const Dataset *ds, const Config *cfg, const char *what, MoeErr err);
+
 // Opens a dataset from the data section, exiting with the loader's message on failure.
 void train_open_dataset(Dataset *ds, const Config *cfg, const char *spec, bool shuffle);
 

@@ -57,6 +57,8 @@ expect_error "odd-sized token file" "odd.npy: 3 bytes is not a whole number of u
 expect_error "token id >= vocab_size" "is >= vocab_size 100" $MOE train $TINY model.vocab_size=100 train.out="$tmp/never"
 expect_error "sequence longer than the data" "short.npy: 10 tokens is fewer than seq_len \+ 1" $MOE train $TINY data.train="$tmp/short.npy" train.out="$tmp/never"
 expect_error "raw text as data gets a hint" "moe data prepare" $MOE train $TINY data.train=data/tinyshakespeare.txt train.out="$tmp/never"
+head -c 200 data/tinyshakespeare_val.npy > "$tmp/short_val.npy"
+expect_error "validation data shorter than a micro-batch" "data.val .*short_val.npy has 3 sequences .*fewer than one micro-batch" $MOE train $TINY data.val="$tmp/short_val.npy" train.out="$tmp/never"
 touch "$tmp/afile"
 expect_error "output directory not writable" "afile.*(not a directory|cannot create)" $MOE train $TINY train.steps=1 train.out="$tmp/afile/run"
 
@@ -194,6 +196,8 @@ else bad "NaN/Inf loss stops with a message, keeps a checkpoint" "rc $rc: $(tail
 out=$($MOE eval --ckpt "$tmp/straight" 2>&1) && grep -qE "val loss [0-9.]+ nats/token" <<<"$out" && ok "eval prints a loss" || bad "eval prints a loss" "$out"
 out=$($MOE sample --ckpt "$tmp/straight" --tokens 40 --prompt "ROMEO:" 2>&1) && [ ${#out} -ge 40 ] && ok "sample generates text" || bad "sample generates text" "$out"
 out=$($MOE inspect "$tmp/straight" 2>&1) && grep -q "parameters" <<<"$out" && grep -q "GFLOP" <<<"$out" && ok "inspect a run directory" || bad "inspect a run directory" "$out"
+expect_error "eval --max-seqs below a micro-batch" "--max-seqs 2 is fewer than one micro-batch" $MOE eval --ckpt "$tmp/straight" --max-seqs 2
+expect_error "eval data shorter than a micro-batch" "short_val.npy has 3 sequences" $MOE eval --ckpt "$tmp/straight" --data "$tmp/short_val.npy"
 expect_error "sample without --ckpt shows usage" "" $MOE sample
 $MOE train --help | grep -q "model.n_experts" && ok "train --help lists config keys" || bad "train --help lists config keys" ""
 
