@@ -1,4 +1,5 @@
 // `moe eval --ckpt DIR [--data FILE]`: validation loss of a checkpoint.
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -44,6 +45,9 @@ int cmd_eval(int argc, char **argv, Comm *world) {
     if (eval_check_data(&ds, &cfg, data, err)) moe_fatal("moe eval: %s", err);
     size_t n;
     double loss = eval_loss(&m, &ds, max_seqs, &n);
+    if (!isfinite(loss))
+        moe_fatal("moe eval: the loss of %s on %s is %g: the model's outputs overflow (a diverged or "
+                  "damaged checkpoint)", values[0], data, loss);
     printf("val loss %.4f nats/token (%zu sequences of %d tokens from %s)\n", loss, n,
            cfg.train.seq_len, data);
     dataset_close(&ds);

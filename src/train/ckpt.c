@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,7 +83,22 @@ static TensorList file_tensors(Model *m, const Moments *mo, bool moments) {
     return l;
 }
 
+// Index of the first NaN or infinity of x (n), or n when every value is finite.
+static size_t first_non_finite(const float *x, size_t n) {
+    size_t i = 0;
+    while (i < n && isfinite(x[i])) i++;
+    return i;
+}
+
 // ---------------------------------------------------------------- writing
+
+// A checkpoint is a state to come back to: one with a NaN or infinity is never written.
+static int check_finite(const char *path, const char *name, const float *x, size_t n, MoeErr err) {
+    size_t i = first_non_finite(x, n);
+    if (i == n) return 0;
+    return moe_err(err, "%s: tensor '%s' holds %g at element %zu: weights or AdamW moments that are not "
+                   "finite are not saved (the run diverged; try a lower train.lr)", path, name, x[i], i);
+}
 
 static int write_tensor_file(const char *path, Model *m, const TensorList *l, int64_t step, MoeErr err) {
     StWriter w;
@@ -100,7 +116,8 @@ static int write_tensor_file(const char *path, Model *m, const TensorList *l, in
         size_t count = l->t[i].rows * (l->t[i].cols ? l->t[i].cols : 1);
         float *host = moe_malloc(count * sizeof(float));
         m->ops->download_f32(host, l->t[i].data, count);
-        rc = st_writer_write(&w, host, count * sizeof(float), err);
+        rc = check_finite(path, l->t[i].name, host, count, err);
+        if (!rc) rc = st_writer_write(&w, host, count * sizeof(float), err);
         free(host);
     }
     if (rc) {
@@ -420,6 +437,10 @@ static int read_range(CkptReader *r, Model *m, const char *name, size_t rows, si
                        x->ndim > 1 ? x->shape[1] : 0, rows, cols ? ", " : "", cols);
     float *host = moe_malloc((count ? count : 1) * sizeof(float));
     int rc = st_read_f32(sf, x, first, count, host, err);
+    size_t bad = rc ? count : first_non_finite(host, count);
+    if (bad < count)
+        rc = moe_err(err, "%s: tensor '%s' holds %g at element %zu: a checkpoint with values that are not "
+                     "finite cannot be used (resume from an earlier step-N)", sf->path, name, host[bad], first + bad);
     if (!rc) m->ops->upload_f32(dst, host, count);
     free(host);
     return rc;

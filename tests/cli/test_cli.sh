@@ -192,6 +192,23 @@ out=$($MOE train $TINY train.lr=1e30 train.warmup=0 train.clip=0 train.steps=20 
 if [ $rc -ne 0 ] && grep -q "training diverged" <<<"$out" && ls "$tmp/nan" | grep -q '^step-'; then ok "NaN/Inf loss stops with a message, keeps a checkpoint"
 else bad "NaN/Inf loss stops with a message, keeps a checkpoint" "rc $rc: $(tail -2 <<<"$out")"; fi
 
+# ---------------------------------------------------------------- values that are not finite
+# poke FILE TENSOR BYTES: every element of F32 tensor TENSOR of safetensors FILE becomes the 4 bytes.
+poke() {
+    local n begin end
+    n=$(od -An -tu8 -N8 "$1" | tr -d ' ')
+    read -r begin end < <(head -c $((8 + n)) "$1" | tail -c "$n" | grep -o "\"$2\":{[^}]*}" |
+                          grep -oE 'data_offsets":\[[0-9]+,[0-9]+' | grep -oE '[0-9]+,[0-9]+' | tr , ' ')
+    for ((o = begin; o < end; o += 4)); do printf "$3" | dd of="$1" bs=1 seek=$((8 + n + o)) conv=notrunc status=none; done
+}
+cp -r "$tmp/straight" "$tmp/huge"
+poke "$tmp/huge/step-20/$MF" model.norm.weight '\xff\xff\x7f\x7f' # FLT_MAX: finite, but the outputs overflow
+expect_error "eval: a non-finite loss is an error" "moe eval: the loss of .* is (-?nan|inf)" $MOE eval --ckpt "$tmp/huge"
+expect_error "sample: non-finite logits are an error" "moe sample: the model of .* gives a logit of" $MOE sample --ckpt "$tmp/huge" --tokens 5
+poke "$tmp/huge/step-20/$MF" model.norm.weight '\x00\x00\xc0\x7f' # NaN
+expect_error "a NaN in a checkpoint is refused on load" "tensor 'model.norm.weight' holds nan" $MOE eval --ckpt "$tmp/huge"
+expect_error "... also for a resume" "tensor 'model.norm.weight' holds nan" $MOE train $TINY train.steps=30 train.out="$tmp/huge"
+
 # ---------------------------------------------------------------- other commands
 out=$($MOE eval --ckpt "$tmp/straight" 2>&1) && grep -qE "val loss [0-9.]+ nats/token" <<<"$out" && ok "eval prints a loss" || bad "eval prints a loss" "$out"
 out=$($MOE sample --ckpt "$tmp/straight" --tokens 40 --prompt "ROMEO:" 2>&1) && [ ${#out} -ge 40 ] && ok "sample generates text" || bad "sample generates text" "$out"
