@@ -429,19 +429,30 @@ static int dataset_err_too_short(const Dataset *ds, MoeErr err) {
                    need, list);
 }
 
-// Fisher-Yates from an Rng seeded by (seed, epoch) alone, so the order of any epoch can be rebuilt
-// on any rank or after a restart without saving it.
-static void dataset_shuffle(Dataset *ds, uint64_t epoch) {
-    Rng rng = {rng_hash64(ds->seed, epoch)};
-    for (size_t i = 0; i < ds->n_seqs; i++) ds->perm[i] = i;
-    for (size_t i = ds->n_seqs; i > 1; i--) {
-        // Multiply-shift maps 64 random bits onto [0, i) without a division (bias < i / 2^64).
-        size_t j = (size_t)(((unsigned __int128)rng_next(&rng) * i) >> 64);
-        uint64_t tmp = ds->perm[i - 1];
-        ds->perm[i - 1] = ds->perm[j];
-        ds->perm[j] = tmp;
+#define DATASET_FEISTEL_ROUNDS 6
+
+// A keyed bijection of [0, 4^h): a balanced Feistel network on the two h-bit halves of x.
+static uint64_t dataset_feistel(uint64_t x, unsigned h, uint64_t key) {
+    uint64_t mask = h ? (uint64_t)-1 >> (64 - h) : 0, left = h ? x >> h : 0, right = x & mask;
+    for (uint64_t r = 0; r < DATASET_FEISTEL_ROUNDS; r++) {
+        uint64_t next = left ^ (rng_hash64(key + r, right) & mask);
+        left = right, right = next;
     }
-    ds->perm_epoch = epoch;
+    return left << h | right;
+}
+
+// The Feistel network over the smallest 4^h >= n, applied again until the value falls inside
+// [0, n) (cycle-walking: the walk from a point of [0, n) returns to [0, n) on its own cycle, so this
+// is a bijection of [0, n); 4^h < 4n, so it takes fewer than 4 steps on average). Keyed by (seed,
+// epoch) alone: any rank rebuilds any epoch's order, after a restart too, without storing it.
+uint64_t dataset_permute(uint64_t seed, uint64_t epoch, uint64_t n, uint64_t k) {
+    unsigned bits = 0;
+    while (bits < 64 && (n - 1) >> bits) bits++;
+    unsigned h = (bits + 1) / 2;
+    uint64_t key = rng_hash64(seed, epoch), x = k;
+    do x = dataset_feistel(x, h, key);
+    while (x >= n);
+    return x;
 }
 
 int dataset_open(Dataset *ds, const char *spec, size_t seq_len, size_t vocab_size, int token_bytes,
@@ -468,10 +479,6 @@ int dataset_open(Dataset *ds, const char *spec, size_t seq_len, size_t vocab_siz
         dataset_close(ds);
         return -1;
     }
-    if (shuffle) {
-        ds->perm = moe_malloc(ds->n_seqs * sizeof *ds->perm);
-        dataset_shuffle(ds, 0);
-    }
     return 0;
 }
 
@@ -479,7 +486,6 @@ void dataset_close(Dataset *ds) {
     for (size_t f = 0; f < ds->n_files; f++) token_file_close(&ds->files[f]);
     free(ds->files);
     free(ds->first_seq);
-    free(ds->perm);
     memset(ds, 0, sizeof *ds);
 }
 
@@ -498,10 +504,7 @@ static size_t dataset_file_of(const Dataset *ds, size_t k) {
 int dataset_read(Dataset *ds, uint64_t index, int32_t *out, MoeErr err) {
     uint64_t epoch = index / ds->n_seqs;
     size_t k = (size_t)(index % ds->n_seqs);
-    if (ds->shuffle) {
-        if (epoch != ds->perm_epoch) dataset_shuffle(ds, epoch);
-        k = (size_t)ds->perm[k];
-    }
+    if (ds->shuffle) k = (size_t)dataset_permute(ds->seed, epoch, ds->n_seqs, k);
     size_t f = dataset_file_of(ds, k);
     const TokenFile *tf = &ds->files[f];
     size_t start = (k - ds->first_seq[f]) * ds->seq_len;

@@ -34,8 +34,6 @@ typedef struct {
     size_t n_seqs;        // sequences per epoch
     uint64_t seed;
     bool shuffle;
-    uint64_t perm_epoch;  // epoch whose permutation is cached in perm
-    uint64_t *perm;       // (n_seqs)
 } Dataset;
 
 // `spec` is one path or a comma-separated list. A path ending in .txt, .mix or .list is a mix
@@ -44,6 +42,10 @@ typedef struct {
 int dataset_open(Dataset *ds, const char *spec, size_t seq_len, size_t vocab_size, int token_bytes,
                  uint64_t seed, bool shuffle, MoeErr err);
 void dataset_close(Dataset *ds);
+
+// Position k of epoch `epoch`'s order of n >= 1 sequences: a bijection of [0, n) that is a pure function
+// of (seed, epoch, n, k), in O(1) time and memory (docs/FORMATS.md gives the algorithm).
+uint64_t dataset_permute(uint64_t seed, uint64_t epoch, uint64_t n, uint64_t k);
 
 // Writes sequence `index` of the endless stream (epoch = index / n_seqs) as S+1 int32 ids.
 // Fails, naming file and position, on an id >= vocab_size.
