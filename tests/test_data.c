@@ -310,6 +310,12 @@ static void test_npy_malformed(void) {
               path);
     CHECK_ERR(token_file_open(&f, path, 0, 50304, err), err, path,
               "unsupported .npy format version 4.0");
+
+    // A NUL byte inside the header: not read as the end of the dtype string ('<u2' + junk).
+    write_npy(path, 1, "{'descr': '<u2#', 'fortran_order': False, 'shape': (5,), }", 128, data, data_bytes);
+    fp = fopen(path, "r+b");
+    MOE_CHECK(fp && fseek(fp, 10 + 14, SEEK_SET) == 0 && fputc(0, fp) == 0 && fclose(fp) == 0, "patch %s", path);
+    CHECK_ERR(token_file_open(&f, path, 0, 50304, err), err, path, "a NUL byte at header offset 14");
     token_file_close(&f);
     tmp_dir_remove(dir);
 }
@@ -466,6 +472,15 @@ static void test_mix_file(void) {
     CHECK_ERR(dataset_open(&ds, mix, 3, 50304, 0, 1, false, err), err,
               "bad.mix:3:", "sub/odd.npy: 3 bytes");
 
+    // A NUL byte ends no path early (here it would leave the valid "sub/a.npy"); a UTF-8 byte-order
+    // mark at the start of the list is not part of the first path.
+    write_bytes(mix, "sub/a.npy\0junk\n", 15);
+    CHECK_ERR(dataset_open(&ds, mix, 3, 50304, 0, 1, false, err), err, "bad.mix:1:", "NUL byte");
+    write_text(mix, "\xEF\xBB\xBFsub/a.npy\nsub/b.npy\n");
+    CHECK_OK(dataset_open(&ds, mix, 3, 50304, 0, 1, false, err), err);
+    CHECK_MSG(ds.n_files == 2, "a list starting with a byte-order mark: %zu files", ds.n_files);
+    dataset_close(&ds);
+
     // Raw text handed over as data: the message says how to tokenize it.
     write_text(tmp_path(mix, dir, "shakespeare.txt"),
                "First Citizen:\nBefore we proceed any further, hear me speak.\n");
@@ -537,6 +552,24 @@ static void test_sequence_boundaries(void) {
             (unsigned long long)index, seq[0], seq[1], seq[2], seq[3], w[0], w[1], w[2], w[3]);
     }
     dataset_close(&ds);
+    tmp_dir_remove(dir);
+}
+
+// FIFOs are refused at once, wherever a file is expected (opening one would wait for a writer).
+static void test_fifo(void) {
+    char dir[64], fifo[PATH_MAX], mix[PATH_MAX], out[PATH_MAX];
+    MoeErr err;
+    Dataset ds;
+    tmp_dir_make(dir, sizeof dir);
+    MOE_CHECK(mkfifo(tmp_path(fifo, dir, "pipe.npy"), 0600) == 0, "mkfifo: %s", strerror(errno));
+    alarm(20); // a hang becomes a failure of the whole run, not a silent wait
+    CHECK_ERR(dataset_open(&ds, fifo, 3, 50304, 0, 1, false, err), err, "pipe.npy", "FIFO");
+    write_text(tmp_path(mix, dir, "list.txt"), "pipe.npy\n");
+    CHECK_ERR(dataset_open(&ds, mix, 3, 50304, 0, 1, false, err), err, "list.txt:1:", "not a regular file");
+    MOE_CHECK(mkfifo(tmp_path(mix, dir, "pipe.list"), 0600) == 0, "mkfifo: %s", strerror(errno));
+    CHECK_ERR(dataset_open(&ds, mix, 3, 50304, 0, 1, false, err), err, "pipe.list", "data list is a FIFO");
+    CHECK_ERR(data_prepare_bytes(fifo, tmp_path(out, dir, "out.npy"), NULL, 0, err), err, "text file is a FIFO");
+    alarm(0);
     tmp_dir_remove(dir);
 }
 
@@ -804,6 +837,7 @@ const TestCase data_tests[] = {
     {"data_comma_list", test_comma_list},
     {"data_sequence_boundaries", test_sequence_boundaries},
     {"data_shuffle", test_shuffle},
+    {"data_fifo_refused", test_fifo},
     {"data_permute", test_permute},
     {"data_prepare_round_trip", test_prepare_round_trip},
     {"data_prepare_errors", test_prepare_errors},

@@ -89,6 +89,9 @@ int cmd_train(int argc, char **argv, Comm *world) {
     MoeErr err;
     Config cfg;
     config_defaults(&cfg);
+    if (config_path && fs_is_dir(config_path))
+        moe_fatal("moe train: %s is a directory, not a config file; to resume the run it holds, pass "
+                  "train.out=%s", config_path, config_path);
     if (config_path && config_load_file(&cfg, config_path, err)) moe_fatal("%s", err);
     apply_overrides(&cfg, n_kv, kv);
     int launched_size, launched = comm_launch_rank(&launched_size);

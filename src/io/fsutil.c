@@ -120,6 +120,49 @@ int fs_lock_dir(const char *dir, MoeErr err) {
     return fd;
 }
 
+static const char *fs_kind(mode_t mode) {
+    if (S_ISDIR(mode)) return "a directory";
+    if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+    if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
+    if (S_ISSOCK(mode)) return "a socket";
+    return "a special file";
+}
+
+int fs_open_regular(const char *path, const char *what, MoeErr err) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return moe_err(err, "%s: cannot open %s: %s", path, what, strerror(errno));
+    struct stat st;
+    int rc = 0;
+    if (fstat(fd, &st)) rc = moe_err(err, "%s: cannot stat %s: %s", path, what, strerror(errno));
+    else if (!S_ISREG(st.st_mode))
+        rc = moe_err(err, "%s: the %s is %s, not a regular file", path, what, fs_kind(st.st_mode));
+    else if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK))
+        rc = moe_err(err, "%s: cannot open %s: %s", path, what, strerror(errno));
+    if (rc) close(fd);
+    return rc ? -1 : fd;
+}
+
+FILE *fs_fopen_regular(const char *path, const char *what, MoeErr err) {
+    int fd = fs_open_regular(path, what, err);
+    FILE *f = fd < 0 ? NULL : fdopen(fd, "rb");
+    if (fd >= 0 && !f) {
+        moe_err(err, "%s: cannot open %s: %s", path, what, strerror(errno));
+        close(fd);
+    }
+    return f;
+}
+
+json_t *fs_load_json(const char *path, const char *what, MoeErr err) {
+    FILE *f = fs_fopen_regular(path, what, err);
+    if (!f) return NULL;
+    json_error_t jerr;
+    json_t *root = json_loadf(f, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root && ferror(f)) moe_err(err, "%s: cannot read %s: %s", path, what, strerror(errno));
+    else if (!root) moe_err(err, "%s:%d:%d: malformed JSON: %s", path, jerr.line, jerr.column, jerr.text);
+    fclose(f);
+    return root;
+}
+
 int fs_write_json_synced(const char *path, json_t *root, MoeErr err) {
     FILE *f = fopen(path, "w");
     if (!f) return moe_err(err, "%s: cannot write (%s)", path, strerror(errno));

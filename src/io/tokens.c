@@ -200,7 +200,10 @@ static int npy_read_header(TokenFile *f, MoeErr err) {
                        "%s: truncated .npy header: it claims %zu bytes but the file has %zu in all",
                        f->path, header_len, f->map_bytes);
     NpyDict d;
-    const char *text = (const char *)f->base + prefix;
+    const char *text = (const char *)f->base + prefix, *nul = memchr(text, 0, header_len);
+    if (nul)
+        return moe_err(err, "%s: malformed .npy header: a NUL byte at header offset %zu (a damaged file?)",
+                       f->path, (size_t)(nul - text));
     const char *why = npy_parse_dict(text, header_len, &d);
     if (why)
         return moe_err(err, "%s: malformed .npy header: %s (header: %.*s)", f->path, why,
@@ -225,13 +228,12 @@ static int npy_read_header(TokenFile *f, MoeErr err) {
 // Token files
 
 static int token_file_map(TokenFile *f, const char *path, MoeErr err) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return moe_err(err, "%s: cannot open token file: %s", path, strerror(errno));
+    int fd = fs_open_regular(path, "token file", err);
+    if (fd < 0) return -1;
     struct stat st;
     int rc = 0;
     if (fstat(fd, &st) != 0)
         rc = moe_err(err, "%s: cannot stat token file: %s", path, strerror(errno));
-    else if (!S_ISREG(st.st_mode)) rc = moe_err(err, "%s: not a regular file", path);
     else if (st.st_size == 0)
         rc = moe_err(err, "%s: empty token file; regenerate it or drop it from the list", path);
     if (rc == 0) {
@@ -359,16 +361,32 @@ static int dataset_add_mix_entry(Dataset *ds, size_t *cap, const char *mix_path,
     return 0;
 }
 
+// A data-list line as text: NULL with a message when it holds a NUL byte (C strings would cut the
+// path there); the UTF-8 byte-order mark some editors write at the start of a file is skipped.
+static char *dataset_list_text(char *line, size_t len, const char *mix_path, size_t line_no, MoeErr err) {
+    if (memchr(line, 0, len)) {
+        moe_err(err, "%s:%zu: the line holds a NUL byte; a data list is text, one path per line", mix_path,
+                line_no);
+        return NULL;
+    }
+    return line_no == 1 && !strncmp(line, "\xEF\xBB\xBF", 3) ? line + 3 : line;
+}
+
 static int dataset_add_mix(Dataset *ds, size_t *cap, const char *mix_path, int token_bytes,
                            MoeErr err) {
-    FILE *fp = fopen(mix_path, "r");
-    if (!fp) return moe_err(err, "%s: cannot open data list: %s", mix_path, strerror(errno));
+    FILE *fp = fs_fopen_regular(mix_path, "data list", err);
+    if (!fp) return -1;
     char *line = NULL;
     size_t line_cap = 0, line_no = 0, n_entries = 0;
+    ssize_t len;
     int rc = 0;
-    while (rc == 0 && getline(&line, &line_cap, fp) != -1) {
-        line_no++;
-        char *entry = dataset_mix_entry(line);
+    while (rc == 0 && (len = getline(&line, &line_cap, fp)) != -1) {
+        char *text = dataset_list_text(line, (size_t)len, mix_path, ++line_no, err);
+        if (!text) {
+            rc = -1;
+            break;
+        }
+        char *entry = dataset_mix_entry(text);
         if (!*entry) continue;
         char *path = dataset_resolve(mix_path, entry);
         rc = dataset_add_mix_entry(ds, cap, mix_path, line_no, path, n_entries++ == 0, token_bytes,
@@ -526,12 +544,12 @@ int dataset_read(Dataset *ds, uint64_t index, int32_t *out, MoeErr err) {
 // `moe data prepare`: byte-level tokens
 
 static int data_read_all(const char *path, uint8_t **text, size_t *n, MoeErr err) {
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return moe_err(err, "%s: cannot open text file: %s", path, strerror(errno));
+    FILE *fp = fs_fopen_regular(path, "text file", err);
+    if (!fp) return -1;
     struct stat st;
     int rc = 0;
-    if (fstat(fileno(fp), &st) != 0 || !S_ISREG(st.st_mode))
-        rc = moe_err(err, "%s: not a regular file", path);
+    if (fstat(fileno(fp), &st) != 0)
+        rc = moe_err(err, "%s: cannot stat text file: %s", path, strerror(errno));
     else if (st.st_size == 0) rc = moe_err(err, "%s: empty text file; nothing to tokenize", path);
     if (rc == 0) {
         *n = (size_t)st.st_size;

@@ -338,9 +338,8 @@ int ckpt_resolve(const char *arg, char *path, size_t len, MoeErr err) {
 int ckpt_read_state(const char *ckpt_dir, Config *cfg, TrainState *st, MoeErr err) {
     char path[4200];
     snprintf(path, sizeof path, "%s/train_state.json", ckpt_dir);
-    json_error_t jerr;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root) return moe_err(err, "%s: cannot read checkpoint state (%s)", path, jerr.text);
+    json_t *root = fs_load_json(path, "checkpoint state", err);
+    if (!root) return -1;
     json_t *format = json_object_get(root, "format"), *step = json_object_get(root, "step");
     json_t *pos = json_object_get(root, "data_position"), *config = json_object_get(root, "config");
     int rc = 0;
@@ -381,12 +380,12 @@ static int reader_open(CkptReader *r, const char *dir, const char *prefix, MoeEr
     char path[4300];
     snprintf(path, sizeof path, "%s/%s.safetensors.index.json", dir, prefix);
     if (!fs_exists(path)) return 0;
-    json_error_t jerr;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
-    json_t *map = root ? json_object_get(root, "weight_map") : NULL;
+    json_t *root = fs_load_json(path, "safetensors index", err);
+    if (!root) return -1;
+    json_t *map = json_object_get(root, "weight_map");
     if (!json_is_object(map)) {
         json_decref(root);
-        return moe_err(err, "%s: not a safetensors index (%s)", path, root ? "no weight_map object" : jerr.text);
+        return moe_err(err, "%s: not a safetensors index (no weight_map object)", path);
     }
     r->map = json_incref(map);
     json_decref(root);
@@ -409,6 +408,11 @@ static const SafeTensors *reader_file(CkptReader *r, const char *name, MoeErr er
             return NULL;
         }
         snprintf(file, sizeof file, "%s", json_string_value(f));
+        if (strchr(file, '/') || !strcmp(file, "..")) { // the index must not reach other files
+            moe_err(err, "%s/%s.safetensors.index.json: tensor '%s' is in '%s', which is not a file of the "
+                    "checkpoint directory; an index names files beside it only", r->dir, r->prefix, name, file);
+            return NULL;
+        }
     } else {
         snprintf(file, sizeof file, "%s.safetensors", r->prefix);
     }

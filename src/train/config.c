@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "dist/parallel.h"
+#include "io/fsutil.h"
 
 typedef enum { KEY_INT, KEY_REAL, KEY_BOOL, KEY_STR, KEY_ENUM } KeyType;
 
@@ -254,14 +255,8 @@ int config_apply_json(Config *c, json_t *root, const char *source, MoeErr err) {
 }
 
 int config_load_file(Config *c, const char *path, MoeErr err) {
-    json_error_t jerr;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root) {
-        if (jerr.line < 0 || strstr(jerr.text, "unable to open"))
-            return moe_err(err, "%s: cannot read config file (%s)", path, jerr.text);
-        return moe_err(err, "%s:%d:%d: malformed JSON: %s", path, jerr.line, jerr.column,
-                       jerr.text);
-    }
+    json_t *root = fs_load_json(path, "config file", err);
+    if (!root) return -1;
     int rc = config_apply_json(c, root, path, err);
     json_decref(root);
     return rc;
