@@ -555,6 +555,48 @@ static void test_sequence_boundaries(void) {
     tmp_dir_remove(dir);
 }
 
+// Mappings of this process (lines of /proc/self/maps).
+static size_t count_maps(void) {
+    FILE *fp = fopen("/proc/self/maps", "r");
+    size_t n = 0;
+    for (int c; fp && (c = fgetc(fp)) != EOF;) n += c == '\n';
+    if (fp) fclose(fp);
+    return n;
+}
+
+// A list of many files keeps only a few mapped: 70,000 files used to exhaust vm.max_map_count.
+static void test_many_files(void) {
+    enum { N_FILES = 300, S = 2 };
+    char dir[64], path[PATH_MAX], mix[PATH_MAX], name[32];
+    MoeErr err;
+    tmp_dir_make(dir, sizeof dir);
+    FILE *list = fopen(tmp_path(mix, dir, "many.list"), "w");
+    for (int i = 0; i < N_FILES; i++) {
+        uint32_t ids[2 * S + 1];
+        iota(ids, 2 * S + 1, (uint32_t)(10 * i));
+        snprintf(name, sizeof name, "f%03d.npy", i);
+        write_ids(tmp_path(path, dir, name), ids, 2 * S + 1, 2);
+        fprintf(list, "%s\n", name);
+    }
+    fclose(list);
+    size_t before = count_maps(), most = 0;
+    Dataset ds;
+    int32_t seq[S + 1];
+    CHECK_OK(dataset_open(&ds, mix, S, 50304, 0, 1, true, err), err);
+    for (uint64_t i = 0; i < 2 * (uint64_t)ds.n_seqs && !test_failures; i++) {
+        CHECK_OK(dataset_read(&ds, i, seq, err), err);
+        size_t k = dataset_permute(1, i / ds.n_seqs, ds.n_seqs, i % ds.n_seqs); // file k / 2, half k % 2
+        CHECK_MSG(seq[0] == (int32_t)(10 * (k / 2) + S * (k % 2)), "index %llu: sequence starts at %d",
+                  (unsigned long long)i, seq[0]);
+        size_t now = count_maps();
+        most = now > most ? now : most;
+    }
+    CHECK_MSG(most <= before + DATASET_MAX_MAPS + 4, "%zu mappings while reading %d files (%zu before)",
+              most, N_FILES, before);
+    dataset_close(&ds);
+    tmp_dir_remove(dir);
+}
+
 // FIFOs are refused at once, wherever a file is expected (opening one would wait for a writer).
 static void test_fifo(void) {
     char dir[64], fifo[PATH_MAX], mix[PATH_MAX], out[PATH_MAX];
@@ -837,6 +879,7 @@ const TestCase data_tests[] = {
     {"data_comma_list", test_comma_list},
     {"data_sequence_boundaries", test_sequence_boundaries},
     {"data_shuffle", test_shuffle},
+    {"data_many_files_few_maps", test_many_files},
     {"data_fifo_refused", test_fifo},
     {"data_permute", test_permute},
     {"data_prepare_round_trip", test_prepare_round_trip},

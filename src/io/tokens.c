@@ -276,8 +276,23 @@ int token_file_open(TokenFile *f, const char *path, int token_bytes, size_t voca
     return rc;
 }
 
-void token_file_close(TokenFile *f) {
+void token_file_unmap(TokenFile *f) {
     if (f->base) munmap((void *)f->base, f->map_bytes);
+    f->base = NULL;
+}
+
+// Maps a file opened before and unmapped since, which must not have changed size meanwhile.
+static int token_file_remap(TokenFile *f, MoeErr err) {
+    size_t bytes = f->map_bytes;
+    if (token_file_map(f, f->path, err)) return -1;
+    if (f->map_bytes == bytes) return 0;
+    token_file_unmap(f);
+    return moe_err(err, "%s: the token file changed size while in use (%zu bytes, %zu when it was "
+                   "opened); data must not change during a run", f->path, f->map_bytes, bytes);
+}
+
+void token_file_close(TokenFile *f) {
+    token_file_unmap(f);
     free(f->path);
     memset(f, 0, sizeof *f);
 }
@@ -306,7 +321,7 @@ static int dataset_add_file(Dataset *ds, size_t *cap, const char *path, int toke
         ds->files = moe_realloc(ds->files, *cap * sizeof *ds->files);
     }
     if (token_file_open(&ds->files[ds->n_files], path, token_bytes, ds->vocab_size, err)) return -1;
-    ds->n_files++;
+    token_file_unmap(&ds->files[ds->n_files++]); // mapped again when read (dataset_map)
     return 0;
 }
 
@@ -519,11 +534,32 @@ static size_t dataset_file_of(const Dataset *ds, size_t k) {
     return lo;
 }
 
+// Maps file f for reading. At most DATASET_MAX_MAPS files stay mapped, the least recently read
+// unmapped first: a list of many files must not exhaust the process's mappings (vm.max_map_count,
+// 65530 by default) nor its address space.
+static int dataset_map(Dataset *ds, size_t f, MoeErr err) {
+    TokenFile *tf = &ds->files[f];
+    tf->last_read = ++ds->clock;
+    if (tf->base) return 0;
+    size_t slot = ds->n_mapped;
+    if (slot == DATASET_MAX_MAPS) {
+        slot = 0;
+        for (size_t i = 1; i < DATASET_MAX_MAPS; i++)
+            if (ds->files[ds->mapped[i]].last_read < ds->files[ds->mapped[slot]].last_read) slot = i;
+        token_file_unmap(&ds->files[ds->mapped[slot]]);
+    } else {
+        ds->n_mapped++;
+    }
+    ds->mapped[slot] = f;
+    return token_file_remap(tf, err);
+}
+
 int dataset_read(Dataset *ds, uint64_t index, int32_t *out, MoeErr err) {
     uint64_t epoch = index / ds->n_seqs;
     size_t k = (size_t)(index % ds->n_seqs);
     if (ds->shuffle) k = (size_t)dataset_permute(ds->seed, epoch, ds->n_seqs, k);
     size_t f = dataset_file_of(ds, k);
+    if (dataset_map(ds, f, err)) return -1;
     const TokenFile *tf = &ds->files[f];
     size_t start = (k - ds->first_seq[f]) * ds->seq_len;
     for (size_t i = 0; i <= ds->seq_len; i++) {
