@@ -3,6 +3,7 @@
 // given) and its run length, device and layout from this command line.
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -64,6 +65,25 @@ static int lock_run(Config *cfg) {
     return lock;
 }
 
+// Whether a run resumed at st has steps to do; says so when it has none (`speaks`: the rank that
+// prints). A --stop-at before the checkpoint's step is an error: the run cannot go back.
+static bool resume_has_work(const Config *cfg, const TrainState *st, const char *ckpt, int64_t stop_at,
+                            bool speaks) {
+    if (stop_at && stop_at < st->step)
+        moe_fatal("moe train: --stop-at %" PRId64 " is before step %" PRId64 " of the checkpoint %s; pass a "
+                  "later step (a run cannot go back)", stop_at, st->step, ckpt);
+    if (st->step >= cfg->train.steps) {
+        if (speaks)
+            printf("%s: already at step %" PRId64 " of train.steps = %d; pass a larger train.steps to continue\n",
+                   ckpt, st->step, cfg->train.steps);
+        return false;
+    }
+    if (st->step == stop_at && speaks)
+        printf("%s: already at step %" PRId64 " (--stop-at); pass a later --stop-at, or none, to continue\n",
+               ckpt, st->step);
+    return st->step != stop_at;
+}
+
 // The arguments without `--nproc N`: what each started rank runs.
 static int drop_nproc(int argc, char **argv, char **out) {
     int n = 0;
@@ -108,16 +128,10 @@ int cmd_train(int argc, char **argv, Comm *world) {
         apply_overrides(&cfg, n_kv, kv);
     }
     if (config_validate(&cfg, err)) moe_fatal("%s", err);
-    if (resume) {
-        check_resumable(&cfg, &saved, ckpt);
-        if (state.step >= cfg.train.steps) {
-            if (world->rank == 0 && launched <= 0) printf("%s: already at step %" PRId64 " of train.steps = %d; pass a larger train.steps to "
-                   "continue\n", ckpt, state.step, cfg.train.steps);
-            return 0;
-        }
-    }
     int64_t stop_at = values[0] ? (int64_t)cli_number("--stop-at", values[0], 1, 9007199254740992.0) : 0;
-    train_run(&cfg, world, resume ? ckpt : NULL, stop_at);
+    if (resume) check_resumable(&cfg, &saved, ckpt);
+    if (!resume || resume_has_work(&cfg, &state, ckpt, stop_at, world->rank == 0 && launched <= 0))
+        train_run(&cfg, world, resume ? ckpt : NULL, stop_at);
     if (lock >= 0) close(lock);
     free(kv);
     free(pos);

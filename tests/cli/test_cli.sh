@@ -118,6 +118,9 @@ cmp -s "$tmp/straight/step-20/$MF" "$tmp/threads1/step-20/$MF" &&
 ls -d "$tmp"/straight/step-* | wc -l | grep -qx 2 && ok "keeps the last N checkpoints" || bad "keeps the last N checkpoints" "$(ls "$tmp/straight")"
 run train.steps=20 train.out="$tmp/straight" && grep -q "already at step 20" "$tmp/last.log" &&
     ok "finished run: nothing to do" || bad "finished run: nothing to do" "$(cat "$tmp/last.log")"
+expect_error "--stop-at before the checkpoint is an error" "--stop-at 5 is before step 20 of the checkpoint" $MOE train $TINY train.steps=30 train.out="$tmp/straight" --stop-at 5
+run train.steps=30 train.out="$tmp/straight" --stop-at 20 && grep -q "already at step 20 (--stop-at)" "$tmp/last.log" &&
+    ok "--stop-at at the checkpoint: nothing to do" || bad "--stop-at at the checkpoint: nothing to do" "$(cat "$tmp/last.log")"
 # Step counts are 64-bit: a checkpoint past 2^31 steps is read as it is, not wrapped to a negative step.
 mkdir -p "$tmp/big" && cp -r "$tmp/straight/step-20" "$tmp/big/step-3000000000"
 sed -i 's/"step": 20,/"step": 3000000000,/' "$tmp/big/step-3000000000/train_state.json"
