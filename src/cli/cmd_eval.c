@@ -2,6 +2,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "cli.h"
 #include "train/train.h"
@@ -24,6 +25,7 @@ int cmd_eval(int argc, char **argv, Comm *world) {
     int n_pos;
     cli_parse(&SPEC, argc, argv, values, &pos, &n_pos);
     cli_single_rank(SPEC.command, world);
+    free(pos); // no positional arguments
     if (!values[0] || n_pos) {
         cli_usage(&SPEC, false);
         return 1;

@@ -57,6 +57,7 @@ int cmd_sample(int argc, char **argv, Comm *world) {
     int n_pos;
     cli_parse(&SPEC, argc, argv, values, &pos, &n_pos);
     cli_single_rank(SPEC.command, world);
+    free(pos); // no positional arguments
     if (!values[0] || n_pos) {
         cli_usage(&SPEC, false);
         return 1;

@@ -102,7 +102,10 @@ int cmd_train(int argc, char **argv, Comm *world) {
     if (values[1]) {
         int n = (int)cli_number("--nproc", values[1], 1, 1024);
         char **rest = moe_calloc((size_t)argc + 1, sizeof(char *));
-        return cli_launch_local(n, drop_nproc(argc, argv, rest), rest);
+        int rc = cli_launch_local(n, drop_nproc(argc, argv, rest), rest);
+        free(rest);
+        free(pos);
+        return rc;
     }
     char **kv = moe_calloc((size_t)n_pos + 1, sizeof(char *));
     const char *config_path = split_args(n_pos, pos, kv, &n_kv);
