@@ -513,8 +513,10 @@ void ckpt_open_model(const char *arg, Config *cfg, Parallel *par, Model *m, size
     TrainState st;
     if (ckpt_resolve(arg, dir, sizeof dir, err) || ckpt_read_state(dir, cfg, &st, err))
         moe_fatal("%s", err);
+    const Ops *ops = train_backend(cfg);
+    train_check_memory(cfg, ops, 1, 0, false);
     train_single_process(par, cfg);
-    model_init(m, &cfg->model, train_backend(cfg), par, B ? B : (size_t)cfg->train.micro_batch,
+    model_init(m, &cfg->model, ops, par, B ? B : (size_t)cfg->train.micro_batch,
                S ? S : (size_t)cfg->train.seq_len, 1, 1);
     if (ckpt_load(dir, m, NULL, err)) moe_fatal("%s", err);
 }

@@ -53,8 +53,17 @@ static void check_cuda_shapes(const ModelConfig *c) {
         moe_fatal("train.device = cuda supports model.head_dim 16, 32, 64 or 128 (it is %d)", hd);
 }
 
+// More threads than cores only wait for each other: train.threads is capped at 4 per core.
+static void set_threads(int threads) {
+    int cap = 4 * moe_cpu_cores();
+    if (threads > cap)
+        fprintf(stderr, "note: train.threads = %d is more than 4 per core (%d cores here); using %d\n", threads,
+                moe_cpu_cores(), cap);
+    if (threads > 0) omp_set_num_threads(threads < cap ? threads : cap);
+}
+
 const Ops *train_backend(const Config *cfg) {
-    if (cfg->train.threads > 0) omp_set_num_threads(cfg->train.threads);
+    set_threads(cfg->train.threads);
     if (strcmp(cfg->train.device, "cuda")) return ops_cpu();
     const Ops *ops = ops_cuda(comm_local_rank(0)); // one GPU per process on a node
     if (!ops) moe_fatal("train.device = cuda, but this moe was built without CUDA (build with make CUDA=1)");
@@ -312,6 +321,48 @@ static Comm *device_world(const Config *cfg, Comm *host) {
     return gpu && (host->size > 1 || comm_launch_rank(&launched) >= 0) ? comm_nccl_world(host) : host;
 }
 
+TrainMemory train_memory_plan(const Config *cfg, int world, int rank, bool bf16) {
+    const ModelConfig *mc = &cfg->model;
+    Parallel par;
+    Comm groups[4];
+    MoeErr err;
+    if (parallel_plan(&par, groups, world, rank, cfg->parallel.pp, cfg->parallel.ep, mc->n_layers,
+                      mc->n_experts, model_n_moe_layers(mc) > 0, cfg->train.micro_batch, err))
+        moe_fatal("%s", err);
+    par.exchange = (ExchangeMode)cfg->parallel.exchange; // auto is planned as direct (one node)
+    par.recv_capacity = cfg->parallel.recv_capacity;
+    Model m;
+    Optimizer o;
+    int slots = pipeline_slots(par.lay.pp, par.lay.stage, cfg->train.micro_batches);
+    model_init(&m, mc, ops_counting(bf16), &par, (size_t)par.lay.micro_per_rank,
+               (size_t)cfg->train.seq_len, slots, cfg->train.micro_batches);
+    optim_init(&o, &m);
+    TrainMemory r = {(double)m.reg.total, (double)o.state_bytes, (double)m.bytes};
+    model_free(&m);
+    return r;
+}
+
+void train_check_memory(const Config *cfg, const Ops *ops, int world, int rank, bool training) {
+    const double GiB = 1073741824.0;
+    double avail = ops->memory_available ? (double)ops->memory_available() : 0;
+    ModelFloor f = model_memory_floor(&cfg->model);
+    double floor = ((training ? f.weights : f.weights / 4) + f.table) / world;
+    if (avail > 0 && floor > avail)
+        moe_fatal("the model needs at least %.4g GiB per rank (%.4g parameters: fp32 weights%s, over %d "
+                  "rank(s)), but %.4g GiB are available to the %s backend here; use a smaller model or more "
+                  "ranks", floor / GiB, model_param_counts(&cfg->model).total,
+                  training ? ", gradients and AdamW moments" : "", world, avail / GiB, ops->name);
+    MoeErr err;
+    if (config_check_sizable(cfg, err)) moe_fatal("%s", err);
+    if (!training || avail <= 0) return;
+    double plan = train_memory_plan(cfg, world, rank, ops->act_size == 2).total;
+    if (plan > avail)
+        moe_fatal("rank %d's memory plan is %.4g GiB (weights, gradients, optimizer state and activations of "
+                  "train.micro_batch = %d sequences of train.seq_len = %d), but %.4g GiB are available to the "
+                  "%s backend here; lower train.micro_batch or the model size, or use more ranks", rank,
+                  plan / GiB, cfg->train.micro_batch, cfg->train.seq_len, avail / GiB, ops->name);
+}
+
 static void trainer_open(Trainer *t, const Config *cfg, Comm *host, const char *resume, bool synthetic) {
     MoeErr err;
     memset(t, 0, sizeof *t);
@@ -320,6 +371,7 @@ static void trainer_open(Trainer *t, const Config *cfg, Comm *host, const char *
     const Ops *ops = train_backend(cfg); // picks this process's GPU before NCCL starts
     t->host = host;
     Comm *world = t->world = device_world(cfg, host);
+    train_check_memory(cfg, ops, world->size, world->rank, true);
     const TrainConfig *tc = &t->cfg.train;
     const ModelConfig *mc = &t->cfg.model;
     parallel_init(&t->par, world, cfg->parallel.pp, cfg->parallel.ep, mc->n_layers, mc->n_experts,

@@ -47,5 +47,21 @@ double train_matmul_tflops(const Ops *ops);
 // Trains `warmup` then `steps` steps of cfg on random token ids (nothing written) and measures.
 void train_bench(const Config *cfg, Comm *world, int warmup, int steps, BenchReport *r);
 
+typedef struct {
+    double params, optimizer, total; // per rank: parameters held, optimizer state bytes, all bytes
+} TrainMemory;
+
+// Rank `rank`'s memory for training cfg on `world` ranks, measured by sizing its model and
+// optimizer on a backend that only counts allocations (bf16: activations as a GPU keeps them).
+// cfg must pass config_check_sizable.
+TrainMemory train_memory_plan(const Config *cfg, int world, int rank, bool bf16);
+
+// Exits with a message giving both numbers when a model is more than the backend can hold, before
+// anything is allocated (Linux grants an allocation past the machine's memory, then kills the
+// process that touches it): the arithmetic floor (model_memory_floor; for a model that is only
+// evaluated, its fp32 weights), the sizes (config_check_sizable), then, for training, this rank's
+// exact plan.
+void train_check_memory(const Config *cfg, const Ops *ops, int world, int rank, bool training);
+
 // A one-process layout (every layer and expert here), for the commands that do not train.
 void train_single_process(Parallel *par, const Config *cfg);

@@ -51,6 +51,21 @@ expect_error "unknown command suggests" "did you mean 'train'" $MOE trian
 expect_error "unknown option suggests" "did you mean '--data'" $MOE eval --ckpt x --dta y
 expect_error "unknown device" "train.device = 'tpu' is unknown \(choices: cpu, cuda\)" $MOE train train.device=tpu train.out="$tmp/never"
 
+# ---------------------------------------------------------------- sizes past the machine
+# Refused before anything is allocated (the kernel used to kill a run that grew past the memory),
+# with the plan and what is available; moe inspect prints the arithmetic floor of such a model.
+expect_error "a model past the machine's memory" "needs at least [0-9.e+]+ GiB per rank .* but [0-9.]+ GiB are available" \
+    timeout 20 $MOE train $TINY model.n_experts=1000000000 train.out="$tmp/never"
+expect_error "activations past the machine's memory" "memory plan is [0-9.e+]+ GiB .* but [0-9.]+ GiB are available" \
+    timeout 20 $MOE train $TINY train.micro_batch=100000000 train.eval_every=0 train.out="$tmp/never"
+expect_error "a buffer past what moe.c sizes" "tokens of a step .* more than moe.c sizes in one buffer" \
+    timeout 20 $MOE train $TINY train.micro_batch=2000000000 train.seq_len=100000 train.eval_every=0 train.out="$tmp/never"
+expect_error "train.threads past the hard limit" "train.threads = 100000 is more than the 4096 threads" \
+    $MOE train $TINY train.threads=100000 train.out="$tmp/never"
+out=$(timeout 20 $MOE inspect configs/bench/scale-E8.json $TINY model.n_experts=1000000000 2>&1)
+grep -qE "at least: [0-9.e+]+ GiB .*" <<<"$out" && grep -q "the exact plan is not sized" <<<"$out" &&
+    ok "inspect of a huge model: the arithmetic floor" || bad "inspect of a huge model: the arithmetic floor" "$out"
+
 # ---------------------------------------------------------------- bad data
 : > "$tmp/empty.npy"
 printf 'abc' > "$tmp/odd.npy"
@@ -112,6 +127,10 @@ run train.steps=20 train.ckpt_every=10 train.out="$tmp/again"
 cmp -s "$tmp/straight/step-20/$MF" "$tmp/again/step-20/$MF" &&
     ok "same seed twice: bit-identical weights" || bad "same seed twice: bit-identical weights" "files differ"
 run train.steps=20 train.ckpt_every=10 train.out="$tmp/threads1" train.threads=1
+cores=$(nproc)
+run train.steps=20 train.ckpt_every=10 train.out="$tmp/threads_many" train.threads=$((8 * cores)) &&
+    grep -q "using $((4 * cores))" "$tmp/last.log" && cmp -s "$tmp/straight/step-20/$MF" "$tmp/threads_many/step-20/$MF" &&
+    ok "train.threads capped at 4 per core, same weights" || bad "train.threads capped at 4 per core, same weights" "$(head -3 "$tmp/last.log")"
 cmp -s "$tmp/straight/step-20/$MF" "$tmp/threads1/step-20/$MF" &&
     ok "1 thread and all threads give identical weights" || bad "1 thread and all threads give identical weights" "files differ"
 
