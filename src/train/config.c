@@ -385,6 +385,14 @@ static void key_text(const Config *c, const ConfigKey *k, char *buf, size_t len)
     json_decref(v);
 }
 
+void config_write_text(const Config *c, FILE *f) {
+    char value[CONFIG_PATH_LEN + 64];
+    for (size_t i = 0; i < N_KEYS; i++) {
+        key_text(c, &KEYS[i], value, sizeof value);
+        fprintf(f, "%s = %s\n", KEYS[i].key, value);
+    }
+}
+
 const char *config_model_diff(const Config *x, const Config *y, char *a, char *b, size_t len) {
     for (size_t i = 0; i < N_KEYS; i++) {
         if (strncmp(KEYS[i].key, "model.", 6)) continue;

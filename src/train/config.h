@@ -69,6 +69,9 @@ int config_check_sizable(const Config *c, MoeErr err);
 // checkpoint: the parallel layout, device, threads and communication timeout.
 void config_reset_placement(Config *c);
 json_t *config_to_json(const Config *c);
+// Every key as a "section.key = value" line (values as JSON), in table order: a canonical text of
+// the config that ranks compare line by line.
+void config_write_text(const Config *c, FILE *f);
 // The first model.* key whose value differs; NULL if the model sections match. Values into a, b.
 const char *config_model_diff(const Config *x, const Config *y, char *a, char *b, size_t len);
 void config_print_keys(FILE *f); // every key with its type, default and meaning

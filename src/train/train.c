@@ -363,13 +363,56 @@ void train_check_memory(const Config *cfg, const Ops *ops, int world, int rank, 
                   plan / GiB, cfg->train.micro_batch, cfg->train.seq_len, avail / GiB, ops->name);
 }
 
-static void trainer_open(Trainer *t, const Config *cfg, Comm *host, const char *resume, bool synthetic) {
+// The training and validation data (none for a benchmark).
+static void open_data(Trainer *t) {
+    const Config *cfg = &t->cfg;
+    MoeErr err;
+    char what[CONFIG_PATH_LEN + 16];
+    if (t->synthetic) return;
+    train_open_dataset(&t->train, cfg, cfg->data.train, true);
+    t->has_val = cfg->data.val[0] && cfg->train.eval_every > 0;
+    if (!t->has_val) return;
+    snprintf(what, sizeof what, "data.val %s", cfg->data.val);
+    train_open_dataset(&t->val, cfg, cfg->data.val, false);
+    if (eval_check_data(&t->val, cfg, what, err))
+        moe_fatal("%s: use more validation data, or train.eval_every=0 for none", err);
+}
+
+static void write_files(FILE *f, const char *what, const Dataset *ds) {
+    for (size_t i = 0; i < ds->n_files; i++)
+        fprintf(f, "%s file %zu = %s (%zu bytes)\n", what, i, ds->files[i].path, ds->files[i].map_bytes);
+}
+
+// Ranks started with different settings would size different buffers and corrupt each other's
+// memory in their first collective: before any, every rank must hold rank 0's config, data files
+// (names and sizes), checkpoint and stop step.
+static void check_same_run(const Trainer *t, Comm *host, const char *resume, int64_t stop_at) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    MOE_CHECK(f, "out of host memory comparing the ranks' settings");
+    config_write_text(&t->cfg, f);
+    write_files(f, "data.train", &t->train);
+    if (t->has_val) write_files(f, "data.val", &t->val);
+    fprintf(f, "resumed from = %s\n--stop-at = %" PRId64 "\n", resume ? resume : "(none)", stop_at);
+    fclose(f);
+    MoeErr err;
+    if (comm_agree_text(host, text, err))
+        moe_fatal("the ranks were started with different settings: %s; start every rank with the same "
+                  "command line, config and data", err);
+    free(text);
+}
+
+static void trainer_open(Trainer *t, const Config *cfg, Comm *host, const char *resume, int64_t stop_at,
+                         bool synthetic) {
     MoeErr err;
     memset(t, 0, sizeof *t);
     t->cfg = *cfg;
     t->synthetic = synthetic;
     const Ops *ops = train_backend(cfg); // picks this process's GPU before NCCL starts
     t->host = host;
+    open_data(t);
+    check_same_run(t, host, resume, stop_at);
     Comm *world = t->world = device_world(cfg, host);
     train_check_memory(cfg, ops, world->size, world->rank, true);
     const TrainConfig *tc = &t->cfg.train;
@@ -380,15 +423,6 @@ static void trainer_open(Trainer *t, const Config *cfg, Comm *host, const char *
     t->par.recv_capacity = cfg->parallel.recv_capacity;
     const Layout *l = &t->par.lay;
     t->root = world->rank == 0;
-    if (!synthetic) train_open_dataset(&t->train, cfg, cfg->data.train, true);
-    t->has_val = !synthetic && cfg->data.val[0] && tc->eval_every > 0;
-    if (t->has_val) {
-        char what[CONFIG_PATH_LEN + 16];
-        snprintf(what, sizeof what, "data.val %s", cfg->data.val);
-        train_open_dataset(&t->val, cfg, cfg->data.val, false);
-        if (eval_check_data(&t->val, cfg, what, err))
-            moe_fatal("%s: use more validation data, or train.eval_every=0 for none", err);
-    }
     if (t->root && !synthetic && fs_mkdir_p(tc->out, err)) moe_fatal("train.out: %s", err);
     int slots = pipeline_slots(l->pp, l->stage, tc->micro_batches);
     model_init(&t->model, mc, ops, &t->par, (size_t)l->micro_per_rank, (size_t)tc->seq_len, slots,
@@ -455,7 +489,7 @@ static void print_banner(const Trainer *t) {
 
 void train_run(const Config *cfg, Comm *world, const char *resume, int64_t stop_at) {
     Trainer t;
-    trainer_open(&t, cfg, world, resume, false);
+    trainer_open(&t, cfg, world, resume, stop_at, false);
     if (t.root) print_banner(&t);
     const TrainConfig *tc = &t.cfg.train;
     Comm *groups[4] = {t.par.world, t.par.dp, t.par.ep, t.par.edp};
@@ -507,7 +541,7 @@ double train_matmul_tflops(const Ops *ops) {
 
 void train_bench(const Config *cfg, Comm *world, int warmup, int steps, BenchReport *r) {
     Trainer t;
-    trainer_open(&t, cfg, world, NULL, true);
+    trainer_open(&t, cfg, world, NULL, 0, true);
     const Ops *ops = t.model.ops;
     memset(r, 0, sizeof *r);
     r->matmul_tflops = train_matmul_tflops(ops);
