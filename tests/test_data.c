@@ -310,6 +310,12 @@ static void test_npy_malformed(void) {
               path);
     CHECK_ERR(token_file_open(&f, path, 0, 50304, err), err, path,
               "unsupported .npy format version 4.0");
+
+    // A NUL byte inside the header: not read as the end of the dtype string ('<u2' + junk).
+    write_npy(path, 1, "{'descr': '<u2#', 'fortran_order': False, 'shape': (5,), }", 128, data, data_bytes);
+    fp = fopen(path, "r+b");
+    MOE_CHECK(fp && fseek(fp, 10 + 14, SEEK_SET) == 0 && fputc(0, fp) == 0 && fclose(fp) == 0, "patch %s", path);
+    CHECK_ERR(token_file_open(&f, path, 0, 50304, err), err, path, "a NUL byte at header offset 14");
     token_file_close(&f);
     tmp_dir_remove(dir);
 }
@@ -466,6 +472,15 @@ static void test_mix_file(void) {
     CHECK_ERR(dataset_open(&ds, mix, 3, 50304, 0, 1, false, err), err,
               "bad.mix:3:", "sub/odd.npy: 3 bytes");
 
+    // A NUL byte ends no path early (here it would leave the valid "sub/a.npy"); a UTF-8 byte-order
+    // mark at the start of the list is not part of the first path.
+    write_bytes(mix, "sub/a.npy\0junk\n", 15);
+    CHECK_ERR(dataset_open(&ds, mix, 3, 50304, 0, 1, false, err), err, "bad.mix:1:", "NUL byte");
+    write_text(mix, "\xEF\xBB\xBFsub/a.npy\nsub/b.npy\n");
+    CHECK_OK(dataset_open(&ds, mix, 3, 50304, 0, 1, false, err), err);
+    CHECK_MSG(ds.n_files == 2, "a list starting with a byte-order mark: %zu files", ds.n_files);
+    dataset_close(&ds);
+
     // Raw text handed over as data: the message says how to tokenize it.
     write_text(tmp_path(mix, dir, "shakespeare.txt"),
                "First Citizen:\nBefore we proceed any further, hear me speak.\n");
@@ -540,6 +555,66 @@ static void test_sequence_boundaries(void) {
     tmp_dir_remove(dir);
 }
 
+// Mappings of this process (lines of /proc/self/maps).
+static size_t count_maps(void) {
+    FILE *fp = fopen("/proc/self/maps", "r");
+    size_t n = 0;
+    for (int c; fp && (c = fgetc(fp)) != EOF;) n += c == '\n';
+    if (fp) fclose(fp);
+    return n;
+}
+
+// A list of many files keeps only a few mapped: 70,000 files used to exhaust vm.max_map_count.
+static void test_many_files(void) {
+    enum { N_FILES = 300, S = 2 };
+    char dir[64], path[PATH_MAX], mix[PATH_MAX], name[32];
+    MoeErr err;
+    tmp_dir_make(dir, sizeof dir);
+    FILE *list = fopen(tmp_path(mix, dir, "many.list"), "w");
+    for (int i = 0; i < N_FILES; i++) {
+        uint32_t ids[2 * S + 1];
+        iota(ids, 2 * S + 1, (uint32_t)(10 * i));
+        snprintf(name, sizeof name, "f%03d.npy", i);
+        write_ids(tmp_path(path, dir, name), ids, 2 * S + 1, 2);
+        fprintf(list, "%s\n", name);
+    }
+    fclose(list);
+    size_t before = count_maps(), most = 0;
+    Dataset ds;
+    int32_t seq[S + 1];
+    CHECK_OK(dataset_open(&ds, mix, S, 50304, 0, 1, true, err), err);
+    for (uint64_t i = 0; i < 2 * (uint64_t)ds.n_seqs && !test_failures; i++) {
+        CHECK_OK(dataset_read(&ds, i, seq, err), err);
+        size_t k = dataset_permute(1, i / ds.n_seqs, ds.n_seqs, i % ds.n_seqs); // file k / 2, half k % 2
+        CHECK_MSG(seq[0] == (int32_t)(10 * (k / 2) + S * (k % 2)), "index %llu: sequence starts at %d",
+                  (unsigned long long)i, seq[0]);
+        size_t now = count_maps();
+        most = now > most ? now : most;
+    }
+    CHECK_MSG(most <= before + DATASET_MAX_MAPS + 4, "%zu mappings while reading %d files (%zu before)",
+              most, N_FILES, before);
+    dataset_close(&ds);
+    tmp_dir_remove(dir);
+}
+
+// FIFOs are refused at once, wherever a file is expected (opening one would wait for a writer).
+static void test_fifo(void) {
+    char dir[64], fifo[PATH_MAX], mix[PATH_MAX], out[PATH_MAX];
+    MoeErr err;
+    Dataset ds;
+    tmp_dir_make(dir, sizeof dir);
+    MOE_CHECK(mkfifo(tmp_path(fifo, dir, "pipe.npy"), 0600) == 0, "mkfifo: %s", strerror(errno));
+    alarm(20); // a hang becomes a failure of the whole run, not a silent wait
+    CHECK_ERR(dataset_open(&ds, fifo, 3, 50304, 0, 1, false, err), err, "pipe.npy", "FIFO");
+    write_text(tmp_path(mix, dir, "list.txt"), "pipe.npy\n");
+    CHECK_ERR(dataset_open(&ds, mix, 3, 50304, 0, 1, false, err), err, "list.txt:1:", "not a regular file");
+    MOE_CHECK(mkfifo(tmp_path(mix, dir, "pipe.list"), 0600) == 0, "mkfifo: %s", strerror(errno));
+    CHECK_ERR(dataset_open(&ds, mix, 3, 50304, 0, 1, false, err), err, "pipe.list", "data list is a FIFO");
+    CHECK_ERR(data_prepare_bytes(fifo, tmp_path(out, dir, "out.npy"), NULL, 0, err), err, "text file is a FIFO");
+    alarm(0);
+    tmp_dir_remove(dir);
+}
+
 // The underlying sequence of each index of one epoch (ids equal positions, so seq[0] / S names it).
 static void epoch_order(Dataset *ds, uint64_t epoch, size_t *order) {
     int32_t seq[3];
@@ -601,9 +676,9 @@ static void test_shuffle(void) {
     CHECK_MSG(same_order(plain, identity, N_SEQS), "without shuffle the order is not the identity");
     // Pinned: checkpoints store only the stream index, so a changed shuffle would silently resume
     // a run on different data. Update these only together with a note in docs/FORMATS.md.
-    CHECK_MSG(e0[0] == 22 && e0[1] == 1 && e0[2] == 11 && e1[0] == 20 && e1[1] == 37 && e1[2] == 29,
-              "seed 1 order changed: epoch 0 starts %zu %zu %zu (was 22 1 11), epoch 1 starts "
-              "%zu %zu %zu (was 20 37 29)",
+    CHECK_MSG(e0[0] == 11 && e0[1] == 18 && e0[2] == 3 && e1[0] == 33 && e1[1] == 1 && e1[2] == 39,
+              "seed 1 order changed: epoch 0 starts %zu %zu %zu (was 11 18 3), epoch 1 starts "
+              "%zu %zu %zu (was 33 1 39)",
               e0[0], e0[1], e0[2], e1[0], e1[1], e1[2]);
 
     // Far into the stream (epoch 10^6) both objects still agree.
@@ -618,6 +693,46 @@ done:
     dataset_close(&ds_seed2);
     dataset_close(&ds_plain);
     tmp_dir_remove(dir);
+}
+
+static int compare_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+// The order of an epoch is a bijection of [0, n) for every n (1, 2, primes, powers of 2 and their
+// neighbours), the same on every call, and another for another epoch or seed.
+static void test_permute(void) {
+    static const uint64_t NS[] = {1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 17, 31, 32, 33, 64, 97, 100, 127,
+                                  128, 129, 1000, 1023, 1024, 4099, 65536, 65537};
+    for (size_t t = 0; t < sizeof NS / sizeof NS[0]; t++) {
+        uint64_t n = NS[t];
+        uint8_t *seen = calloc(n, 1);
+        size_t fixed = 0, same_epoch1 = 0, same_seed2 = 0, bad = 0;
+        for (uint64_t k = 0; k < n; k++) {
+            uint64_t p = dataset_permute(7, 3, n, k);
+            if (p >= n || seen[p]++ || p != dataset_permute(7, 3, n, k)) bad++;
+            fixed += p == k;
+            same_epoch1 += p == dataset_permute(7, 4, n, k);
+            same_seed2 += p == dataset_permute(8, 3, n, k);
+        }
+        CHECK_MSG(!bad, "n = %llu: %zu positions out of range, repeated or not deterministic",
+                  (unsigned long long)n, bad);
+        // a random permutation fixes about one point; allow a few where n is large enough to judge
+        if (n >= 16)
+            CHECK_MSG(fixed < n / 4 && same_epoch1 < n / 4 && same_seed2 < n / 4,
+                      "n = %llu: %zu fixed points, %zu agree with the next epoch, %zu with seed 8",
+                      (unsigned long long)n, fixed, same_epoch1, same_seed2);
+        free(seen);
+    }
+    // Huge n needs no memory: distinct positions stay distinct and inside [0, n).
+    enum { SAMPLE = 2000 };
+    uint64_t n = (1ull << 40) + 7, p[SAMPLE];
+    for (uint64_t k = 0; k < SAMPLE; k++) p[k] = dataset_permute(1, 0, n, k * 999983);
+    qsort(p, SAMPLE, sizeof p[0], compare_u64);
+    size_t bad = p[SAMPLE - 1] >= n;
+    for (size_t i = 1; i < SAMPLE; i++) bad += p[i] == p[i - 1];
+    CHECK_MSG(!bad, "n = 2^40 + 7: %zu of %d positions collide or fall outside", bad, SAMPLE);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -724,6 +839,33 @@ static void test_prepare_errors(void) {
     tmp_dir_remove(dir);
 }
 
+// An output that is the input (by any path: the same name, "./", a hard or symbolic link), or two
+// outputs that are one file, are refused before anything is written: the text stays whole.
+static void test_prepare_own_input(void) {
+    char dir[64], in[PATH_MAX], out[PATH_MAX], alias[PATH_MAX + 8], link_path[PATH_MAX];
+    MoeErr err;
+    tmp_dir_make(dir, sizeof dir);
+    static const char text[] = "notes\nmore notes\n";
+    write_text(tmp_path(in, dir, "notes.txt"), text);
+    tmp_path(out, dir, "out.npy");
+    snprintf(alias, sizeof alias, "%s/./notes.txt", dir);
+    CHECK_ERR(data_prepare_bytes(in, in, NULL, 0, err), err, "is the input file", "notes.txt");
+    CHECK_ERR(data_prepare_bytes(in, alias, NULL, 0, err), err, "is the input file");
+    CHECK_ERR(data_prepare_bytes(in, out, alias, 0.5, err), err, "is the input file");
+    MOE_CHECK(link(in, tmp_path(link_path, dir, "hard.npy")) == 0, "link: %s", strerror(errno));
+    CHECK_ERR(data_prepare_bytes(in, link_path, NULL, 0, err), err, "hard.npy is the input file");
+    MOE_CHECK(symlink(in, tmp_path(link_path, dir, "soft.npy")) == 0, "symlink: %s", strerror(errno));
+    CHECK_ERR(data_prepare_bytes(in, out, link_path, 0.5, err), err, "soft.npy is the input file");
+    snprintf(alias, sizeof alias, "%s/../%s/out.npy", dir, strrchr(dir, '/') + 1);
+    CHECK_ERR(data_prepare_bytes(in, out, alias, 0.5, err), err, "are the same file");
+    size_t n;
+    uint8_t *kept = read_whole(in, &n);
+    CHECK_MSG(n == strlen(text) && kept && !memcmp(kept, text, n), "the input changed (%zu bytes)", n);
+    free(kept);
+    CHECK_MSG(!file_exists(out), "%s written by a refused run", out);
+    tmp_dir_remove(dir);
+}
+
 const TestCase data_tests[] = {
     {"data_headerless_u16", test_headerless_u16},
     {"data_headerless_u32", test_headerless_u32},
@@ -737,7 +879,11 @@ const TestCase data_tests[] = {
     {"data_comma_list", test_comma_list},
     {"data_sequence_boundaries", test_sequence_boundaries},
     {"data_shuffle", test_shuffle},
+    {"data_many_files_few_maps", test_many_files},
+    {"data_fifo_refused", test_fifo},
+    {"data_permute", test_permute},
     {"data_prepare_round_trip", test_prepare_round_trip},
     {"data_prepare_errors", test_prepare_errors},
+    {"data_prepare_own_input", test_prepare_own_input},
     {0},
 };

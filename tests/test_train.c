@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "io/fsutil.h"
+#include "io/safetensors.h"
 #include "test.h"
 #include "test_model.h"
 #include "train/ckpt.h"
@@ -156,6 +157,27 @@ static void test_step_report(void) {
     free(m);
 }
 
+// JSON has no NaN: a non-finite value is logged as null, and the record stays valid JSON.
+static void test_records_without_nan(void) {
+    ModelConfig c = small_model();
+    float *m = calloc(model_metrics_len(&c), sizeof(float));
+    m[METRIC_CE] = NAN, m[METRIC_GRAD_NORM_SQ] = INFINITY;
+    StepReport r = {.step = 7};
+    report_build(&r, &c, m, 1, 10);
+    json_t *records[2] = {report_to_json(&r), metrics_val_record(7, NAN, 8)};
+    const char *want[2] = {"\"loss\":null", "\"val_loss\":null"};
+    for (int i = 0; i < 2; i++) {
+        char *text = json_dumps(records[i], JSON_COMPACT);
+        json_t *back = text ? json_loads(text, 0, NULL) : NULL;
+        CHECK_MSG(text && strstr(text, want[i]) && back, "record %d: %s", i, text ? text : "(not written)");
+        free(text);
+        json_decref(back);
+        json_decref(records[i]);
+    }
+    report_free(&r);
+    free(m);
+}
+
 static void test_checkpoint_round_trip_and_prune(void) {
     char dir[] = "/tmp/moe-ckpt-XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
@@ -205,12 +227,64 @@ static void test_checkpoint_round_trip_and_prune(void) {
     test_free_parallel(&par);
 }
 
+// Writes value over element 0 of tensor `name` in a safetensors file (F32), as damage would.
+static void poke_tensor(const char *path, const char *name, float value) {
+    SafeTensors sf;
+    MoeErr err;
+    CHECK_MSG(st_open(&sf, path, err) == 0, "%s", err);
+    const StTensor *t = st_find(&sf, name);
+    FILE *f = fopen(path, "r+b");
+    CHECK_MSG(t && f && fseek(f, (long)(sf.data_start + t->begin), SEEK_SET) == 0 &&
+              fwrite(&value, sizeof value, 1, f) == 1, "cannot write %s in %s", name, path);
+    if (f) fclose(f);
+    st_close(&sf);
+}
+
+#define CHECK_FAILS_WITH(call, err, fragment)                                                     \
+    CHECK_MSG((call) != 0 && strstr(err, fragment), "%s: expected a failure naming \"%s\", got \"%s\"", \
+              #call, fragment, err)
+
+// A NaN in the weights or moments is never saved, and one found in a file is refused by name.
+static void test_checkpoint_non_finite(void) {
+    char dir[] = "/tmp/moe-ckpt-XXXXXX", path[4200], file[4300];
+    CHECK(mkdtemp(dir) != NULL);
+    Config cfg;
+    config_defaults(&cfg);
+    cfg.model = small_model();
+    Parallel par;
+    test_single_parallel(&par, &cfg.model);
+    Model m;
+    Optimizer o;
+    model_init(&m, &cfg.model, ops_cpu(), &par, 1, 4, 1, 1);
+    optim_init(&o, &m);
+    model_init_weights(&m, 1);
+    MoeErr err = "";
+    TrainState st = {.step = 1};
+    real *v = o.region[PARAM_EXPERT].v, *w = m.params;
+    v[5] = NAN;
+    CHECK_FAILS_WITH(ckpt_save(dir, &m, &o, &cfg, &st, 2, err), err, ".exp_avg_sq' holds nan at element 5");
+    v[5] = 0, w[0] = INFINITY;
+    CHECK_FAILS_WITH(ckpt_save(dir, &m, &o, &cfg, &st, 2, err), err, "model.embed_tokens.weight' holds inf");
+    CHECK_MSG(ckpt_latest(dir, path, sizeof path) < 0, "a checkpoint was written: %s", path);
+    w[0] = 0;
+    CHECK_MSG(ckpt_save(dir, &m, &o, &cfg, &st, 2, err) == 0, "%s", err);
+    ckpt_latest(dir, path, sizeof path);
+    snprintf(file, sizeof file, "%s/model-00001-of-00001.safetensors", path);
+    poke_tensor(file, "model.norm.weight", NAN);
+    CHECK_FAILS_WITH(ckpt_load(path, &m, &o, err), err, "tensor 'model.norm.weight' holds nan at element 0");
+    fs_remove_tree(dir);
+    model_free(&m);
+    test_free_parallel(&par);
+}
+
 const TestCase train_tests[] = {
     {"model_fused_layout_and_counts", test_fused_layout},
     {"model_init_independent_of_layout", test_init_independent_of_layout},
     {"model_micro_batch_accumulation", test_micro_batch_accumulation},
     {"train_lr_schedule", test_lr_schedule},
     {"train_step_report", test_step_report},
+    {"train_records_without_nan", test_records_without_nan},
     {"train_checkpoint_round_trip_and_prune", test_checkpoint_round_trip_and_prune},
+    {"train_checkpoint_non_finite", test_checkpoint_non_finite},
     {0},
 };

@@ -1,5 +1,8 @@
 // `moe eval --ckpt DIR [--data FILE]`: validation loss of a checkpoint.
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "cli.h"
 #include "train/train.h"
@@ -22,6 +25,7 @@ int cmd_eval(int argc, char **argv, Comm *world) {
     int n_pos;
     cli_parse(&SPEC, argc, argv, values, &pos, &n_pos);
     cli_single_rank(SPEC.command, world);
+    free(pos); // no positional arguments
     if (!values[0] || n_pos) {
         cli_usage(&SPEC, false);
         return 1;
@@ -32,12 +36,20 @@ int cmd_eval(int argc, char **argv, Comm *world) {
     ckpt_open_model(values[0], &cfg, &par, &m, 0, 0);
     const char *data = values[1] ? values[1] : cfg.data.val;
     if (!data[0]) moe_fatal("moe eval: the run has no data.val; pass --data FILE");
+    size_t max_seqs = values[2] ? (size_t)cli_number("--max-seqs", values[2], 1, 1e15) : SIZE_MAX;
+    if (max_seqs < (size_t)cfg.train.micro_batch)
+        moe_fatal("moe eval: --max-seqs %zu is fewer than one micro-batch (the checkpoint's train.micro_batch "
+                  "= %d sequences, evaluated whole); pass at least %d", max_seqs, cfg.train.micro_batch,
+                  cfg.train.micro_batch);
     Dataset ds;
+    MoeErr err;
     train_open_dataset(&ds, &cfg, data, false);
-    size_t max_seqs = values[2] ? (size_t)cli_number("--max-seqs", values[2], 1, 1e15) : ds.n_seqs;
+    if (eval_check_data(&ds, &cfg, data, err)) moe_fatal("moe eval: %s", err);
     size_t n;
     double loss = eval_loss(&m, &ds, max_seqs, &n);
-    if (!n) moe_fatal("moe eval: %s has fewer sequences than one micro-batch (%d)", data, cfg.train.micro_batch);
+    if (!isfinite(loss))
+        moe_fatal("moe eval: the loss of %s on %s is %g: the model's outputs overflow (a diverged or "
+                  "damaged checkpoint)", values[0], data, loss);
     printf("val loss %.4f nats/token (%zu sequences of %d tokens from %s)\n", loss, n,
            cfg.train.seq_len, data);
     dataset_close(&ds);

@@ -1,11 +1,11 @@
 // `moe inspect CONFIG.json|DIR`: parameter counts, FLOPs per token and the memory plan of a model,
 // measured by sizing the real model on a backend that only counts allocations.
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
 #include "io/fsutil.h"
-#include "dist/pipeline.h"
 #include "train/train.h"
 
 static const CliSpec SPEC = {
@@ -35,54 +35,47 @@ static void load_config(const char *arg, Config *cfg) {
     }
 }
 
-typedef struct {
-    double params, optimizer, total; // per rank: parameters held, optimizer state bytes, all bytes
-} RankMemory;
+static const double GiB = 1073741824.0;
 
-// Sizes rank `rank`'s model and optimizer on a backend that only counts what is allocated.
-static RankMemory rank_memory(const Config *cfg, int world, int rank, bool bf16) {
-    const ModelConfig *mc = &cfg->model;
-    Parallel par;
-    Comm groups[4];
-    MoeErr err;
-    if (parallel_plan(&par, groups, world, rank, cfg->parallel.pp, cfg->parallel.ep, mc->n_layers,
-                      mc->n_experts, model_n_moe_layers(mc) > 0, cfg->train.micro_batch, err))
-        moe_fatal("%s", err);
-    par.exchange = (ExchangeMode)cfg->parallel.exchange; // auto is planned as direct (one node)
-    par.recv_capacity = cfg->parallel.recv_capacity;
-    Model m;
-    Optimizer o;
-    int slots = pipeline_slots(par.lay.pp, par.lay.stage, cfg->train.micro_batches);
-    model_init(&m, mc, ops_counting(bf16), &par, (size_t)par.lay.micro_per_rank,
-               (size_t)cfg->train.seq_len, slots, cfg->train.micro_batches);
-    optim_init(&o, &m);
-    RankMemory r = {(double)m.reg.total, (double)o.state_bytes, (double)m.bytes};
-    model_free(&m);
-    return r;
+// A model that cannot be sized here (the table of its tensors would not fit) or at all (a buffer
+// past CONFIG_MAX_ELEMENTS) gets its arithmetic floor instead of the exact plan; returns whether.
+static bool print_floor(const Config *cfg, int world) {
+    MoeErr why;
+    ModelFloor f = model_memory_floor(&cfg->model);
+    double host = (double)moe_host_memory_available();
+    if (!config_check_sizable(cfg, why) && !(host > 0 && f.table > host / 4)) return false;
+    if (host > 0 && f.table > host / 4)
+        snprintf(why, sizeof why, "the table of its tensors alone would take %.4g GiB of the %.4g GiB of host "
+                 "memory available here", f.table / GiB, host / GiB);
+    printf("  memory per rank (%d ranks), at least: %.4g GiB for fp32 weights, gradients and AdamW moments "
+           "and the tensor table\n    (the exact plan is not sized: %s)\n", world, (f.weights + f.table) / world / GiB,
+           why);
+    return true;
 }
 
 static void print_memory(const Config *cfg, int world) {
-    RankMemory worst[2] = {{0}};
+    if (print_floor(cfg, world)) return;
+    TrainMemory worst[2] = {{0}};
     for (int rank = 0; rank < world; rank++)
         for (int bf16 = 0; bf16 < 2; bf16++) {
-            RankMemory r = rank_memory(cfg, world, rank, bf16);
+            TrainMemory r = train_memory_plan(cfg, world, rank, bf16);
             worst[bf16].params = r.params > worst[bf16].params ? r.params : worst[bf16].params;
             worst[bf16].optimizer = r.optimizer > worst[bf16].optimizer ? r.optimizer : worst[bf16].optimizer;
             worst[bf16].total = r.total > worst[bf16].total ? r.total : worst[bf16].total;
         }
-    const double GiB = 1073741824.0;
     printf("  memory per rank (%d ranks: pp %d, ep %d; the largest rank), micro-batch %d x %d:\n",
            world, cfg->parallel.pp, cfg->parallel.ep, cfg->train.micro_batch, cfg->train.seq_len);
     printf("    parameters held        %.4gM\n", worst[0].params / 1e6);
     printf("    optimizer state        %.0f bytes (this rank's shard of the AdamW moments)\n", worst[0].optimizer);
     printf("    whole plan, CPU backend (fp32)                   %.4g GiB\n", worst[0].total / GiB);
     printf("    whole plan, bf16 activations + bf16 weight copy  %.4g GiB\n", worst[1].total / GiB);
+    printf("    host memory available here                       %.4g GiB\n", moe_host_memory_available() / GiB);
     if (cfg->parallel.ep > 1 && cfg->parallel.recv_capacity == 0 && cfg->parallel.exchange != EXCHANGE_SENDRECV) {
         Config bounded = *cfg; // the expert rows a rank receives are sized for the worst case
         bounded.parallel.recv_capacity = 2;
         double most = 0;
         for (int rank = 0; rank < world; rank++) {
-            double total = rank_memory(&bounded, world, rank, true).total;
+            double total = train_memory_plan(&bounded, world, rank, true).total;
             most = total > most ? total : most;
         }
         if (most < worst[1].total)
@@ -99,6 +92,7 @@ int cmd_inspect(int argc, char **argv, Comm *world) {
     cli_single_rank(SPEC.command, world);
     if (n_pos < 1 || strchr(pos[0], '=')) {
         cli_usage(&SPEC, false);
+        free(pos);
         return 1;
     }
     Config cfg;
@@ -119,5 +113,6 @@ int cmd_inspect(int argc, char **argv, Comm *world) {
            fwd / 1e9, 3 * fwd / 1e9, S);
     printf("  FLOPs per step   %.4g TFLOP (%g tokens)\n", 3 * fwd * tokens / 1e12, tokens);
     print_memory(&cfg, values[0] ? (int)cli_number("--world", values[0], 1, 65536) : 1);
+    free(pos);
     return 0;
 }

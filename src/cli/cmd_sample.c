@@ -36,6 +36,14 @@ static int32_t sample_token(const float *logits, size_t V, double temperature, R
     return (int32_t)v;
 }
 
+// NaN logits would be sampled as token 0 (a NUL byte): a model that gives them is an error.
+static void check_logits(const float *logits, size_t V, const char *ckpt) {
+    for (size_t v = 0; v < V; v++)
+        if (!isfinite(logits[v]))
+            moe_fatal("moe sample: the model of %s gives a logit of %g (token %zu): its outputs overflow (a "
+                      "diverged or damaged checkpoint)", ckpt, logits[v], v);
+}
+
 static void emit(int32_t token) {
     if (token < 256) putchar(token);
     else if (token == BYTE_EOS) fputs("\n<|eos|>\n", stdout);
@@ -49,6 +57,7 @@ int cmd_sample(int argc, char **argv, Comm *world) {
     int n_pos;
     cli_parse(&SPEC, argc, argv, values, &pos, &n_pos);
     cli_single_rank(SPEC.command, world);
+    free(pos); // no positional arguments
     if (!values[0] || n_pos) {
         cli_usage(&SPEC, false);
         return 1;
@@ -73,6 +82,7 @@ int cmd_sample(int argc, char **argv, Comm *world) {
     for (size_t i = 0; i < n_new; i++) {
         size_t ctx = n < S ? n : S;
         model_last_logits(&m, tokens + n - ctx, ctx, logits);
+        check_logits(logits, V, values[0]);
         tokens[n] = sample_token(logits, V, temperature, &rng);
         emit(tokens[n++]);
     }

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static void (*fatal_hook)(void);
 static int fatal_rank = -1; // < 0: a single process, no label
@@ -64,6 +65,45 @@ double moe_time_sec(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// The number in a file of one number (cgroup files), or `absent` when it is missing or not a number
+// ("max": no limit).
+static double read_number(const char *path, double absent) {
+    FILE *f = fopen(path, "r");
+    double v;
+    bool ok = f && fscanf(f, "%lf", &v) == 1;
+    if (f) fclose(f);
+    return ok ? v : absent;
+}
+
+// "MemAvailable:  20092208 kB" of /proc/meminfo, in bytes (0 when not found).
+static double meminfo_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    double kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return kb * 1024;
+}
+
+size_t moe_host_memory_available(void) {
+    double avail = meminfo_available();
+    if (avail <= 0) avail = (double)sysconf(_SC_AVPHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    const char *limits[2][2] = {{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
+                                {"/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                 "/sys/fs/cgroup/memory/memory.usage_in_bytes"}};
+    for (int i = 0; i < 2; i++) {
+        double limit = read_number(limits[i][0], INFINITY), used = read_number(limits[i][1], 0);
+        if (limit < 1e18 && limit - used < avail) avail = limit > used ? limit - used : 0;
+    }
+    return avail > 0 ? (size_t)avail : 0;
+}
+
+int moe_cpu_cores(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
 }
 
 uint64_t rng_hash_str(uint64_t seed, const char *s) {

@@ -42,6 +42,12 @@ char *moe_strdup(const char *s);
 
 double moe_time_sec(void); // monotonic wall clock
 
+// Bytes of host memory this process can still take: MemAvailable of /proc/meminfo, lowered to the
+// room left under a cgroup memory limit (a container's); 0 when not known.
+size_t moe_host_memory_available(void);
+// Online CPU cores (at least 1).
+int moe_cpu_cores(void);
+
 // Mixes a name into an RNG key (e.g. a tensor name for its initial values).
 uint64_t rng_hash_str(uint64_t seed, const char *s);
 

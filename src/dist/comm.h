@@ -6,6 +6,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "common/util.h"
+
 // Element kinds, as in ops.h: act and f32 buffers of the backend, and int32.
 typedef enum { COMM_ACT, COMM_F32, COMM_I32 } CommType;
 
@@ -79,6 +81,11 @@ static inline void *comm_at(const Comm *c, const void *buf, size_t i, CommType t
 // buffer that is final while the rest is still being written.
 void comm_reduce_scatter_part(Comm *c, const void *send, void *recv, size_t n, size_t a, size_t b,
                               CommType t);
+
+// Collective on host memory: whether every rank holds the same `text` (lines such as "key = value").
+// The ranks compare 64-bit digests; when one differs, every rank receives every text and returns
+// -1 with a message naming the first rank that differs from rank 0 and its first differing line.
+int comm_agree_text(Comm *c, const char *text, MoeErr err);
 
 // Starts the world communicator: MPI when the build has it (mpirun, srun or a plain start), else a
 // single process. Installs a fatal-error hook that aborts every rank. elem_size: bytes of a

@@ -3,6 +3,7 @@
 // _exit (no atexit handlers: the main thread may be blocked inside MPI, NCCL or the CUDA driver).
 #include "watchdog.h"
 
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,7 +20,8 @@ struct Watchdog {
     pthread_cond_t wake;
     bool stopping;
     double timeout_s, last_beat; // CLOCK_MONOTONIC seconds
-    int rank, step, n_watched;
+    int rank, n_watched;
+    int64_t step;
     const char *phase;
     Comm *watched[WATCHDOG_MAX_COMMS];
 };
@@ -32,7 +34,7 @@ static double monotonic_sec(void) {
 
 static void watchdog_fire(const Watchdog *w, const char *why) {
     fflush(stdout);
-    fprintf(stderr, "error: [rank %d] %s at step %d (%s); a peer rank has probably died or hangs "
+    fprintf(stderr, "error: [rank %d] %s at step %" PRId64 " (%s); a peer rank has probably died or hangs "
             "in a collective, so this rank ends to stop the job (train.comm_timeout = %g s sets the "
             "limit; 0 turns the watchdog off)\n", w->rank, why, w->step, w->phase, w->timeout_s);
     fflush(stderr);
@@ -87,14 +89,14 @@ Watchdog *watchdog_start(double timeout_s, int rank, Comm *const *watched, int n
     return w;
 }
 
-void watchdog_beat(Watchdog *w, int step, const char *phase) {
+void watchdog_beat(Watchdog *w, int64_t step, const char *phase) {
     if (!w) return;
     pthread_mutex_lock(&w->lock);
     w->last_beat = monotonic_sec(), w->step = step, w->phase = phase;
     pthread_mutex_unlock(&w->lock);
 }
 
-void watchdog_closing(Watchdog *w, int step) {
+void watchdog_closing(Watchdog *w, int64_t step) {
     if (!w) return;
     pthread_mutex_lock(&w->lock);
     w->n_watched = 0;

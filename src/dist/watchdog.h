@@ -4,6 +4,8 @@
 // peer). A rank waiting in a collective for a dead or stuck peer would otherwise wait forever;
 // ending it lets mpirun or `moe train --nproc` stop the whole job.
 #pragma once
+#include <stdint.h>
+
 #include "comm.h"
 
 typedef struct Watchdog Watchdog;
@@ -13,8 +15,8 @@ typedef struct Watchdog Watchdog;
 // NULL is returned (every function accepts NULL).
 Watchdog *watchdog_start(double timeout_s, int rank, Comm *const *watched, int n);
 // Progress: this rank is now at `step`, doing `phase` (a string literal such as "checkpoint").
-void watchdog_beat(Watchdog *w, int step, const char *phase);
+void watchdog_beat(Watchdog *w, int64_t step, const char *phase);
 // The run is closing: the communicators stop being polled (they are about to be freed); the
 // timeout still covers the teardown (a peer that never reaches it).
-void watchdog_closing(Watchdog *w, int step);
+void watchdog_closing(Watchdog *w, int64_t step);
 void watchdog_stop(Watchdog *w);

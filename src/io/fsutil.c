@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -63,6 +64,103 @@ bool fs_exists(const char *path) {
 bool fs_is_dir(const char *path) {
     struct stat st;
     return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// The folder of path ("." when it has none) into dir; returns the last component.
+static const char *fs_split(const char *path, char *dir, size_t len) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(dir, len, ".");
+    else if (slash == path) snprintf(dir, len, "/");
+    else snprintf(dir, len, "%.*s", (int)(slash - path), path);
+    return slash ? slash + 1 : path;
+}
+
+static bool fs_same_inode(const char *a, const char *b) {
+    struct stat sa, sb;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+bool fs_same_file(const char *a, const char *b) {
+    if (fs_exists(a) || fs_exists(b)) return fs_same_inode(a, b);
+    char dir_a[4096], dir_b[4096];
+    const char *name_a = fs_split(a, dir_a, sizeof dir_a), *name_b = fs_split(b, dir_b, sizeof dir_b);
+    return !strcmp(name_a, name_b) && fs_same_inode(dir_a, dir_b);
+}
+
+static int fs_lock_held(int fd, const char *dir, MoeErr err) {
+    char holder[128] = "";
+    ssize_t n = pread(fd, holder, sizeof holder - 1, 0);
+    holder[n > 0 ? n : 0] = 0;
+    holder[strcspn(holder, "\n")] = 0;
+    close(fd);
+    return moe_err(err, "%s is in use by another moe train (%s%s); wait for it to end or choose "
+                   "another train.out", dir, holder[0] ? "pid " : "its pid is not written yet",
+                   holder);
+}
+
+int fs_lock_dir(const char *dir, MoeErr err) {
+    char path[4200], me[128], host[64] = "?";
+    if (fs_mkdir_p(dir, err)) return -1;
+    snprintf(path, sizeof path, "%s/.lock", dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0) return moe_err(err, "%s: cannot open the run lock (%s)", path, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB)) {
+        if (errno == EWOULDBLOCK) return fs_lock_held(fd, dir, err);
+        int saved = errno;
+        close(fd);
+        return moe_err(err, "%s: cannot lock (%s)", path, strerror(saved));
+    }
+    gethostname(host, sizeof host - 1);
+    int len = snprintf(me, sizeof me, "%ld on %s\n", (long)getpid(), host);
+    if (ftruncate(fd, 0) || pwrite(fd, me, (size_t)len, 0) != len) {
+        int saved = errno;
+        close(fd);
+        return moe_err(err, "%s: cannot write the run lock (%s)", path, strerror(saved));
+    }
+    return fd;
+}
+
+static const char *fs_kind(mode_t mode) {
+    if (S_ISDIR(mode)) return "a directory";
+    if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+    if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
+    if (S_ISSOCK(mode)) return "a socket";
+    return "a special file";
+}
+
+int fs_open_regular(const char *path, const char *what, MoeErr err) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return moe_err(err, "%s: cannot open %s: %s", path, what, strerror(errno));
+    struct stat st;
+    int rc = 0;
+    if (fstat(fd, &st)) rc = moe_err(err, "%s: cannot stat %s: %s", path, what, strerror(errno));
+    else if (!S_ISREG(st.st_mode))
+        rc = moe_err(err, "%s: the %s is %s, not a regular file", path, what, fs_kind(st.st_mode));
+    else if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK))
+        rc = moe_err(err, "%s: cannot open %s: %s", path, what, strerror(errno));
+    if (rc) close(fd);
+    return rc ? -1 : fd;
+}
+
+FILE *fs_fopen_regular(const char *path, const char *what, MoeErr err) {
+    int fd = fs_open_regular(path, what, err);
+    FILE *f = fd < 0 ? NULL : fdopen(fd, "rb");
+    if (fd >= 0 && !f) {
+        moe_err(err, "%s: cannot open %s: %s", path, what, strerror(errno));
+        close(fd);
+    }
+    return f;
+}
+
+json_t *fs_load_json(const char *path, const char *what, MoeErr err) {
+    FILE *f = fs_fopen_regular(path, what, err);
+    if (!f) return NULL;
+    json_error_t jerr;
+    json_t *root = json_loadf(f, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root && ferror(f)) moe_err(err, "%s: cannot read %s: %s", path, what, strerror(errno));
+    else if (!root) moe_err(err, "%s:%d:%d: malformed JSON: %s", path, jerr.line, jerr.column, jerr.text);
+    fclose(f);
+    return root;
 }
 
 int fs_write_json_synced(const char *path, json_t *root, MoeErr err) {

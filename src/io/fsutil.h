@@ -1,5 +1,5 @@
 // File-system helpers for crash-safe output: recursive mkdir, directory fsync, tree removal,
-// and JSON files written to a temporary name, fsynced and renamed into place.
+// directory locks, and JSON files written to a temporary name, fsynced and renamed into place.
 #pragma once
 #include <jansson.h>
 
@@ -10,6 +10,24 @@ int fs_fsync_dir(const char *path, MoeErr err);
 int fs_remove_tree(const char *path); // 0 or -1; a missing path counts as removed
 bool fs_exists(const char *path);
 bool fs_is_dir(const char *path);
+// Opens an existing regular file read-only; returns the descriptor, or -1 with a message naming the
+// path and `what` it is ("config file"). A directory, FIFO, device or socket is refused at once:
+// opening a FIFO for reading would wait for a writer forever.
+int fs_open_regular(const char *path, const char *what, MoeErr err);
+// The same as a FILE (read, binary).
+FILE *fs_fopen_regular(const char *path, const char *what, MoeErr err);
+// Reads a JSON file (duplicate keys refused) opened by fs_open_regular; NULL with a message, for
+// malformed JSON "path:line:column: malformed JSON: ...".
+json_t *fs_load_json(const char *path, const char *what, MoeErr err);
+// Whether two paths name one file (same device and inode), whatever their spelling: links, "./",
+// "a/../". A path that does not exist yet names the same file as another when their folders are
+// the same folder and their last components are equal.
+bool fs_same_file(const char *a, const char *b);
+// Takes an exclusive lock (flock) on DIR/.lock, creating DIR and the file, and writes this
+// process's PID and host into it. The lock lasts until the descriptor is closed or the process
+// ends (however it ends). Returns the descriptor, or -1 with a message naming the directory and
+// the holder when another process has it.
+int fs_lock_dir(const char *dir, MoeErr err);
 // Writes `root` as indented JSON to path via "path.tmp", fsync and rename.
 int fs_write_json_atomic(const char *path, json_t *root, MoeErr err);
 // Writes `root` to a new file (no rename) and fsyncs it: for files inside a temporary directory.

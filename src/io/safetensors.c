@@ -13,6 +13,8 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include "io/fsutil.h"
+
 // The upstream library refuses larger headers; a bogus length must not turn into a huge malloc.
 #define ST_MAX_HEADER_BYTES 100000000ULL
 #define ST_READ_CHUNK 65536 // elements converted per fread in st_read_f32
@@ -257,11 +259,10 @@ static int st_check_tiling(SafeTensors *st, MoeErr err) {
 
 static int st_open_file(SafeTensors *st, MoeErr err) {
     struct stat sb;
-    st->file = fopen(st->path, "rb");
-    if (!st->file) return moe_err(err, "%s: cannot open: %s", st->path, strerror(errno));
+    st->file = fs_fopen_regular(st->path, "safetensors file", err);
+    if (!st->file) return -1;
     if (fstat(fileno(st->file), &sb) != 0)
         return moe_err(err, "%s: cannot stat: %s", st->path, strerror(errno));
-    if (!S_ISREG(sb.st_mode)) return moe_err(err, "%s: not a regular file", st->path);
     st->file_size = (uint64_t)sb.st_size;
     return 0;
 }

@@ -14,6 +14,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "io/fsutil.h"
+
 #define NPY_MAGIC "\x93NUMPY"
 #define NPY_MAGIC_LEN 6
 #define NPY_MAX_DIMS 8
@@ -198,7 +200,10 @@ static int npy_read_header(TokenFile *f, MoeErr err) {
                        "%s: truncated .npy header: it claims %zu bytes but the file has %zu in all",
                        f->path, header_len, f->map_bytes);
     NpyDict d;
-    const char *text = (const char *)f->base + prefix;
+    const char *text = (const char *)f->base + prefix, *nul = memchr(text, 0, header_len);
+    if (nul)
+        return moe_err(err, "%s: malformed .npy header: a NUL byte at header offset %zu (a damaged file?)",
+                       f->path, (size_t)(nul - text));
     const char *why = npy_parse_dict(text, header_len, &d);
     if (why)
         return moe_err(err, "%s: malformed .npy header: %s (header: %.*s)", f->path, why,
@@ -223,13 +228,12 @@ static int npy_read_header(TokenFile *f, MoeErr err) {
 // Token files
 
 static int token_file_map(TokenFile *f, const char *path, MoeErr err) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return moe_err(err, "%s: cannot open token file: %s", path, strerror(errno));
+    int fd = fs_open_regular(path, "token file", err);
+    if (fd < 0) return -1;
     struct stat st;
     int rc = 0;
     if (fstat(fd, &st) != 0)
         rc = moe_err(err, "%s: cannot stat token file: %s", path, strerror(errno));
-    else if (!S_ISREG(st.st_mode)) rc = moe_err(err, "%s: not a regular file", path);
     else if (st.st_size == 0)
         rc = moe_err(err, "%s: empty token file; regenerate it or drop it from the list", path);
     if (rc == 0) {
@@ -272,8 +276,23 @@ int token_file_open(TokenFile *f, const char *path, int token_bytes, size_t voca
     return rc;
 }
 
-void token_file_close(TokenFile *f) {
+void token_file_unmap(TokenFile *f) {
     if (f->base) munmap((void *)f->base, f->map_bytes);
+    f->base = NULL;
+}
+
+// Maps a file opened before and unmapped since, which must not have changed size meanwhile.
+static int token_file_remap(TokenFile *f, MoeErr err) {
+    size_t bytes = f->map_bytes;
+    if (token_file_map(f, f->path, err)) return -1;
+    if (f->map_bytes == bytes) return 0;
+    token_file_unmap(f);
+    return moe_err(err, "%s: the token file changed size while in use (%zu bytes, %zu when it was "
+                   "opened); data must not change during a run", f->path, f->map_bytes, bytes);
+}
+
+void token_file_close(TokenFile *f) {
+    token_file_unmap(f);
     free(f->path);
     memset(f, 0, sizeof *f);
 }
@@ -302,7 +321,7 @@ static int dataset_add_file(Dataset *ds, size_t *cap, const char *path, int toke
         ds->files = moe_realloc(ds->files, *cap * sizeof *ds->files);
     }
     if (token_file_open(&ds->files[ds->n_files], path, token_bytes, ds->vocab_size, err)) return -1;
-    ds->n_files++;
+    token_file_unmap(&ds->files[ds->n_files++]); // mapped again when read (dataset_map)
     return 0;
 }
 
@@ -357,16 +376,32 @@ static int dataset_add_mix_entry(Dataset *ds, size_t *cap, const char *mix_path,
     return 0;
 }
 
+// A data-list line as text: NULL with a message when it holds a NUL byte (C strings would cut the
+// path there); the UTF-8 byte-order mark some editors write at the start of a file is skipped.
+static char *dataset_list_text(char *line, size_t len, const char *mix_path, size_t line_no, MoeErr err) {
+    if (memchr(line, 0, len)) {
+        moe_err(err, "%s:%zu: the line holds a NUL byte; a data list is text, one path per line", mix_path,
+                line_no);
+        return NULL;
+    }
+    return line_no == 1 && !strncmp(line, "\xEF\xBB\xBF", 3) ? line + 3 : line;
+}
+
 static int dataset_add_mix(Dataset *ds, size_t *cap, const char *mix_path, int token_bytes,
                            MoeErr err) {
-    FILE *fp = fopen(mix_path, "r");
-    if (!fp) return moe_err(err, "%s: cannot open data list: %s", mix_path, strerror(errno));
+    FILE *fp = fs_fopen_regular(mix_path, "data list", err);
+    if (!fp) return -1;
     char *line = NULL;
     size_t line_cap = 0, line_no = 0, n_entries = 0;
+    ssize_t len;
     int rc = 0;
-    while (rc == 0 && getline(&line, &line_cap, fp) != -1) {
-        line_no++;
-        char *entry = dataset_mix_entry(line);
+    while (rc == 0 && (len = getline(&line, &line_cap, fp)) != -1) {
+        char *text = dataset_list_text(line, (size_t)len, mix_path, ++line_no, err);
+        if (!text) {
+            rc = -1;
+            break;
+        }
+        char *entry = dataset_mix_entry(text);
         if (!*entry) continue;
         char *path = dataset_resolve(mix_path, entry);
         rc = dataset_add_mix_entry(ds, cap, mix_path, line_no, path, n_entries++ == 0, token_bytes,
@@ -427,19 +462,30 @@ static int dataset_err_too_short(const Dataset *ds, MoeErr err) {
                    need, list);
 }
 
-// Fisher-Yates from an Rng seeded by (seed, epoch) alone, so the order of any epoch can be rebuilt
-// on any rank or after a restart without saving it.
-static void dataset_shuffle(Dataset *ds, uint64_t epoch) {
-    Rng rng = {rng_hash64(ds->seed, epoch)};
-    for (size_t i = 0; i < ds->n_seqs; i++) ds->perm[i] = i;
-    for (size_t i = ds->n_seqs; i > 1; i--) {
-        // Multiply-shift maps 64 random bits onto [0, i) without a division (bias < i / 2^64).
-        size_t j = (size_t)(((unsigned __int128)rng_next(&rng) * i) >> 64);
-        uint64_t tmp = ds->perm[i - 1];
-        ds->perm[i - 1] = ds->perm[j];
-        ds->perm[j] = tmp;
+#define DATASET_FEISTEL_ROUNDS 6
+
+// A keyed bijection of [0, 4^h): a balanced Feistel network on the two h-bit halves of x.
+static uint64_t dataset_feistel(uint64_t x, unsigned h, uint64_t key) {
+    uint64_t mask = h ? (uint64_t)-1 >> (64 - h) : 0, left = h ? x >> h : 0, right = x & mask;
+    for (uint64_t r = 0; r < DATASET_FEISTEL_ROUNDS; r++) {
+        uint64_t next = left ^ (rng_hash64(key + r, right) & mask);
+        left = right, right = next;
     }
-    ds->perm_epoch = epoch;
+    return left << h | right;
+}
+
+// The Feistel network over the smallest 4^h >= n, applied again until the value falls inside
+// [0, n) (cycle-walking: the walk from a point of [0, n) returns to [0, n) on its own cycle, so this
+// is a bijection of [0, n); 4^h < 4n, so it takes fewer than 4 steps on average). Keyed by (seed,
+// epoch) alone: any rank rebuilds any epoch's order, after a restart too, without storing it.
+uint64_t dataset_permute(uint64_t seed, uint64_t epoch, uint64_t n, uint64_t k) {
+    unsigned bits = 0;
+    while (bits < 64 && (n - 1) >> bits) bits++;
+    unsigned h = (bits + 1) / 2;
+    uint64_t key = rng_hash64(seed, epoch), x = k;
+    do x = dataset_feistel(x, h, key);
+    while (x >= n);
+    return x;
 }
 
 int dataset_open(Dataset *ds, const char *spec, size_t seq_len, size_t vocab_size, int token_bytes,
@@ -466,10 +512,6 @@ int dataset_open(Dataset *ds, const char *spec, size_t seq_len, size_t vocab_siz
         dataset_close(ds);
         return -1;
     }
-    if (shuffle) {
-        ds->perm = moe_malloc(ds->n_seqs * sizeof *ds->perm);
-        dataset_shuffle(ds, 0);
-    }
     return 0;
 }
 
@@ -477,7 +519,6 @@ void dataset_close(Dataset *ds) {
     for (size_t f = 0; f < ds->n_files; f++) token_file_close(&ds->files[f]);
     free(ds->files);
     free(ds->first_seq);
-    free(ds->perm);
     memset(ds, 0, sizeof *ds);
 }
 
@@ -493,14 +534,32 @@ static size_t dataset_file_of(const Dataset *ds, size_t k) {
     return lo;
 }
 
+// Maps file f for reading. At most DATASET_MAX_MAPS files stay mapped, the least recently read
+// unmapped first: a list of many files must not exhaust the process's mappings (vm.max_map_count,
+// 65530 by default) nor its address space.
+static int dataset_map(Dataset *ds, size_t f, MoeErr err) {
+    TokenFile *tf = &ds->files[f];
+    tf->last_read = ++ds->clock;
+    if (tf->base) return 0;
+    size_t slot = ds->n_mapped;
+    if (slot == DATASET_MAX_MAPS) {
+        slot = 0;
+        for (size_t i = 1; i < DATASET_MAX_MAPS; i++)
+            if (ds->files[ds->mapped[i]].last_read < ds->files[ds->mapped[slot]].last_read) slot = i;
+        token_file_unmap(&ds->files[ds->mapped[slot]]);
+    } else {
+        ds->n_mapped++;
+    }
+    ds->mapped[slot] = f;
+    return token_file_remap(tf, err);
+}
+
 int dataset_read(Dataset *ds, uint64_t index, int32_t *out, MoeErr err) {
     uint64_t epoch = index / ds->n_seqs;
     size_t k = (size_t)(index % ds->n_seqs);
-    if (ds->shuffle) {
-        if (epoch != ds->perm_epoch) dataset_shuffle(ds, epoch);
-        k = (size_t)ds->perm[k];
-    }
+    if (ds->shuffle) k = (size_t)dataset_permute(ds->seed, epoch, ds->n_seqs, k);
     size_t f = dataset_file_of(ds, k);
+    if (dataset_map(ds, f, err)) return -1;
     const TokenFile *tf = &ds->files[f];
     size_t start = (k - ds->first_seq[f]) * ds->seq_len;
     for (size_t i = 0; i <= ds->seq_len; i++) {
@@ -521,12 +580,12 @@ int dataset_read(Dataset *ds, uint64_t index, int32_t *out, MoeErr err) {
 // `moe data prepare`: byte-level tokens
 
 static int data_read_all(const char *path, uint8_t **text, size_t *n, MoeErr err) {
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return moe_err(err, "%s: cannot open text file: %s", path, strerror(errno));
+    FILE *fp = fs_fopen_regular(path, "text file", err);
+    if (!fp) return -1;
     struct stat st;
     int rc = 0;
-    if (fstat(fileno(fp), &st) != 0 || !S_ISREG(st.st_mode))
-        rc = moe_err(err, "%s: not a regular file", path);
+    if (fstat(fileno(fp), &st) != 0)
+        rc = moe_err(err, "%s: cannot stat text file: %s", path, strerror(errno));
     else if (st.st_size == 0) rc = moe_err(err, "%s: empty text file; nothing to tokenize", path);
     if (rc == 0) {
         *n = (size_t)st.st_size;
@@ -584,6 +643,21 @@ static size_t data_split_point(const uint8_t *text, size_t n, double val_fractio
     return cut;
 }
 
+// Outputs are renamed over their paths: one that is the input would destroy the text it is made
+// from, and two that are one file would leave only the second.
+static int data_check_outputs(const char *text_path, const char *train_path, const char *val_path,
+                              MoeErr err) {
+    const char *outputs[2] = {train_path, val_path};
+    for (int i = 0; i < 2; i++)
+        if (outputs[i] && fs_same_file(outputs[i], text_path))
+            return moe_err(err, "output %s is the input file %s: writing it would destroy the text; "
+                           "choose another output path", outputs[i], text_path);
+    if (val_path && fs_same_file(train_path, val_path))
+        return moe_err(err, "train output %s and validation output %s are the same file; give two "
+                       "paths", train_path, val_path);
+    return 0;
+}
+
 int data_prepare_bytes(const char *text_path, const char *train_path, const char *val_path,
                        double val_fraction, MoeErr err) {
     if (!(val_fraction >= 0 && val_fraction <= 0.5))
@@ -591,9 +665,7 @@ int data_prepare_bytes(const char *text_path, const char *train_path, const char
                        val_fraction);
     if (val_fraction > 0 && !val_path)
         return moe_err(err, "val_fraction %g needs a validation output path", val_fraction);
-    if (val_fraction > 0 && !strcmp(train_path, val_path))
-        return moe_err(err, "train and validation outputs are the same file %s; give two paths",
-                       train_path);
+    if (data_check_outputs(text_path, train_path, val_path, err)) return -1;
     uint8_t *text = NULL;
     size_t n = 0;
     if (data_read_all(text_path, &text, &n, err)) return -1;

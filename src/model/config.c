@@ -1,6 +1,8 @@
 // Model config defaults, validation with messages that name the key, and derived counts.
 #include "config.h"
 
+#include "params.h"
+
 
 // The bundled default: a small MoE that learns tinyshakespeare bytes in minutes on two cores.
 void model_config_defaults(ModelConfig *c) {
@@ -124,6 +126,11 @@ ParamCounts model_param_counts(const ModelConfig *c) {
     p.total = common + n_moe * c->n_experts * expert;
     p.active = common + n_moe * c->top_k * expert;
     return p;
+}
+
+ModelFloor model_memory_floor(const ModelConfig *c) {
+    double tensors = 3.0 * c->n_experts * model_n_moe_layers(c) + c->n_layers;
+    return (ModelFloor){.weights = 16 * model_param_counts(c).total, .table = tensors * sizeof(ParamInfo)};
 }
 
 double model_forward_flops_per_token(const ModelConfig *c, size_t S) {

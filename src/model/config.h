@@ -57,5 +57,14 @@ typedef struct {
 } ParamCounts;
 
 ParamCounts model_param_counts(const ModelConfig *c);
+
+// Lower bounds of what training the whole model takes, by arithmetic alone (nothing is sized, so a
+// config of any size can be judged): backend memory for fp32 weights, gradients and AdamW moments
+// (16 bytes per parameter) and host memory for the table of its tensors (an entry per expert
+// tensor at least). Over n ranks, the rank holding most holds at least 1/n of each.
+typedef struct {
+    double weights, table; // bytes
+} ModelFloor;
+ModelFloor model_memory_floor(const ModelConfig *c);
 // Forward FLOPs per token at sequence length S (causal attention counted at half).
 double model_forward_flops_per_token(const ModelConfig *c, size_t S);

@@ -89,6 +89,7 @@ typedef struct Ops {
     void (*cast_f32_to_act)(void *dst, const void *src, size_t n);
     void (*sync)(void); // waits for queued work (no-op on the CPU)
     size_t (*memory_in_use)(void); // device bytes in use now (0 when not known)
+    size_t (*memory_available)(void); // bytes it can still allocate (0 when not known; NULL: no query)
 
     // ---- recording and timing (graph entries NULL where work runs eagerly) ----
     void (*capture_begin)(void);       // queued work from here on is recorded, not run

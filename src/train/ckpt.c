@@ -3,6 +3,8 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,13 +83,28 @@ static TensorList file_tensors(Model *m, const Moments *mo, bool moments) {
     return l;
 }
 
+// Index of the first NaN or infinity of x (n), or n when every value is finite.
+static size_t first_non_finite(const float *x, size_t n) {
+    size_t i = 0;
+    while (i < n && isfinite(x[i])) i++;
+    return i;
+}
+
 // ---------------------------------------------------------------- writing
 
-static int write_tensor_file(const char *path, Model *m, const TensorList *l, int step, MoeErr err) {
+// A checkpoint is a state to come back to: one with a NaN or infinity is never written.
+static int check_finite(const char *path, const char *name, const float *x, size_t n, MoeErr err) {
+    size_t i = first_non_finite(x, n);
+    if (i == n) return 0;
+    return moe_err(err, "%s: tensor '%s' holds %g at element %zu: weights or AdamW moments that are not "
+                   "finite are not saved (the run diverged; try a lower train.lr)", path, name, x[i], i);
+}
+
+static int write_tensor_file(const char *path, Model *m, const TensorList *l, int64_t step, MoeErr err) {
     StWriter w;
     if (st_writer_open(&w, path, err)) return -1;
     char step_text[32];
-    snprintf(step_text, sizeof step_text, "%d", step);
+    snprintf(step_text, sizeof step_text, "%" PRId64, step);
     st_writer_meta(&w, "format", CKPT_FORMAT);
     st_writer_meta(&w, "step", step_text);
     for (size_t i = 0; i < l->n; i++) {
@@ -99,7 +116,8 @@ static int write_tensor_file(const char *path, Model *m, const TensorList *l, in
         size_t count = l->t[i].rows * (l->t[i].cols ? l->t[i].cols : 1);
         float *host = moe_malloc(count * sizeof(float));
         m->ops->download_f32(host, l->t[i].data, count);
-        rc = st_writer_write(&w, host, count * sizeof(float), err);
+        rc = check_finite(path, l->t[i].name, host, count, err);
+        if (!rc) rc = st_writer_write(&w, host, count * sizeof(float), err);
         free(host);
     }
     if (rc) {
@@ -115,7 +133,7 @@ static void shard_name(char *buf, size_t len, const char *dir, const char *prefi
 }
 
 // This rank's model and optimizer shard files (nothing when it owns no tensors).
-static int write_rank_files(const char *tmp, Model *m, const Moments *mo, int step, MoeErr err) {
+static int write_rank_files(const char *tmp, Model *m, const Moments *mo, int64_t step, MoeErr err) {
     const Layout *lay = &m->par->lay;
     int k = lay->stage * lay->ep + lay->ep_rank, n = lay->pp * lay->ep;
     char path[4300];
@@ -175,42 +193,43 @@ static int write_state(const char *path, const Config *cfg, const TrainState *st
     return rc;
 }
 
-// Parses "step-N"; returns N or -1.
-static int step_of(const char *name) {
-    if (strncmp(name, "step-", 5) || !name[5]) return -1;
+// Parses "step-N" (N a 64-bit count of steps); returns N or -1.
+static int64_t step_of(const char *name) {
+    if (strncmp(name, "step-", 5) || name[5] < '0' || name[5] > '9') return -1;
     char *end;
-    long v = strtol(name + 5, &end, 10);
-    return *end || v < 0 || v > 2147483647L ? -1 : (int)v;
+    errno = 0;
+    long long v = strtoll(name + 5, &end, 10);
+    return *end || errno ? -1 : (int64_t)v;
 }
 
 // Steps of all checkpoint directories in run_dir, ascending; returns the count.
-static size_t list_steps(const char *run_dir, int **steps) {
+static size_t list_steps(const char *run_dir, int64_t **steps) {
     *steps = NULL;
     DIR *d = opendir(run_dir);
     if (!d) return 0;
     size_t n = 0;
     struct dirent *e;
     while ((e = readdir(d))) {
-        int s = step_of(e->d_name);
+        int64_t s = step_of(e->d_name);
         if (s < 0) continue;
-        *steps = moe_realloc(*steps, (n + 1) * sizeof(int));
+        *steps = moe_realloc(*steps, (n + 1) * sizeof(int64_t));
         (*steps)[n++] = s;
     }
     closedir(d);
     for (size_t i = 1; i < n; i++) // insertion sort: few entries
         for (size_t j = i; j > 0 && (*steps)[j - 1] > (*steps)[j]; j--) {
-            int tmp = (*steps)[j];
+            int64_t tmp = (*steps)[j];
             (*steps)[j] = (*steps)[j - 1], (*steps)[j - 1] = tmp;
         }
     return n;
 }
 
 static void prune(const char *run_dir, int keep) {
-    int *steps;
+    int64_t *steps;
     size_t n = list_steps(run_dir, &steps);
     for (size_t i = 0; i + (size_t)keep < n; i++) {
         char path[4096];
-        snprintf(path, sizeof path, "%s/step-%d", run_dir, steps[i]);
+        snprintf(path, sizeof path, "%s/step-%" PRId64, run_dir, steps[i]);
         fs_remove_tree(path);
     }
     free(steps);
@@ -220,8 +239,8 @@ static void prune(const char *run_dir, int keep) {
 static int publish(const char *run_dir, const char *tmp, const Config *cfg, const TrainState *st,
                    const Layout *lay, int keep, MoeErr err) {
     char final[4096], old[4096], file[4300];
-    snprintf(final, sizeof final, "%s/step-%d", run_dir, st->step);
-    snprintf(old, sizeof old, "%s/.old-step-%d", run_dir, st->step);
+    snprintf(final, sizeof final, "%s/step-%" PRId64, run_dir, st->step);
+    snprintf(old, sizeof old, "%s/.old-step-%" PRId64, run_dir, st->step);
     snprintf(file, sizeof file, "%s/train_state.json", tmp);
     if (write_index(tmp, "model", err) || write_index(tmp, "optimizer", err) ||
         write_state(file, cfg, st, lay, err) || fs_fsync_dir(tmp, err))
@@ -257,7 +276,7 @@ int ckpt_save(const char *run_dir, Model *m, const Optimizer *o, const Config *c
               const TrainState *st, int keep, MoeErr err) {
     Comm *w = m->par->world;
     char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s/.tmp-step-%d", run_dir, st->step);
+    snprintf(tmp, sizeof tmp, "%s/.tmp-step-%" PRId64, run_dir, st->step);
     int rc = 0;
     if (w->rank == 0) {
         fs_remove_tree(tmp);
@@ -281,12 +300,12 @@ int ckpt_save(const char *run_dir, Model *m, const Optimizer *o, const Config *c
 
 // ---------------------------------------------------------------- discovery
 
-int ckpt_latest(const char *run_dir, char *path, size_t len) {
-    int *steps;
+int64_t ckpt_latest(const char *run_dir, char *path, size_t len) {
+    int64_t *steps;
     size_t n = list_steps(run_dir, &steps);
-    int step = n ? steps[n - 1] : -1;
+    int64_t step = n ? steps[n - 1] : -1;
     free(steps);
-    if (step >= 0) snprintf(path, len, "%s/step-%d", run_dir, step);
+    if (step >= 0) snprintf(path, len, "%s/step-%" PRId64, run_dir, step);
     return step;
 }
 
@@ -319,9 +338,8 @@ int ckpt_resolve(const char *arg, char *path, size_t len, MoeErr err) {
 int ckpt_read_state(const char *ckpt_dir, Config *cfg, TrainState *st, MoeErr err) {
     char path[4200];
     snprintf(path, sizeof path, "%s/train_state.json", ckpt_dir);
-    json_error_t jerr;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root) return moe_err(err, "%s: cannot read checkpoint state (%s)", path, jerr.text);
+    json_t *root = fs_load_json(path, "checkpoint state", err);
+    if (!root) return -1;
     json_t *format = json_object_get(root, "format"), *step = json_object_get(root, "step");
     json_t *pos = json_object_get(root, "data_position"), *config = json_object_get(root, "config");
     int rc = 0;
@@ -338,7 +356,7 @@ int ckpt_read_state(const char *ckpt_dir, Config *cfg, TrainState *st, MoeErr er
     }
     MoeErr why;
     if (!rc && config_validate(cfg, why)) rc = moe_err(err, "%s: saved config: %.400s", path, why);
-    if (!rc) st->step = (int)json_integer_value(step), st->data_position = (uint64_t)json_integer_value(pos);
+    if (!rc) st->step = (int64_t)json_integer_value(step), st->data_position = (uint64_t)json_integer_value(pos);
     json_decref(root);
     return rc;
 }
@@ -362,12 +380,12 @@ static int reader_open(CkptReader *r, const char *dir, const char *prefix, MoeEr
     char path[4300];
     snprintf(path, sizeof path, "%s/%s.safetensors.index.json", dir, prefix);
     if (!fs_exists(path)) return 0;
-    json_error_t jerr;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
-    json_t *map = root ? json_object_get(root, "weight_map") : NULL;
+    json_t *root = fs_load_json(path, "safetensors index", err);
+    if (!root) return -1;
+    json_t *map = json_object_get(root, "weight_map");
     if (!json_is_object(map)) {
         json_decref(root);
-        return moe_err(err, "%s: not a safetensors index (%s)", path, root ? "no weight_map object" : jerr.text);
+        return moe_err(err, "%s: not a safetensors index (no weight_map object)", path);
     }
     r->map = json_incref(map);
     json_decref(root);
@@ -390,6 +408,11 @@ static const SafeTensors *reader_file(CkptReader *r, const char *name, MoeErr er
             return NULL;
         }
         snprintf(file, sizeof file, "%s", json_string_value(f));
+        if (strchr(file, '/') || !strcmp(file, "..")) { // the index must not reach other files
+            moe_err(err, "%s/%s.safetensors.index.json: tensor '%s' is in '%s', which is not a file of the "
+                    "checkpoint directory; an index names files beside it only", r->dir, r->prefix, name, file);
+            return NULL;
+        }
     } else {
         snprintf(file, sizeof file, "%s.safetensors", r->prefix);
     }
@@ -418,6 +441,10 @@ static int read_range(CkptReader *r, Model *m, const char *name, size_t rows, si
                        x->ndim > 1 ? x->shape[1] : 0, rows, cols ? ", " : "", cols);
     float *host = moe_malloc((count ? count : 1) * sizeof(float));
     int rc = st_read_f32(sf, x, first, count, host, err);
+    size_t bad = rc ? count : first_non_finite(host, count);
+    if (bad < count)
+        rc = moe_err(err, "%s: tensor '%s' holds %g at element %zu: a checkpoint with values that are not "
+                     "finite cannot be used (resume from an earlier step-N)", sf->path, name, host[bad], first + bad);
     if (!rc) m->ops->upload_f32(dst, host, count);
     free(host);
     return rc;
@@ -486,8 +513,10 @@ void ckpt_open_model(const char *arg, Config *cfg, Parallel *par, Model *m, size
     TrainState st;
     if (ckpt_resolve(arg, dir, sizeof dir, err) || ckpt_read_state(dir, cfg, &st, err))
         moe_fatal("%s", err);
+    const Ops *ops = train_backend(cfg);
+    train_check_memory(cfg, ops, 1, 0, false);
     train_single_process(par, cfg);
-    model_init(m, &cfg->model, train_backend(cfg), par, B ? B : (size_t)cfg->train.micro_batch,
+    model_init(m, &cfg->model, ops, par, B ? B : (size_t)cfg->train.micro_batch,
                S ? S : (size_t)cfg->train.seq_len, 1, 1);
     if (ckpt_load(dir, m, NULL, err)) moe_fatal("%s", err);
 }

@@ -13,7 +13,7 @@
 #include "optim.h"
 
 typedef struct {
-    int step;               // optimizer steps done
+    int64_t step;           // optimizer steps done
     uint64_t data_position; // training sequences consumed (index of the next one)
 } TrainState;
 
@@ -21,7 +21,7 @@ typedef struct {
 int ckpt_save(const char *run_dir, Model *m, const Optimizer *o, const Config *cfg,
               const TrainState *st, int keep, MoeErr err);
 // The newest checkpoint directory of run_dir into path; returns its step, or -1 if none.
-int ckpt_latest(const char *run_dir, char *path, size_t len);
+int64_t ckpt_latest(const char *run_dir, char *path, size_t len);
 // Removes temporary directories left by saves that crashed.
 void ckpt_clean_partial(const char *run_dir);
 // A --ckpt argument: a checkpoint directory, or a run directory (its newest checkpoint).

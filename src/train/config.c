@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "dist/parallel.h"
+#include "io/fsutil.h"
 
 typedef enum { KEY_INT, KEY_REAL, KEY_BOOL, KEY_STR, KEY_ENUM } KeyType;
 
@@ -83,7 +84,7 @@ static const ConfigKey KEYS[] = {
     INT(train, keep_ckpts, "checkpoints kept (older ones are deleted)"),
     STR(train, out, "run directory: config.json, metrics.jsonl, step-N/ checkpoints"),
     STR(train, device, "compute backend: cpu or cuda (a build with make CUDA=1)"),
-    INT(train, threads, "CPU threads (0: all cores)"),
+    INT(train, threads, "CPU threads (0: all cores; at most 4 per core are used, 4096 at most)"),
     REAL(train, comm_timeout, "seconds without progress before a rank of a multi-rank run ends "
                               "the job (a peer died or hangs; 0: wait forever)"),
     STR(data, train, "training tokens: a file, a comma list, or a mix file (.txt/.mix)"),
@@ -254,14 +255,8 @@ int config_apply_json(Config *c, json_t *root, const char *source, MoeErr err) {
 }
 
 int config_load_file(Config *c, const char *path, MoeErr err) {
-    json_error_t jerr;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root) {
-        if (jerr.line < 0 || strstr(jerr.text, "unable to open"))
-            return moe_err(err, "%s: cannot read config file (%s)", path, jerr.text);
-        return moe_err(err, "%s:%d:%d: malformed JSON: %s", path, jerr.line, jerr.column,
-                       jerr.text);
-    }
+    json_t *root = fs_load_json(path, "config file", err);
+    if (!root) return -1;
     int rc = config_apply_json(c, root, path, err);
     json_decref(root);
     return rc;
@@ -307,6 +302,33 @@ static int check_train(const TrainConfig *t, MoeErr err) {
     if (strcmp(t->device, "cpu") && strcmp(t->device, "cuda"))
         return moe_err(err, "train.device = '%s' is unknown (choices: cpu, cuda)", t->device);
     if (!t->out[0]) return moe_err(err, "train.out must name a run directory");
+    if (t->threads > CONFIG_MAX_THREADS)
+        return moe_err(err, "train.threads = %d is more than the %d threads moe.c runs (0: one per core)",
+                       t->threads, CONFIG_MAX_THREADS);
+    return 0;
+}
+
+// The products are taken in double, where they cannot overflow.
+int config_check_sizable(const Config *c, MoeErr err) {
+    const ModelConfig *m = &c->model;
+    double T = (double)c->train.micro_batch * c->train.seq_len, E = model_n_moe_layers(m) ? m->n_experts : 0;
+    double rows = T * m->top_k, wide = m->d_model > 2.0 * m->expert_hidden ? m->d_model : 2.0 * m->expert_hidden;
+    const struct { double n; const char *what; } sizes[] = {
+        {model_param_counts(m).total, "parameters (mostly model.n_layers x model.n_experts x 3 x "
+                                      "model.d_model x model.expert_hidden)"},
+        {T * c->train.micro_batches, "tokens of a step (train.micro_batch x train.seq_len x train.micro_batches)"},
+        {T * (double)model_qkv_width(m), "attention activations (tokens x q, k, v widths)"},
+        {T * E, "router scores (tokens x model.n_experts)"},
+        {E ? rows * wide : 0, "expert rows (tokens x model.top_k x the wider of d_model, 2 expert_hidden)"},
+        {T * 2.0 * (m->dense_hidden > m->shared_hidden ? m->dense_hidden : m->shared_hidden),
+         "dense or shared-expert activations"},
+        {(double)m->vocab_size * m->d_model, "embedding (model.vocab_size x model.d_model)"},
+        {(double)m->n_layers * E, "expert biases (model.n_layers x model.n_experts)"},
+    };
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        if (sizes[i].n > CONFIG_MAX_ELEMENTS)
+            return moe_err(err, "the %s come to %.4g elements, more than moe.c sizes in one buffer (2^44 = "
+                           "%.4g)", sizes[i].what, sizes[i].n, CONFIG_MAX_ELEMENTS);
     return 0;
 }
 
@@ -361,6 +383,14 @@ static void key_text(const Config *c, const ConfigKey *k, char *buf, size_t len)
     snprintf(buf, len, "%s", s);
     free(s);
     json_decref(v);
+}
+
+void config_write_text(const Config *c, FILE *f) {
+    char value[CONFIG_PATH_LEN + 64];
+    for (size_t i = 0; i < N_KEYS; i++) {
+        key_text(c, &KEYS[i], value, sizeof value);
+        fprintf(f, "%s = %s\n", KEYS[i].key, value);
+    }
 }
 
 const char *config_model_diff(const Config *x, const Config *y, char *a, char *b, size_t len) {

@@ -10,6 +10,8 @@
 typedef enum { SCHED_COSINE, SCHED_LINEAR, SCHED_CONSTANT } LrSchedule;
 
 #define CONFIG_PATH_LEN 1024
+#define CONFIG_MAX_THREADS 4096          // train.threads above this is refused (the OpenMP runtime fails)
+#define CONFIG_MAX_ELEMENTS 17592186044416.0 // 2^44: the most elements of one buffer
 
 typedef struct {
     int steps;           // optimizer steps of the whole run
@@ -59,10 +61,17 @@ int config_apply_json(Config *c, json_t *root, const char *source, MoeErr err);
 // Applies one "section.key=value" override.
 int config_apply_override(Config *c, const char *assignment, MoeErr err);
 int config_validate(Config *c, MoeErr err);
+// Whether a valid config can be sized: every buffer's element count is a product of config values,
+// and each must stay far below what size_t counts (at most CONFIG_MAX_ELEMENTS), so that no size
+// computed from them wraps around. -1 with a message naming the product that is too large.
+int config_check_sizable(const Config *c, MoeErr err);
 // Back to the defaults for what a resumed run takes from its own command line, not from the
 // checkpoint: the parallel layout, device, threads and communication timeout.
 void config_reset_placement(Config *c);
 json_t *config_to_json(const Config *c);
+// Every key as a "section.key = value" line (values as JSON), in table order: a canonical text of
+// the config that ranks compare line by line.
+void config_write_text(const Config *c, FILE *f);
 // The first model.* key whose value differs; NULL if the model sections match. Values into a, b.
 const char *config_model_diff(const Config *x, const Config *y, char *a, char *b, size_t len);
 void config_print_keys(FILE *f); // every key with its type, default and meaning

@@ -1,9 +1,13 @@
-// Step reports: from the raw metrics buffer to a console line and a JSON-lines record.
+// Step reports: from the raw metrics buffer to a console line and a JSON-lines record; the
+// metrics.jsonl log with checked writes and its repair for a resume.
 #include "metrics.h"
 
-#include <jansson.h>
+#include <errno.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 static void layer_load(LayerLoad *L, const float *stats, size_t E, size_t n_micro) {
     L->load = moe_malloc(E * sizeof(double));
@@ -63,7 +67,7 @@ double report_drop_rate(const StepReport *r) {
 void report_print(const StepReport *r, FILE *f) {
     char tps[32];
     moe_fmt_count(tps, sizeof tps, (uint64_t)(r->tokens_per_sec + 0.5));
-    fprintf(f, "step %5d/%d | loss %.4f | ce %.4f", r->step, r->steps, r->loss, r->ce);
+    fprintf(f, "step %5" PRId64 "/%" PRId64 " | loss %.4f | ce %.4f", r->step, r->steps, r->loss, r->ce);
     if (r->n_moe) {
         double drop = report_drop_rate(r);
         fprintf(f, " lb %.3f z %.3f | load max/mean %.2f", r->lb, r->z, report_worst_imbalance(r));
@@ -73,26 +77,96 @@ void report_print(const StepReport *r, FILE *f) {
     fflush(f);
 }
 
-void report_write_json(const StepReport *r, FILE *f) {
-    json_t *o = json_pack("{s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "step", r->step,
-                          "loss", r->loss, "ce", r->ce, "lb_loss", r->lb, "z_loss", r->z,
-                          "lm_z_loss", r->lm_z, "lr", r->lr, "grad_norm", r->grad_norm,
-                          "tokens_per_sec", r->tokens_per_sec, "elapsed_s", r->elapsed_s,
-                          "pipeline_wait", r->pipeline_wait);
-    if (!o) return; // jansson refuses NaN and Inf; callers stop on those before logging
-    json_t *layers = json_array();
-    for (int i = 0; i < r->n_moe; i++) {
-        const LayerLoad *L = &r->layers[i];
-        json_t *load = json_array();
-        for (int e = 0; e < r->E; e++) json_array_append_new(load, json_real(L->load[e]));
-        json_array_append_new(layers, json_pack("{s:i, s:o, s:f, s:f, s:f, s:f, s:f}", "moe_layer", i,
-                                                "load", load, "imbalance", L->imbalance,
-                                                "min_over_mean", L->min_over_mean, "drop_rate",
-                                                L->drop_rate, "lb_loss", L->lb, "z_loss", L->z));
-    }
+// A JSON number, or null for NaN and infinities (JSON has no spelling for them).
+static json_t *json_number(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+
+static void set_numbers(json_t *o, const char *const *keys, const double *values, size_t n) {
+    for (size_t i = 0; i < n; i++) json_object_set_new(o, keys[i], json_number(values[i]));
+}
+
+static json_t *layer_to_json(const LayerLoad *L, int index, int E) {
+    static const char *const KEYS[] = {"imbalance", "min_over_mean", "drop_rate", "lb_loss", "z_loss"};
+    const double values[] = {L->imbalance, L->min_over_mean, L->drop_rate, L->lb, L->z};
+    json_t *o = json_object(), *load = json_array();
+    for (int e = 0; e < E; e++) json_array_append_new(load, json_number(L->load[e]));
+    json_object_set_new(o, "moe_layer", json_integer(index));
+    json_object_set_new(o, "load", load);
+    set_numbers(o, KEYS, values, sizeof values / sizeof values[0]);
+    return o;
+}
+
+json_t *report_to_json(const StepReport *r) {
+    static const char *const KEYS[] = {"loss", "ce", "lb_loss", "z_loss", "lm_z_loss", "lr", "grad_norm",
+                                       "tokens_per_sec", "elapsed_s", "pipeline_wait"};
+    const double values[] = {r->loss, r->ce, r->lb, r->z, r->lm_z, r->lr, r->grad_norm,
+                             r->tokens_per_sec, r->elapsed_s, r->pipeline_wait};
+    json_t *o = json_object(), *layers = json_array();
+    json_object_set_new(o, "step", json_integer(r->step));
+    set_numbers(o, KEYS, values, sizeof values / sizeof values[0]);
+    for (int i = 0; i < r->n_moe; i++) json_array_append_new(layers, layer_to_json(&r->layers[i], i, r->E));
     json_object_set_new(o, "moe_layers", layers);
-    json_dumpf(o, f, JSON_COMPACT | JSON_REAL_PRECISION(9));
-    fputc('\n', f);
-    fflush(f);
+    return o;
+}
+
+json_t *metrics_val_record(int64_t step, double loss, size_t sequences) {
+    json_t *o = json_object();
+    json_object_set_new(o, "step", json_integer(step));
+    json_object_set_new(o, "val_loss", json_number(loss));
+    json_object_set_new(o, "val_sequences", json_integer((json_int_t)sequences));
+    return o;
+}
+
+// ---------------------------------------------------------------- metrics.jsonl
+
+// A record a resumed run keeps: a whole line (ended by its newline) holding a JSON object of a step
+// not after the checkpoint's.
+static bool log_line_kept(const char *line, size_t n, int64_t step) {
+    if (line[n - 1] != '\n') return false;
+    json_t *o = json_loadb(line, n, 0, NULL), *s = json_object_get(o, "step");
+    bool kept = json_is_integer(s) && json_integer_value(s) <= step;
     json_decref(o);
+    return kept;
+}
+
+// Cuts the log after its last record kept (records are in step order); counts the lines dropped.
+static int log_truncate(MetricsLog *log, int64_t step, MoeErr err) {
+    char *line = NULL;
+    size_t cap = 0, at = 0, keep = 0;
+    ssize_t n;
+    rewind(log->file);
+    while ((n = getline(&line, &cap, log->file)) > 0) {
+        if (!log->dropped && log_line_kept(line, (size_t)n, step)) keep = at + (size_t)n;
+        else log->dropped++;
+        at += (size_t)n;
+    }
+    free(line);
+    if (ferror(log->file) || ftruncate(fileno(log->file), (off_t)keep) || fseek(log->file, 0, SEEK_END))
+        return moe_err(err, "%s: cannot repair the metrics log for the resume (%s)", log->path, strerror(errno));
+    return 0;
+}
+
+int metrics_log_open(MetricsLog *log, const char *run_dir, bool resume, int64_t step, MoeErr err) {
+    memset(log, 0, sizeof *log);
+    snprintf(log->path, sizeof log->path, "%s/metrics.jsonl", run_dir);
+    log->file = fopen(log->path, resume ? "a+" : "w");
+    if (!log->file) return moe_err(err, "%s: cannot write the metrics log (%s)", log->path, strerror(errno));
+    if (resume && log_truncate(log, step, err)) return metrics_log_close(log), -1;
+    return 0;
+}
+
+int metrics_log_write(MetricsLog *log, json_t *record, MoeErr err) {
+    errno = 0;
+    bool bad = json_dumpf(record, log->file, JSON_COMPACT | JSON_REAL_PRECISION(9)) != 0;
+    bad |= fputc('\n', log->file) == EOF;
+    bad |= fflush(log->file) != 0;
+    json_decref(record);
+    if (bad)
+        return moe_err(err, "%s: cannot write the metrics log (%s%s)", log->path, strerror(errno),
+                       errno == ENOSPC || errno == EFBIG ? ": the disk is full or the file size limit reached" : "");
+    return 0;
+}
+
+void metrics_log_close(MetricsLog *log) {
+    if (log->file) fclose(log->file);
+    log->file = NULL;
 }

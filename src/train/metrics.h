@@ -1,7 +1,9 @@
 // What a training step reports: losses, learning rate, gradient norm, throughput, and per MoE
 // layer the real expert loads (a falling balance loss does not prove balanced work, so both are
-// shown). Built from the metrics buffer the model fills in backend memory.
+// shown). Built from the metrics buffer the model fills in backend memory. The run's log of them,
+// metrics.jsonl: one JSON object per line, every write checked.
 #pragma once
+#include <jansson.h>
 #include <stdio.h>
 
 #include "model/model.h"
@@ -15,7 +17,7 @@ typedef struct {
 } LayerLoad;
 
 typedef struct {
-    int step, steps;
+    int64_t step, steps;
     double loss, ce, lb, z, lm_z; // loss = ce + coefficients x aux losses
     double lr, grad_norm;
     double tokens_per_sec, elapsed_s;
@@ -33,4 +35,21 @@ bool report_finite(const StepReport *r);
 double report_worst_imbalance(const StepReport *r);      // max/mean expert load of the worst layer
 double report_drop_rate(const StepReport *r);            // dropped / routed slots, mean over layers
 void report_print(const StepReport *r, FILE *f);          // one console line
-void report_write_json(const StepReport *r, FILE *f);     // one JSON line
+json_t *report_to_json(const StepReport *r);              // its metrics.jsonl record
+
+typedef struct {
+    FILE *file;
+    char path[4200];
+    size_t dropped; // lines removed when the log was reopened for a resume
+} MetricsLog;
+
+// Opens run_dir/metrics.jsonl: empty for a new run; for a run resumed at `step`, the records up
+// to that step are kept and the rest dropped (the steps it redoes, and a last line cut short by a
+// crash or a full disk), so that every step is logged once and every line is whole JSON.
+int metrics_log_open(MetricsLog *log, const char *run_dir, bool resume, int64_t step, MoeErr err);
+// Appends `record` as one line and flushes; takes the reference. -1 with a message naming the log
+// when it cannot be written (a full disk): the run must stop rather than lose its metrics.
+int metrics_log_write(MetricsLog *log, json_t *record, MoeErr err);
+// The validation record of a step; a non-finite loss is written as null (JSON has no NaN).
+json_t *metrics_val_record(int64_t step, double loss, size_t sequences);
+void metrics_log_close(MetricsLog *log);

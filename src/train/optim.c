@@ -56,8 +56,8 @@ void optim_grads_ready(Optimizer *o, Model *m, int l, size_t min_bucket) {
     }
 }
 
-double optim_lr(const TrainConfig *t, int step) {
-    if (step <= t->warmup) return t->lr * step / (t->warmup + 1.0);
+double optim_lr(const TrainConfig *t, int64_t step) {
+    if (step <= t->warmup) return t->lr * (double)step / (t->warmup + 1.0);
     if (t->schedule == SCHED_CONSTANT || t->steps <= t->warmup) return t->lr;
     double progress = (double)(step - t->warmup) / (double)(t->steps - t->warmup);
     progress = progress > 1 ? 1 : progress;
@@ -66,8 +66,9 @@ double optim_lr(const TrainConfig *t, int step) {
     return floor + (t->lr - floor) * shape;
 }
 
-void optim_begin_step(Model *m, const TrainConfig *t, int step) {
-    StepInfo info = {.lr = (float)optim_lr(t, step), .step = step,
+// StepInfo.step (int32 on the device) only corrects AdamW's bias, which is 1 long before 2^31.
+void optim_begin_step(Model *m, const TrainConfig *t, int64_t step) {
+    StepInfo info = {.lr = (float)optim_lr(t, step), .step = step < INT32_MAX ? (int32_t)step : INT32_MAX,
                      .seed = rng_hash64((uint64_t)t->seed, (uint64_t)step)};
     m->ops->upload(m->step_info, &info, sizeof info);
 }

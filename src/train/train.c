@@ -4,7 +4,7 @@
 // update. Only rank 0 prints and writes logs.
 #include "train.h"
 
-#include <errno.h>
+#include <inttypes.h>
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -34,9 +34,9 @@ typedef struct {
     double comm_wait;     // seconds of the step spent in pipeline transfers
     bool synthetic;       // benchmark: random token ids, no files written
     Comm *host, *world;   // the ranks as started, and as this run talks (an NCCL world on GPUs)
-    int first_step;       // the step this process started from
+    int64_t first_step;   // the step this process started from
     void *graph;          // the step's work recorded once for replay (backends that record)
-    FILE *log;            // metrics.jsonl (rank 0)
+    MetricsLog log;       // metrics.jsonl (rank 0)
     Watchdog *watchdog;   // several ranks: ends this one when its peers stop answering
 } Trainer;
 
@@ -53,8 +53,17 @@ static void check_cuda_shapes(const ModelConfig *c) {
         moe_fatal("train.device = cuda supports model.head_dim 16, 32, 64 or 128 (it is %d)", hd);
 }
 
+// More threads than cores only wait for each other: train.threads is capped at 4 per core.
+static void set_threads(int threads) {
+    int cap = 4 * moe_cpu_cores();
+    if (threads > cap)
+        fprintf(stderr, "note: train.threads = %d is more than 4 per core (%d cores here); using %d\n", threads,
+                moe_cpu_cores(), cap);
+    if (threads > 0) omp_set_num_threads(threads < cap ? threads : cap);
+}
+
 const Ops *train_backend(const Config *cfg) {
-    if (cfg->train.threads > 0) omp_set_num_threads(cfg->train.threads);
+    set_threads(cfg->train.threads);
     if (strcmp(cfg->train.device, "cuda")) return ops_cpu();
     const Ops *ops = ops_cuda(comm_local_rank(0)); // one GPU per process on a node
     if (!ops) moe_fatal("train.device = cuda, but this moe was built without CUDA (build with make CUDA=1)");
@@ -117,6 +126,13 @@ double eval_loss(Model *m, Dataset *ds, size_t max_seqs, size_t *evaluated) {
     return n ? ce / (double)(n * S) : NAN;
 }
 
+int eval_check_data(const Dataset *ds, const Config *cfg, const char *what, MoeErr err) {
+    if (ds->n_seqs >= (size_t)cfg->train.micro_batch) return 0;
+    return moe_err(err, "%s has %zu sequences of %d tokens, fewer than one micro-batch (train.micro_batch "
+                   "= %d), so no loss can be evaluated", what, ds->n_seqs, cfg->train.seq_len,
+                   cfg->train.micro_batch);
+}
+
 static LossScales loss_scales(const Config *cfg) {
     const ModelConfig *c = &cfg->model;
     double tokens = (double)cfg->train.micro_batches * cfg->train.micro_batch * cfg->train.seq_len;
@@ -148,7 +164,7 @@ static void random_batch(int32_t *seqs, size_t n, uint64_t first, size_t vocab) 
 }
 
 // Host work before a step: its batches read and uploaded, its StepInfo written.
-static void stage_step(Trainer *t, int step) {
+static void stage_step(Trainer *t, int64_t step) {
     Model *m = &t->model;
     for (int micro = 0; micro < m->n_micro; micro++) {
         uint64_t first = t->state.data_position + first_sequence(m, micro);
@@ -206,7 +222,7 @@ static void compute_step(Trainer *t) {
 // need their counts on the host, so those steps run as queued; so do pipeline stages, whose
 // measured transfer wait (a host clock) would mean nothing in a replay. The graph is freed before
 // the communicators (trainer_close): NCCL's teardown waits for the work a live graph holds.
-static bool replay_step(const Trainer *t, int step) {
+static bool replay_step(const Trainer *t, int64_t step) {
     const Model *m = &t->model;
     bool host_planned = m->par->ep->size > 1 && !m->direct;
     return m->ops->capture_begin && !host_planned && t->par.lay.pp == 1 && step > t->first_step;
@@ -216,7 +232,7 @@ static bool replay_step(const Trainer *t, int step) {
 static void train_step(Trainer *t) {
     Model *m = &t->model;
     const Ops *ops = m->ops;
-    int step = t->state.step + 1;
+    int64_t step = t->state.step + 1;
     stage_step(t, step);
     if (!replay_step(t, step)) {
         compute_step(t);
@@ -237,20 +253,26 @@ static void save_checkpoint(Trainer *t) {
     MoeErr err;
     if (ckpt_save(t->cfg.train.out, &t->model, &t->opt, &t->cfg, &t->state,
                   t->cfg.train.keep_ckpts, err))
-        moe_fatal("checkpoint at step %d not written: %s (the previous checkpoint is intact)",
+        moe_fatal("checkpoint at step %" PRId64 " not written: %s (the previous checkpoint is intact)",
                   t->state.step, err);
-    if (t->root) printf("saved %s/step-%d\n", t->cfg.train.out, t->state.step);
+    if (t->root) printf("saved %s/step-%" PRId64 "\n", t->cfg.train.out, t->state.step);
+}
+
+// Every record reaches metrics.jsonl or the run stops: a full disk must not lose metrics silently.
+static void log_record(Trainer *t, json_t *record) {
+    MoeErr err;
+    if (metrics_log_write(&t->log, record, err))
+        moe_fatal("step %" PRId64 ": %s; stopping (the checkpoints so far are whole: make room, then run "
+                  "again to resume)", t->state.step, err);
 }
 
 static void run_eval(Trainer *t) {
     size_t max_seqs = (size_t)t->cfg.train.eval_batches * t->cfg.train.micro_batch, n;
     double loss = eval_loss(&t->model, &t->val, max_seqs, &n);
     if (!t->root) return;
-    printf("step %5d | val loss %.4f\n", t->state.step, loss);
-    fprintf(t->log, "{\"step\": %d, \"val_loss\": %.9g, \"val_sequences\": %zu}\n", t->state.step,
-            loss, n);
-    fflush(t->log);
-    if (!isfinite(loss)) moe_fatal("step %d: validation loss is %g; stopping", t->state.step, loss);
+    printf("step %5" PRId64 " | val loss %.4f\n", t->state.step, loss);
+    log_record(t, metrics_val_record(t->state.step, loss, n));
+    if (!isfinite(loss)) moe_fatal("step %" PRId64 ": validation loss is %g; stopping", t->state.step, loss);
 }
 
 static void report_step(Trainer *t, double seconds, double elapsed) {
@@ -265,11 +287,11 @@ static void report_step(Trainer *t, double seconds, double elapsed) {
     if (!report_finite(&r)) {
         char last[4200] = "none";
         ckpt_latest(tc->out, last, sizeof last);
-        moe_fatal("step %d: loss %g, gradient norm %g: training diverged; stopping (last good "
+        moe_fatal("step %" PRId64 ": loss %g, gradient norm %g: training diverged; stopping (last good "
                   "checkpoint: %s; try a lower train.lr)", r.step, r.loss, r.grad_norm, last);
     }
     if (r.step % tc->log_every == 0 || r.step == tc->steps || r.step == 1) report_print(&r, stdout);
-    report_write_json(&r, t->log);
+    log_record(t, report_to_json(&r));
     report_free(&r);
 }
 
@@ -282,11 +304,12 @@ static void write_run_config(const Trainer *t) {
     json_decref(j);
 }
 
-static void open_log(Trainer *t, bool append) {
-    char path[CONFIG_PATH_LEN + 16];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", t->cfg.train.out);
-    t->log = fopen(path, append ? "a" : "w");
-    if (!t->log) moe_fatal("%s: cannot write the metrics log (%s)", path, strerror(errno));
+static void open_log(Trainer *t, bool resume) {
+    MoeErr err;
+    if (metrics_log_open(&t->log, t->cfg.train.out, resume, t->state.step, err)) moe_fatal("%s", err);
+    if (t->log.dropped)
+        printf("%s: dropped %zu lines after step %" PRId64 " (steps this run redoes, or a line cut short)\n",
+               t->log.path, t->log.dropped, t->state.step);
 }
 
 // GPU ranks talk through NCCL: a world of its own, bootstrapped from the host one (or the launcher).
@@ -298,14 +321,100 @@ static Comm *device_world(const Config *cfg, Comm *host) {
     return gpu && (host->size > 1 || comm_launch_rank(&launched) >= 0) ? comm_nccl_world(host) : host;
 }
 
-static void trainer_open(Trainer *t, const Config *cfg, Comm *host, const char *resume, bool synthetic) {
+TrainMemory train_memory_plan(const Config *cfg, int world, int rank, bool bf16) {
+    const ModelConfig *mc = &cfg->model;
+    Parallel par;
+    Comm groups[4];
+    MoeErr err;
+    if (parallel_plan(&par, groups, world, rank, cfg->parallel.pp, cfg->parallel.ep, mc->n_layers,
+                      mc->n_experts, model_n_moe_layers(mc) > 0, cfg->train.micro_batch, err))
+        moe_fatal("%s", err);
+    par.exchange = (ExchangeMode)cfg->parallel.exchange; // auto is planned as direct (one node)
+    par.recv_capacity = cfg->parallel.recv_capacity;
+    Model m;
+    Optimizer o;
+    int slots = pipeline_slots(par.lay.pp, par.lay.stage, cfg->train.micro_batches);
+    model_init(&m, mc, ops_counting(bf16), &par, (size_t)par.lay.micro_per_rank,
+               (size_t)cfg->train.seq_len, slots, cfg->train.micro_batches);
+    optim_init(&o, &m);
+    TrainMemory r = {(double)m.reg.total, (double)o.state_bytes, (double)m.bytes};
+    model_free(&m);
+    return r;
+}
+
+void train_check_memory(const Config *cfg, const Ops *ops, int world, int rank, bool training) {
+    const double GiB = 1073741824.0;
+    double avail = ops->memory_available ? (double)ops->memory_available() : 0;
+    ModelFloor f = model_memory_floor(&cfg->model);
+    double floor = ((training ? f.weights : f.weights / 4) + f.table) / world;
+    if (avail > 0 && floor > avail)
+        moe_fatal("the model needs at least %.4g GiB per rank (%.4g parameters: fp32 weights%s, over %d "
+                  "rank(s)), but %.4g GiB are available to the %s backend here; use a smaller model or more "
+                  "ranks", floor / GiB, model_param_counts(&cfg->model).total,
+                  training ? ", gradients and AdamW moments" : "", world, avail / GiB, ops->name);
+    MoeErr err;
+    if (config_check_sizable(cfg, err)) moe_fatal("%s", err);
+    if (!training || avail <= 0) return;
+    double plan = train_memory_plan(cfg, world, rank, ops->act_size == 2).total;
+    if (plan > avail)
+        moe_fatal("rank %d's memory plan is %.4g GiB (weights, gradients, optimizer state and activations of "
+                  "train.micro_batch = %d sequences of train.seq_len = %d), but %.4g GiB are available to the "
+                  "%s backend here; lower train.micro_batch or the model size, or use more ranks", rank,
+                  plan / GiB, cfg->train.micro_batch, cfg->train.seq_len, avail / GiB, ops->name);
+}
+
+// The training and validation data (none for a benchmark).
+static void open_data(Trainer *t) {
+    const Config *cfg = &t->cfg;
+    MoeErr err;
+    char what[CONFIG_PATH_LEN + 16];
+    if (t->synthetic) return;
+    train_open_dataset(&t->train, cfg, cfg->data.train, true);
+    t->has_val = cfg->data.val[0] && cfg->train.eval_every > 0;
+    if (!t->has_val) return;
+    snprintf(what, sizeof what, "data.val %s", cfg->data.val);
+    train_open_dataset(&t->val, cfg, cfg->data.val, false);
+    if (eval_check_data(&t->val, cfg, what, err))
+        moe_fatal("%s: use more validation data, or train.eval_every=0 for none", err);
+}
+
+static void write_files(FILE *f, const char *what, const Dataset *ds) {
+    for (size_t i = 0; i < ds->n_files; i++)
+        fprintf(f, "%s file %zu = %s (%zu bytes)\n", what, i, ds->files[i].path, ds->files[i].map_bytes);
+}
+
+// Ranks started with different settings would size different buffers and corrupt each other's
+// memory in their first collective: before any, every rank must hold rank 0's config, data files
+// (names and sizes), checkpoint and stop step.
+static void check_same_run(const Trainer *t, Comm *host, const char *resume, int64_t stop_at) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    MOE_CHECK(f, "out of host memory comparing the ranks' settings");
+    config_write_text(&t->cfg, f);
+    write_files(f, "data.train", &t->train);
+    if (t->has_val) write_files(f, "data.val", &t->val);
+    fprintf(f, "resumed from = %s\n--stop-at = %" PRId64 "\n", resume ? resume : "(none)", stop_at);
+    fclose(f);
+    MoeErr err;
+    if (comm_agree_text(host, text, err))
+        moe_fatal("the ranks were started with different settings: %s; start every rank with the same "
+                  "command line, config and data", err);
+    free(text);
+}
+
+static void trainer_open(Trainer *t, const Config *cfg, Comm *host, const char *resume, int64_t stop_at,
+                         bool synthetic) {
     MoeErr err;
     memset(t, 0, sizeof *t);
     t->cfg = *cfg;
     t->synthetic = synthetic;
     const Ops *ops = train_backend(cfg); // picks this process's GPU before NCCL starts
     t->host = host;
+    open_data(t);
+    check_same_run(t, host, resume, stop_at);
     Comm *world = t->world = device_world(cfg, host);
+    train_check_memory(cfg, ops, world->size, world->rank, true);
     const TrainConfig *tc = &t->cfg.train;
     const ModelConfig *mc = &t->cfg.model;
     parallel_init(&t->par, world, cfg->parallel.pp, cfg->parallel.ep, mc->n_layers, mc->n_experts,
@@ -314,9 +423,6 @@ static void trainer_open(Trainer *t, const Config *cfg, Comm *host, const char *
     t->par.recv_capacity = cfg->parallel.recv_capacity;
     const Layout *l = &t->par.lay;
     t->root = world->rank == 0;
-    if (!synthetic) train_open_dataset(&t->train, cfg, cfg->data.train, true);
-    t->has_val = !synthetic && cfg->data.val[0] && tc->eval_every > 0;
-    if (t->has_val) train_open_dataset(&t->val, cfg, cfg->data.val, false);
     if (t->root && !synthetic && fs_mkdir_p(tc->out, err)) moe_fatal("train.out: %s", err);
     int slots = pipeline_slots(l->pp, l->stage, tc->micro_batches);
     model_init(&t->model, mc, ops, &t->par, (size_t)l->micro_per_rank, (size_t)tc->seq_len, slots,
@@ -327,7 +433,7 @@ static void trainer_open(Trainer *t, const Config *cfg, Comm *host, const char *
         if (ckpt_read_state(resume, &saved, &t->state, err) ||
             ckpt_load(resume, &t->model, &t->opt, err))
             moe_fatal("%s", err);
-        if (t->root) printf("resumed from %s (step %d)\n", resume, t->state.step);
+        if (t->root) printf("resumed from %s (step %" PRId64 ")\n", resume, t->state.step);
         t->first_step = t->state.step + 1;
     } else {
         t->first_step = 1;
@@ -345,7 +451,7 @@ static void trainer_open(Trainer *t, const Config *cfg, Comm *host, const char *
 
 static void trainer_close(Trainer *t) {
     if (t->graph) t->model.ops->graph_free(t->graph); // before the communicators its NCCL work uses
-    if (t->log) fclose(t->log);
+    metrics_log_close(&t->log);
     free(t->metrics_host);
     free(t->seqs);
     free(t->sched);
@@ -381,21 +487,21 @@ static void print_banner(const Trainer *t) {
     printf("\n");
 }
 
-void train_run(const Config *cfg, Comm *world, const char *resume, int stop_at) {
+void train_run(const Config *cfg, Comm *world, const char *resume, int64_t stop_at) {
     Trainer t;
-    trainer_open(&t, cfg, world, resume, false);
+    trainer_open(&t, cfg, world, resume, stop_at, false);
     if (t.root) print_banner(&t);
     const TrainConfig *tc = &t.cfg.train;
     Comm *groups[4] = {t.par.world, t.par.dp, t.par.ep, t.par.edp};
     if (t.par.world->size > 1) t.watchdog = watchdog_start(tc->comm_timeout, t.par.world->rank, groups, 4);
     double start = moe_time_sec();
-    int last = stop_at > 0 && stop_at < tc->steps ? stop_at : tc->steps;
+    int64_t last = stop_at > 0 && stop_at < tc->steps ? stop_at : tc->steps;
     while (t.state.step < last) {
         double t0 = moe_time_sec();
         watchdog_beat(t.watchdog, t.state.step + 1, "training step");
         train_step(&t);
         if (t.root) report_step(&t, moe_time_sec() - t0, moe_time_sec() - start);
-        int s = t.state.step;
+        int64_t s = t.state.step;
         if (t.has_val && (s % tc->eval_every == 0 || s == tc->steps)) {
             watchdog_beat(t.watchdog, s, "evaluation");
             run_eval(&t);
@@ -435,7 +541,7 @@ double train_matmul_tflops(const Ops *ops) {
 
 void train_bench(const Config *cfg, Comm *world, int warmup, int steps, BenchReport *r) {
     Trainer t;
-    trainer_open(&t, cfg, world, NULL, true);
+    trainer_open(&t, cfg, world, NULL, 0, true);
     const Ops *ops = t.model.ops;
     memset(r, 0, sizeof *r);
     r->matmul_tflops = train_matmul_tflops(ops);

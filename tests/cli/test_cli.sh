@@ -31,7 +31,7 @@ echo '{"model": {"d_model": 64,' > "$tmp/malformed.json"
 echo '{"model": {"n_expertz": 8}}' > "$tmp/typo.json"
 echo '{"model": {"d_model": "wide"}}' > "$tmp/wrongtype.json"
 [ -e "$tmp/never" ] && bad "test setup" "$tmp/never exists"
-expect_error "missing config file" "nope.json: cannot read config" $MOE train "$tmp/nope.json"
+expect_error "missing config file" "nope.json: cannot open config file" $MOE train "$tmp/nope.json"
 expect_error "malformed config (line and column)" "malformed.json:[0-9]+:[0-9]+: malformed JSON" $MOE train "$tmp/malformed.json"
 expect_error "unknown key in config file suggests" "n_expertz' is unknown \(did you mean 'model.n_experts'" $MOE train "$tmp/typo.json"
 expect_error "wrong JSON type for a key" "'model.d_model' must be an integer, got '\"wide\"'" $MOE train "$tmp/wrongtype.json"
@@ -43,9 +43,28 @@ expect_error "top_k larger than n_experts" "top_k = 9 is larger than model.n_exp
 expect_error "n_kv_heads does not divide n_heads" "n_kv_heads = 3 must divide model.n_heads = 4" $MOE train model.n_kv_heads=3 train.out="$tmp/never"
 expect_error "zero layers" "'model.n_layers' must be a positive integer, got 0" $MOE train model.n_layers=0 train.out="$tmp/never"
 expect_error "zero batch" "'train.micro_batch' = 0 must be >= 1" $MOE train train.micro_batch=0 train.out="$tmp/never"
+mkfifo "$tmp/fifo.json"
+expect_error "a FIFO as config is refused at once" "fifo.json: the config file is a FIFO" timeout 20 $MOE train "$tmp/fifo.json"
+mkdir -p "$tmp/a_run"
+expect_error "a directory as config" "a_run is a directory, not a config file; to resume the run it holds, pass train.out=" $MOE train "$tmp/a_run"
 expect_error "unknown command suggests" "did you mean 'train'" $MOE trian
 expect_error "unknown option suggests" "did you mean '--data'" $MOE eval --ckpt x --dta y
 expect_error "unknown device" "train.device = 'tpu' is unknown \(choices: cpu, cuda\)" $MOE train train.device=tpu train.out="$tmp/never"
+
+# ---------------------------------------------------------------- sizes past the machine
+# Refused before anything is allocated (the kernel used to kill a run that grew past the memory),
+# with the plan and what is available; moe inspect prints the arithmetic floor of such a model.
+expect_error "a model past the machine's memory" "needs at least [0-9.e+]+ GiB per rank .* but [0-9.]+ GiB are available" \
+    timeout 20 $MOE train $TINY model.n_experts=1000000000 train.out="$tmp/never"
+expect_error "activations past the machine's memory" "memory plan is [0-9.e+]+ GiB .* but [0-9.]+ GiB are available" \
+    timeout 20 $MOE train $TINY train.micro_batch=100000000 train.eval_every=0 train.out="$tmp/never"
+expect_error "a buffer past what moe.c sizes" "tokens of a step .* more than moe.c sizes in one buffer" \
+    timeout 20 $MOE train $TINY train.micro_batch=2000000000 train.seq_len=100000 train.eval_every=0 train.out="$tmp/never"
+expect_error "train.threads past the hard limit" "train.threads = 100000 is more than the 4096 threads" \
+    $MOE train $TINY train.threads=100000 train.out="$tmp/never"
+out=$(timeout 20 $MOE inspect configs/bench/scale-E8.json $TINY model.n_experts=1000000000 2>&1)
+grep -qE "at least: [0-9.e+]+ GiB .*" <<<"$out" && grep -q "the exact plan is not sized" <<<"$out" &&
+    ok "inspect of a huge model: the arithmetic floor" || bad "inspect of a huge model: the arithmetic floor" "$out"
 
 # ---------------------------------------------------------------- bad data
 : > "$tmp/empty.npy"
@@ -57,8 +76,15 @@ expect_error "odd-sized token file" "odd.npy: 3 bytes is not a whole number of u
 expect_error "token id >= vocab_size" "is >= vocab_size 100" $MOE train $TINY model.vocab_size=100 train.out="$tmp/never"
 expect_error "sequence longer than the data" "short.npy: 10 tokens is fewer than seq_len \+ 1" $MOE train $TINY data.train="$tmp/short.npy" train.out="$tmp/never"
 expect_error "raw text as data gets a hint" "moe data prepare" $MOE train $TINY data.train=data/tinyshakespeare.txt train.out="$tmp/never"
+head -c 200 data/tinyshakespeare_val.npy > "$tmp/short_val.npy"
+expect_error "validation data shorter than a micro-batch" "data.val .*short_val.npy has 3 sequences .*fewer than one micro-batch" $MOE train $TINY data.val="$tmp/short_val.npy" train.out="$tmp/never"
 touch "$tmp/afile"
 expect_error "output directory not writable" "afile.*(not a directory|cannot create)" $MOE train $TINY train.steps=1 train.out="$tmp/afile/run"
+
+printf 'my notes\nmore\n' > "$tmp/notes.txt"
+expect_error "data prepare refuses to overwrite its input" "notes.txt is the input file" $MOE data prepare "$tmp/notes.txt" "$tmp/notes.txt"
+expect_error "data prepare: --val-out the input" "is the input file" $MOE data prepare "$tmp/notes.txt" "$tmp/n.npy" --val-out "$tmp/./notes.txt"
+[ "$(cat "$tmp/notes.txt")" = "$(printf 'my notes\nmore')" ] && ok "data prepare: the input is intact" || bad "data prepare: the input is intact" "$(od -c "$tmp/notes.txt" | head -2)"
 
 [ -e "$tmp/never/step-1" ] && bad "rejected runs leave no checkpoint" "$(ls "$tmp/never")"
 
@@ -101,17 +127,45 @@ run train.steps=20 train.ckpt_every=10 train.out="$tmp/again"
 cmp -s "$tmp/straight/step-20/$MF" "$tmp/again/step-20/$MF" &&
     ok "same seed twice: bit-identical weights" || bad "same seed twice: bit-identical weights" "files differ"
 run train.steps=20 train.ckpt_every=10 train.out="$tmp/threads1" train.threads=1
+cores=$(nproc)
+run train.steps=20 train.ckpt_every=10 train.out="$tmp/threads_many" train.threads=$((8 * cores)) &&
+    grep -q "using $((4 * cores))" "$tmp/last.log" && cmp -s "$tmp/straight/step-20/$MF" "$tmp/threads_many/step-20/$MF" &&
+    ok "train.threads capped at 4 per core, same weights" || bad "train.threads capped at 4 per core, same weights" "$(head -3 "$tmp/last.log")"
 cmp -s "$tmp/straight/step-20/$MF" "$tmp/threads1/step-20/$MF" &&
     ok "1 thread and all threads give identical weights" || bad "1 thread and all threads give identical weights" "files differ"
 
 ls -d "$tmp"/straight/step-* | wc -l | grep -qx 2 && ok "keeps the last N checkpoints" || bad "keeps the last N checkpoints" "$(ls "$tmp/straight")"
 run train.steps=20 train.out="$tmp/straight" && grep -q "already at step 20" "$tmp/last.log" &&
     ok "finished run: nothing to do" || bad "finished run: nothing to do" "$(cat "$tmp/last.log")"
+expect_error "--stop-at before the checkpoint is an error" "--stop-at 5 is before step 20 of the checkpoint" $MOE train $TINY train.steps=30 train.out="$tmp/straight" --stop-at 5
+run train.steps=30 train.out="$tmp/straight" --stop-at 20 && grep -q "already at step 20 (--stop-at)" "$tmp/last.log" &&
+    ok "--stop-at at the checkpoint: nothing to do" || bad "--stop-at at the checkpoint: nothing to do" "$(cat "$tmp/last.log")"
+# Step counts are 64-bit: a checkpoint past 2^31 steps is read as it is, not wrapped to a negative step.
+mkdir -p "$tmp/big" && cp -r "$tmp/straight/step-20" "$tmp/big/step-3000000000"
+sed -i 's/"step": 20,/"step": 3000000000,/' "$tmp/big/step-3000000000/train_state.json"
+run train.steps=20 train.out="$tmp/big" && grep -q "already at step 3000000000 of" "$tmp/last.log" &&
+    ok "a step past 2^31 in train_state.json" || bad "a step past 2^31 in train_state.json" "$(cat "$tmp/last.log")"
 expect_error "resume with another model shape" "checkpoint has model.n_layers = 2 but this run asks for 3" $MOE train $TINY model.n_layers=3 train.steps=30 train.out="$tmp/straight"
 
+# ---------------------------------------------------------------- one run per directory
+# A second run on a directory in use is refused (naming the holder) and touches nothing there;
+# the lock ends with its holder.
+$MOE train $TINY train.steps=1000000 train.eval_every=0 train.ckpt_every=0 train.log_every=100000 \
+    train.out="$tmp/busy" > /dev/null 2>&1 &
+holder=$!
+for _ in $(seq 300); do [ -s "$tmp/busy/metrics.jsonl" ] && break; sleep 0.1; done
+before=$(md5sum "$tmp/busy/config.json")
+expect_error "second run on a train.out in use is refused" "busy is in use by another moe train \(pid $holder on" \
+    $MOE train $TINY train.steps=5 train.out="$tmp/busy"
+kill -0 $holder 2>/dev/null && [ "$before" = "$(md5sum "$tmp/busy/config.json")" ] &&
+    ok "the running one goes on untouched" || bad "the running one goes on untouched" "holder $holder gone or config.json changed"
+kill $holder; wait $holder 2>/dev/null
+run train.steps=2 train.out="$tmp/busy" && ok "the lock ends with its holder" || bad "the lock ends with its holder" "$(tail -2 "$tmp/last.log")"
+
 # ---------------------------------------------------------------- corrupted checkpoints
+# (.lock records the last run that held the directory; everything else must stay as it was)
 cp -r "$tmp/straight" "$tmp/corrupt"
-snapshot=$(cd "$tmp/corrupt" && find . -type f | sort | xargs md5sum)
+snapshot=$(cd "$tmp/corrupt" && find . -type f ! -name .lock | sort | xargs md5sum)
 ck="$tmp/corrupt/step-20/$MF"
 head -c 1000 "$tmp/straight/step-20/$MF" > "$ck"
 expect_error "truncated safetensors" "$MF" $MOE train $TINY train.steps=30 train.out="$tmp/corrupt"
@@ -126,7 +180,20 @@ import sys; p = sys.argv[1]; b = bytearray(open(p, 'rb').read()); i = b.find(b'"
 PY
 expect_error "wrong dtype in safetensors" "I32" $MOE eval --ckpt "$tmp/corrupt"
 cp "$tmp/straight/step-20/$MF" "$ck"
-after=$(cd "$tmp/corrupt" && find . -type f | sort | xargs md5sum)
+idx="$tmp/corrupt/step-20/model.safetensors.index.json"
+cp "$idx" "$tmp/index.json"
+sed -i "s|\"$MF\"|\"../../straight/step-20/$MF\"|" "$idx"
+expect_error "index naming a file outside the checkpoint" "is in '../../straight/step-20/$MF', which is not a file of the checkpoint" $MOE eval --ckpt "$tmp/corrupt"
+sed -i "s|\"../../straight/step-20/$MF\"|\"$tmp/straight/step-20/$MF\"|" "$idx"
+expect_error "index naming an absolute path" "which is not a file of the checkpoint" $MOE eval --ckpt "$tmp/corrupt"
+cp "$tmp/index.json" "$idx"
+mv "$ck" "$tmp/model.bak" && mkfifo "$ck"
+expect_error "a FIFO as checkpoint file is refused at once" "$MF: the safetensors file is a FIFO" timeout 20 $MOE eval --ckpt "$tmp/corrupt"
+rm "$ck" && mv "$tmp/model.bak" "$ck"
+mv "$tmp/corrupt/step-20/train_state.json" "$tmp/state.bak" && mkfifo "$tmp/corrupt/step-20/train_state.json"
+expect_error "a FIFO as train_state.json is refused at once" "train_state.json: the checkpoint state is a FIFO" timeout 20 $MOE eval --ckpt "$tmp/corrupt"
+rm "$tmp/corrupt/step-20/train_state.json" && mv "$tmp/state.bak" "$tmp/corrupt/step-20/train_state.json"
+after=$(cd "$tmp/corrupt" && find . -type f ! -name .lock | sort | xargs md5sum)
 [ "$snapshot" = "$after" ] && ok "failed resumes overwrite nothing" || bad "failed resumes overwrite nothing" "$(diff <(echo "$snapshot") <(echo "$after"))"
 
 # ---------------------------------------------------------------- crash and full disk mid-save
@@ -144,15 +211,49 @@ run train.steps=15 train.ckpt_every=5 train.out="$tmp/crash" && grep -q "resumed
     [ -z "$(ls -a "$tmp/crash" | grep '^\.tmp')" ] && ok "next run resumes from the whole checkpoint" \
     || bad "next run resumes from the whole checkpoint" "$(tail -3 "$tmp/last.log")"
 
+# A full disk while logging: the run stops naming metrics.jsonl (the last record cut mid-line); the
+# resume keeps whole records up to its checkpoint's step only, so every step is logged once, every
+# line is JSON, and the losses are those of a run never stopped.
+run train.steps=20 train.ckpt_every=10 train.out="$tmp/logfull" --stop-at 5
+out=$( trap '' XFSZ; ulimit -f 4; $MOE train $TINY train.steps=20 train.ckpt_every=10 train.out="$tmp/logfull" 2>&1 >/dev/null ); rc=$?
+if [ $rc -ne 0 ] && grep -q "metrics.jsonl: cannot write the metrics log" <<<"$out" && [ -n "$(tail -c 1 "$tmp/logfull/metrics.jsonl")" ]; then
+    ok "full disk while logging: stops with a message"
+else bad "full disk while logging: stops with a message" "rc $rc: $out"; fi
+run train.steps=20 train.ckpt_every=10 train.out="$tmp/logfull"
+if grep -qE "dropped [1-9][0-9]* lines after step 5" "$tmp/last.log" && [ "$(losses "$tmp/straight")" = "$(losses "$tmp/logfull")" ] &&
+   [ "$(grep -vc '^{"step":[0-9]*,.*}$' "$tmp/logfull/metrics.jsonl")" = 0 ]; then
+    ok "resume repairs metrics.jsonl: whole lines, each step once"
+else bad "resume repairs metrics.jsonl: whole lines, each step once" "$(grep dropped "$tmp/last.log")" \
+    "$(diff <(losses "$tmp/straight") <(losses "$tmp/logfull") | head -5)"; fi
+
 # ---------------------------------------------------------------- divergence
 out=$($MOE train $TINY train.lr=1e30 train.warmup=0 train.clip=0 train.steps=20 train.ckpt_every=1 train.out="$tmp/nan" 2>&1); rc=$?
 if [ $rc -ne 0 ] && grep -q "training diverged" <<<"$out" && ls "$tmp/nan" | grep -q '^step-'; then ok "NaN/Inf loss stops with a message, keeps a checkpoint"
 else bad "NaN/Inf loss stops with a message, keeps a checkpoint" "rc $rc: $(tail -2 <<<"$out")"; fi
 
+# ---------------------------------------------------------------- values that are not finite
+# poke FILE TENSOR BYTES: every element of F32 tensor TENSOR of safetensors FILE becomes the 4 bytes.
+poke() {
+    local n begin end
+    n=$(od -An -tu8 -N8 "$1" | tr -d ' ')
+    read -r begin end < <(head -c $((8 + n)) "$1" | tail -c "$n" | grep -o "\"$2\":{[^}]*}" |
+                          grep -oE 'data_offsets":\[[0-9]+,[0-9]+' | grep -oE '[0-9]+,[0-9]+' | tr , ' ')
+    for ((o = begin; o < end; o += 4)); do printf "$3" | dd of="$1" bs=1 seek=$((8 + n + o)) conv=notrunc status=none; done
+}
+cp -r "$tmp/straight" "$tmp/huge"
+poke "$tmp/huge/step-20/$MF" model.norm.weight '\xff\xff\x7f\x7f' # FLT_MAX: finite, but the outputs overflow
+expect_error "eval: a non-finite loss is an error" "moe eval: the loss of .* is (-?nan|inf)" $MOE eval --ckpt "$tmp/huge"
+expect_error "sample: non-finite logits are an error" "moe sample: the model of .* gives a logit of" $MOE sample --ckpt "$tmp/huge" --tokens 5
+poke "$tmp/huge/step-20/$MF" model.norm.weight '\x00\x00\xc0\x7f' # NaN
+expect_error "a NaN in a checkpoint is refused on load" "tensor 'model.norm.weight' holds nan" $MOE eval --ckpt "$tmp/huge"
+expect_error "... also for a resume" "tensor 'model.norm.weight' holds nan" $MOE train $TINY train.steps=30 train.out="$tmp/huge"
+
 # ---------------------------------------------------------------- other commands
 out=$($MOE eval --ckpt "$tmp/straight" 2>&1) && grep -qE "val loss [0-9.]+ nats/token" <<<"$out" && ok "eval prints a loss" || bad "eval prints a loss" "$out"
 out=$($MOE sample --ckpt "$tmp/straight" --tokens 40 --prompt "ROMEO:" 2>&1) && [ ${#out} -ge 40 ] && ok "sample generates text" || bad "sample generates text" "$out"
 out=$($MOE inspect "$tmp/straight" 2>&1) && grep -q "parameters" <<<"$out" && grep -q "GFLOP" <<<"$out" && ok "inspect a run directory" || bad "inspect a run directory" "$out"
+expect_error "eval --max-seqs below a micro-batch" "--max-seqs 2 is fewer than one micro-batch" $MOE eval --ckpt "$tmp/straight" --max-seqs 2
+expect_error "eval data shorter than a micro-batch" "short_val.npy has 3 sequences" $MOE eval --ckpt "$tmp/straight" --data "$tmp/short_val.npy"
 expect_error "sample without --ckpt shows usage" "" $MOE sample
 $MOE train --help | grep -q "model.n_experts" && ok "train --help lists config keys" || bad "train --help lists config keys" ""
 

@@ -20,7 +20,7 @@ TINY="model.d_model=32 model.n_layers=2 model.n_heads=2 model.n_kv_heads=1 model
       train.lr=3e-3 train.eval_every=5 train.eval_batches=2 train.ckpt_every=5 train.log_every=1
       train.threads=1 parallel.grad_bucket_mb=0"
 losses() { grep -o '"loss":[^,]*' "$1/metrics.jsonl" | cut -d: -f2; }
-val_losses() { grep -o '"val_loss": [^,]*' "$1/metrics.jsonl" | cut -d' ' -f2; }
+val_losses() { grep -o '"val_loss":[^,]*' "$1/metrics.jsonl" | cut -d: -f2; }
 
 # same_losses A B: every step's loss (and validation loss) agree within a relative 1e-5.
 same_losses() {
@@ -137,6 +137,27 @@ expect_refused "receive capacity with send/recv" "parallel.recv_capacity bounds 
 expect_refused "negative gradient bucket" "parallel.grad_bucket_mb = -2 must be >= 0" 2 parallel.grad_bucket_mb=-2
 expect_refused "negative receive capacity" "parallel.recv_capacity = -1 must be >= 0" 2 parallel.recv_capacity=-1
 expect_refused "micro-batch not divisible by dp" "train.micro_batch = 4 .* multiple of the data-parallel size 3" 3
+# Ranks started with different settings (mpirun MPMD: A : B) are refused before any collective that
+# they would size differently (that corrupted the heap in the reduce-scatter), naming the setting.
+mpmd_refused() { # NAME PATTERN "RANK 0: [mpirun options] program args" "RANK 1: the same"
+    local name=$1 pattern=$2 out rc
+    out=$($MPIRUN -np 1 $3 : -np 1 $4 2>&1); rc=$?
+    if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q -- "$pattern" <<<"$out" && [ ! -e "$tmp/mpmd/config.json" ]; then ok "$name"
+    else bad "$name" "exit $rc: $(grep -m3 -iE "error|signal|corrupt" <<<"$out")"; fi
+}
+mpmd_refused "ranks with different learning rates" "rank 1 has 'train.lr = 0.01' where rank 0 has 'train.lr = 0.003" \
+    "./moe train $TINY train.out=$tmp/mpmd" "./moe train $TINY train.out=$tmp/mpmd train.lr=0.01"
+mpmd_refused "ranks with different seeds" "rank 1 has 'train.seed = 2' where rank 0 has 'train.seed = 1'" \
+    "./moe train $TINY train.out=$tmp/mpmd" "./moe train $TINY train.out=$tmp/mpmd train.seed=2"
+mkdir -p "$tmp/wa/data" "$tmp/wb/data"
+head -c 40000 data/tinyshakespeare_train.npy > "$tmp/wa/data/d.npy"
+head -c 30000 data/tinyshakespeare_train.npy > "$tmp/wb/data/d.npy"
+mpmd_refused "ranks whose data file differs in size" "rank 1 has 'data.train file 0 = data/d.npy (30000 bytes)' where rank 0 has 'data.train file 0 = data/d.npy (40000 bytes)'" \
+    "--wdir $tmp/wa $PWD/moe train $TINY data.train=data/d.npy data.val= train.out=$tmp/mpmd" \
+    "--wdir $tmp/wb $PWD/moe train $TINY data.train=data/d.npy data.val= train.out=$tmp/mpmd"
+mpmd_refused "ranks with different --stop-at" "rank 1 has '--stop-at = 3' where rank 0 has '--stop-at = 0'" \
+    "./moe train $TINY train.out=$tmp/mpmd" "./moe train $TINY train.out=$tmp/mpmd --stop-at 3"
+
 start=$SECONDS
 out=$($MPIRUN -np 4 ./moe train $TINY train.out="$tmp/nan" parallel.pp=2 train.lr=1e30 train.warmup=0 train.clip=0 train.steps=20 2>&1); rc=$?
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "training diverged" <<<"$out"; then ok "divergence on 4 ranks ends all of them ($((SECONDS - start)) s)"

@@ -352,6 +352,18 @@ static void test_split_key_order(Comm *w) {
     sub->ops->free(sub);
 }
 
+// Same texts agree; a text that differs on the last rank (longer than the others, so the texts
+// are padded) is named by rank and first differing line on every rank.
+static void test_agree_text(Comm *w) {
+    MoeErr err = "";
+    CHECK(comm_agree_text(w, "a = 1\nb = 2\n", err) == 0, "same texts disagree: %s", err);
+    bool last = w->rank == w->size - 1;
+    int rc = comm_agree_text(w, last ? "a = 1\nb = 22222222222\nc = 3\n" : "a = 1\nb = 2\n", err);
+    char want[128];
+    snprintf(want, sizeof want, "rank %d has 'b = 22222222222' where rank 0 has 'b = 2'", w->size - 1);
+    CHECK(rc != 0 && strstr(err, want), "a different text on rank %d: rc %d, message '%s'", w->size - 1, rc, err);
+}
+
 // ---------------------------------------------------------------- comm_self
 
 static void check_self_copies(Comm *c, CommType t) {
@@ -411,6 +423,7 @@ static const TestCase TESTS[] = {
     {"send/recv ring", test_send_recv_ring, NULL, 2},
     {"sendrecv pairs and ring", test_sendrecv, NULL, 1},
     {"all_ok with one rank false", NULL, test_all_ok, 1},
+    {"texts compared across ranks", NULL, test_agree_text, 2},
     {"split by even/odd rank", NULL, test_split_parity, 1},
     {"split ordered by key", NULL, test_split_key_order, 1},
     {"comm_self", NULL, test_comm_self, 1},

@@ -57,6 +57,7 @@ static const Ops CPU_OPS = {
     .cast_f32_to_act = cpu_cast_f32_to_act,
     .sync = cpu_sync,
     .memory_in_use = cpu_memory_in_use,
+    .memory_available = moe_host_memory_available,
     .event_create = cpu_event_create,
     .event_record = cpu_event_record,
     .event_elapsed_ms = cpu_event_elapsed_ms,

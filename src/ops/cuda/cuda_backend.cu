@@ -86,6 +86,12 @@ static size_t cuda_memory_in_use(void) {
     return total - free_b;
 }
 
+static size_t cuda_memory_available(void) {
+    size_t free_b = 0, total = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total));
+    return free_b;
+}
+
 static void cuda_capture_begin(void) {
     CUDA_CHECK(cudaStreamBeginCapture(cuda_ctx.stream, cudaStreamCaptureModeThreadLocal));
 }
@@ -151,6 +157,7 @@ static Ops make_cuda_ops(void) {
     o.upload = cuda_upload, o.download = cuda_download;
     o.upload_f32 = cuda_upload_f32, o.download_f32 = cuda_download_f32, o.download_act = cuda_download_act;
     o.cast_f32_to_act = cuda_cast_f32_to_act, o.sync = cuda_sync, o.memory_in_use = cuda_memory_in_use;
+    o.memory_available = cuda_memory_available;
     o.capture_begin = cuda_capture_begin, o.capture_end = cuda_capture_end, o.graph_launch = cuda_graph_launch;
     o.graph_free = cuda_graph_free;
     o.event_create = cuda_event_create, o.event_record = cuda_event_record;
