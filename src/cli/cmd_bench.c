@@ -1,6 +1,7 @@
 // `moe bench CONFIG`: training throughput on random token ids, with the FLOP accounting, MFU,
 // memory and a per-phase time breakdown.
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
@@ -66,6 +67,7 @@ int cmd_bench(int argc, char **argv, Comm *world) {
     cli_parse(&SPEC, argc, argv, values, &pos, &n_pos);
     if (n_pos < 1 || strchr(pos[0], '=')) {
         cli_usage(&SPEC, false);
+        free(pos);
         return 1;
     }
     Config cfg;
@@ -84,5 +86,6 @@ int cmd_bench(int argc, char **argv, Comm *world) {
     BenchReport r;
     train_bench(&cfg, world, warmup, steps, &r);
     if (world->rank == 0) print_report(&cfg, &r);
+    free(pos);
     return 0;
 }

@@ -1,5 +1,6 @@
 // `moe data prepare IN.txt OUT.npy`: byte-level token files from any text file.
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
@@ -25,6 +26,7 @@ int cmd_data(int argc, char **argv, Comm *world) {
     cli_single_rank(SPEC.command, world);
     if (n_pos != 3 || strcmp(pos[0], "prepare")) {
         cli_usage(&SPEC, false);
+        free(pos);
         return 1;
     }
     double frac = 0;
@@ -33,5 +35,6 @@ int cmd_data(int argc, char **argv, Comm *world) {
     MoeErr err;
     if (data_prepare_bytes(pos[1], pos[2], values[0], frac, err)) moe_fatal("%s", err);
     printf("wrote %s%s%s\n", pos[2], values[0] ? " and " : "", values[0] ? values[0] : "");
+    free(pos);
     return 0;
 }

@@ -1,5 +1,6 @@
 // `moe eval --ckpt DIR [--data FILE]`: validation loss of a checkpoint.
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "cli.h"
 #include "train/train.h"
@@ -24,6 +25,7 @@ int cmd_eval(int argc, char **argv, Comm *world) {
     cli_single_rank(SPEC.command, world);
     if (!values[0] || n_pos) {
         cli_usage(&SPEC, false);
+        free(pos);
         return 1;
     }
     Config cfg;
@@ -43,5 +45,6 @@ int cmd_eval(int argc, char **argv, Comm *world) {
     dataset_close(&ds);
     model_free(&m);
     parallel_free(&par);
+    free(pos);
     return 0;
 }

@@ -1,6 +1,7 @@
 // `moe inspect CONFIG.json|DIR`: parameter counts, FLOPs per token and the memory plan of a model,
 // measured by sizing the real model on a backend that only counts allocations.
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
@@ -99,6 +100,7 @@ int cmd_inspect(int argc, char **argv, Comm *world) {
     cli_single_rank(SPEC.command, world);
     if (n_pos < 1 || strchr(pos[0], '=')) {
         cli_usage(&SPEC, false);
+        free(pos);
         return 1;
     }
     Config cfg;
@@ -119,5 +121,6 @@ int cmd_inspect(int argc, char **argv, Comm *world) {
            fwd / 1e9, 3 * fwd / 1e9, S);
     printf("  FLOPs per step   %.4g TFLOP (%g tokens)\n", 3 * fwd * tokens / 1e12, tokens);
     print_memory(&cfg, values[0] ? (int)cli_number("--world", values[0], 1, 65536) : 1);
+    free(pos);
     return 0;
 }

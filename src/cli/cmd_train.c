@@ -2,6 +2,7 @@
 // train.out. A resumed run takes its model from the checkpoint (which must match any model keys
 // given) and its run length, device and layout from this command line.
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
@@ -66,7 +67,9 @@ int cmd_train(int argc, char **argv, Comm *world) {
     if (values[1]) {
         int n = (int)cli_number("--nproc", values[1], 1, 1024);
         char **rest = moe_calloc((size_t)argc + 1, sizeof(char *));
-        return cli_launch_local(n, drop_nproc(argc, argv, rest), rest);
+        int rc = cli_launch_local(n, drop_nproc(argc, argv, rest), rest);
+        free(rest), free(pos);
+        return rc;
     }
     char **kv = moe_calloc((size_t)n_pos + 1, sizeof(char *));
     const char *config_path = split_args(n_pos, pos, kv, &n_kv);
@@ -94,6 +97,7 @@ int cmd_train(int argc, char **argv, Comm *world) {
         if (state.step >= cfg.train.steps) {
             if (world->rank == 0 && launched <= 0) printf("%s: already at step %d of train.steps = %d; pass a larger train.steps to "
                    "continue\n", ckpt, state.step, cfg.train.steps);
+            free(kv), free(pos);
             return 0;
         }
     }
