@@ -8,7 +8,7 @@ CC      ?= cc
 ARCH    ?= -march=native
 CFLAGS  ?= -O3 $(ARCH) -g
 CFLAGS  += -std=gnu11 -pthread -fopenmp -fno-math-errno -Wall -Wextra -Wno-unused-parameter -Isrc -MMD -MP
-LDLIBS  += -pthread -fopenmp -ljansson -lm
+LDLIBS  += -pthread -fopenmp -ljansson -lxxhash -lm
 # SANITIZE=1: every error of ASan, UBSan or LSan ends the process with a report. The objects go to
 # build/san, so that switching back and forth rebuilds neither tree (the programs are relinked).
 SANITIZE ?= 0
