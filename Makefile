@@ -2,7 +2,7 @@
 # every test and ends with "N passed, N failed". Two builds share the sources: build/f32 (the
 # program) and build/f64 (double precision, used by the unit tests for finite-difference checks).
 # `make SANITIZE=1 test` runs the same suite under AddressSanitizer, UndefinedBehaviorSanitizer and
-# LeakSanitizer, from objects in build/san.
+# LeakSanitizer, from objects in build/san; `make fuzz` runs the libFuzzer harnesses (tests/fuzz).
 
 CC      ?= cc
 ARCH    ?= -march=native
@@ -76,7 +76,7 @@ TEST_OBJ := $(patsubst %.c,$(BUILD)/f64/%.o,$(LIB_SRC) $(TEST_SRC))
 
 DATA := data/tinyshakespeare_train.npy data/tinyshakespeare_val.npy
 
-.PHONY: all test bench clean
+.PHONY: all test bench fuzz clean
 all: moe $(DATA)
 
 # Objects depend on the flags they were built with: switching CUDA=1 or MPI=0 rebuilds them.
@@ -137,6 +137,24 @@ SAN_ENV := ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0 \
 
 test: moe build/test_unit $(if $(filter 1,$(MPI)),build/test_comm) $(DATA)
 	@$(if $(filter 1,$(SANITIZE)),$(SAN_ENV)) bash tests/run_all.sh
+
+# libFuzzer harnesses (clang from Debian), each built with the library sources it reads through;
+# `make fuzz FUZZ_SECONDS=N` runs each for N seconds from its seed corpus (tests/fuzz/corpus).
+FUZZ_CC      ?= clang
+FUZZ_SECONDS ?= 20
+FUZZ_TARGETS := safetensors index config tokens
+FUZZ_CFLAGS  := -g -O1 -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Isrc -Itests/fuzz \
+	-fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
+FUZZ_LIB     := src/common/util.c src/io/safetensors.c src/io/safetensors_index.c src/io/tokens.c \
+	src/model/config.c src/train/config.c tests/fuzz/fuzz_common.c
+FUZZ_BINS    := $(patsubst %,build/fuzz/fuzz_%,$(FUZZ_TARGETS))
+
+build/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB) tests/fuzz/fuzz.h
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $< $(FUZZ_LIB) -ljansson -lxxhash -lm
+
+fuzz: $(FUZZ_BINS)
+	@bash tests/fuzz/run.sh $(FUZZ_SECONDS) $(FUZZ_TARGETS)
 
 clean:
 	rm -rf build moe $(DATA)
