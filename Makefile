@@ -1,12 +1,25 @@
 # moe.c build. `make` builds ./moe and the bundled tinyshakespeare token files; `make test` runs
 # every test and ends with "N passed, N failed". Two builds share the sources: build/f32 (the
 # program) and build/f64 (double precision, used by the unit tests for finite-difference checks).
+# `make SANITIZE=1 test` runs the same suite under AddressSanitizer, UndefinedBehaviorSanitizer and
+# LeakSanitizer, from objects in build/san; `make fuzz` runs the libFuzzer harnesses (tests/fuzz).
 
 CC      ?= cc
 ARCH    ?= -march=native
 CFLAGS  ?= -O3 $(ARCH) -g
 CFLAGS  += -std=gnu11 -pthread -fopenmp -fno-math-errno -Wall -Wextra -Wno-unused-parameter -Isrc -MMD -MP
-LDLIBS  += -pthread -fopenmp -ljansson -lm
+LDLIBS  += -pthread -fopenmp -ljansson -lxxhash -lm
+# SANITIZE=1: every error of ASan, UBSan or LSan ends the process with a report. The objects go to
+# build/san, so that switching back and forth rebuilds neither tree (the programs are relinked).
+SANITIZE ?= 0
+SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+ifeq ($(SANITIZE),1)
+BUILD   := build/san
+CFLAGS  += $(SAN_FLAGS)
+LDLIBS  += $(SAN_FLAGS)
+else
+BUILD   := build
+endif
 # Extra include or library paths, e.g. a JSON library unpacked beside the tree (scripts/gpu_check.sh).
 CFLAGS  += $(CFLAGS_EXTRA)
 LDLIBS  += $(LDLIBS_EXTRA)
@@ -56,39 +69,46 @@ endif
 CLI_SRC  := $(wildcard src/cli/*.c)
 TEST_SRC := $(wildcard tests/*.c)
 
-CU_OBJ   := $(patsubst %.cu,build/cuda/%.o,$(CU_SRC))
-F32_OBJ  := $(patsubst %.c,build/f32/%.o,$(LIB_SRC) $(CLI_SRC)) $(CU_OBJ)
-TEST_OBJ := $(patsubst %.c,build/f64/%.o,$(LIB_SRC) $(TEST_SRC))
+CU_OBJ   := $(patsubst %.cu,$(BUILD)/cuda/%.o,$(CU_SRC))
+F32_OBJ  := $(patsubst %.c,$(BUILD)/f32/%.o,$(LIB_SRC) $(CLI_SRC)) $(CU_OBJ)
+LIB_OBJ  := $(filter-out $(BUILD)/f32/src/cli/%,$(F32_OBJ))
+TEST_OBJ := $(patsubst %.c,$(BUILD)/f64/%.o,$(LIB_SRC) $(TEST_SRC))
 
 DATA := data/tinyshakespeare_train.npy data/tinyshakespeare_val.npy
 
-.PHONY: all test bench clean
+.PHONY: all test bench fuzz clean
 all: moe $(DATA)
 
-moe: $(F32_OBJ)
-	$(CC) -o $@ $^ $(LDLIBS)
+# Objects depend on the flags they were built with: switching CUDA=1 or MPI=0 rebuilds them.
+# Programs depend on LINK_STAMP, which names the flags they were last linked with: switching
+# SANITIZE relinks them from the other object tree.
+FLAGS_HASH  := $(shell echo '$(CC) $(CFLAGS) $(NVCC) $(NVCCFLAGS) $(LDLIBS)' | md5sum | cut -c1-12)
+FLAGS_STAMP := $(BUILD)/flags-$(FLAGS_HASH)
+LINK_STAMP  := build/linked-$(FLAGS_HASH)
+$(FLAGS_STAMP):
+	@mkdir -p $(BUILD) && rm -f $(BUILD)/flags-* && touch $@
+$(LINK_STAMP):
+	@mkdir -p build && rm -f build/linked-* && touch $@
 
-build/test_unit: $(TEST_OBJ)
-	$(CC) -o $@ $^ $(LDLIBS)
+moe: $(F32_OBJ) $(LINK_STAMP)
+	$(CC) -o $@ $(filter %.o,$^) $(LDLIBS)
+
+build/test_unit: $(TEST_OBJ) $(LINK_STAMP)
+	$(CC) -o $@ $(filter %.o,$^) $(LDLIBS)
 
 # Programs run under mpirun by tests/cli/test_mpi.sh (float build, like ./moe).
-build/test_comm: build/f32/tests/mpi/test_comm.o $(filter-out build/f32/src/cli/%,$(F32_OBJ))
-	$(CC) -o $@ $^ $(LDLIBS)
+build/test_comm: $(BUILD)/f32/tests/mpi/test_comm.o $(LIB_OBJ) $(LINK_STAMP)
+	$(CC) -o $@ $(filter %.o,$^) $(LDLIBS)
 
-# Objects depend on the flags they were built with: switching CUDA=1 or MPI=0 rebuilds them.
-FLAGS_STAMP := build/flags-$(shell echo '$(CC) $(CFLAGS) $(NVCC) $(NVCCFLAGS) $(LDLIBS)' | md5sum | cut -c1-12)
-$(FLAGS_STAMP):
-	@mkdir -p build && rm -f build/flags-* && touch $@
-
-build/f32/%.o: %.c $(FLAGS_STAMP)
+$(BUILD)/f32/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-build/cuda/%.o: %.cu $(FLAGS_STAMP)
+$(BUILD)/cuda/%.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) $(if $(filter 1,$(MPI)),-DMOE_MPI) -c $< -o $@
 
-build/f64/%.o: %.c $(FLAGS_STAMP)
+$(BUILD)/f64/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DMOE_F64 -Itests -c $< -o $@
 
@@ -98,19 +118,43 @@ $(DATA) &: data/tinyshakespeare.txt moe
 
 bench: build/bench_gemm
 
-build/bench_gemm: build/f32/bench/bench_gemm.o build/f32/src/ops/cpu/cpu_gemm.o build/f32/src/common/util.o
-	$(CC) -o $@ $^ $(LDLIBS)
+build/bench_gemm: $(addprefix $(BUILD)/f32/,bench/bench_gemm.o src/ops/cpu/cpu_gemm.o src/common/util.o) $(LINK_STAMP)
+	$(CC) -o $@ $(filter %.o,$^) $(LDLIBS)
 
 # The CUDA backend against the CPU one, on a GPU machine (make CUDA=1 build/test_cuda).
-build/test_cuda: build/f32/tests/gpu/test_cuda.o $(filter-out build/f32/src/cli/%,$(F32_OBJ))
-	$(CC) -o $@ $^ $(LDLIBS)
+build/test_cuda: $(BUILD)/f32/tests/gpu/test_cuda.o $(LIB_OBJ) $(LINK_STAMP)
+	$(CC) -o $@ $(filter %.o,$^) $(LDLIBS)
 
 # Expert-exchange bandwidth across GPUs (mpirun -np 2 build/bench_exchange on a GPU machine).
-build/bench_exchange: build/f32/bench/bench_exchange.o $(filter-out build/f32/src/cli/%,$(F32_OBJ))
-	$(CC) -o $@ $^ $(LDLIBS)
+build/bench_exchange: $(BUILD)/f32/bench/bench_exchange.o $(LIB_OBJ) $(LINK_STAMP)
+	$(CC) -o $@ $(filter %.o,$^) $(LDLIBS)
+
+# Sanitizer settings of the test run: leaks are errors; Open MPI's own leaks (and only those) are
+# suppressed by tests/lsan.supp.
+SAN_ENV := ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0 \
+	LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0 \
+	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
 test: moe build/test_unit $(if $(filter 1,$(MPI)),build/test_comm) $(DATA)
-	@bash tests/run_all.sh
+	@$(if $(filter 1,$(SANITIZE)),$(SAN_ENV)) bash tests/run_all.sh
+
+# libFuzzer harnesses (clang from Debian), each built with the library sources it reads through;
+# `make fuzz FUZZ_SECONDS=N` runs each for N seconds from its seed corpus (tests/fuzz/corpus).
+FUZZ_CC      ?= clang
+FUZZ_SECONDS ?= 20
+FUZZ_TARGETS := safetensors index config tokens
+FUZZ_CFLAGS  := -g -O1 -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Isrc -Itests/fuzz \
+	-fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
+FUZZ_LIB     := src/common/util.c src/io/safetensors.c src/io/safetensors_index.c src/io/tokens.c \
+	src/model/config.c src/train/config.c tests/fuzz/fuzz_common.c
+FUZZ_BINS    := $(patsubst %,build/fuzz/fuzz_%,$(FUZZ_TARGETS))
+
+build/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB) tests/fuzz/fuzz.h
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $< $(FUZZ_LIB) -ljansson -lxxhash -lm
+
+fuzz: $(FUZZ_BINS)
+	@bash tests/fuzz/run.sh $(FUZZ_SECONDS) $(FUZZ_TARGETS)
 
 clean:
 	rm -rf build moe $(DATA)

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Installs what moe.c needs to build and test on Debian/Ubuntu: a C compiler with OpenMP, make,
-# the jansson JSON library, and Open MPI (several ranks). Where the CUDA toolkit is installed
-# (nvcc on PATH) it also fetches the header-only libraries of the CUDA build into .deps/include:
-# CUTLASS (the Hopper grouped GEMM) and the cuDNN frontend (attention), pinned and checksummed,
-# from their PyPI wheels. Safe to run again.
+# the jansson JSON library, the xxHash library (checkpoint checksums), Open MPI (several ranks),
+# and clang with its libFuzzer runtime (`make fuzz`). Where the CUDA toolkit is installed (nvcc on
+# PATH) it also fetches the header-only libraries of the CUDA build into .deps/include: CUTLASS
+# (the Hopper grouped GEMM) and the cuDNN frontend (attention), pinned and checksummed, from their
+# PyPI wheels. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-packages=(build-essential libjansson-dev libopenmpi-dev openmpi-bin)
+packages=(build-essential libjansson-dev libxxhash-dev libopenmpi-dev openmpi-bin clang libclang-rt-dev)
 missing=()
 for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"

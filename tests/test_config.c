@@ -31,6 +31,9 @@ static void test_overrides_each_type(void) {
     CHECK(config_apply_override(&c, "model.qk_norm=head", err) == 0 && c.model.qk_norm == QK_NORM_HEAD);
     CHECK(config_apply_override(&c, "train.out=runs/x", err) == 0 && !strcmp(c.train.out, "runs/x"));
     expect_error(config_apply_override(&c, "model.d_model=6x", err), err, "must be an integer");
+    // Found by fuzz_config: a path that is not UTF-8 vanished from the saved config.json.
+    expect_error(config_apply_override(&c, "data.train=a\xe9.npy", err), err,
+                 "'data.train' is not UTF-8 text");
     expect_error(config_apply_override(&c, "train.lr=nan", err), err, "must be a number");
     expect_error(config_apply_override(&c, "model.norm_topk_prob=yes", err), err, "true or false");
     expect_error(config_apply_override(&c, "model.router=soft", err), err, "one of softmax, sigmoid");

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "io/safetensors.h"
 #include "test.h"
@@ -211,11 +212,24 @@ static void roundtrip_check_header(const SafeTensors *st, uint64_t bytes) {
               (unsigned long long)st->data_start);
     CHECK_MSG(st->file_size == st->data_start + bytes, "file size %llu, expected %llu",
               (unsigned long long)st->file_size, (unsigned long long)(st->data_start + bytes));
-    CHECK_MSG(st->n_meta == 2, "n_meta %zu, expected 2", st->n_meta);
+    CHECK_MSG(st->n_meta == 2 + 7, "n_meta %zu, expected 2 + a checksum per tensor", st->n_meta);
     check_meta(st, "format", "pt");
     check_meta(st, "step", "11");
     check_meta(st, "absent", NULL);
     CHECK(st_find(st, "absent") == NULL);
+}
+
+// Every tensor carries the XXH3-64 of its bytes, empty ones included.
+static void roundtrip_check_checksums(const SafeTensors *st, const uint8_t *data) {
+    for (size_t i = 0; i < st->n_tensors; i++) {
+        const StTensor *t = &st->tensors[i];
+        uint64_t want = XXH3_64bits(data + t->begin, t->end - t->begin);
+        CHECK_MSG(t->has_checksum && t->checksum == want, "%s: checksum %016llx (%s), expected "
+                  "%016llx", t->name, (unsigned long long)t->checksum,
+                  t->has_checksum ? "present" : "absent", (unsigned long long)want);
+        MoeErr err = "";
+        CHECK_MSG(st_verify(st, t, err) == 0, "st_verify(%s): %s", t->name, err);
+    }
 }
 
 static void roundtrip_check_errors(const SafeTensors *st) {
@@ -249,6 +263,7 @@ static void test_roundtrip(void) {
             TEST_FAIL("st_open: %s", err);
         } else {
             roundtrip_check_header(&st, bytes);
+            roundtrip_check_checksums(&st, data);
             check_tensor_values(&st, "layer.w2d", 0, RT_W2D, w2d);
             check_tensor_values(&st, "layer.w2d", 4, 4, w2d + 4); // row 1: a rank's slice
             check_tensor_values(&st, "layer.w3d", 0, RT_W3D, w3d);
@@ -284,8 +299,9 @@ static void test_writer_layout(void) {
         ok = st_writer_write(&w, le, 8, err) == 0 && st_writer_close(&w, err) == 0;
     }
     CHECK_MSG(ok, "writing failed: %s", err);
+    // 28a0ba9c345d3723: XXH3_64bits (seed 0) of the 8 data bytes below.
     const char *json =
-        "{\"__metadata__\":{\"k\":\"v\"},"
+        "{\"__metadata__\":{\"k\":\"v\",\"xxh3_64:x\":\"28a0ba9c345d3723\"},"
         "\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}";
     size_t jlen = strlen(json), padded = (jlen + 7) / 8 * 8, len = 0;
     uint8_t expected[256];
@@ -373,6 +389,9 @@ static void test_hand_written_file(void) {
                 check_tensor_header(&st.tensors[3], "b", ST_BF16, 1, sb, 3, 26, 32);
             }
             check_meta(&st, "who", "hand");
+            for (size_t i = 0; i < st.n_tensors; i++) // files without checksums still load
+                CHECK_MSG(!st.tensors[i].has_checksum, "%s: a checksum out of nowhere",
+                          st.tensors[i].name);
             hand_file_check_values(&st);
             st_close(&st);
         }
@@ -477,6 +496,12 @@ static const BadHeader bad_headers[] = {
     {"metadata not an object", "{\"__metadata__\":[1]}", 0, "\"__metadata__\" is an array"},
     {"metadata value not a string", "{\"__metadata__\":{\"k\":\"v\",\"step\":10}}", 0,
      "key 'step' is 10, expected a string"},
+    {"checksum not hex", "{\"__metadata__\":{\"xxh3_64:a\":\"28a0ba9c345d372g\"}," T4("a", "[0,4]") "}",
+     4, "key 'xxh3_64:a' is \"28a0ba9c345d372g\", expected 16 hex digits"},
+    {"checksum too short", "{\"__metadata__\":{\"xxh3_64:a\":\"28a0\"}," T4("a", "[0,4]") "}", 4,
+     "expected 16 hex digits"},
+    {"checksum of no tensor", "{\"__metadata__\":{\"xxh3_64:b\":\"28a0ba9c345d3723\"},"
+     T4("a", "[0,4]") "}", 4, "'xxh3_64:b' is the checksum of a tensor the file does not hold"},
     {0},
 };
 
@@ -630,6 +655,64 @@ static void test_writer_disk_full(void) {
     check_err(rc, err, "/dev/full", "disk full?", "writing to /dev/full");
 }
 
+// ---------------------------------------------------------------------------------------------
+// Checksums: a flipped byte in a tensor's data
+
+static int write_two_tensors(const char *path) {
+    static const size_t s4[] = {4};
+    const float x[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    StWriter w;
+    MoeErr err = "";
+    int ok = st_writer_open(&w, path, err) == 0;
+    if (ok) {
+        st_writer_add(&w, "a", ST_F32, 1, s4);
+        st_writer_add(&w, "b", ST_F32, 1, s4);
+        ok = st_writer_write(&w, x, sizeof x, err) == 0 && st_writer_close(&w, err) == 0;
+    }
+    CHECK_MSG(ok, "writing %s: %s", path, err);
+    return ok;
+}
+
+// Flips one bit of byte `at` of the file.
+static int flip_byte(const char *path, long at) {
+    FILE *f = fopen(path, "r+b");
+    int c = f && fseek(f, at, SEEK_SET) == 0 ? fgetc(f) : EOF;
+    int ok = c != EOF && fseek(f, at, SEEK_SET) == 0 && fputc(c ^ 0x10, f) != EOF;
+    if (f) ok &= fclose(f) == 0;
+    CHECK_MSG(ok, "cannot change byte %ld of %s", at, path);
+    return ok;
+}
+
+static void test_checksum_damage(void) {
+    char dir[64], path[PATH_LEN];
+    if (!make_tmp_dir(dir)) return;
+    snprintf(path, sizeof path, "%s/damaged.safetensors", dir);
+    SafeTensors st;
+    MoeErr err = "";
+    float out[4];
+    if (write_two_tensors(path) && st_open(&st, path, err) == 0) {
+        long at = (long)(st.data_start + st_find(&st, "b")->begin + 5);
+        st_close(&st);
+        if (flip_byte(path, at) && st_open(&st, path, err) == 0) {
+            const StTensor *a = st_find(&st, "a"), *b = st_find(&st, "b");
+            CHECK_MSG(st_read_f32(&st, a, 0, 4, out, err) == 0, "the intact tensor: %s", err);
+            check_err(st_read_f32(&st, b, 0, 4, out, err), err, path,
+                      "tensor 'b' does not match its checksum", "reading a damaged tensor");
+            check_err(st_verify(&st, b, err), err, path, "tensor 'b' does not match",
+                      "st_verify of a damaged tensor");
+            CHECK_MSG(st_verify(&st, a, err) == 0, "st_verify of the intact tensor: %s", err);
+            // A slice is not checked by the read itself (the caller runs st_verify).
+            CHECK_MSG(st_read_f32(&st, b, 2, 2, out, err) == 0, "a slice: %s", err);
+            st_close(&st);
+        } else {
+            TEST_FAIL("st_open of the damaged file: %s", err);
+        }
+    } else {
+        TEST_FAIL("st_open: %s", err);
+    }
+    remove_tmp_dir(dir);
+}
+
 const TestCase safetensors_tests[] = {
     {"safetensors_roundtrip", test_roundtrip},
     {"safetensors_writer_layout", test_writer_layout},
@@ -642,5 +725,6 @@ const TestCase safetensors_tests[] = {
     {"safetensors_writer_open_and_names", test_writer_open_and_names},
     {"safetensors_writer_no_tensors", test_writer_no_tensors},
     {"safetensors_writer_disk_full", test_writer_disk_full},
+    {"safetensors_checksum_damage", test_checksum_damage},
     {0},
 };

@@ -205,4 +205,5 @@ void bench_kernels(const Config *cfg) {
     bench_dense_case(&b, "dense output projection", T, D, (size_t)c->n_heads * c->head_dim);
     bench_dense_case(&b, "dense LM head (one chunk)", T < 8192 ? T : 8192, (size_t)c->vocab_size, D);
     bench_memory_bound(&b, cfg);
+    b.o->event_free(b.e0), b.o->event_free(b.e1);
 }

@@ -25,9 +25,9 @@ int cmd_eval(int argc, char **argv, Comm *world) {
     int n_pos;
     cli_parse(&SPEC, argc, argv, values, &pos, &n_pos);
     cli_single_rank(SPEC.command, world);
-    free(pos); // no positional arguments
     if (!values[0] || n_pos) {
         cli_usage(&SPEC, false);
+        free(pos);
         return 1;
     }
     Config cfg;
@@ -55,5 +55,6 @@ int cmd_eval(int argc, char **argv, Comm *world) {
     dataset_close(&ds);
     model_free(&m);
     parallel_free(&par);
+    free(pos);
     return 0;
 }

@@ -57,9 +57,9 @@ int cmd_sample(int argc, char **argv, Comm *world) {
     int n_pos;
     cli_parse(&SPEC, argc, argv, values, &pos, &n_pos);
     cli_single_rank(SPEC.command, world);
-    free(pos); // no positional arguments
     if (!values[0] || n_pos) {
         cli_usage(&SPEC, false);
+        free(pos);
         return 1;
     }
     size_t n_new = values[2] ? (size_t)cli_number("--tokens", values[2], 1, 1e9) : 500;
@@ -91,5 +91,6 @@ int cmd_sample(int argc, char **argv, Comm *world) {
     free(tokens);
     model_free(&m);
     parallel_free(&par);
+    free(pos);
     return 0;
 }

@@ -133,15 +133,18 @@ static size_t edit_distance(const char *a, const char *b) {
     return d;
 }
 
+// The edit distance is at least the difference in length: candidates that differ in length by
+// more than the limit are skipped (a long mistyped name costs no quadratic work).
 const char *moe_suggest(const char *name, const char *const *candidates, size_t n) {
     const char *best = NULL;
-    size_t best_d = (size_t)-1;
+    size_t best_d = (size_t)-1, len = strlen(name);
+    size_t limit = len < 6 ? 2 : len / 3;
     for (size_t i = 0; i < n; i++) {
+        size_t clen = strlen(candidates[i]);
+        if ((clen > len ? clen - len : len - clen) > limit) continue;
         size_t d = edit_distance(name, candidates[i]);
         if (d < best_d) best_d = d, best = candidates[i];
     }
-    size_t len = strlen(name);
-    size_t limit = len < 6 ? 2 : len / 3;
     return best_d <= limit ? best : NULL;
 }
 

@@ -241,7 +241,10 @@ static int comm_mpi_peer_alloc(Comm *c, size_t bytes, PeerMem *pm) {
     if (!comm_mpi_all_ok(c, node_size == c->size)) return -1;
     MPI_Win *win = moe_malloc(sizeof *win);
     *pm = (PeerMem){.peers = moe_calloc((size_t)c->size, sizeof(void *)), .bytes = bytes, .impl = win};
-    MPI_CHECK(MPI_Win_allocate_shared((MPI_Aint)bytes, 1, MPI_INFO_NULL, m->comm, &pm->base, win));
+    // The ranks' parts of the window are contiguous: a size in whole cache lines keeps every
+    // rank's base aligned for any element type (and ranks off each other's lines).
+    size_t padded = (bytes + 63) / 64 * 64;
+    MPI_CHECK(MPI_Win_allocate_shared((MPI_Aint)padded, 1, MPI_INFO_NULL, m->comm, &pm->base, win));
     for (int j = 0; j < c->size; j++) {
         MPI_Aint size;
         int disp;

@@ -8,7 +8,7 @@ void parallel_init(Parallel *p, Comm *world, int pp, int ep, int n_layers, int n
                     micro_batch, err))
         moe_fatal("%s", err);
     const Layout *l = &p->lay;
-    p->world = world;
+    p->world = world, p->owned_world = NULL;
     p->exchange = EXCHANGE_AUTO, p->recv_capacity = 0;
     p->dp = world->ops->split(world, l->stage, l->dp_rank);
     p->ep = world->ops->split(world, l->stage * l->edp + l->edp_rank, l->ep_rank);
@@ -18,6 +18,7 @@ void parallel_init(Parallel *p, Comm *world, int pp, int ep, int n_layers, int n
 void parallel_free(Parallel *p) {
     Comm *groups[3] = {p->dp, p->ep, p->edp};
     for (int i = 0; i < 3; i++) groups[i]->ops->free(groups[i]);
+    if (p->owned_world) p->owned_world->ops->free(p->owned_world);
 }
 
 int parallel_plan(Parallel *p, Comm groups[4], int world, int rank, int pp, int ep, int n_layers,
@@ -29,7 +30,7 @@ int parallel_plan(Parallel *p, Comm groups[4], int world, int rank, int pp, int 
     groups[1] = (Comm){.rank = l->dp_rank, .size = l->dp};
     groups[2] = (Comm){.rank = l->ep_rank, .size = l->ep};
     groups[3] = (Comm){.rank = l->edp_rank, .size = l->edp};
-    p->exchange = EXCHANGE_AUTO, p->recv_capacity = 0;
+    p->exchange = EXCHANGE_AUTO, p->recv_capacity = 0, p->owned_world = NULL;
     p->world = &groups[0], p->dp = &groups[1], p->ep = &groups[2], p->edp = &groups[3];
     return 0;
 }

@@ -19,6 +19,7 @@ typedef struct {
     Comm *dp;   // the ranks of this stage: replicas of its dense parameters, the data split
     Comm *ep;   // the ranks that split this rank's MoE layers' experts among them
     Comm *edp;  // the ranks that hold the same experts as this one
+    Comm *owned_world; // a world made for this Parallel alone (freed by parallel_free), or NULL
 } Parallel;
 
 // Validates the layout (exits with the message on every rank when it is impossible) and builds

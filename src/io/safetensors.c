@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "io/fsutil.h"
 
@@ -19,6 +20,8 @@
 #define ST_MAX_HEADER_BYTES 100000000ULL
 #define ST_READ_CHUNK 65536 // elements converted per fread in st_read_f32
 #define ST_META_KEY "__metadata__"
+#define ST_CHECKSUM_KEY "xxh3_64:" // + tensor name: "__metadata__" key of a tensor's checksum
+#define ST_CHECKSUM_DIGITS 16
 
 static const struct {
     const char *name;
@@ -215,6 +218,54 @@ static int st_parse_entries(SafeTensors *st, const json_t *root, MoeErr err) {
     return 0;
 }
 
+static bool st_is_checksum_key(const char *key) {
+    return !strncmp(key, ST_CHECKSUM_KEY, strlen(ST_CHECKSUM_KEY));
+}
+
+// "0123456789abcdef": exactly 16 hex digits, nothing else.
+static bool st_parse_hex64(const char *s, uint64_t *out) {
+    uint64_t v = 0;
+    size_t i = 0;
+    for (; s[i] && i < ST_CHECKSUM_DIGITS; i++) {
+        char c = s[i];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0) return false;
+        v = v << 4 | (uint64_t)d;
+    }
+    *out = v;
+    return i == ST_CHECKSUM_DIGITS && !s[i];
+}
+
+// Attaches the "xxh3_64:NAME" checksums of "__metadata__" to their tensors (looked up in the
+// header's JSON objects: files hold thousands of tensors). A checksum of no tensor of the file
+// means the header was edited or mixed up.
+static int st_parse_checksums(SafeTensors *st, const json_t *root, MoeErr err) {
+    const json_t *meta = json_object_get(root, ST_META_KEY);
+    size_t found = 0, keys = 0, prefix = strlen(ST_CHECKSUM_KEY);
+    for (size_t i = 0; i < st->n_meta; i++) keys += st_is_checksum_key(st->meta[i].key);
+    for (size_t i = 0; i < st->n_tensors && keys; i++) {
+        StTensor *t = &st->tensors[i];
+        char *key = moe_malloc(prefix + strlen(t->name) + 1);
+        strcpy(key, ST_CHECKSUM_KEY), strcpy(key + prefix, t->name);
+        const char *v = json_string_value(json_object_get(meta, key));
+        int rc = v && !st_parse_hex64(v, &t->checksum)
+                     ? moe_err(err, "%s: \"" ST_META_KEY "\" key '%s' is \"%.40s\", expected %d "
+                               "hex digits", st->path, key, v, ST_CHECKSUM_DIGITS) : 0;
+        free(key);
+        if (rc) return rc;
+        if (v) t->has_checksum = true, found++;
+    }
+    for (size_t i = 0; i < st->n_meta && found < keys; i++) {
+        const char *key = st->meta[i].key;
+        if (st_is_checksum_key(key) && (!json_is_object(json_object_get(root, key + prefix)) ||
+                                        !strcmp(key + prefix, ST_META_KEY)))
+            return moe_err(err, "%s: \"" ST_META_KEY "\" key '%s' is the checksum of a tensor the "
+                           "file does not hold", st->path, key);
+    }
+    return 0;
+}
+
 static int st_cmp_offsets(const void *pa, const void *pb) {
     const StTensor *a = pa, *b = pb;
     if (a->begin != b->begin) return a->begin < b->begin ? -1 : 1;
@@ -304,6 +355,7 @@ int st_open(SafeTensors *st, const char *path, MoeErr err) {
     if (!rc) rc = st_read_header(st, &root, err);
     if (!rc) rc = st_parse_entries(st, root, err);
     if (!rc) rc = st_check_tiling(st, err);
+    if (!rc) rc = st_parse_checksums(st, root, err);
     json_decref(root);
     if (rc) st_close(st);
     return rc;
@@ -373,6 +425,83 @@ static float st_elem_to_f32(StDtype dtype, const uint8_t *p) {
     }
 }
 
+// Reads bytes [first, first + bytes) of t's data in chunks of whole elements, handing each to fn.
+typedef void (*StChunkFn)(void *ctx, const uint8_t *buf, size_t bytes);
+
+static int st_read_chunks(const SafeTensors *st, const StTensor *t, uint64_t first,
+                          uint64_t bytes, StChunkFn fn, void *ctx, MoeErr err) {
+    uint64_t pos = st->data_start + t->begin + first;
+    if (fseeko(st->file, (off_t)pos, SEEK_SET) != 0)
+        return moe_err(err, "%s: tensor '%s': cannot seek to byte %llu: %s", st->path, t->name,
+                       (unsigned long long)pos, strerror(errno));
+    size_t chunk = ST_READ_CHUNK * st_dtype_size(t->dtype);
+    uint8_t *buf = moe_malloc(bytes < chunk ? (size_t)bytes : chunk);
+    for (uint64_t done = 0; done < bytes;) {
+        size_t n = bytes - done < chunk ? (size_t)(bytes - done) : chunk;
+        size_t got = fread(buf, 1, n, st->file);
+        if (got != n) {
+            int e = ferror(st->file) ? errno : 0;
+            free(buf);
+            return moe_err(err, "%s: tensor '%s': short read at byte %llu: got %zu of %zu bytes "
+                           "(%s)", st->path, t->name, (unsigned long long)(pos + done), got, n,
+                           e ? strerror(e) : "file shrank after it was opened?");
+        }
+        fn(ctx, buf, n);
+        done += n;
+    }
+    free(buf);
+    return 0;
+}
+
+static int st_checksum_err(const SafeTensors *st, const StTensor *t, uint64_t got, MoeErr err) {
+    return moe_err(err, "%s: tensor '%s' does not match its checksum (xxh3_64 %016llx in the "
+                   "header, %016llx of the data): the file is damaged; restore it from a copy or "
+                   "use an older checkpoint", st->path, t->name,
+                   (unsigned long long)t->checksum, (unsigned long long)got);
+}
+
+static XXH3_state_t *st_hash_new(void) {
+    XXH3_state_t *h = XXH3_createState();
+    MOE_CHECK(h, "out of host memory allocating a checksum state");
+    XXH3_64bits_reset(h);
+    return h;
+}
+
+static void st_hash_chunk(void *hash, const uint8_t *buf, size_t bytes) {
+    XXH3_64bits_update(hash, buf, bytes);
+}
+
+// Compares the digest of `hash` (then freed) with t's checksum.
+static int st_hash_check(const SafeTensors *st, const StTensor *t, XXH3_state_t *hash, MoeErr err) {
+    uint64_t got = XXH3_64bits_digest(hash);
+    XXH3_freeState(hash);
+    return got == t->checksum ? 0 : st_checksum_err(st, t, got, err);
+}
+
+int st_verify(const SafeTensors *st, const StTensor *t, MoeErr err) {
+    MOE_ASSERT(st->file);
+    if (!t->has_checksum) return 0;
+    XXH3_state_t *hash = st_hash_new();
+    if (st_read_chunks(st, t, 0, t->end - t->begin, st_hash_chunk, hash, err)) {
+        XXH3_freeState(hash);
+        return -1;
+    }
+    return st_hash_check(st, t, hash, err);
+}
+
+typedef struct {
+    StDtype dtype;
+    float *dst;          // the next element goes here
+    XXH3_state_t *hash;  // NULL: a slice, not checked
+} StF32Reader;
+
+static void st_f32_chunk(void *ctx, const uint8_t *buf, size_t bytes) {
+    StF32Reader *r = ctx;
+    size_t esize = st_dtype_size(r->dtype);
+    for (size_t i = 0; i < bytes / esize; i++) *r->dst++ = st_elem_to_f32(r->dtype, buf + i * esize);
+    if (r->hash) XXH3_64bits_update(r->hash, buf, bytes);
+}
+
 int st_read_f32(const SafeTensors *st, const StTensor *t, size_t offset, size_t count,
                 float *dst, MoeErr err) {
     MOE_ASSERT(st->file);
@@ -384,27 +513,12 @@ int st_read_f32(const SafeTensors *st, const StTensor *t, size_t offset, size_t 
                        st->path, t->name, offset, offset, count, t->numel);
     if (count == 0) return 0;
     size_t esize = st_dtype_size(t->dtype);
-    uint64_t pos = st->data_start + t->begin + (uint64_t)offset * esize;
-    if (fseeko(st->file, (off_t)pos, SEEK_SET) != 0)
-        return moe_err(err, "%s: tensor '%s': cannot seek to byte %llu: %s", st->path, t->name,
-                       (unsigned long long)pos, strerror(errno));
-    uint8_t *buf = moe_malloc((count < ST_READ_CHUNK ? count : ST_READ_CHUNK) * esize);
-    for (size_t done = 0; done < count;) {
-        size_t n = count - done < ST_READ_CHUNK ? count - done : ST_READ_CHUNK;
-        size_t got = fread(buf, 1, n * esize, st->file);
-        if (got != n * esize) {
-            int e = ferror(st->file) ? errno : 0;
-            free(buf);
-            return moe_err(err, "%s: tensor '%s': short read at byte %llu: got %zu of %zu bytes "
-                           "(%s)", st->path, t->name,
-                           (unsigned long long)(pos + (uint64_t)done * esize), got, n * esize,
-                           e ? strerror(e) : "file shrank after it was opened?");
-        }
-        for (size_t i = 0; i < n; i++) dst[done + i] = st_elem_to_f32(t->dtype, buf + i * esize);
-        done += n;
-    }
-    free(buf);
-    return 0;
+    bool whole = count == t->numel && t->has_checksum;
+    StF32Reader r = {t->dtype, dst, whole ? st_hash_new() : NULL};
+    int rc = st_read_chunks(st, t, (uint64_t)offset * esize, (uint64_t)count * esize,
+                            st_f32_chunk, &r, err);
+    if (rc && r.hash) XXH3_freeState(r.hash);
+    return rc || !r.hash ? rc : st_hash_check(st, t, r.hash, err);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -423,6 +537,7 @@ int st_writer_open(StWriter *w, const char *path, MoeErr err) {
         return moe_err(err, "%s: cannot create: %s%s", path, strerror(e), st_enospc_hint(e));
     }
     w->path = moe_strdup(path);
+    w->hash = st_hash_new();
     return 0;
 }
 
@@ -446,7 +561,7 @@ void st_writer_add(StWriter *w, const char *name, StDtype dtype, int ndim, const
 }
 
 void st_writer_meta(StWriter *w, const char *key, const char *value) {
-    MOE_ASSERT(w->file && !w->header_written);
+    MOE_ASSERT(w->file && !w->header_written && !st_is_checksum_key(key)); // checksums: the writer's
     for (size_t i = 0; i < w->n_meta; i++) {
         if (!strcmp(w->meta[i].key, key)) { // a repeated key replaces the value
             free(w->meta[i].value);
@@ -472,16 +587,30 @@ static json_t *st_writer_tensor_json(const StTensor *t) {
     return entry;
 }
 
+// Adds t's "xxh3_64:NAME" entry (zeros until its bytes are written: the header is rewritten at
+// close with the same length). Returns -1 when the name is not UTF-8.
+static int st_writer_checksum_json(json_t *meta, const StTensor *t) {
+    size_t prefix = strlen(ST_CHECKSUM_KEY);
+    char *key = moe_malloc(prefix + strlen(t->name) + 1), hex[ST_CHECKSUM_DIGITS + 1];
+    strcpy(key, ST_CHECKSUM_KEY), strcpy(key + prefix, t->name);
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)t->checksum);
+    int rc = json_object_set_new(meta, key, json_string(hex));
+    free(key);
+    return rc;
+}
+
 // The header JSON (malloc'd), tensors in declaration order; NULL with a message when a name is
 // repeated or reserved, or a string is not UTF-8, since such a file could not be read back.
 static char *st_writer_header_json(const StWriter *w, MoeErr err) {
     json_t *root = json_object();
     const char *bad = NULL;
-    if (w->n_meta) {
+    if (w->n_meta || w->n_tensors) {
         json_t *meta = json_object();
         for (size_t i = 0; i < w->n_meta && !bad; i++)
             if (json_object_set_new(meta, w->meta[i].key, json_string(w->meta[i].value)))
                 bad = w->meta[i].key;
+        for (size_t i = 0; i < w->n_tensors && !bad; i++)
+            if (st_writer_checksum_json(meta, &w->tensors[i])) bad = w->tensors[i].name;
         json_object_set_new(root, ST_META_KEY, meta);
     }
     for (size_t i = 0; i < w->n_tensors && !bad; i++) {
@@ -506,6 +635,7 @@ static int st_writer_emit_header(StWriter *w, MoeErr err) {
     if (!json) return -1;
     w->header_written = 1;
     size_t len = strlen(json), padded = (len + 7) / 8 * 8; // data then starts 8-byte aligned
+    w->header_len = len;
     uint8_t len_le[8];
     for (int i = 0; i < 8; i++) len_le[i] = (uint8_t)((uint64_t)padded >> (8 * i));
     int ok = fwrite(len_le, 1, 8, w->file) == 8 && fwrite(json, 1, len, w->file) == len &&
@@ -513,6 +643,35 @@ static int st_writer_emit_header(StWriter *w, MoeErr err) {
     int e = errno;
     free(json);
     return ok ? 0 : st_writer_io_err(w, "writing the header", e, err);
+}
+
+// Feeds bytes written at written_bytes to the checksums of the tensors they belong to. A tensor's
+// checksum is complete once the data reaches its end (an empty tensor: its start).
+static void st_writer_hash(StWriter *w, const uint8_t *p, size_t bytes) {
+    uint64_t pos = w->written_bytes;
+    for (;;) {
+        while (w->hashed < w->n_tensors && w->tensors[w->hashed].end == pos) {
+            w->tensors[w->hashed++].checksum = XXH3_64bits_digest(w->hash);
+            XXH3_64bits_reset(w->hash);
+        }
+        if (!bytes) return;
+        uint64_t left = w->tensors[w->hashed].end - pos;
+        size_t n = bytes < left ? bytes : (size_t)left;
+        XXH3_64bits_update(w->hash, p, n);
+        p += n, bytes -= n, pos += n;
+    }
+}
+
+// The header again, now with every checksum: the same length, since each is 16 hex digits.
+static int st_writer_rewrite_header(StWriter *w, MoeErr err) {
+    st_writer_hash(w, NULL, 0); // completes empty tensors at the end
+    char *json = st_writer_header_json(w, err);
+    if (!json) return -1;
+    MOE_ASSERT(strlen(json) == w->header_len);
+    int ok = fseeko(w->file, 8, SEEK_SET) == 0 && fwrite(json, 1, w->header_len, w->file) == w->header_len;
+    int e = errno;
+    free(json);
+    return ok ? 0 : st_writer_io_err(w, "writing the checksums into the header", e, err);
 }
 
 // The tensor that data byte `pos` falls in (NULL past the last one), to name it in messages.
@@ -535,12 +694,14 @@ int st_writer_write(StWriter *w, const void *data, size_t bytes, MoeErr err) {
     }
     if (bytes && fwrite(data, 1, bytes, w->file) != bytes)
         return st_writer_io_err(w, "writing tensor data", errno, err);
+    st_writer_hash(w, data, bytes);
     w->written_bytes += bytes;
     return 0;
 }
 
 static void st_writer_free(StWriter *w) {
     if (w->file) fclose(w->file);
+    if (w->hash) XXH3_freeState(w->hash);
     for (size_t i = 0; i < w->n_tensors; i++) free(w->tensors[i].name);
     for (size_t i = 0; i < w->n_meta; i++) free(w->meta[i].key), free(w->meta[i].value);
     free(w->tensors);
@@ -557,6 +718,7 @@ static int st_writer_finish(StWriter *w, MoeErr err) {
                        "incomplete", w->path, (unsigned long long)w->written_bytes,
                        (unsigned long long)w->data_bytes, at);
     }
+    if (w->n_tensors && st_writer_rewrite_header(w, err)) return -1;
     if (fflush(w->file) != 0) return st_writer_io_err(w, "flushing", errno, err);
     // EINVAL: the target (a pipe, /dev/null) has nothing to sync, which is not a failure.
     if (fsync(fileno(w->file)) != 0 && errno != EINVAL)

@@ -99,6 +99,7 @@ typedef struct Ops {
     void *(*event_create)(void);
     void (*event_record)(void *event); // marks this point of the queued work
     float (*event_elapsed_ms)(void *start, void *end); // waits for end
+    void (*event_free)(void *event);
     // A second queue for communication that overlaps the main one (NULL: everything runs in order).
     void (*side_begin)(void); // work queued from here runs on the side queue, after the main's so far
     void (*side_end)(void);   // back to the main queue; its later work does not wait for the side's

@@ -12,6 +12,7 @@
 
 #include "io/fsutil.h"
 #include "io/safetensors.h"
+#include "io/safetensors_index.h"
 #include "train.h"
 
 #define CKPT_FORMAT "moe.c checkpoint 1"
@@ -173,7 +174,7 @@ static int write_index(const char *tmp, const char *prefix, MoeErr err) {
     json_t *root = json_pack("{s:{s:I}, s:o}", "metadata", "total_size", (json_int_t)total,
                              "weight_map", map);
     char path[4300];
-    snprintf(path, sizeof path, "%s/%s.safetensors.index.json", tmp, prefix);
+    st_index_path(path, sizeof path, tmp, prefix);
     if (!rc) rc = fs_write_json_synced(path, root, err);
     json_decref(root);
     return rc;
@@ -367,7 +368,7 @@ int ckpt_read_state(const char *ckpt_dir, Config *cfg, TrainState *st, MoeErr er
 // "<prefix>.safetensors". Files open on first use.
 typedef struct {
     char dir[4096], prefix[16];
-    json_t *map;          // weight_map of the index, or NULL for a single file
+    StIndex index;        // the index (index.map NULL: a single file)
     char **names;         // (n) files opened so far
     SafeTensors *files;
     size_t n;
@@ -378,41 +379,27 @@ static int reader_open(CkptReader *r, const char *dir, const char *prefix, MoeEr
     snprintf(r->dir, sizeof r->dir, "%s", dir);
     snprintf(r->prefix, sizeof r->prefix, "%s", prefix);
     char path[4300];
-    snprintf(path, sizeof path, "%s/%s.safetensors.index.json", dir, prefix);
+    st_index_path(path, sizeof path, dir, prefix);
     if (!fs_exists(path)) return 0;
-    json_t *root = fs_load_json(path, "safetensors index", err);
-    if (!root) return -1;
-    json_t *map = json_object_get(root, "weight_map");
-    if (!json_is_object(map)) {
-        json_decref(root);
-        return moe_err(err, "%s: not a safetensors index (no weight_map object)", path);
-    }
-    r->map = json_incref(map);
-    json_decref(root);
-    return 0;
+    return st_index_load(&r->index, path, err);
 }
 
 static void reader_close(CkptReader *r) {
     for (size_t i = 0; i < r->n; i++) st_close(&r->files[i]), free(r->names[i]);
     free(r->files), free(r->names);
-    json_decref(r->map);
+    st_index_free(&r->index);
 }
 
 // The file holding `name`, opened; NULL with a message when the index or file lacks it.
 static const SafeTensors *reader_file(CkptReader *r, const char *name, MoeErr err) {
     char file[512];
-    if (r->map) {
-        json_t *f = json_object_get(r->map, name);
-        if (!json_is_string(f)) {
-            moe_err(err, "%s/%s.safetensors.index.json: tensor '%s' is missing", r->dir, r->prefix, name);
+    if (r->index.map) {
+        const char *f = st_index_file(&r->index, name);
+        if (!f) {
+            moe_err(err, "%s: tensor '%s' is missing", r->index.path, name);
             return NULL;
         }
-        snprintf(file, sizeof file, "%s", json_string_value(f));
-        if (strchr(file, '/') || !strcmp(file, "..")) { // the index must not reach other files
-            moe_err(err, "%s/%s.safetensors.index.json: tensor '%s' is in '%s', which is not a file of the "
-                    "checkpoint directory; an index names files beside it only", r->dir, r->prefix, name, file);
-            return NULL;
-        }
+        snprintf(file, sizeof file, "%s", f);
     } else {
         snprintf(file, sizeof file, "%s.safetensors", r->prefix);
     }
@@ -439,6 +426,9 @@ static int read_range(CkptReader *r, Model *m, const char *name, size_t rows, si
         return moe_err(err, "%s: tensor '%s' has shape [%zu%s%zu] in the file but the model needs "
                        "[%zu%s%zu]", sf->path, name, x->shape[0], x->ndim > 1 ? ", " : "",
                        x->ndim > 1 ? x->shape[1] : 0, rows, cols ? ", " : "", cols);
+    // A whole tensor's read checks its checksum; for a slice (this rank's share of the
+    // moments) the whole tensor is read once more to check it.
+    if (count != x->numel && st_verify(sf, x, err)) return -1;
     float *host = moe_malloc((count ? count : 1) * sizeof(float));
     int rc = st_read_f32(sf, x, first, count, host, err);
     size_t bad = rc ? count : first_non_finite(host, count);

@@ -7,6 +7,7 @@
 // fsynced and renamed, so a crash or a full disk mid-save leaves the previous checkpoint whole.
 #pragma once
 #include <stdint.h>
+#include <stdio.h>
 
 #include "config.h"
 #include "model/model.h"
@@ -30,6 +31,11 @@ int ckpt_read_state(const char *ckpt_dir, Config *cfg, TrainState *st, MoeErr er
 // Loads the tensors this rank holds (and, with an optimizer, its moment shards), checking names
 // and shapes. Also reads a single model.safetensors (e.g. converted from Hugging Face).
 int ckpt_load(const char *ckpt_dir, Model *m, const Optimizer *o, MoeErr err);
+
+// Checks a checkpoint directory without loading it (`moe ckpt verify`): each index against its
+// shards, every tensor against its checksum, train_state.json. Prints each problem and a summary
+// per kind of file to `out`; returns the number of problems.
+size_t ckpt_verify(const char *ckpt_dir, FILE *out);
 
 // Resolves a --ckpt argument, reads its config into cfg, sizes a one-process model for B x S
 // sequences (0: the config's micro_batch, seq_len) and loads the weights. Exits on errors.

@@ -193,12 +193,18 @@ static int set_from_text(Config *c, const ConfigKey *k, const char *text, const 
             break;
         *(bool *)field = !strcmp(text, "true") || !strcmp(text, "1");
         return 0;
-    case KEY_STR:
+    case KEY_STR: {
         if (strlen(text) >= k->size)
             return moe_err(err, "%s: config key '%s' is longer than %zu characters", source,
                            k->key, k->size - 1);
+        json_t *utf8 = json_string(text); // NULL unless UTF-8: config.json could not hold it
+        if (!utf8)
+            return moe_err(err, "%s: config key '%s' is not UTF-8 text (config.json must be able "
+                           "to save it); rename the path", source, k->key);
+        json_decref(utf8);
         snprintf(field, k->size, "%s", text);
         return 0;
+    }
     case KEY_ENUM: {
         int i = enum_index(k, text);
         if (i < 0) break;

@@ -520,6 +520,7 @@ void train_single_process(Parallel *par, const Config *cfg) {
     const ModelConfig *mc = &cfg->model;
     parallel_init(par, comm_self(sizeof(float)), 1, 1, mc->n_layers, mc->n_experts,
                   model_n_moe_layers(mc) > 0, cfg->train.micro_batch);
+    par->owned_world = par->world;
 }
 
 // The backend's matrix-multiply rate on a square bf16 (CPU: fp32) product of random values, from
@@ -536,6 +537,7 @@ double train_matmul_tflops(const Ops *ops) {
     ops->event_record(e1);
     double ms = ops->event_elapsed_ms(e0, e1) / reps;
     ops->free(a), ops->free(b), ops->free(c);
+    ops->event_free(e0), ops->event_free(e1);
     return 2.0 * n * n * (double)n / (ms * 1e-3) / 1e12;
 }
 
@@ -568,6 +570,7 @@ void train_bench(const Config *cfg, Comm *world, int warmup, int steps, BenchRep
     train_step(&t);
     ops->event_record(e1);
     r->profiled_ms = ops->event_elapsed_ms(e0, e1);
+    ops->event_free(e0), ops->event_free(e1);
     profile_collect(r->phase_ms);
     r->ranks = t.world->size;
     t.model.ops = ops;

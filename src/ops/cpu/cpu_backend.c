@@ -34,6 +34,7 @@ static void cpu_event_record(void *e) { *(double *)e = moe_time_sec(); }
 static float cpu_event_elapsed_ms(void *a, void *b) {
     return (float)(1e3 * (*(double *)b - *(double *)a));
 }
+static void cpu_event_free(void *e) { free(e); }
 
 static void cpu_cast_f32_to_act(void *dst, const void *src, size_t n) {
     if (dst != src) memcpy(dst, src, n * sizeof(real));
@@ -61,6 +62,7 @@ static const Ops CPU_OPS = {
     .event_create = cpu_event_create,
     .event_record = cpu_event_record,
     .event_elapsed_ms = cpu_event_elapsed_ms,
+    .event_free = cpu_event_free,
     .embedding_forward = cpu_embedding_forward,
     .embedding_backward = cpu_embedding_backward,
     .matmul_forward = cpu_matmul_forward,

@@ -129,6 +129,8 @@ static float cuda_event_elapsed_ms(void *a, void *b) {
     return ms;
 }
 
+static void cuda_event_free(void *e) { CUDA_CHECK(cudaEventDestroy((cudaEvent_t)e)); }
+
 // The side stream forks from the main one and joins it through events (in a capture too, where a
 // join without a fork would be an error).
 static void cuda_side_begin(void) {
@@ -161,7 +163,7 @@ static Ops make_cuda_ops(void) {
     o.capture_begin = cuda_capture_begin, o.capture_end = cuda_capture_end, o.graph_launch = cuda_graph_launch;
     o.graph_free = cuda_graph_free;
     o.event_create = cuda_event_create, o.event_record = cuda_event_record;
-    o.event_elapsed_ms = cuda_event_elapsed_ms;
+    o.event_elapsed_ms = cuda_event_elapsed_ms, o.event_free = cuda_event_free;
     o.side_begin = cuda_side_begin, o.side_end = cuda_side_end, o.side_join = cuda_side_join;
     o.embedding_forward = cuda_embedding_forward, o.embedding_backward = cuda_embedding_backward;
     o.matmul_forward = cuda_matmul_forward, o.matmul_backward = cuda_matmul_backward;
