@@ -1,8 +1,9 @@
 // Model config defaults, validation with messages that name the key, and derived counts.
 #include "config.h"
 
-#include "params.h"
+#include <math.h>
 
+#include "params.h"
 
 // The bundled default: a small MoE that learns tinyshakespeare bytes in minutes on two cores.
 void model_config_defaults(ModelConfig *c) {
@@ -131,6 +132,16 @@ ParamCounts model_param_counts(const ModelConfig *c) {
 ModelFloor model_memory_floor(const ModelConfig *c) {
     double tensors = 3.0 * c->n_experts * model_n_moe_layers(c) + c->n_layers;
     return (ModelFloor){.weights = 16 * model_param_counts(c).total, .table = tensors * sizeof(ParamInfo)};
+}
+
+size_t model_expert_capacity(const ModelConfig *c, size_t T) {
+    if (c->capacity_factor <= 0) return 0;
+    return (size_t)ceil(c->capacity_factor * (double)T * c->top_k / c->n_experts);
+}
+
+size_t model_routed_rows(const ModelConfig *c, size_t T) {
+    size_t slots = T * c->top_k, cap = model_expert_capacity(c, T);
+    return cap && cap * c->n_experts < slots ? cap * c->n_experts : slots;
 }
 
 double model_forward_flops_per_token(const ModelConfig *c, size_t S) {

@@ -66,5 +66,11 @@ typedef struct {
     double weights, table; // bytes
 } ModelFloor;
 ModelFloor model_memory_floor(const ModelConfig *c);
+
+// Per-expert capacity of a MoE call of T tokens on one rank (0: dropless).
+size_t model_expert_capacity(const ModelConfig *c, size_t T);
+// Rows a rank dispatches in a MoE call of T tokens: every routed slot (dropless) or E x capacity,
+// whichever is smaller.
+size_t model_routed_rows(const ModelConfig *c, size_t T);
 // Forward FLOPs per token at sequence length S (causal attention counted at half).
 double model_forward_flops_per_token(const ModelConfig *c, size_t S);

@@ -224,7 +224,7 @@ static void compute_step(Trainer *t) {
 // the communicators (trainer_close): NCCL's teardown waits for the work a live graph holds.
 static bool replay_step(const Trainer *t, int64_t step) {
     const Model *m = &t->model;
-    bool host_planned = m->par->ep->size > 1 && !m->direct;
+    bool host_planned = m->par->ep->size > 1 && !m->xchg.direct;
     return m->ops->capture_begin && !host_planned && t->par.lay.pp == 1 && step > t->first_step;
 }
 
@@ -337,7 +337,7 @@ TrainMemory train_memory_plan(const Config *cfg, int world, int rank, bool bf16)
     model_init(&m, mc, ops_counting(bf16), &par, (size_t)par.lay.micro_per_rank,
                (size_t)cfg->train.seq_len, slots, cfg->train.micro_batches);
     optim_init(&o, &m);
-    TrainMemory r = {(double)m.reg.total, (double)o.state_bytes, (double)m.bytes};
+    TrainMemory r = {(double)m.reg.total, (double)o.state_bytes, (double)m.mem.bytes};
     model_free(&m);
     return r;
 }
@@ -480,7 +480,7 @@ static void print_banner(const Trainer *t) {
         printf(" | gradients reduced during the backward in buckets of whole layers >= %g MB",
                c->parallel.grad_bucket_mb);
     else if (l->dp > 1) printf(" | gradients reduced after the backward");
-    if (l->ep > 1) printf(" | expert rows %s", t->model.direct ? "written into peers' memory" : "by send/recv");
+    if (l->ep > 1) printf(" | expert rows %s", t->model.xchg.direct ? "written into peers' memory" : "by send/recv");
     if (l->pp > 1)
         printf(" | 1F1B bubble %.1f%% (%d micro-batches)",
                100 * pipeline_bubble_fraction(l->pp, c->train.micro_batches), c->train.micro_batches);
@@ -554,7 +554,7 @@ void train_bench(const Config *cfg, Comm *world, int warmup, int steps, BenchRep
     r->ms_per_step = ops->event_elapsed_ms(e0, e1) / steps;
     r->graph = t.graph != NULL;
     r->memory_in_use = ops->memory_in_use();
-    r->model_bytes = t.model.bytes;
+    r->model_bytes = t.model.mem.bytes;
     StepReport sr = {0};
     report_build(&sr, &t.cfg.model, t.metrics_host, t.cfg.train.micro_batches,
                  (size_t)t.cfg.train.micro_batch * t.cfg.train.seq_len);
