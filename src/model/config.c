@@ -2,6 +2,8 @@
 #include "config.h"
 
 #include <math.h>
+#include <stdio.h>
+#include <string.h>
 
 #include "params.h"
 
@@ -106,6 +108,44 @@ int model_config_validate(ModelConfig *c, MoeErr err) {
     if (check_sizes(c, err) || check_heads(c, err) || check_experts(c, err) || check_reals(c, err))
         return -1;
     return 0;
+}
+
+static int check_widths(const ModelConfig *c, size_t multiple, const char *backend, MoeErr err) {
+    bool moe = model_n_moe_layers(c) > 0;
+    const struct { int v; const char *key; bool used; } widths[] = {
+        {c->d_model, "model.d_model", true}, {c->expert_hidden, "model.expert_hidden", moe},
+        {c->dense_hidden, "model.dense_hidden", c->n_dense_layers > 0},
+        {c->shared_hidden, "model.shared_hidden", moe}};
+    for (size_t i = 0; i < sizeof widths / sizeof widths[0]; i++)
+        if (widths[i].used && (size_t)widths[i].v % multiple)
+            return moe_err(err, "%s needs %s to be a multiple of %zu (it is %d)", backend, widths[i].key,
+                           multiple, widths[i].v);
+    return 0;
+}
+
+// head_dim one of the listed widths (none listed: any), else a message listing them.
+static int check_head_dim(const ModelConfig *c, const OpsLimits *l, const char *backend, MoeErr err) {
+    size_t n = 0, max = sizeof l->head_dims / sizeof l->head_dims[0];
+    for (; n < max && l->head_dims[n]; n++)
+        if ((size_t)c->head_dim == l->head_dims[n]) return 0;
+    if (n == 0) return 0;
+    char list[64] = "";
+    for (size_t i = 0; i < n; i++) {
+        size_t len = strlen(list);
+        snprintf(list + len, sizeof list - len, "%s%zu", i == 0 ? "" : i + 1 == n ? " or " : ", ", l->head_dims[i]);
+    }
+    return moe_err(err, "%s supports model.head_dim %s (it is %d)", backend, list, c->head_dim);
+}
+
+int model_config_check_limits(const ModelConfig *c, const OpsLimits *l, const char *backend, MoeErr err) {
+    bool moe = model_n_moe_layers(c) > 0;
+    if (moe && l->max_experts && (size_t)c->n_experts > l->max_experts)
+        return moe_err(err, "%s supports model.n_experts up to %zu (it is %d)", backend, l->max_experts,
+                       c->n_experts);
+    if (moe && l->max_top_k && (size_t)c->top_k > l->max_top_k)
+        return moe_err(err, "%s supports model.top_k up to %zu (it is %d)", backend, l->max_top_k, c->top_k);
+    if (l->width_multiple > 1 && check_widths(c, l->width_multiple, backend, err)) return -1;
+    return check_head_dim(c, l, backend, err);
 }
 
 static double attention_params(const ModelConfig *c) {

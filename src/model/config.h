@@ -41,6 +41,10 @@ void model_config_defaults(ModelConfig *c);
 // Fills derived values (head_dim) and checks every constraint; on failure names the key.
 int model_config_validate(ModelConfig *c, MoeErr err);
 
+// Refuses a (validated) model the backend's kernels cannot run: the message starts with `backend`
+// (e.g. "train.device = cuda") and names the key and the limit.
+int model_config_check_limits(const ModelConfig *c, const OpsLimits *l, const char *backend, MoeErr err);
+
 static inline bool model_layer_is_moe(const ModelConfig *c, int layer) {
     return layer >= c->n_dense_layers;
 }

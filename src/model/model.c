@@ -205,6 +205,10 @@ static void alloc_slot(Model *m, SlotActs *slot, size_t T) {
 
 void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel *par, size_t B,
                 size_t S, int n_slots, int n_micro) {
+    MoeErr err;
+    char backend[64];
+    snprintf(backend, sizeof backend, "the %s backend", ops->name);
+    if (ops->limits && model_config_check_limits(cfg, ops->limits, backend, err)) moe_fatal("%s", err);
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->ops = m->mem.ops = ops;

@@ -125,7 +125,7 @@ static inline size_t model_metric_router(const ModelConfig *c, int moe_index) {
 
 // Builds the registry of this rank's tensors and allocates parameters, activations for n_slots
 // micro-batches in flight and token buffers for n_micro per step, each B x S (B sequences on this
-// rank).
+// rank). Exits when the backend's limits (Ops.limits) refuse cfg.
 void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel *par, size_t B,
                 size_t S, int n_slots, int n_micro);
 void model_free(Model *m);

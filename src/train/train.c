@@ -40,19 +40,6 @@ typedef struct {
     Watchdog *watchdog;   // several ranks: ends this one when its peers stop answering
 } Trainer;
 
-// The CUDA kernels copy 16-byte vectors and tile heads by 16: what they need of the shapes.
-static void check_cuda_shapes(const ModelConfig *c) {
-    const struct { int v; const char *key; } dims[] = {
-        {c->d_model, "model.d_model"}, {c->expert_hidden, "model.expert_hidden"},
-        {c->dense_hidden, "model.dense_hidden"}, {c->shared_hidden, "model.shared_hidden"}};
-    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
-        if (dims[i].v % 8)
-            moe_fatal("train.device = cuda needs %s to be a multiple of 8 (it is %d)", dims[i].key, dims[i].v);
-    int hd = c->head_dim;
-    if (hd != 16 && hd != 32 && hd != 64 && hd != 128)
-        moe_fatal("train.device = cuda supports model.head_dim 16, 32, 64 or 128 (it is %d)", hd);
-}
-
 // More threads than cores only wait for each other: train.threads is capped at 4 per core.
 static void set_threads(int threads) {
     int cap = 4 * moe_cpu_cores();
@@ -67,7 +54,6 @@ const Ops *train_backend(const Config *cfg) {
     if (strcmp(cfg->train.device, "cuda")) return ops_cpu();
     const Ops *ops = ops_cuda(comm_local_rank(0)); // one GPU per process on a node
     if (!ops) moe_fatal("train.device = cuda, but this moe was built without CUDA (build with make CUDA=1)");
-    check_cuda_shapes(&cfg->model);
     return ops;
 }
 

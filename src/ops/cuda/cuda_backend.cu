@@ -147,10 +147,19 @@ static void cuda_side_join(void) {
     CUDA_CHECK(cudaStreamWaitEvent(cuda_ctx.main, cuda_ctx.join, 0));
 }
 
+// What the kernels can take: the MoE kernels' fixed arrays (cuda_common.cuh), element-wise
+// kernels moving 8 bf16 (16 bytes) at a time, attention instantiated for these head widths
+// (cuda_attention.cu).
+static const OpsLimits CUDA_LIMITS = {.max_experts = CUDA_MAX_EXPERTS, .max_top_k = CUDA_MAX_TOP_K,
+                                      .width_multiple = 8, .head_dims = {16, 32, 64, 128}};
+
+extern "C" const OpsLimits *ops_cuda_limits(void) { return &CUDA_LIMITS; }
+
 static Ops make_cuda_ops(void) {
     Ops o;
     memset(&o, 0, sizeof o);
     o.name = "cuda";
+    o.limits = &CUDA_LIMITS;
     o.act_size = sizeof(bf16), o.f32_size = sizeof(float), o.act_aliases_f32 = false;
     o.logits_chunk = (size_t)1 << 28;
     o.alloc = cuda_alloc, o.free = cuda_free, o.zero = cuda_zero, o.copy = cuda_copy;

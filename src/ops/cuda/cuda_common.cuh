@@ -21,6 +21,11 @@ typedef __nv_bfloat16 bf16;
                       (int)st_, cublasGetStatusString(st_));                                     \
     } while (0)
 
+// Experts per layer and choices per token the MoE kernels hold in fixed shared-memory and register
+// arrays (cuda_moe.cu); declared to config validation by the backend's OpsLimits.
+#define CUDA_MAX_EXPERTS 256
+#define CUDA_MAX_TOP_K 16
+
 // Launch errors surface at the launch; asynchronous faults at the next synchronising call.
 #define CUDA_LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
 
