@@ -22,7 +22,8 @@ DIST_SRC := $(wildcard src/dist/*.c)
 else
 DIST_SRC := $(filter-out src/dist/comm_mpi.c,$(wildcard src/dist/*.c))
 endif
-# NCCL joins CUDA builds: comm_nccl.c, else no_nccl.c.
+# NCCL joins CUDA builds: comm_nccl.c (and the device part of communication, src/dist/*.cu), else
+# no_nccl.c.
 ifeq ($(CUDA),1)
 DIST_SRC := $(filter-out src/dist/no_nccl.c,$(DIST_SRC))
 else
@@ -51,7 +52,7 @@ endif
 CFLAGS  += -DMOE_CUDA -I$(CUDA_HOME)/include -I$(NCCL_HOME)/include
 LDLIBS  += $(call lib_dirs,$(NCCL_HOME)) -lnccl $(call lib_dirs,$(CUDNN_HOME)) -lcudnn
 LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lnvrtc -lcudart -lstdc++
-CU_SRC  := $(wildcard src/ops/cuda/*.cu)
+CU_SRC  := $(wildcard src/ops/cuda/*.cu src/dist/*.cu)
 endif
 CLI_SRC  := $(wildcard src/cli/*.c)
 TEST_SRC := $(wildcard tests/*.c)

@@ -114,6 +114,9 @@ typedef struct Ops {
     void (*side_begin)(void); // work queued from here runs on the side queue, after the main's so far
     void (*side_end)(void);   // back to the main queue; its later work does not wait for the side's
     void (*side_join)(void);  // the main queue's later work waits for all work queued on the side
+    // The queue work goes to now (a cudaStream_t: main or side), for a communication library that
+    // queues on it (NCCL); NULL where work runs on the host.
+    void *(*stream)(void);
 
     // ---- dense layers ----
     // out (T, D) = wte[tokens]; wte (V, D) act

@@ -298,13 +298,14 @@ static void open_log(Trainer *t, bool resume) {
                t->log.path, t->log.dropped, t->state.step);
 }
 
-// GPU ranks talk through NCCL: a world of its own, bootstrapped from the host one (or the launcher).
-static Comm *device_world(const Config *cfg, Comm *host) {
+// GPU ranks talk through NCCL on the backend's stream: a world of its own, bootstrapped from the
+// host one (or the launcher).
+static Comm *device_world(const Config *cfg, const Ops *ops, Comm *host) {
     int launched = 0;
     bool gpu = !strcmp(cfg->train.device, "cuda");
     if (!gpu && comm_launch_rank(&launched) >= 0)
         moe_fatal("moe train --nproc starts GPU ranks (train.device=cuda); for CPU ranks use mpirun");
-    return gpu && (host->size > 1 || comm_launch_rank(&launched) >= 0) ? comm_nccl_world(host) : host;
+    return gpu && (host->size > 1 || comm_launch_rank(&launched) >= 0) ? comm_nccl_world(host, ops->stream) : host;
 }
 
 TrainMemory train_memory_plan(const Config *cfg, int world, int rank, bool bf16) {
@@ -399,7 +400,7 @@ static void trainer_open(Trainer *t, const Config *cfg, Comm *host, const char *
     t->host = host;
     open_data(t);
     check_same_run(t, host, resume, stop_at);
-    Comm *world = t->world = device_world(cfg, host);
+    Comm *world = t->world = device_world(cfg, ops, host);
     train_check_memory(cfg, ops, world->size, world->rank, true);
     const TrainConfig *tc = &t->cfg.train;
     const ModelConfig *mc = &t->cfg.model;

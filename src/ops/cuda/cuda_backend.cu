@@ -155,6 +155,8 @@ static const OpsLimits CUDA_LIMITS = {.max_experts = CUDA_MAX_EXPERTS, .max_top_
 
 extern "C" const OpsLimits *ops_cuda_limits(void) { return &CUDA_LIMITS; }
 
+static void *cuda_stream(void) { return cuda_ctx.stream; }
+
 static Ops make_cuda_ops(void) {
     Ops o;
     memset(&o, 0, sizeof o);
@@ -172,6 +174,7 @@ static Ops make_cuda_ops(void) {
     o.event_create = cuda_event_create, o.event_record = cuda_event_record;
     o.event_elapsed_ms = cuda_event_elapsed_ms;
     o.side_begin = cuda_side_begin, o.side_end = cuda_side_end, o.side_join = cuda_side_join;
+    o.stream = cuda_stream;
     o.embedding_forward = cuda_embedding_forward, o.embedding_backward = cuda_embedding_backward;
     o.matmul_forward = cuda_matmul_forward, o.matmul_backward = cuda_matmul_backward;
     o.rmsnorm_forward = cuda_rmsnorm_forward, o.rmsnorm_backward = cuda_rmsnorm_backward;
@@ -206,5 +209,3 @@ extern "C" const Ops *ops_cuda(int device) {
     }
     return &ops;
 }
-
-extern "C" void *cuda_stream_handle(void) { return cuda_ctx.stream; }

@@ -408,27 +408,6 @@ extern "C" void cuda_moe_push_rows(void *const *peers, size_t dst_offset, const 
     CUDA_LAUNCH_CHECK();
 }
 
-// Rank r stores the new epoch into word r of every rank's flags (release, system scope: the
-// writes before it, e.g. a push kernel's, reach the peer first), then waits until each of its own
-// n words holds it (acquire). The epoch is counted on the device, so a replayed graph counts on;
-// comparisons are wrap-safe.
-__global__ void peer_fence_kernel(unsigned *const *flags, int rank, int n, unsigned *epoch) {
-    int j = threadIdx.x;
-    unsigned e = *epoch + 1, v;
-    __syncthreads();
-    if (j == 0) *epoch = e;
-    if (j >= n) return;
-    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(flags[j] + rank), "r"(e) : "memory");
-    const unsigned *mine = flags[rank] + j;
-    do asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(mine) : "memory");
-    while ((int)(v - e) < 0);
-}
-
-extern "C" void cuda_peer_fence(unsigned *const *flags, int rank, int n, unsigned *epoch) {
-    peer_fence_kernel<<<1, (unsigned)((n + 31) / 32 * 32), 0, STREAM>>>(flags, rank, n, epoch);
-    CUDA_LAUNCH_CHECK();
-}
-
 extern "C" void cuda_moe_regroup(void *out, const void *in, const int32_t *counts, size_t ep, size_t El, size_t D,
                                  bool to_expert_major) {
     if (!ep || !El) return;
