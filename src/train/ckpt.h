@@ -30,7 +30,3 @@ int ckpt_read_state(const char *ckpt_dir, Config *cfg, TrainState *st, MoeErr er
 // Loads the tensors this rank holds (and, with an optimizer, its moment shards), checking names
 // and shapes. Also reads a single model.safetensors (e.g. converted from Hugging Face).
 int ckpt_load(const char *ckpt_dir, Model *m, const Optimizer *o, MoeErr err);
-
-// Resolves a --ckpt argument, reads its config into cfg, sizes a one-process model for B x S
-// sequences (0: the config's micro_batch, seq_len) and loads the weights. Exits on errors.
-void ckpt_open_model(const char *arg, Config *cfg, Parallel *par, Model *m, size_t B, size_t S);

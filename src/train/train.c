@@ -17,6 +17,7 @@
 #include "io/fsutil.h"
 #include "metrics.h"
 #include "optim.h"
+#include "setup.h"
 
 typedef struct {
     Config cfg;
@@ -39,30 +40,6 @@ typedef struct {
     MetricsLog log;       // metrics.jsonl (rank 0)
     Watchdog *watchdog;   // several ranks: ends this one when its peers stop answering
 } Trainer;
-
-// More threads than cores only wait for each other: train.threads is capped at 4 per core.
-static void set_threads(int threads) {
-    int cap = 4 * moe_cpu_cores();
-    if (threads > cap)
-        fprintf(stderr, "note: train.threads = %d is more than 4 per core (%d cores here); using %d\n", threads,
-                moe_cpu_cores(), cap);
-    if (threads > 0) omp_set_num_threads(threads < cap ? threads : cap);
-}
-
-const Ops *train_backend(const Config *cfg) {
-    set_threads(cfg->train.threads);
-    if (strcmp(cfg->train.device, "cuda")) return ops_cpu();
-    const Ops *ops = ops_cuda(comm_local_rank(0)); // one GPU per process on a node
-    if (!ops) moe_fatal("train.device = cuda, but this moe was built without CUDA (build with make CUDA=1)");
-    return ops;
-}
-
-void train_open_dataset(Dataset *ds, const Config *cfg, const char *spec, bool shuffle) {
-    MoeErr err;
-    if (dataset_open(ds, spec, (size_t)cfg->train.seq_len, (size_t)cfg->model.vocab_size,
-                     cfg->data.token_bytes, (uint64_t)cfg->train.seed, shuffle, err))
-        moe_fatal("%s", err);
-}
 
 static void read_batch(Dataset *ds, uint64_t first, size_t count, int32_t *seqs, size_t S) {
     MoeErr err;
@@ -308,59 +285,17 @@ static Comm *device_world(const Config *cfg, const Ops *ops, Comm *host) {
     return gpu && (host->size > 1 || comm_launch_rank(&launched) >= 0) ? comm_nccl_world(host, ops->stream) : host;
 }
 
-TrainMemory train_memory_plan(const Config *cfg, int world, int rank, bool bf16) {
-    const ModelConfig *mc = &cfg->model;
-    Parallel par;
-    Comm groups[4];
-    MoeErr err;
-    if (parallel_plan(&par, groups, world, rank, cfg->parallel.pp, cfg->parallel.ep, mc->n_layers,
-                      mc->n_experts, model_n_moe_layers(mc) > 0, cfg->train.micro_batch, err))
-        moe_fatal("%s", err);
-    par.exchange = (ExchangeMode)cfg->parallel.exchange; // auto is planned as direct (one node)
-    par.recv_capacity = cfg->parallel.recv_capacity;
-    Model m;
-    Optimizer o;
-    int slots = pipeline_slots(par.lay.pp, par.lay.stage, cfg->train.micro_batches);
-    model_init(&m, mc, ops_counting(bf16), &par, (size_t)par.lay.micro_per_rank,
-               (size_t)cfg->train.seq_len, slots, cfg->train.micro_batches);
-    optim_init(&o, &m);
-    TrainMemory r = {(double)m.reg.total, (double)o.state_bytes, (double)m.mem.bytes};
-    model_free(&m);
-    return r;
-}
-
-void train_check_memory(const Config *cfg, const Ops *ops, int world, int rank, bool training) {
-    const double GiB = 1073741824.0;
-    double avail = ops->memory_available ? (double)ops->memory_available() : 0;
-    ModelFloor f = model_memory_floor(&cfg->model);
-    double floor = ((training ? f.weights : f.weights / 4) + f.table) / world;
-    if (avail > 0 && floor > avail)
-        moe_fatal("the model needs at least %.4g GiB per rank (%.4g parameters: fp32 weights%s, over %d "
-                  "rank(s)), but %.4g GiB are available to the %s backend here; use a smaller model or more "
-                  "ranks", floor / GiB, model_param_counts(&cfg->model).total,
-                  training ? ", gradients and AdamW moments" : "", world, avail / GiB, ops->name);
-    MoeErr err;
-    if (config_check_sizable(cfg, err)) moe_fatal("%s", err);
-    if (!training || avail <= 0) return;
-    double plan = train_memory_plan(cfg, world, rank, ops->act_size == 2).total;
-    if (plan > avail)
-        moe_fatal("rank %d's memory plan is %.4g GiB (weights, gradients, optimizer state and activations of "
-                  "train.micro_batch = %d sequences of train.seq_len = %d), but %.4g GiB are available to the "
-                  "%s backend here; lower train.micro_batch or the model size, or use more ranks", rank,
-                  plan / GiB, cfg->train.micro_batch, cfg->train.seq_len, avail / GiB, ops->name);
-}
-
 // The training and validation data (none for a benchmark).
 static void open_data(Trainer *t) {
     const Config *cfg = &t->cfg;
     MoeErr err;
     char what[CONFIG_PATH_LEN + 16];
     if (t->synthetic) return;
-    train_open_dataset(&t->train, cfg, cfg->data.train, true);
+    setup_dataset(&t->train, cfg, cfg->data.train, true);
     t->has_val = cfg->data.val[0] && cfg->train.eval_every > 0;
     if (!t->has_val) return;
     snprintf(what, sizeof what, "data.val %s", cfg->data.val);
-    train_open_dataset(&t->val, cfg, cfg->data.val, false);
+    setup_dataset(&t->val, cfg, cfg->data.val, false);
     if (eval_check_data(&t->val, cfg, what, err))
         moe_fatal("%s: use more validation data, or train.eval_every=0 for none", err);
 }
@@ -396,18 +331,16 @@ static void trainer_open(Trainer *t, const Config *cfg, Comm *host, const char *
     memset(t, 0, sizeof *t);
     t->cfg = *cfg;
     t->synthetic = synthetic;
-    const Ops *ops = train_backend(cfg); // picks this process's GPU before NCCL starts
+    const Ops *ops = setup_backend(cfg); // picks this process's GPU before NCCL starts
     t->host = host;
     open_data(t);
     check_same_run(t, host, resume, stop_at);
     Comm *world = t->world = device_world(cfg, ops, host);
-    train_check_memory(cfg, ops, world->size, world->rank, true);
+    setup_check_memory(cfg, ops, world->size, world->rank, true);
     const TrainConfig *tc = &t->cfg.train;
     const ModelConfig *mc = &t->cfg.model;
-    parallel_init(&t->par, world, cfg->parallel.pp, cfg->parallel.ep, mc->n_layers, mc->n_experts,
-                  model_n_moe_layers(mc) > 0, tc->micro_batch);
-    t->par.exchange = (ExchangeMode)cfg->parallel.exchange;
-    t->par.recv_capacity = cfg->parallel.recv_capacity;
+    ParallelSpec spec = setup_parallel_spec(cfg);
+    parallel_init(&t->par, world, &spec);
     const Layout *l = &t->par.lay;
     t->root = world->rank == 0;
     if (t->root && !synthetic && fs_mkdir_p(tc->out, err)) moe_fatal("train.out: %s", err);
@@ -501,12 +434,6 @@ void train_run(const Config *cfg, Comm *world, const char *resume, int64_t stop_
     watchdog_closing(t.watchdog, t.state.step);
     trainer_close(&t);
     watchdog_stop(t.watchdog);
-}
-
-void train_single_process(Parallel *par, const Config *cfg) {
-    const ModelConfig *mc = &cfg->model;
-    parallel_init(par, comm_self(sizeof(float)), 1, 1, mc->n_layers, mc->n_experts,
-                  model_n_moe_layers(mc) > 0, cfg->train.micro_batch);
 }
 
 // The backend's matrix-multiply rate on a square bf16 (CPU: fp32) product of random values, from
