@@ -72,7 +72,7 @@ moe: $(F32_OBJ)
 build/test_unit: $(TEST_OBJ)
 	$(CC) -o $@ $^ $(LDLIBS)
 
-# Programs run under mpirun by tests/cli/test_mpi.sh (float build, like ./moe).
+# Programs run under mpirun by tests/cli/test_mpi_comm.sh (float build, like ./moe).
 build/test_comm: build/f32/tests/mpi/test_comm.o $(filter-out build/f32/src/cli/%,$(F32_OBJ))
 	$(CC) -o $@ $^ $(LDLIBS)
 

@@ -12,7 +12,7 @@
 static const CliSpec SPEC = {
     .command = "moe inspect",
     .usage = "CONFIG.json|DIR [key=value ...] [--world N]",
-    .summary = "Prints total and active parameters, FLOPs per token (moe-model.md accounting:\n"
+    .summary = "Prints total and active parameters, FLOPs per token (docs/MODEL.md accounting:\n"
                "causal attention at half, training = 3 x forward) and the memory plan of a\n"
                "config file, a run directory or a checkpoint directory.",
     .opts = (const CliOption[]){

@@ -1,5 +1,5 @@
 // The model's shape and options (the "model" section of a config file), their validation, and
-// what follows from them: parameter counts and FLOPs per token (accounting of moe-model.md).
+// what follows from them: parameter counts and FLOPs per token (accounting of docs/MODEL.md).
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
