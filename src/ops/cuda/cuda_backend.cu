@@ -152,6 +152,8 @@ static void cuda_side_join(void) {
 // (cuda_attention.cu).
 static const OpsLimits CUDA_LIMITS = {.max_experts = CUDA_MAX_EXPERTS, .max_top_k = CUDA_MAX_TOP_K,
                                       .width_multiple = 8, .head_dims = {16, 32, 64, 128}};
+static_assert(CUDA_MAX_EXPERTS <= GROUPED_MAX_E, "the CUTLASS grouped GEMM's tables hold every expert "
+                                                 "of a layer (cuda_grouped_sm90.cu)");
 
 extern "C" const OpsLimits *ops_cuda_limits(void) { return &CUDA_LIMITS; }
 
