@@ -35,7 +35,8 @@ DIST_SRC := $(wildcard src/dist/*.c)
 else
 DIST_SRC := $(filter-out src/dist/comm_mpi.c,$(wildcard src/dist/*.c))
 endif
-# NCCL joins CUDA builds: comm_nccl.c, else no_nccl.c.
+# NCCL joins CUDA builds: comm_nccl.c (and the device part of communication, src/dist/*.cu), else
+# no_nccl.c.
 ifeq ($(CUDA),1)
 DIST_SRC := $(filter-out src/dist/no_nccl.c,$(DIST_SRC))
 else
@@ -64,7 +65,7 @@ endif
 CFLAGS  += -DMOE_CUDA -I$(CUDA_HOME)/include -I$(NCCL_HOME)/include
 LDLIBS  += $(call lib_dirs,$(NCCL_HOME)) -lnccl $(call lib_dirs,$(CUDNN_HOME)) -lcudnn
 LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lnvrtc -lcudart -lstdc++
-CU_SRC  := $(wildcard src/ops/cuda/*.cu)
+CU_SRC  := $(wildcard src/ops/cuda/*.cu src/dist/*.cu)
 endif
 CLI_SRC  := $(wildcard src/cli/*.c)
 TEST_SRC := $(wildcard tests/*.c)
@@ -96,7 +97,7 @@ moe: $(F32_OBJ) $(LINK_STAMP)
 build/test_unit: $(TEST_OBJ) $(LINK_STAMP)
 	$(CC) -o $@ $(filter %.o,$^) $(LDLIBS)
 
-# Programs run under mpirun by tests/cli/test_mpi.sh (float build, like ./moe).
+# Programs run under mpirun by tests/cli/test_mpi_comm.sh (float build, like ./moe).
 build/test_comm: $(BUILD)/f32/tests/mpi/test_comm.o $(LIB_OBJ) $(LINK_STAMP)
 	$(CC) -o $@ $(filter %.o,$^) $(LDLIBS)
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs the unit tests (build/test_unit) and the command-line tests (tests/cli/*.sh) and prints
-# one final line "N passed, N failed" summed over both.
+# Runs the unit tests (build/test_unit), the command-line tests (tests/cli/*.sh) and the check of
+# the files the documentation cites (tests/check_doc_paths.sh), and prints one final line
+# "N passed, N failed" summed over them.
 set -u
 cd "$(dirname "$0")/.."
 total_pass=0; total_fail=0
@@ -18,6 +19,8 @@ for t in tests/cli/*.sh; do
     echo "command-line tests: $t"
     bash "$t" | tee "$log"; count "$log" "$t"
 done
+echo "files cited by the documentation and the sources:"
+bash tests/check_doc_paths.sh | tee "$log"; count "$log" tests/check_doc_paths.sh
 rm -f "$log"
 echo "$total_pass passed, $total_fail failed"
 [ "$total_fail" -eq 0 ]

@@ -63,6 +63,38 @@ static void test_validation_messages(void) {
     }
 }
 
+// A backend's declared limits refuse what its kernels cannot run, naming the key and the limit,
+// and only widths the model uses count.
+static void test_backend_limits(void) {
+    const OpsLimits gpu = {.max_experts = 256, .max_top_k = 16, .width_multiple = 8, .head_dims = {16, 32, 64, 128}};
+    struct { const char *kv, *needle; } cases[] = {
+        {"model.n_experts=300", "dev supports model.n_experts up to 256 (it is 300)"},
+        {"model.top_k=17", "dev supports model.top_k up to 16 (it is 17)"},
+        {"model.d_model=132", "dev needs model.d_model to be a multiple of 8 (it is 132)"},
+        {"model.expert_hidden=100", "model.expert_hidden to be a multiple of 8"},
+        {"model.shared_hidden=12", "model.shared_hidden to be a multiple of 8"},
+        {"model.head_dim=48", "dev supports model.head_dim 16, 32, 64 or 128 (it is 48)"},
+    };
+    Config base, c;
+    MoeErr err = "";
+    config_defaults(&base);
+    config_apply_override(&base, "model.n_experts=32", err);
+    config_apply_override(&base, "model.top_k=16", err);
+    config_apply_override(&base, "model.head_dim=32", err);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        c = base;
+        if (config_apply_override(&c, cases[i].kv, err) || config_validate(&c, err))
+            TEST_FAIL("%s: %s", cases[i].kv, err);
+        expect_error(model_config_check_limits(&c.model, &gpu, "dev", err), err, cases[i].needle);
+    }
+    c = base;
+    config_apply_override(&c, "model.dense_hidden=100", err); // no dense layer uses it
+    CHECK_MSG(config_validate(&c, err) == 0 && model_config_check_limits(&c.model, &gpu, "dev", err) == 0, "%s", err);
+    const OpsLimits none = {0};
+    config_apply_override(&c, "model.head_dim=6", err);
+    CHECK_MSG(config_validate(&c, err) == 0 && model_config_check_limits(&c.model, &none, "dev", err) == 0, "%s", err);
+}
+
 static void test_json_round_trip_and_diff(void) {
     Config a, b;
     MoeErr err;
@@ -112,6 +144,7 @@ const TestCase config_tests[] = {
     {"config_defaults_validate", test_defaults_validate},
     {"config_overrides_each_type", test_overrides_each_type},
     {"config_validation_messages", test_validation_messages},
+    {"config_backend_limits", test_backend_limits},
     {"config_json_round_trip_and_diff", test_json_round_trip_and_diff},
     {"config_json_file_errors", test_json_file_errors},
     {0},

@@ -6,8 +6,9 @@
 
 // A one-rank layout holding every layer and expert of c.
 static inline void test_single_parallel(Parallel *p, const ModelConfig *c) {
-    parallel_init(p, comm_self(sizeof(real)), 1, 1, c->n_layers, c->n_experts,
-                  model_n_moe_layers(c) > 0, 1);
+    ParallelSpec s = {.layout = {.pp = 1, .ep = 1, .n_layers = c->n_layers, .n_experts = c->n_experts,
+                                 .has_moe = model_n_moe_layers(c) > 0, .micro_batch = 1}};
+    parallel_init(p, comm_self(sizeof(real)), &s);
 }
 
 static inline void test_free_parallel(Parallel *p) {

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "train/setup.h"
 #include "train/train.h"
 
 typedef struct {
@@ -191,7 +192,7 @@ static double copy_gbs(Bench *b) {
 
 void bench_kernels(const Config *cfg) {
     setvbuf(stdout, NULL, _IOLBF, 0); // each line out as soon as it is measured
-    Bench b = {train_backend(cfg), NULL, NULL, 0, 0, !strcmp(cfg->train.device, "cuda")};
+    Bench b = {setup_backend(cfg), NULL, NULL, 0, 0, !strcmp(cfg->train.device, "cuda")};
     b.e0 = b.o->event_create(), b.e1 = b.o->event_create();
     b.matmul = train_matmul_tflops(b.o), b.copy = copy_gbs(&b);
     const ModelConfig *c = &cfg->model;

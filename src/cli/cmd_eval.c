@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "cli.h"
+#include "train/setup.h"
 #include "train/train.h"
 
 static const CliSpec SPEC = {
@@ -33,7 +34,7 @@ int cmd_eval(int argc, char **argv, Comm *world) {
     Config cfg;
     Parallel par;
     Model m;
-    ckpt_open_model(values[0], &cfg, &par, &m, 0, 0);
+    setup_model_from_ckpt(values[0], &cfg, &par, &m, 0, 0);
     const char *data = values[1] ? values[1] : cfg.data.val;
     if (!data[0]) moe_fatal("moe eval: the run has no data.val; pass --data FILE");
     size_t max_seqs = values[2] ? (size_t)cli_number("--max-seqs", values[2], 1, 1e15) : SIZE_MAX;
@@ -43,7 +44,7 @@ int cmd_eval(int argc, char **argv, Comm *world) {
                   cfg.train.micro_batch);
     Dataset ds;
     MoeErr err;
-    train_open_dataset(&ds, &cfg, data, false);
+    setup_dataset(&ds, &cfg, data, false);
     if (eval_check_data(&ds, &cfg, data, err)) moe_fatal("moe eval: %s", err);
     size_t n;
     double loss = eval_loss(&m, &ds, max_seqs, &n);

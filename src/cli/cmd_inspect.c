@@ -6,12 +6,13 @@
 
 #include "cli.h"
 #include "io/fsutil.h"
+#include "train/setup.h"
 #include "train/train.h"
 
 static const CliSpec SPEC = {
     .command = "moe inspect",
     .usage = "CONFIG.json|DIR [key=value ...] [--world N]",
-    .summary = "Prints total and active parameters, FLOPs per token (moe-model.md accounting:\n"
+    .summary = "Prints total and active parameters, FLOPs per token (docs/MODEL.md accounting:\n"
                "causal attention at half, training = 3 x forward) and the memory plan of a\n"
                "config file, a run directory or a checkpoint directory.",
     .opts = (const CliOption[]){
@@ -58,7 +59,7 @@ static void print_memory(const Config *cfg, int world) {
     TrainMemory worst[2] = {{0}};
     for (int rank = 0; rank < world; rank++)
         for (int bf16 = 0; bf16 < 2; bf16++) {
-            TrainMemory r = train_memory_plan(cfg, world, rank, bf16);
+            TrainMemory r = setup_memory_plan(cfg, world, rank, bf16);
             worst[bf16].params = r.params > worst[bf16].params ? r.params : worst[bf16].params;
             worst[bf16].optimizer = r.optimizer > worst[bf16].optimizer ? r.optimizer : worst[bf16].optimizer;
             worst[bf16].total = r.total > worst[bf16].total ? r.total : worst[bf16].total;
@@ -75,7 +76,7 @@ static void print_memory(const Config *cfg, int world) {
         bounded.parallel.recv_capacity = 2;
         double most = 0;
         for (int rank = 0; rank < world; rank++) {
-            double total = train_memory_plan(&bounded, world, rank, true).total;
+            double total = setup_memory_plan(&bounded, world, rank, true).total;
             most = total > most ? total : most;
         }
         if (most < worst[1].total)

@@ -6,7 +6,7 @@
 
 #include "cli.h"
 #include "io/tokens.h"
-#include "train/train.h"
+#include "train/setup.h"
 
 static const CliSpec SPEC = {
     .command = "moe sample",
@@ -68,7 +68,7 @@ int cmd_sample(int argc, char **argv, Comm *world) {
     Config cfg;
     Parallel par;
     Model m;
-    ckpt_open_model(values[0], &cfg, &par, &m, 1, 0);
+    setup_model_from_ckpt(values[0], &cfg, &par, &m, 1, 0);
     size_t V = cfg.model.vocab_size, S = cfg.train.seq_len;
     if (V < BYTE_VOCAB) moe_fatal("moe sample: vocab_size %zu is not a byte-level vocabulary", V);
     const char *prompt = values[1] ? values[1] : "";

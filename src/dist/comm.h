@@ -1,6 +1,6 @@
 // The communication interface of the distributed layer: collectives and point-to-point transfers
-// on backend memory, over a group of ranks. Implementations: MPI (CPU ranks; comm_mpi.c) and a
-// single process without MPI (comm_self.c); a NCCL one (GPU buffers, streams) plugs in the same way.
+// on backend memory, over a group of ranks. Implementations: MPI (CPU ranks; comm_mpi.c), a single
+// process without MPI (comm_self.c), and NCCL (GPU buffers on the backend's stream; comm_nccl.c).
 // Counts are element counts, never bytes. Errors end every rank with a message (no hang).
 #pragma once
 #include <stdbool.h>

@@ -1,5 +1,6 @@
 // The communication interface over NCCL (CUDA builds): collectives and transfers on GPU buffers,
-// queued on the CUDA backend's stream. The world is bootstrapped from a host communicator (MPI:
+// queued on the compute backend's current stream (asked at each call: the backend switches between
+// its main and side streams). The world is bootstrapped from a host communicator (MPI:
 // rank 0's unique id reaches the others through it) or from the environment `moe train --nproc`
 // gives the processes it starts. NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
 #include "comm_nccl.h"
@@ -11,21 +12,13 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "comm_cuda.h"
+#include "common/gpu_check.h"
 #include "common/util.h"
-#include "ops/cuda/cuda_check.h"
-#include "ops/cuda/cuda_ops.h"
-
-#define NCCL_CHECK(call)                                                                         \
-    do {                                                                                         \
-        ncclResult_t r_ = (call);                                                                \
-        if (r_ != ncclSuccess)                                                                   \
-            moe_fatal("%s:%d: %s failed: %s (%s)", __FILE__, __LINE__, #call,                    \
-                      ncclGetErrorString(r_), ncclGetLastError(NULL));                          \
-    } while (0)
-
 
 typedef struct {
     ncclComm_t nccl;
+    CommStreamFn stream; // the compute backend's current stream
     int *flag;  // one device int for all_ok
     int *fence; // one device int for the fence by all-reduce
     // The fence through peer memory, set up with the first peer memory (NULL table until then):
@@ -35,7 +28,7 @@ typedef struct {
 } NcclImpl;
 
 static ncclComm_t nc(Comm *c) { return ((NcclImpl *)c->impl)->nccl; }
-static cudaStream_t stream(void) { return (cudaStream_t)cuda_stream_handle(); }
+static cudaStream_t stream(Comm *c) { return (cudaStream_t)((NcclImpl *)c->impl)->stream(); }
 
 // bf16 act, fp32 and int32 elements
 static ncclDataType_t dtype(CommType t) {
@@ -44,22 +37,22 @@ static ncclDataType_t dtype(CommType t) {
 
 
 static void nccl_all_reduce_sum(Comm *c, void *buf, size_t n, CommType t) {
-    if (n) NCCL_CHECK(ncclAllReduce(buf, buf, n, dtype(t), ncclSum, nc(c), stream()));
+    if (n) NCCL_CHECK(ncclAllReduce(buf, buf, n, dtype(t), ncclSum, nc(c), stream(c)));
 }
 
 static void nccl_reduce_scatter_sum(Comm *c, const void *send, void *recv, size_t n, CommType t) {
-    if (n) NCCL_CHECK(ncclReduceScatter(send, recv, n, dtype(t), ncclSum, nc(c), stream()));
+    if (n) NCCL_CHECK(ncclReduceScatter(send, recv, n, dtype(t), ncclSum, nc(c), stream(c)));
 }
 
 static void nccl_reduce_sum(Comm *c, const void *send, void *recv, size_t n, CommType t, int root) {
-    if (n) NCCL_CHECK(ncclReduce(send, recv, n, dtype(t), ncclSum, root, nc(c), stream()));
+    if (n) NCCL_CHECK(ncclReduce(send, recv, n, dtype(t), ncclSum, root, nc(c), stream(c)));
 }
 
 static void nccl_group_begin(void) { NCCL_CHECK(ncclGroupStart()); }
 static void nccl_group_end(void) { NCCL_CHECK(ncclGroupEnd()); }
 
 static void nccl_all_gather(Comm *c, const void *send, void *recv, size_t n, CommType t) {
-    if (n) NCCL_CHECK(ncclAllGather(send, recv, n, dtype(t), nc(c), stream()));
+    if (n) NCCL_CHECK(ncclAllGather(send, recv, n, dtype(t), nc(c), stream(c)));
 }
 
 // Per-peer sends and receives in one group: NCCL's all-to-all with uneven counts.
@@ -69,20 +62,20 @@ static void nccl_all_to_all_v(Comm *c, const void *send, const size_t *send_coun
     NCCL_CHECK(ncclGroupStart());
     for (int j = 0; j < c->size; j++) {
         if (send_counts[j])
-            NCCL_CHECK(ncclSend((const char *)send + so * es, send_counts[j], dtype(t), j, nc(c), stream()));
+            NCCL_CHECK(ncclSend((const char *)send + so * es, send_counts[j], dtype(t), j, nc(c), stream(c)));
         if (recv_counts[j])
-            NCCL_CHECK(ncclRecv((char *)recv + ro * es, recv_counts[j], dtype(t), j, nc(c), stream()));
+            NCCL_CHECK(ncclRecv((char *)recv + ro * es, recv_counts[j], dtype(t), j, nc(c), stream(c)));
         so += send_counts[j], ro += recv_counts[j];
     }
     NCCL_CHECK(ncclGroupEnd());
 }
 
 static void nccl_send(Comm *c, const void *buf, size_t n, CommType t, int peer) {
-    if (n) NCCL_CHECK(ncclSend(buf, n, dtype(t), peer, nc(c), stream()));
+    if (n) NCCL_CHECK(ncclSend(buf, n, dtype(t), peer, nc(c), stream(c)));
 }
 
 static void nccl_recv(Comm *c, void *buf, size_t n, CommType t, int peer) {
-    if (n) NCCL_CHECK(ncclRecv(buf, n, dtype(t), peer, nc(c), stream()));
+    if (n) NCCL_CHECK(ncclRecv(buf, n, dtype(t), peer, nc(c), stream(c)));
 }
 
 static void nccl_sendrecv(Comm *c, const void *send, size_t n_send, int to, void *recv, size_t n_recv,
@@ -97,23 +90,23 @@ static void nccl_sendrecv(Comm *c, const void *send, size_t n_send, int to, void
 static bool nccl_all_ok(Comm *c, bool ok) {
     NcclImpl *im = c->impl;
     int v = ok ? 1 : 0;
-    CUDA_CHECK(cudaMemcpyAsync(im->flag, &v, sizeof v, cudaMemcpyHostToDevice, stream()));
-    NCCL_CHECK(ncclAllReduce(im->flag, im->flag, 1, ncclInt32, ncclMin, im->nccl, stream()));
-    CUDA_CHECK(cudaMemcpyAsync(&v, im->flag, sizeof v, cudaMemcpyDeviceToHost, stream()));
-    CUDA_CHECK(cudaStreamSynchronize(stream()));
+    CUDA_CHECK(cudaMemcpyAsync(im->flag, &v, sizeof v, cudaMemcpyHostToDevice, stream(c)));
+    NCCL_CHECK(ncclAllReduce(im->flag, im->flag, 1, ncclInt32, ncclMin, im->nccl, stream(c)));
+    CUDA_CHECK(cudaMemcpyAsync(&v, im->flag, sizeof v, cudaMemcpyDeviceToHost, stream(c)));
+    CUDA_CHECK(cudaStreamSynchronize(stream(c)));
     return v == 1;
 }
 
 static void nccl_barrier(Comm *c) { nccl_all_ok(c, true); }
 
 // A stream-ordered fence: flag words in peer memory once the ranks share some (a one-warp kernel,
-// cuda_peer_fence), else a one-int all-reduce. Neither finishes on any rank before every rank's
+// comm_cuda_fence), else a one-int all-reduce. Neither finishes on any rank before every rank's
 // stream reaches it; the peer writes before it are fenced (__threadfence_system) by the kernels
 // that made them.
 static void nccl_fence(Comm *c) {
     NcclImpl *im = c->impl;
-    if (im->fence_table) cuda_peer_fence(im->fence_table, c->rank, c->size, im->epoch);
-    else NCCL_CHECK(ncclAllReduce(im->fence, im->fence, 1, ncclInt32, ncclMax, im->nccl, stream()));
+    if (im->fence_table) comm_cuda_fence(stream(c), im->fence_table, c->rank, c->size, im->epoch);
+    else NCCL_CHECK(ncclAllReduce(im->fence, im->fence, 1, ncclInt32, ncclMax, im->nccl, stream(c)));
 }
 
 // What a rank publishes for peer memory: its IPC handle and a hash of its host name (IPC handles
@@ -139,8 +132,8 @@ static PeerCard *gather_cards(Comm *c, const PeerCard *mine) {
     CUDA_CHECK(cudaMalloc((void **)&dev, n * sizeof(PeerCard)));
     CUDA_CHECK(cudaMemcpy(dev + (size_t)c->rank * words, mine, sizeof *mine, cudaMemcpyHostToDevice));
     nccl_all_gather(c, dev + (size_t)c->rank * words, dev, words, COMM_I32);
-    CUDA_CHECK(cudaMemcpyAsync(all, dev, n * sizeof(PeerCard), cudaMemcpyDeviceToHost, stream()));
-    CUDA_CHECK(cudaStreamSynchronize(stream()));
+    CUDA_CHECK(cudaMemcpyAsync(all, dev, n * sizeof(PeerCard), cudaMemcpyDeviceToHost, stream(c)));
+    CUDA_CHECK(cudaStreamSynchronize(stream(c)));
     CUDA_CHECK(cudaFree(dev));
     return all;
 }
@@ -199,12 +192,12 @@ static int nccl_peer_alloc(Comm *c, size_t bytes, PeerMem *pm) {
     return 0;
 }
 
-static Comm *wrap(ncclComm_t comm);
+static Comm *wrap(ncclComm_t comm, CommStreamFn stream);
 
 static Comm *nccl_split(Comm *c, int color, int key) {
     ncclComm_t sub;
     NCCL_CHECK(ncclCommSplit(nc(c), color, key, &sub, NULL));
-    return wrap(sub);
+    return wrap(sub, ((NcclImpl *)c->impl)->stream);
 }
 
 static const char *nccl_async_error(Comm *c) {
@@ -236,10 +229,10 @@ static const CommOps NCCL_OPS = {
     .fence = nccl_fence, .async_error = nccl_async_error, .free = nccl_free,
 };
 
-static Comm *wrap(ncclComm_t comm) {
+static Comm *wrap(ncclComm_t comm, CommStreamFn stream) {
     Comm *c = moe_calloc(1, sizeof(Comm));
     NcclImpl *im = moe_calloc(1, sizeof(NcclImpl));
-    im->nccl = comm;
+    im->nccl = comm, im->stream = stream;
     CUDA_CHECK(cudaMalloc((void **)&im->flag, sizeof(int)));
     CUDA_CHECK(cudaMalloc((void **)&im->fence, sizeof(int)));
     CUDA_CHECK(cudaMemset(im->fence, 0, sizeof(int)));
@@ -277,7 +270,7 @@ void comm_nccl_new_id(char *hex) {
     id_to_hex(&id, hex);
 }
 
-Comm *comm_nccl_world(Comm *host) {
+Comm *comm_nccl_world(Comm *host, CommStreamFn stream) {
     nccl_environment();
     ncclUniqueId id;
     int size = 0, rank = comm_launch_rank(&size);
@@ -296,5 +289,5 @@ Comm *comm_nccl_world(Comm *host) {
     }
     ncclComm_t comm;
     NCCL_CHECK(ncclCommInitRank(&comm, size, id, rank));
-    return wrap(comm);
+    return wrap(comm, stream);
 }

@@ -3,8 +3,12 @@
 #pragma once
 #include "comm.h"
 
-// The GPU world of every rank of `host` (MPI), or of the processes `moe train --nproc` started.
-Comm *comm_nccl_world(Comm *host);
+// The stream NCCL calls and fences queue on: the compute backend's current one (Ops.stream).
+typedef void *(*CommStreamFn)(void);
+
+// The GPU world of every rank of `host` (MPI), or of the processes `moe train --nproc` started;
+// it and the communicators split from it queue their work on stream().
+Comm *comm_nccl_world(Comm *host, CommStreamFn stream);
 // A new NCCL unique id as hex (comm_nccl_id_hex_len() bytes with the terminator).
 void comm_nccl_new_id(char *hex);
 size_t comm_nccl_id_hex_len(void);

@@ -7,42 +7,41 @@ void layout_stage_layers(int n_layers, int pp, int stage, int *begin, int *end) 
     *end = *begin + base + (stage < extra ? 1 : 0);
 }
 
-static int check(int world, int pp, int ep, int n_layers, int n_experts, bool has_moe,
-                 int micro_batch, MoeErr err) {
+static int check(int world, const LayoutSpec *s, MoeErr err) {
+    int pp = s->pp, ep = s->ep;
     if (pp < 1 || ep < 1)
         return moe_err(err, "parallel.pp = %d and parallel.ep = %d must be at least 1", pp, ep);
     if (world % pp)
         return moe_err(err, "%d ranks cannot form parallel.pp = %d pipeline stages (the number of "
                        "ranks must be a multiple of parallel.pp)", world, pp);
-    if (pp > n_layers)
-        return moe_err(err, "parallel.pp = %d stages is more than model.n_layers = %d", pp, n_layers);
+    if (pp > s->n_layers)
+        return moe_err(err, "parallel.pp = %d stages is more than model.n_layers = %d", pp, s->n_layers);
     int dp = world / pp;
     if (dp % ep)
         return moe_err(err, "parallel.ep = %d must divide the data-parallel size %d (= %d ranks / "
                        "parallel.pp = %d)", ep, dp, world, pp);
-    if (ep > 1 && !has_moe)
+    if (ep > 1 && !s->has_moe)
         return moe_err(err, "parallel.ep = %d but the model has no MoE layers", ep);
-    if (has_moe && n_experts % ep)
-        return moe_err(err, "model.n_experts = %d must be a multiple of parallel.ep = %d", n_experts, ep);
-    if (micro_batch % dp)
+    if (s->has_moe && s->n_experts % ep)
+        return moe_err(err, "model.n_experts = %d must be a multiple of parallel.ep = %d", s->n_experts, ep);
+    if (s->micro_batch % dp)
         return moe_err(err, "train.micro_batch = %d sequences (per micro-batch, all ranks together) "
-                       "must be a multiple of the data-parallel size %d", micro_batch, dp);
+                       "must be a multiple of the data-parallel size %d", s->micro_batch, dp);
     return 0;
 }
 
-int layout_init(Layout *l, int world, int rank, int pp, int ep, int n_layers, int n_experts,
-                bool has_moe, int micro_batch, MoeErr err) {
-    if (check(world, pp, ep, n_layers, n_experts, has_moe, micro_batch, err)) return -1;
-    *l = (Layout){.world = world, .rank = rank, .pp = pp, .dp = world / pp, .ep = ep};
-    l->edp = l->dp / ep;
+int layout_init(Layout *l, int world, int rank, const LayoutSpec *s, MoeErr err) {
+    if (check(world, s, err)) return -1;
+    *l = (Layout){.world = world, .rank = rank, .pp = s->pp, .dp = world / s->pp, .ep = s->ep};
+    l->edp = l->dp / s->ep;
     l->stage = rank / l->dp;
     l->dp_rank = rank % l->dp;
-    l->ep_rank = l->dp_rank % ep;
-    l->edp_rank = l->dp_rank / ep;
-    layout_stage_layers(n_layers, pp, l->stage, &l->layer_begin, &l->layer_end);
-    int per = has_moe ? n_experts / ep : 0;
+    l->ep_rank = l->dp_rank % s->ep;
+    l->edp_rank = l->dp_rank / s->ep;
+    layout_stage_layers(s->n_layers, s->pp, l->stage, &l->layer_begin, &l->layer_end);
+    int per = s->has_moe ? s->n_experts / s->ep : 0;
     l->expert_begin = l->ep_rank * per;
     l->expert_end = l->expert_begin + per;
-    l->micro_per_rank = micro_batch / l->dp;
+    l->micro_per_rank = s->micro_batch / l->dp;
     return 0;
 }

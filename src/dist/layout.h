@@ -16,10 +16,17 @@ typedef struct {
     int micro_per_rank;                         // sequences of a micro-batch on this rank
 } Layout;
 
-// Checks the layout of `world` ranks (pp and ep from the config) against the model and batch, and
-// fills the position of `rank`. Errors name the keys and say what to change.
-int layout_init(Layout *l, int world, int rank, int pp, int ep, int n_layers, int n_experts,
-                bool has_moe, int micro_batch, MoeErr err);
+// What a layout is asked for (the parallel section) and what it must fit (model and batch).
+typedef struct {
+    int pp, ep;              // pipeline stages; expert-parallel ranks per MoE layer
+    int n_layers, n_experts;
+    bool has_moe;            // the model has MoE layers
+    int micro_batch;         // sequences of a micro-batch, all data-parallel ranks together
+} LayoutSpec;
+
+// Checks the layout of `world` ranks against the spec and fills the position of `rank`. Errors
+// name the keys and say what to change.
+int layout_init(Layout *l, int world, int rank, const LayoutSpec *s, MoeErr err);
 // Layers [begin, end) of stage s: a balanced split, earlier stages taking the remainder.
 void layout_stage_layers(int n_layers, int pp, int stage, int *begin, int *end);
 static inline bool layout_first_stage(const Layout *l) { return l->stage == 0; }

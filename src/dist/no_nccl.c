@@ -3,7 +3,7 @@
 #include "comm_nccl.h"
 #include "common/util.h"
 
-Comm *comm_nccl_world(Comm *host) {
+Comm *comm_nccl_world(Comm *host, CommStreamFn stream) {
     moe_fatal("this moe was built without CUDA and NCCL (build with make CUDA=1)");
 }
 

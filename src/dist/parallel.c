@@ -1,15 +1,12 @@
 // Builds the communicators of a layout (see parallel.h).
 #include "parallel.h"
 
-void parallel_init(Parallel *p, Comm *world, int pp, int ep, int n_layers, int n_experts,
-                   bool has_moe, int micro_batch) {
+void parallel_init(Parallel *p, Comm *world, const ParallelSpec *s) {
     MoeErr err;
-    if (layout_init(&p->lay, world->size, world->rank, pp, ep, n_layers, n_experts, has_moe,
-                    micro_batch, err))
-        moe_fatal("%s", err);
+    if (layout_init(&p->lay, world->size, world->rank, &s->layout, err)) moe_fatal("%s", err);
     const Layout *l = &p->lay;
     p->world = world, p->owned_world = NULL;
-    p->exchange = EXCHANGE_AUTO, p->recv_capacity = 0;
+    p->exchange = s->exchange, p->recv_capacity = s->recv_capacity;
     p->dp = world->ops->split(world, l->stage, l->dp_rank);
     p->ep = world->ops->split(world, l->stage * l->edp + l->edp_rank, l->ep_rank);
     p->edp = world->ops->split(world, l->stage * l->ep + l->ep_rank, l->edp_rank);
@@ -21,16 +18,14 @@ void parallel_free(Parallel *p) {
     if (p->owned_world) p->owned_world->ops->free(p->owned_world);
 }
 
-int parallel_plan(Parallel *p, Comm groups[4], int world, int rank, int pp, int ep, int n_layers,
-                  int n_experts, bool has_moe, int micro_batch, MoeErr err) {
-    if (layout_init(&p->lay, world, rank, pp, ep, n_layers, n_experts, has_moe, micro_batch, err))
-        return -1;
+int parallel_plan(Parallel *p, Comm groups[4], int world, int rank, const ParallelSpec *s, MoeErr err) {
+    if (layout_init(&p->lay, world, rank, &s->layout, err)) return -1;
     const Layout *l = &p->lay;
     groups[0] = (Comm){.rank = rank, .size = world};
     groups[1] = (Comm){.rank = l->dp_rank, .size = l->dp};
     groups[2] = (Comm){.rank = l->ep_rank, .size = l->ep};
     groups[3] = (Comm){.rank = l->edp_rank, .size = l->edp};
-    p->exchange = EXCHANGE_AUTO, p->recv_capacity = 0, p->owned_world = NULL;
+    p->exchange = s->exchange, p->recv_capacity = s->recv_capacity, p->owned_world = NULL;
     p->world = &groups[0], p->dp = &groups[1], p->ep = &groups[2], p->edp = &groups[3];
     return 0;
 }

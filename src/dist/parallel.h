@@ -10,11 +10,18 @@
 // takes direct where the ranks can reach each other's memory.
 typedef enum { EXCHANGE_AUTO, EXCHANGE_DIRECT, EXCHANGE_SENDRECV } ExchangeMode;
 
+// Everything a process's place in a run is made from.
 typedef struct {
-    Layout lay;
-    ExchangeMode exchange; // EXCHANGE_AUTO unless set after parallel_init
+    LayoutSpec layout;
+    ExchangeMode exchange;
     double recv_capacity;  // direct exchange: receive rows per rank in units of its own routed rows
                            // (0: room for the worst case, every ep rank sending it everything)
+} ParallelSpec;
+
+typedef struct {
+    Layout lay;
+    ExchangeMode exchange; // from the spec
+    double recv_capacity;  // from the spec
     Comm *world;
     Comm *dp;   // the ranks of this stage: replicas of its dense parameters, the data split
     Comm *ep;   // the ranks that split this rank's MoE layers' experts among them
@@ -24,11 +31,9 @@ typedef struct {
 
 // Validates the layout (exits with the message on every rank when it is impossible) and builds
 // the sub-communicators.
-void parallel_init(Parallel *p, Comm *world, int pp, int ep, int n_layers, int n_experts,
-                   bool has_moe, int micro_batch);
+void parallel_init(Parallel *p, Comm *world, const ParallelSpec *s);
 void parallel_free(Parallel *p);
 // The layout of `rank` among `world` ranks without communicating: the communicators in `groups`
 // (4 of them) carry only rank and size, for sizing memory (`moe inspect`). Returns -1 with a
 // message when the layout is impossible.
-int parallel_plan(Parallel *p, Comm groups[4], int world, int rank, int pp, int ep, int n_layers,
-                  int n_experts, bool has_moe, int micro_batch, MoeErr err);
+int parallel_plan(Parallel *p, Comm groups[4], int world, int rank, const ParallelSpec *s, MoeErr err);

@@ -1,8 +1,11 @@
 // Model config defaults, validation with messages that name the key, and derived counts.
 #include "config.h"
 
-#include "params.h"
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
 
+#include "params.h"
 
 // The bundled default: a small MoE that learns tinyshakespeare bytes in minutes on two cores.
 void model_config_defaults(ModelConfig *c) {
@@ -107,6 +110,44 @@ int model_config_validate(ModelConfig *c, MoeErr err) {
     return 0;
 }
 
+static int check_widths(const ModelConfig *c, size_t multiple, const char *backend, MoeErr err) {
+    bool moe = model_n_moe_layers(c) > 0;
+    const struct { int v; const char *key; bool used; } widths[] = {
+        {c->d_model, "model.d_model", true}, {c->expert_hidden, "model.expert_hidden", moe},
+        {c->dense_hidden, "model.dense_hidden", c->n_dense_layers > 0},
+        {c->shared_hidden, "model.shared_hidden", moe}};
+    for (size_t i = 0; i < sizeof widths / sizeof widths[0]; i++)
+        if (widths[i].used && (size_t)widths[i].v % multiple)
+            return moe_err(err, "%s needs %s to be a multiple of %zu (it is %d)", backend, widths[i].key,
+                           multiple, widths[i].v);
+    return 0;
+}
+
+// head_dim one of the listed widths (none listed: any), else a message listing them.
+static int check_head_dim(const ModelConfig *c, const OpsLimits *l, const char *backend, MoeErr err) {
+    size_t n = 0, max = sizeof l->head_dims / sizeof l->head_dims[0];
+    for (; n < max && l->head_dims[n]; n++)
+        if ((size_t)c->head_dim == l->head_dims[n]) return 0;
+    if (n == 0) return 0;
+    char list[64] = "";
+    for (size_t i = 0; i < n; i++) {
+        size_t len = strlen(list);
+        snprintf(list + len, sizeof list - len, "%s%zu", i == 0 ? "" : i + 1 == n ? " or " : ", ", l->head_dims[i]);
+    }
+    return moe_err(err, "%s supports model.head_dim %s (it is %d)", backend, list, c->head_dim);
+}
+
+int model_config_check_limits(const ModelConfig *c, const OpsLimits *l, const char *backend, MoeErr err) {
+    bool moe = model_n_moe_layers(c) > 0;
+    if (moe && l->max_experts && (size_t)c->n_experts > l->max_experts)
+        return moe_err(err, "%s supports model.n_experts up to %zu (it is %d)", backend, l->max_experts,
+                       c->n_experts);
+    if (moe && l->max_top_k && (size_t)c->top_k > l->max_top_k)
+        return moe_err(err, "%s supports model.top_k up to %zu (it is %d)", backend, l->max_top_k, c->top_k);
+    if (l->width_multiple > 1 && check_widths(c, l->width_multiple, backend, err)) return -1;
+    return check_head_dim(c, l, backend, err);
+}
+
 static double attention_params(const ModelConfig *c) {
     double D = c->d_model, hd = c->head_dim;
     double qk_norm = c->qk_norm == QK_NORM_FULL ? (c->n_heads + c->n_kv_heads) * hd
@@ -131,6 +172,16 @@ ParamCounts model_param_counts(const ModelConfig *c) {
 ModelFloor model_memory_floor(const ModelConfig *c) {
     double tensors = 3.0 * c->n_experts * model_n_moe_layers(c) + c->n_layers;
     return (ModelFloor){.weights = 16 * model_param_counts(c).total, .table = tensors * sizeof(ParamInfo)};
+}
+
+size_t model_expert_capacity(const ModelConfig *c, size_t T) {
+    if (c->capacity_factor <= 0) return 0;
+    return (size_t)ceil(c->capacity_factor * (double)T * c->top_k / c->n_experts);
+}
+
+size_t model_routed_rows(const ModelConfig *c, size_t T) {
+    size_t slots = T * c->top_k, cap = model_expert_capacity(c, T);
+    return cap && cap * c->n_experts < slots ? cap * c->n_experts : slots;
 }
 
 double model_forward_flops_per_token(const ModelConfig *c, size_t S) {

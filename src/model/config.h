@@ -1,5 +1,5 @@
 // The model's shape and options (the "model" section of a config file), their validation, and
-// what follows from them: parameter counts and FLOPs per token (accounting of moe-model.md).
+// what follows from them: parameter counts and FLOPs per token (accounting of docs/MODEL.md).
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
@@ -41,6 +41,10 @@ void model_config_defaults(ModelConfig *c);
 // Fills derived values (head_dim) and checks every constraint; on failure names the key.
 int model_config_validate(ModelConfig *c, MoeErr err);
 
+// Refuses a (validated) model the backend's kernels cannot run: the message starts with `backend`
+// (e.g. "train.device = cuda") and names the key and the limit.
+int model_config_check_limits(const ModelConfig *c, const OpsLimits *l, const char *backend, MoeErr err);
+
 static inline bool model_layer_is_moe(const ModelConfig *c, int layer) {
     return layer >= c->n_dense_layers;
 }
@@ -66,5 +70,11 @@ typedef struct {
     double weights, table; // bytes
 } ModelFloor;
 ModelFloor model_memory_floor(const ModelConfig *c);
+
+// Per-expert capacity of a MoE call of T tokens on one rank (0: dropless).
+size_t model_expert_capacity(const ModelConfig *c, size_t T);
+// Rows a rank dispatches in a MoE call of T tokens: every routed slot (dropless) or E x capacity,
+// whichever is smaller.
+size_t model_routed_rows(const ModelConfig *c, size_t T);
 // Forward FLOPs per token at sequence length S (causal attention counted at half).
 double model_forward_flops_per_token(const ModelConfig *c, size_t S);

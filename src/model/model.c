@@ -8,7 +8,6 @@
 #include <string.h>
 
 #include "common/util.h"
-#include "ops/exchange_plan.h"
 
 // ---------------------------------------------------------------- registry and memory
 
@@ -105,13 +104,7 @@ static void register_params(Model *m) {
     params_end_region(&m->reg, PARAM_EXPERT, REGION_ALIGN * (size_t)m->par->edp->size);
 }
 
-void *model_alloc(Model *m, size_t bytes) {
-    void *p = m->ops->alloc(bytes);
-    m->allocs = moe_realloc(m->allocs, (m->n_allocs + 1) * sizeof(void *));
-    m->allocs[m->n_allocs++] = p;
-    m->bytes += bytes;
-    return p;
-}
+void *model_alloc(Model *m, size_t bytes) { return pool_alloc(&m->mem, bytes); }
 
 void *model_act(const Model *m, void *base, size_t offset) {
     return (char *)base + offset * m->ops->act_size;
@@ -121,62 +114,9 @@ void *model_f32(const Model *m, void *base, size_t offset) {
     return (char *)base + offset * m->ops->f32_size;
 }
 
-static void *act_buf(Model *m, size_t n) { return model_alloc(m, n * m->ops->act_size); }
-static void *f32_buf(Model *m, size_t n) { return model_alloc(m, n * m->ops->f32_size); }
-static int32_t *i32_buf(Model *m, size_t n) { return model_alloc(m, n * sizeof(int32_t)); }
-
-// Per-expert capacity of a call of T tokens on one rank (0: dropless).
-static size_t expert_capacity(const ModelConfig *c, size_t T) {
-    if (c->capacity_factor <= 0) return 0;
-    return (size_t)ceil(c->capacity_factor * (double)T * c->top_k / c->n_experts);
-}
-
-// Rows this rank dispatches: every routed slot (dropless) or E x capacity, whichever is smaller.
-static size_t routed_rows(const ModelConfig *c, size_t T) {
-    size_t slots = T * c->top_k, cap = expert_capacity(c, T);
-    return cap && cap * c->n_experts < slots ? cap * c->n_experts : slots;
-}
-
-// Rows this rank's experts can receive: at worst every ep rank sends all its kept rows here;
-// parallel.recv_capacity can bound it (rows past it are dropped).
-static size_t received_rows(const Model *m, size_t T) {
-    const ModelConfig *c = &m->cfg;
-    size_t ep = (size_t)m->par->ep->size, slots = T * c->top_k, cap = expert_capacity(c, T);
-    if (ep == 1) return routed_rows(c, T);
-    size_t per_source = cap && cap * m->n_experts_local < slots ? cap * m->n_experts_local : slots;
-    size_t worst = ep * per_source, bound = (size_t)ceil(m->par->recv_capacity * (double)routed_rows(c, T));
-    return m->par->recv_capacity > 0 && bound < worst ? bound : worst;
-}
-
-static void alloc_exchange(Model *m, ExpertExchange *x) {
-    size_t ep = (size_t)m->par->ep->size, El = (size_t)m->n_experts_local;
-    if (m->direct) {
-        x->all_offsets = i32_buf(m, ep * (size_t)(m->cfg.n_experts + 1));
-        x->plan = x->offsets = i32_buf(m, exchange_plan_len(ep, El));
-        return;
-    }
-    x->send_rows = moe_calloc(ep, sizeof(size_t));
-    x->recv_rows = moe_calloc(ep, sizeof(size_t));
-    x->send_counts = i32_buf(m, ep * El);
-    x->recv_counts = i32_buf(m, ep * El);
-    x->offsets = i32_buf(m, El + 1);
-}
-
-// Bytes of exchange memory for `rows` rows (256-byte aligned pieces).
-static size_t exchange_piece(const Model *m, size_t rows) {
-    return (rows * m->cfg.d_model * m->ops->act_size + 255) / 256 * 256;
-}
-
-// A buffer of `rows` rows that expert-parallel peers write into: a piece of the exchange memory
-// when rows travel by direct writes, else an ordinary buffer.
-static void *exchange_buf(Model *m, size_t rows) {
-    if (!m->direct) return act_buf(m, rows * m->cfg.d_model);
-    size_t bytes = exchange_piece(m, rows);
-    MOE_ASSERT(m->exchange_used + bytes <= m->exchange_mem.bytes);
-    void *p = (char *)m->exchange_mem.base + m->exchange_used;
-    m->exchange_used += bytes;
-    return p;
-}
+static void *act_buf(Model *m, size_t n) { return pool_act(&m->mem, n); }
+static void *f32_buf(Model *m, size_t n) { return pool_f32(&m->mem, n); }
+static int32_t *i32_buf(Model *m, size_t n) { return pool_i32(&m->mem, n); }
 
 static int n_local_moe_layers(const Model *m) {
     int n = 0;
@@ -184,48 +124,17 @@ static int n_local_moe_layers(const Model *m) {
     return n;
 }
 
-// Direct expert exchange: one block of peer memory holds every buffer the peers write (each slot's
-// and MoE layer's xe and y, the scratch dxe and dxp). Where the ranks cannot share memory, rows
-// go by send/recv, unless parallel.exchange asked for direct. A plan without communicators
-// (`moe inspect`) is sized as if the ranks shared a node.
-static void open_direct_exchange(Model *m, size_t T) {
-    Comm *ep = m->par->ep;
-    ExchangeMode mode = m->par->exchange;
-    int layers = n_local_moe_layers(m);
-    if (ep->size == 1 || layers == 0 || mode == EXCHANGE_SENDRECV) return;
-    size_t per_layer = exchange_piece(m, routed_rows(&m->cfg, T)) + exchange_piece(m, received_rows(m, T));
-    size_t bytes = ((size_t)m->n_slots * (size_t)layers + 1) * per_layer;
-    if (!ep->ops) {
-        m->exchange_mem = (PeerMem){.base = model_alloc(m, bytes), .bytes = bytes};
-    } else if (ep->ops->peer_alloc && ep->ops->peer_alloc(ep, bytes, &m->exchange_mem) == 0) {
-        m->bytes += bytes;
-    } else {
-        const char *why = "cannot write into each other's memory (not all on one node, or no peer "
-                          "access between their devices)";
-        if (mode == EXCHANGE_DIRECT)
-            moe_fatal("parallel.exchange = direct: the %d expert-parallel ranks %s; use parallel.exchange="
-                      "auto or sendrecv", ep->size, why);
-        if (m->par->recv_capacity > 0)
-            moe_fatal("parallel.recv_capacity = %g bounds the direct exchange, but the %d expert-parallel "
-                      "ranks %s; set parallel.recv_capacity=0", m->par->recv_capacity, ep->size, why);
-        return;
-    }
-    m->direct = true;
-    m->exchange_peers = model_alloc(m, (size_t)ep->size * sizeof(void *));
-    m->ops->upload(m->exchange_peers, m->exchange_mem.peers, (size_t)ep->size * sizeof(void *));
-}
-
 static void alloc_moe_acts(Model *m, LayerActs *a, size_t T) {
     const ModelConfig *c = &m->cfg;
     size_t D = c->d_model, E = c->n_experts, K = c->top_k, H = c->expert_hidden;
-    size_t R = routed_rows(c, T), Rr = received_rows(m, T);
+    size_t R = model_routed_rows(c, T), Rr = moe_exchange_received_rows(&m->xchg, T);
     a->logits = act_buf(m, T * E), a->scores = f32_buf(m, T * E);
     a->topk_idx = i32_buf(m, T * K), a->topk_w = f32_buf(m, T * K), a->aux = f32_buf(m, router_aux_len(E));
     a->counts = i32_buf(m, E), a->offsets = i32_buf(m, E + 1), a->slot_pos = i32_buf(m, T * K);
-    a->xp = act_buf(m, R * D), a->y = exchange_buf(m, R);
-    a->xe = m->par->ep->size > 1 ? exchange_buf(m, Rr) : a->xp;
+    a->xp = act_buf(m, R * D), a->y = moe_exchange_buf(&m->xchg, R);
+    a->xe = m->par->ep->size > 1 ? moe_exchange_buf(&m->xchg, Rr) : a->xp;
     a->gu = act_buf(m, Rr * 2 * H), a->hact = act_buf(m, Rr * H);
-    if (m->par->ep->size > 1) alloc_exchange(m, &a->xchg);
+    if (m->par->ep->size > 1) moe_exchange_routes_init(&m->xchg, &a->routes);
     if (c->shared_hidden)
         a->sgu = act_buf(m, T * 2 * c->shared_hidden), a->sact = act_buf(m, T * c->shared_hidden);
 }
@@ -249,7 +158,7 @@ static void alloc_scratch(Model *m, size_t T) {
     const ModelConfig *c = &m->cfg;
     size_t D = c->d_model, C = model_qkv_width(c), Dq = (size_t)c->n_heads * c->head_dim;
     bool moe = model_n_moe_layers(c) > 0;
-    size_t R = moe ? routed_rows(c, T) : 0, Rr = moe ? received_rows(m, T) : 0;
+    size_t R = moe ? model_routed_rows(c, T) : 0, Rr = moe ? moe_exchange_received_rows(&m->xchg, T) : 0;
     size_t rows = max_size(Rr, T), hidden = c->n_dense_layers ? (size_t)c->dense_hidden : 0;
     if (moe) hidden = max_size(hidden, (size_t)c->expert_hidden);
     hidden = max_size(hidden, (size_t)c->shared_hidden);
@@ -259,10 +168,9 @@ static void alloc_scratch(Model *m, size_t T) {
     s->dgu = act_buf(m, rows * 2 * hidden), s->dhact = act_buf(m, rows * hidden);
     s->dxf = act_buf(m, T * D);
     if (moe) {
-        s->dy = act_buf(m, R * D), s->dxp = exchange_buf(m, R);
+        s->dy = act_buf(m, R * D), s->dxp = moe_exchange_buf(&m->xchg, R);
         s->dlogits = act_buf(m, T * c->n_experts), s->dtopk_w = f32_buf(m, T * c->top_k);
-        if (m->par->ep->size > 1 && !m->direct) s->xfer = act_buf(m, max_size(R, Rr) * D);
-        if (m->par->ep->size > 1) s->dxe = exchange_buf(m, Rr);
+        if (m->par->ep->size > 1) s->dxe = moe_exchange_buf(&m->xchg, Rr);
     }
 }
 
@@ -297,9 +205,13 @@ static void alloc_slot(Model *m, SlotActs *slot, size_t T) {
 
 void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel *par, size_t B,
                 size_t S, int n_slots, int n_micro) {
+    MoeErr err;
+    char backend[64];
+    snprintf(backend, sizeof backend, "the %s backend", ops->name);
+    if (ops->limits && model_config_check_limits(cfg, ops->limits, backend, err)) moe_fatal("%s", err);
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
-    m->ops = ops;
+    m->ops = m->mem.ops = ops;
     m->par = par;
     m->layer_begin = par->lay.layer_begin, m->layer_end = par->lay.layer_end;
     m->n_experts_local = par->lay.expert_end - par->lay.expert_begin;
@@ -316,7 +228,7 @@ void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel
     m->metrics_scratch = f32_buf(m, model_metrics_len(cfg));
     upload_rope(m, S);
     m->tokens = i32_buf(m, (size_t)n_micro * T), m->targets = i32_buf(m, (size_t)n_micro * T);
-    open_direct_exchange(m, T);
+    moe_exchange_init(&m->xchg, cfg, ops, par, &m->mem, T, n_slots * n_local_moe_layers(m));
     m->slots = moe_calloc((size_t)n_slots, sizeof(SlotActs));
     for (int i = 0; i < n_slots; i++) alloc_slot(m, &m->slots[i], T);
     if (m->last_stage) {
@@ -329,18 +241,14 @@ void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel
 }
 
 void model_free(Model *m) {
-    if (m->direct && m->par->ep->ops) m->par->ep->ops->peer_free(m->par->ep, &m->exchange_mem);
-    for (size_t i = 0; i < m->n_allocs; i++) m->ops->free(m->allocs[i]);
+    moe_exchange_free(&m->xchg);
+    pool_free(&m->mem);
     for (int i = 0; i < m->n_slots; i++) {
-        for (int l = 0; l < n_local_layers(m); l++) {
-            free(m->slots[i].layer[l].xchg.send_rows);
-            free(m->slots[i].layer[l].xchg.recv_rows);
-        }
+        for (int l = 0; l < n_local_layers(m); l++) moe_exchange_routes_free(&m->slots[i].layer[l].routes);
         free(m->slots[i].resid);
         free(m->slots[i].layer);
     }
     free(m->slots);
-    free(m->allocs);
     free(m->layer);
     params_free(&m->reg);
     memset(m, 0, sizeof *m);
@@ -419,96 +327,8 @@ static void swiglu_mlp_forward(const Model *m, void *out, const void *in, void *
     ops->matmul_forward(out, hact, W(m, down_w), T, D, H, accumulate);
 }
 
-// Send/recv plan: counts of the rows this rank sends to each expert-parallel rank, exchanged
-// through the host for the counts it will receive; kept for the backward, which moves gradients
-// along the same routes.
-static void plan_sendrecv(Model *m, LayerActs *x) {
-    const Ops *ops = m->ops;
-    Comm *ep = m->par->ep;
-    ExpertExchange *xc = &x->xchg;
-    size_t n = (size_t)ep->size, El = (size_t)m->n_experts_local, E = n * El;
-    int32_t *off = moe_malloc((E + 1) * sizeof(int32_t)), *cnt = moe_malloc(E * sizeof(int32_t));
-    int32_t *eoff = moe_malloc((El + 1) * sizeof(int32_t));
-    size_t *blocks = moe_malloc(n * sizeof(size_t));
-    ops->download(off, x->offsets, (E + 1) * sizeof(int32_t));
-    for (size_t e = 0; e < E; e++) cnt[e] = off[e + 1] - off[e];
-    for (size_t j = 0; j < n; j++) blocks[j] = El, xc->send_rows[j] = (size_t)(off[(j + 1) * El] - off[j * El]);
-    ops->upload(xc->send_counts, cnt, E * sizeof(int32_t));
-    ep->ops->all_to_all_v(ep, xc->send_counts, blocks, xc->recv_counts, blocks, COMM_I32);
-    ops->download(cnt, xc->recv_counts, E * sizeof(int32_t)); // now (ep, El) received
-    eoff[0] = 0;
-    for (size_t e = 0; e < El; e++) {
-        eoff[e + 1] = eoff[e];
-        for (size_t j = 0; j < n; j++) eoff[e + 1] += cnt[j * El + e];
-    }
-    for (size_t j = 0; j < n; j++) {
-        xc->recv_rows[j] = 0;
-        for (size_t e = 0; e < El; e++) xc->recv_rows[j] += (size_t)cnt[j * El + e];
-    }
-    ops->upload(xc->offsets, eoff, (El + 1) * sizeof(int32_t));
-    free(off), free(cnt), free(eoff), free(blocks);
-}
-
-// The plan of this MoE call. Direct: every rank's dispatch offsets gathered and turned into block
-// lists on the device (no host wait); rows past a receive buffer are counted as dropped.
-static void plan_exchange(Model *m, LayerActs *x, void *stats, size_t T) {
-    Comm *ep = m->par->ep;
-    if (!m->direct) {
-        plan_sendrecv(m, x);
-        return;
-    }
-    size_t n = (size_t)ep->size, E = (size_t)m->cfg.n_experts;
-    ep->ops->all_gather(ep, x->offsets, x->xchg.all_offsets, E + 1, COMM_I32);
-    x->xchg.kept_rows = received_rows(m, T);
-    m->ops->moe_exchange_plan(x->xchg.plan, x->xchg.all_offsets, n, (size_t)m->n_experts_local,
-                              (size_t)ep->rank, x->xchg.kept_rows, model_f32(m, stats, router_stat_dropped(E)));
-}
-
-// Direct: each block of rows written into its owner's `out` (dispatch blocks toward the experts,
-// return blocks back), between two fences: peers are done with `out` before, rows landed after.
-static void push_rows(Model *m, const LayerActs *x, const void *rows, void *out, bool to_experts) {
-    Comm *ep = m->par->ep;
-    size_t E = (size_t)m->cfg.n_experts, T = m->B * m->S;
-    size_t offset = (size_t)((char *)out - (char *)m->exchange_mem.base);
-    MOE_ASSERT((char *)out >= (char *)m->exchange_mem.base && offset < m->exchange_mem.bytes);
-    const int32_t *blocks = x->xchg.plan + m->n_experts_local + 1 + (to_experts ? 0 : 4 * E);
-    size_t R = to_experts ? routed_rows(&m->cfg, T) : x->xchg.kept_rows; // rows of `rows`
-    ep->ops->fence(ep);
-    m->ops->moe_push_rows(m->exchange_peers, offset, rows, blocks, E, m->cfg.d_model, R);
-    ep->ops->fence(ep);
-}
-
-// Send/recv: one all-to-all-v of rank-major blocks, regrouped to or from expert-major order.
-static void transfer_rows(Model *m, const LayerActs *x, void *rows, void *out, bool to_experts) {
-    Comm *ep = m->par->ep;
-    const ExpertExchange *xc = &x->xchg;
-    size_t n = (size_t)ep->size, D = m->cfg.d_model, El = (size_t)m->n_experts_local;
-    size_t *send = moe_malloc(2 * n * sizeof(size_t)), *recv = send + n;
-    for (size_t j = 0; j < n; j++) {
-        send[j] = (to_experts ? xc->send_rows[j] : xc->recv_rows[j]) * D;
-        recv[j] = (to_experts ? xc->recv_rows[j] : xc->send_rows[j]) * D;
-    }
-    if (to_experts) {
-        ep->ops->all_to_all_v(ep, rows, send, m->s.xfer, recv, COMM_ACT);
-        m->ops->moe_regroup(out, m->s.xfer, xc->recv_counts, n, El, D, true);
-    } else {
-        m->ops->moe_regroup(m->s.xfer, rows, xc->recv_counts, n, El, D, false);
-        ep->ops->all_to_all_v(ep, m->s.xfer, send, out, recv, COMM_ACT);
-    }
-    free(send);
-}
-
-// Moves rows between this rank's dispatch order and its experts' expert-major order (to_experts),
-// or back. Without expert parallelism the two orders are the same buffer: returns `rows`.
-static void *exchange_rows(Model *m, LayerActs *x, void *rows, void *out, bool to_experts) {
-    if (m->par->ep->size == 1) return rows;
-    if (m->direct) push_rows(m, x, rows, out, to_experts);
-    else transfer_rows(m, x, rows, out, to_experts);
-    return out;
-}
-
 static const int32_t *expert_offsets(const Model *m, const LayerActs *x) {
-    return m->par->ep->size > 1 ? x->xchg.offsets : x->offsets;
+    return m->par->ep->size > 1 ? x->routes.offsets : x->offsets;
 }
 
 // Router: local choice, then the micro-batch's aux summary summed over the data-parallel ranks.
@@ -532,19 +352,19 @@ static void moe_forward(Model *m, int l, LayerActs *x, const void *in, const For
     const ModelConfig *c = &m->cfg;
     const LayerParams *p = &m->layer[l];
     size_t T = a->B * a->S, D = c->d_model, E = c->n_experts, K = c->top_k, H = c->expert_hidden;
-    size_t El = (size_t)m->n_experts_local, Rr = received_rows(m, T);
+    size_t El = (size_t)m->n_experts_local, Rr = moe_exchange_received_rows(&m->xchg, T);
     void *stats = model_f32(m, a->metrics, model_metric_router(c, moe_index(c, l)));
     route(m, l, x, in, a);
     ops->moe_dispatch_forward(x->xp, x->slot_pos, x->offsets, stats, in, x->topk_idx, x->counts,
-                              T, K, E, D, expert_capacity(c, T));
-    if (m->par->ep->size > 1) plan_exchange(m, x, stats, T);
-    exchange_rows(m, x, x->xp, x->xe, true);
+                              T, K, E, D, model_expert_capacity(c, T));
+    moe_exchange_route(&m->xchg, &x->routes, x->offsets, model_f32(m, stats, router_stat_dropped(E)), T);
+    moe_exchange_rows(&m->xchg, &x->routes, x->xp, x->xe, true);
     const int32_t *off = expert_offsets(m, x);
     void *ye = m->par->ep->size > 1 ? m->s.dxe : x->y;
     ops->grouped_matmul_forward(x->gu, x->xe, W(m, p->experts_gu), off, El, 2 * H, D, Rr);
     ops->swiglu_forward(x->hact, x->gu, Rr, H, off + El);
     ops->grouped_matmul_forward(ye, x->hact, W(m, p->experts_down), off, El, D, H, Rr);
-    exchange_rows(m, x, ye, x->y, false);
+    moe_exchange_rows(&m->xchg, &x->routes, ye, x->y, false);
     ops->moe_combine_forward(x->f, x->y, x->slot_pos, x->topk_w, T, K, D, false);
     if (c->shared_hidden)
         swiglu_mlp_forward(m, x->f, in, x->sgu, x->sact, p->shared_gu, p->shared_down, T,
@@ -659,15 +479,15 @@ static void moe_backward(Model *m, int l, LayerActs *x, void *din, const void *d
     const int32_t *off = expert_offsets(m, x);
     bool ep = m->par->ep->size > 1;
     ops->moe_combine_backward(s->dy, s->dtopk_w, dout, x->y, x->slot_pos, x->topk_w, T, K, D);
-    void *dye = exchange_rows(m, x, s->dy, s->dxe, true);
-    size_t Rr = received_rows(m, T);
+    void *dye = moe_exchange_rows(&m->xchg, &x->routes, s->dy, s->dxe, true);
+    size_t Rr = moe_exchange_received_rows(&m->xchg, T);
     ops->grouped_matmul_backward(s->dhact, G(m, p->experts_down), dye, x->hact,
                                  W(m, p->experts_down), off, El, D, H, Rr);
     ops->swiglu_backward(s->dgu, s->dhact, x->gu, Rr, H, off + El);
     void *dxe = ep ? s->dxe : s->dxp;
     ops->grouped_matmul_backward(dxe, G(m, p->experts_gu), s->dgu, x->xe, W(m, p->experts_gu),
                                  off, El, 2 * H, D, Rr);
-    void *dxp = exchange_rows(m, x, dxe, s->dxp, false);
+    void *dxp = moe_exchange_rows(&m->xchg, &x->routes, dxe, s->dxp, false);
     ops->moe_dispatch_backward(din, dxp, x->slot_pos, T, K, D, accumulate);
     ops->router_backward(s->dlogits, s->dtopk_w, x->logits, x->scores, x->topk_idx, x->topk_w,
                          x->aux, router_args(m, l, a));

@@ -7,8 +7,10 @@
 
 #include "config.h"
 #include "dist/parallel.h"
+#include "moe_exchange.h"
 #include "ops/ops.h"
 #include "params.h"
+#include "pool.h"
 
 // Offsets of one layer's tensors in the flat parameter buffers (fused groups are adjacent).
 typedef struct {
@@ -18,20 +20,6 @@ typedef struct {
     size_t shared_gu, shared_down;    // (2Hs, D), (D, Hs)
     size_t dense_gu, dense_down;      // (2Hd, D), (D, Hd)
 } LayerParams;
-
-// How this rank's routed rows travel to the ranks owning their experts and back (expert
-// parallelism). With one expert-parallel rank, every row stays and the plan is the identity.
-// Direct: the plan is made on the device from every rank's dispatch offsets and rows are written
-// into the owners' memory. Send/recv: counts go through the host to plan NCCL/MPI transfers.
-typedef struct {
-    int32_t *offsets;                 // (El + 1) backend: expert-major row offsets of the received
-    int32_t *all_offsets;             // direct: (ep, E + 1) backend, every ep rank's dispatch offsets
-    int32_t *plan;                    // direct: backend, ops.h moe_exchange_plan (offsets == plan)
-    size_t kept_rows;                 // direct: rows each receive buffer holds under this plan
-    size_t *send_rows, *recv_rows;    // send/recv: (ep) rows to and from each rank of the ep group
-    int32_t *send_counts;             // send/recv: (ep, El) backend, rows per (destination, expert)
-    int32_t *recv_counts;             // send/recv: (ep, El) backend, rows per (source, local expert)
-} ExpertExchange;
 
 // Activations one layer keeps for its backward. T = B S tokens, R routed rows of this rank,
 // Rr rows its experts receive (R when not expert-parallel).
@@ -53,7 +41,7 @@ typedef struct {
     int32_t *slot_pos;         // (T, K)
     void *xp, *y;              // act (R, D): dispatched rows, their expert outputs (same order)
     void *xe;                  // act (Rr, D) rows for this rank's experts, expert-major (== xp)
-    ExpertExchange xchg;
+    ExchangeRoutes routes;     // how this call's rows travel to the experts' ranks and back
     void *sgu, *sact;          // act (T, 2Hs), (T, Hs): shared expert
 } LayerActs;
 
@@ -71,7 +59,7 @@ typedef struct {
     void *dqkv, *dqkv_raw;    // act (T, C)
     void *dgu, *dhact;        // act (max rows, 2 max hidden), (max rows, max hidden)
     void *dy, *dxp;           // act (R, D) in dispatch order
-    void *xfer, *dxe;         // act (max(R, Rr), D): send/recv rows in transit; (Rr, D)
+    void *dxe;                // act (Rr, D)
     void *dlogits;            // act (T, E)
     void *dtopk_w;            // f32 (T, K)
     void *dxf;                // act (T, D) gradient of the final-norm output
@@ -122,13 +110,8 @@ typedef struct {
     void *logits;                // act (chunk, V) LM-head logits, one chunk at a time
     size_t logit_rows;           // rows per chunk
     Scratch s;
-    bool direct;                 // expert rows are written into their owners' memory
-    PeerMem exchange_mem;        // direct: what peers write into (each layer's xe and y, dxe, dxp)
-    size_t exchange_used;        // bytes of it handed out
-    void *exchange_peers;        // direct: backend array (ep) of every rank's exchange_mem base
-    void **allocs;               // every backend allocation, for model_free
-    size_t n_allocs;
-    size_t bytes;                // their total size
+    MoeExchange xchg;            // how expert rows travel between expert-parallel ranks
+    MemPool mem;                 // every backend allocation (mem.bytes: their total size)
 } Model;
 
 // Metrics accumulated in backend memory during a step (f32): [0] summed CE, [1] summed LM
@@ -142,7 +125,7 @@ static inline size_t model_metric_router(const ModelConfig *c, int moe_index) {
 
 // Builds the registry of this rank's tensors and allocates parameters, activations for n_slots
 // micro-batches in flight and token buffers for n_micro per step, each B x S (B sequences on this
-// rank).
+// rank). Exits when the backend's limits (Ops.limits) refuse cfg.
 void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel *par, size_t B,
                 size_t S, int n_slots, int n_micro);
 void model_free(Model *m);

@@ -3,4 +3,5 @@
 
 #ifndef MOE_CUDA
 const Ops *ops_cuda(int device) { return NULL; }
+const OpsLimits *ops_cuda_limits(void) { return NULL; }
 #endif

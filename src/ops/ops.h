@@ -70,8 +70,19 @@ typedef struct {
     float clip;         // global-norm clip threshold (0 = no clipping)
 } AdamWArgs;
 
+// What a backend's kernels can take, declared once by the backend; config validation asks before
+// anything is allocated (as ggml's supports_op does) and model_init again for programs that skip
+// it, so kernels never check. 0, or no head widths listed: no limit.
+typedef struct {
+    size_t max_experts;    // model.n_experts
+    size_t max_top_k;      // model.top_k
+    size_t width_multiple; // model.d_model and every hidden width in use are multiples of it
+    size_t head_dims[4];   // model.head_dim is one of these
+} OpsLimits;
+
 typedef struct Ops {
     const char *name;
+    const OpsLimits *limits;      // NULL: whatever the model can express
     size_t act_size, f32_size;    // bytes per element of act and f32 buffers
     bool act_aliases_f32;         // act and f32 are the same type: compute weights = master weights
     size_t logits_chunk;          // LM-head logits computed at a time (elements of act)
@@ -104,6 +115,9 @@ typedef struct Ops {
     void (*side_begin)(void); // work queued from here runs on the side queue, after the main's so far
     void (*side_end)(void);   // back to the main queue; its later work does not wait for the side's
     void (*side_join)(void);  // the main queue's later work waits for all work queued on the side
+    // The queue work goes to now (a cudaStream_t: main or side), for a communication library that
+    // queues on it (NCCL); NULL where work runs on the host.
+    void *(*stream)(void);
 
     // ---- dense layers ----
     // out (T, D) = wte[tokens]; wte (V, D) act
@@ -235,6 +249,9 @@ const Ops *ops_cpu(void);
 // The CUDA backend (act = bf16) on GPU `device` (modulo the GPUs visible) when the build has it
 // (make CUDA=1), else NULL. The first call picks the GPU for the process.
 const Ops *ops_cuda(int device);
+// The CUDA backend's limits, known without starting it (no GPU touched); NULL when the build has
+// no CUDA backend.
+const OpsLimits *ops_cuda_limits(void);
 // Sizing only (allocations are counted by the model, no kernels): fp32 activations, or bf16 ones
 // as a GPU backend keeps them.
 const Ops *ops_counting(bool bf16_activations);

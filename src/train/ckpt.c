@@ -13,7 +13,6 @@
 #include "io/fsutil.h"
 #include "io/safetensors.h"
 #include "io/safetensors_index.h"
-#include "train.h"
 
 #define CKPT_FORMAT "moe.c checkpoint 1"
 
@@ -495,18 +494,4 @@ int ckpt_load(const char *ckpt_dir, Model *m, const Optimizer *o, MoeErr err) {
     }
     if (!rc) model_sync_compute_weights(m);
     return rc;
-}
-
-void ckpt_open_model(const char *arg, Config *cfg, Parallel *par, Model *m, size_t B, size_t S) {
-    MoeErr err;
-    char dir[4200];
-    TrainState st;
-    if (ckpt_resolve(arg, dir, sizeof dir, err) || ckpt_read_state(dir, cfg, &st, err))
-        moe_fatal("%s", err);
-    const Ops *ops = train_backend(cfg);
-    train_check_memory(cfg, ops, 1, 0, false);
-    train_single_process(par, cfg);
-    model_init(m, &cfg->model, ops, par, B ? B : (size_t)cfg->train.micro_batch,
-               S ? S : (size_t)cfg->train.seq_len, 1, 1);
-    if (ckpt_load(dir, m, NULL, err)) moe_fatal("%s", err);
 }

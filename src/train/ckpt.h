@@ -36,7 +36,3 @@ int ckpt_load(const char *ckpt_dir, Model *m, const Optimizer *o, MoeErr err);
 // shards, every tensor against its checksum, train_state.json. Prints each problem and a summary
 // per kind of file to `out`; returns the number of problems.
 size_t ckpt_verify(const char *ckpt_dir, FILE *out);
-
-// Resolves a --ckpt argument, reads its config into cfg, sizes a one-process model for B x S
-// sequences (0: the config's micro_batch, seq_len) and loads the weights. Exits on errors.
-void ckpt_open_model(const char *arg, Config *cfg, Parallel *par, Model *m, size_t B, size_t S);

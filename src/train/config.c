@@ -338,8 +338,18 @@ int config_check_sizable(const Config *c, MoeErr err) {
     return 0;
 }
 
+// What train.device's backend can run, asked before anything starts (a build without the backend
+// refuses it when it would start).
+static int check_device_limits(const Config *c, MoeErr err) {
+    const OpsLimits *limits = strcmp(c->train.device, "cuda") ? ops_cpu()->limits : ops_cuda_limits();
+    char backend[64];
+    snprintf(backend, sizeof backend, "train.device = %s", c->train.device);
+    return limits ? model_config_check_limits(&c->model, limits, backend, err) : 0;
+}
+
 int config_validate(Config *c, MoeErr err) {
-    if (model_config_validate(&c->model, err) || check_train(&c->train, err)) return -1;
+    if (model_config_validate(&c->model, err) || check_train(&c->train, err) || check_device_limits(c, err))
+        return -1;
     if (c->data.token_bytes != 0 && c->data.token_bytes != 2 && c->data.token_bytes != 4)
         return moe_err(err, "data.token_bytes = %d must be 0 (auto), 2 or 4", c->data.token_bytes);
     if (!c->data.train[0]) return moe_err(err, "data.train must name the training tokens");

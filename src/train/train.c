@@ -17,6 +17,7 @@
 #include "io/fsutil.h"
 #include "metrics.h"
 #include "optim.h"
+#include "setup.h"
 
 typedef struct {
     Config cfg;
@@ -39,44 +40,6 @@ typedef struct {
     MetricsLog log;       // metrics.jsonl (rank 0)
     Watchdog *watchdog;   // several ranks: ends this one when its peers stop answering
 } Trainer;
-
-// The CUDA kernels copy 16-byte vectors and tile heads by 16: what they need of the shapes.
-static void check_cuda_shapes(const ModelConfig *c) {
-    const struct { int v; const char *key; } dims[] = {
-        {c->d_model, "model.d_model"}, {c->expert_hidden, "model.expert_hidden"},
-        {c->dense_hidden, "model.dense_hidden"}, {c->shared_hidden, "model.shared_hidden"}};
-    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
-        if (dims[i].v % 8)
-            moe_fatal("train.device = cuda needs %s to be a multiple of 8 (it is %d)", dims[i].key, dims[i].v);
-    int hd = c->head_dim;
-    if (hd != 16 && hd != 32 && hd != 64 && hd != 128)
-        moe_fatal("train.device = cuda supports model.head_dim 16, 32, 64 or 128 (it is %d)", hd);
-}
-
-// More threads than cores only wait for each other: train.threads is capped at 4 per core.
-static void set_threads(int threads) {
-    int cap = 4 * moe_cpu_cores();
-    if (threads > cap)
-        fprintf(stderr, "note: train.threads = %d is more than 4 per core (%d cores here); using %d\n", threads,
-                moe_cpu_cores(), cap);
-    if (threads > 0) omp_set_num_threads(threads < cap ? threads : cap);
-}
-
-const Ops *train_backend(const Config *cfg) {
-    set_threads(cfg->train.threads);
-    if (strcmp(cfg->train.device, "cuda")) return ops_cpu();
-    const Ops *ops = ops_cuda(comm_local_rank(0)); // one GPU per process on a node
-    if (!ops) moe_fatal("train.device = cuda, but this moe was built without CUDA (build with make CUDA=1)");
-    check_cuda_shapes(&cfg->model);
-    return ops;
-}
-
-void train_open_dataset(Dataset *ds, const Config *cfg, const char *spec, bool shuffle) {
-    MoeErr err;
-    if (dataset_open(ds, spec, (size_t)cfg->train.seq_len, (size_t)cfg->model.vocab_size,
-                     cfg->data.token_bytes, (uint64_t)cfg->train.seed, shuffle, err))
-        moe_fatal("%s", err);
-}
 
 static void read_batch(Dataset *ds, uint64_t first, size_t count, int32_t *seqs, size_t S) {
     MoeErr err;
@@ -224,7 +187,7 @@ static void compute_step(Trainer *t) {
 // the communicators (trainer_close): NCCL's teardown waits for the work a live graph holds.
 static bool replay_step(const Trainer *t, int64_t step) {
     const Model *m = &t->model;
-    bool host_planned = m->par->ep->size > 1 && !m->direct;
+    bool host_planned = m->par->ep->size > 1 && !m->xchg.direct;
     return m->ops->capture_begin && !host_planned && t->par.lay.pp == 1 && step > t->first_step;
 }
 
@@ -312,55 +275,14 @@ static void open_log(Trainer *t, bool resume) {
                t->log.path, t->log.dropped, t->state.step);
 }
 
-// GPU ranks talk through NCCL: a world of its own, bootstrapped from the host one (or the launcher).
-static Comm *device_world(const Config *cfg, Comm *host) {
+// GPU ranks talk through NCCL on the backend's stream: a world of its own, bootstrapped from the
+// host one (or the launcher).
+static Comm *device_world(const Config *cfg, const Ops *ops, Comm *host) {
     int launched = 0;
     bool gpu = !strcmp(cfg->train.device, "cuda");
     if (!gpu && comm_launch_rank(&launched) >= 0)
         moe_fatal("moe train --nproc starts GPU ranks (train.device=cuda); for CPU ranks use mpirun");
-    return gpu && (host->size > 1 || comm_launch_rank(&launched) >= 0) ? comm_nccl_world(host) : host;
-}
-
-TrainMemory train_memory_plan(const Config *cfg, int world, int rank, bool bf16) {
-    const ModelConfig *mc = &cfg->model;
-    Parallel par;
-    Comm groups[4];
-    MoeErr err;
-    if (parallel_plan(&par, groups, world, rank, cfg->parallel.pp, cfg->parallel.ep, mc->n_layers,
-                      mc->n_experts, model_n_moe_layers(mc) > 0, cfg->train.micro_batch, err))
-        moe_fatal("%s", err);
-    par.exchange = (ExchangeMode)cfg->parallel.exchange; // auto is planned as direct (one node)
-    par.recv_capacity = cfg->parallel.recv_capacity;
-    Model m;
-    Optimizer o;
-    int slots = pipeline_slots(par.lay.pp, par.lay.stage, cfg->train.micro_batches);
-    model_init(&m, mc, ops_counting(bf16), &par, (size_t)par.lay.micro_per_rank,
-               (size_t)cfg->train.seq_len, slots, cfg->train.micro_batches);
-    optim_init(&o, &m);
-    TrainMemory r = {(double)m.reg.total, (double)o.state_bytes, (double)m.bytes};
-    model_free(&m);
-    return r;
-}
-
-void train_check_memory(const Config *cfg, const Ops *ops, int world, int rank, bool training) {
-    const double GiB = 1073741824.0;
-    double avail = ops->memory_available ? (double)ops->memory_available() : 0;
-    ModelFloor f = model_memory_floor(&cfg->model);
-    double floor = ((training ? f.weights : f.weights / 4) + f.table) / world;
-    if (avail > 0 && floor > avail)
-        moe_fatal("the model needs at least %.4g GiB per rank (%.4g parameters: fp32 weights%s, over %d "
-                  "rank(s)), but %.4g GiB are available to the %s backend here; use a smaller model or more "
-                  "ranks", floor / GiB, model_param_counts(&cfg->model).total,
-                  training ? ", gradients and AdamW moments" : "", world, avail / GiB, ops->name);
-    MoeErr err;
-    if (config_check_sizable(cfg, err)) moe_fatal("%s", err);
-    if (!training || avail <= 0) return;
-    double plan = train_memory_plan(cfg, world, rank, ops->act_size == 2).total;
-    if (plan > avail)
-        moe_fatal("rank %d's memory plan is %.4g GiB (weights, gradients, optimizer state and activations of "
-                  "train.micro_batch = %d sequences of train.seq_len = %d), but %.4g GiB are available to the "
-                  "%s backend here; lower train.micro_batch or the model size, or use more ranks", rank,
-                  plan / GiB, cfg->train.micro_batch, cfg->train.seq_len, avail / GiB, ops->name);
+    return gpu && (host->size > 1 || comm_launch_rank(&launched) >= 0) ? comm_nccl_world(host, ops->stream) : host;
 }
 
 // The training and validation data (none for a benchmark).
@@ -369,11 +291,11 @@ static void open_data(Trainer *t) {
     MoeErr err;
     char what[CONFIG_PATH_LEN + 16];
     if (t->synthetic) return;
-    train_open_dataset(&t->train, cfg, cfg->data.train, true);
+    setup_dataset(&t->train, cfg, cfg->data.train, true);
     t->has_val = cfg->data.val[0] && cfg->train.eval_every > 0;
     if (!t->has_val) return;
     snprintf(what, sizeof what, "data.val %s", cfg->data.val);
-    train_open_dataset(&t->val, cfg, cfg->data.val, false);
+    setup_dataset(&t->val, cfg, cfg->data.val, false);
     if (eval_check_data(&t->val, cfg, what, err))
         moe_fatal("%s: use more validation data, or train.eval_every=0 for none", err);
 }
@@ -409,18 +331,16 @@ static void trainer_open(Trainer *t, const Config *cfg, Comm *host, const char *
     memset(t, 0, sizeof *t);
     t->cfg = *cfg;
     t->synthetic = synthetic;
-    const Ops *ops = train_backend(cfg); // picks this process's GPU before NCCL starts
+    const Ops *ops = setup_backend(cfg); // picks this process's GPU before NCCL starts
     t->host = host;
     open_data(t);
     check_same_run(t, host, resume, stop_at);
-    Comm *world = t->world = device_world(cfg, host);
-    train_check_memory(cfg, ops, world->size, world->rank, true);
+    Comm *world = t->world = device_world(cfg, ops, host);
+    setup_check_memory(cfg, ops, world->size, world->rank, true);
     const TrainConfig *tc = &t->cfg.train;
     const ModelConfig *mc = &t->cfg.model;
-    parallel_init(&t->par, world, cfg->parallel.pp, cfg->parallel.ep, mc->n_layers, mc->n_experts,
-                  model_n_moe_layers(mc) > 0, tc->micro_batch);
-    t->par.exchange = (ExchangeMode)cfg->parallel.exchange;
-    t->par.recv_capacity = cfg->parallel.recv_capacity;
+    ParallelSpec spec = setup_parallel_spec(cfg);
+    parallel_init(&t->par, world, &spec);
     const Layout *l = &t->par.lay;
     t->root = world->rank == 0;
     if (t->root && !synthetic && fs_mkdir_p(tc->out, err)) moe_fatal("train.out: %s", err);
@@ -480,7 +400,7 @@ static void print_banner(const Trainer *t) {
         printf(" | gradients reduced during the backward in buckets of whole layers >= %g MB",
                c->parallel.grad_bucket_mb);
     else if (l->dp > 1) printf(" | gradients reduced after the backward");
-    if (l->ep > 1) printf(" | expert rows %s", t->model.direct ? "written into peers' memory" : "by send/recv");
+    if (l->ep > 1) printf(" | expert rows %s", t->model.xchg.direct ? "written into peers' memory" : "by send/recv");
     if (l->pp > 1)
         printf(" | 1F1B bubble %.1f%% (%d micro-batches)",
                100 * pipeline_bubble_fraction(l->pp, c->train.micro_batches), c->train.micro_batches);
@@ -516,13 +436,6 @@ void train_run(const Config *cfg, Comm *world, const char *resume, int64_t stop_
     watchdog_stop(t.watchdog);
 }
 
-void train_single_process(Parallel *par, const Config *cfg) {
-    const ModelConfig *mc = &cfg->model;
-    parallel_init(par, comm_self(sizeof(float)), 1, 1, mc->n_layers, mc->n_experts,
-                  model_n_moe_layers(mc) > 0, cfg->train.micro_batch);
-    par->owned_world = par->world;
-}
-
 // The backend's matrix-multiply rate on a square bf16 (CPU: fp32) product of random values, from
 // its events.
 double train_matmul_tflops(const Ops *ops) {
@@ -556,7 +469,7 @@ void train_bench(const Config *cfg, Comm *world, int warmup, int steps, BenchRep
     r->ms_per_step = ops->event_elapsed_ms(e0, e1) / steps;
     r->graph = t.graph != NULL;
     r->memory_in_use = ops->memory_in_use();
-    r->model_bytes = t.model.bytes;
+    r->model_bytes = t.model.mem.bytes;
     StepReport sr = {0};
     report_build(&sr, &t.cfg.model, t.metrics_host, t.cfg.train.micro_batches,
                  (size_t)t.cfg.train.micro_batch * t.cfg.train.seq_len);

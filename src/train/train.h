@@ -21,12 +21,6 @@ double eval_loss(Model *m, Dataset *ds, size_t max_seqs, size_t *evaluated);
 // `what` (e.g. "data.val FILE") when ds holds fewer.
 int eval_check_data(const Dataset *ds, const Config *cfg, const char *what, MoeErr err);
 
-// Opens a dataset from the data section, exiting with the loader's message on failure.
-void train_open_dataset(Dataset *ds, const Config *cfg, const char *spec, bool shuffle);
-
-// The backend named by train.device; sets the CPU thread count.
-const Ops *train_backend(const Config *cfg);
-
 typedef struct {
     double matmul_tflops;  // the backend's square matrix-product rate (bf16 8192^3 on a GPU)
     double ms_per_step;    // mean over the timed steps (CUDA events on a GPU)
@@ -46,22 +40,3 @@ double train_matmul_tflops(const Ops *ops);
 
 // Trains `warmup` then `steps` steps of cfg on random token ids (nothing written) and measures.
 void train_bench(const Config *cfg, Comm *world, int warmup, int steps, BenchReport *r);
-
-typedef struct {
-    double params, optimizer, total; // per rank: parameters held, optimizer state bytes, all bytes
-} TrainMemory;
-
-// Rank `rank`'s memory for training cfg on `world` ranks, measured by sizing its model and
-// optimizer on a backend that only counts allocations (bf16: activations as a GPU keeps them).
-// cfg must pass config_check_sizable.
-TrainMemory train_memory_plan(const Config *cfg, int world, int rank, bool bf16);
-
-// Exits with a message giving both numbers when a model is more than the backend can hold, before
-// anything is allocated (Linux grants an allocation past the machine's memory, then kills the
-// process that touches it): the arithmetic floor (model_memory_floor; for a model that is only
-// evaluated, its fp32 weights), the sizes (config_check_sizable), then, for training, this rank's
-// exact plan.
-void train_check_memory(const Config *cfg, const Ops *ops, int world, int rank, bool training);
-
-// A one-process layout (every layer and expert here), for the commands that do not train.
-void train_single_process(Parallel *par, const Config *cfg);

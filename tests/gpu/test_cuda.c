@@ -552,8 +552,10 @@ static void model_compare(const char *name, ModelConfig c, size_t B, size_t S) {
         return;
     }
     Parallel pc, pg;
-    parallel_init(&pc, comm_self(4), 1, 1, c.n_layers, c.n_experts, model_n_moe_layers(&c) > 0, 1);
-    parallel_init(&pg, comm_self(4), 1, 1, c.n_layers, c.n_experts, model_n_moe_layers(&c) > 0, 1);
+    ParallelSpec one = {.layout = {.pp = 1, .ep = 1, .n_layers = c.n_layers, .n_experts = c.n_experts,
+                                   .has_moe = model_n_moe_layers(&c) > 0, .micro_batch = 1}};
+    parallel_init(&pc, comm_self(4), &one);
+    parallel_init(&pg, comm_self(4), &one);
     Model mc, mg;
     model_init(&mc, &c, cpu, &pc, B, S, 1, 1);
     model_init(&mg, &c, gpu, &pg, B, S, 1, 1);

@@ -501,7 +501,7 @@ static void attention_backward_hd(void *dqkv, const void *dout, const void *qkv,
     case 32: call(32); break;                                                                    \
     case 64: call(64); break;                                                                    \
     case 128: call(128); break;                                                                  \
-    default: moe_fatal("the CUDA attention supports head_dim 16, 32, 64 or 128, not %zu", hd);  \
+    default: MOE_ASSERT(!"head_dim in CUDA_LIMITS");                                             \
     }
 
 extern "C" void cuda_attention_forward(void *out, void *lse, const void *qkv, AttnDims d) {

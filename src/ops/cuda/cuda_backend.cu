@@ -149,10 +149,23 @@ static void cuda_side_join(void) {
     CUDA_CHECK(cudaStreamWaitEvent(cuda_ctx.main, cuda_ctx.join, 0));
 }
 
+// What the kernels can take: the MoE kernels' fixed arrays (cuda_common.cuh), element-wise
+// kernels moving 8 bf16 (16 bytes) at a time, attention instantiated for these head widths
+// (cuda_attention.cu).
+static const OpsLimits CUDA_LIMITS = {.max_experts = CUDA_MAX_EXPERTS, .max_top_k = CUDA_MAX_TOP_K,
+                                      .width_multiple = 8, .head_dims = {16, 32, 64, 128}};
+static_assert(CUDA_MAX_EXPERTS <= GROUPED_MAX_E, "the CUTLASS grouped GEMM's tables hold every expert "
+                                                 "of a layer (cuda_grouped_sm90.cu)");
+
+extern "C" const OpsLimits *ops_cuda_limits(void) { return &CUDA_LIMITS; }
+
+static void *cuda_stream(void) { return cuda_ctx.stream; }
+
 static Ops make_cuda_ops(void) {
     Ops o;
     memset(&o, 0, sizeof o);
     o.name = "cuda";
+    o.limits = &CUDA_LIMITS;
     o.act_size = sizeof(bf16), o.f32_size = sizeof(float), o.act_aliases_f32 = false;
     o.logits_chunk = (size_t)1 << 28;
     o.alloc = cuda_alloc, o.free = cuda_free, o.zero = cuda_zero, o.copy = cuda_copy;
@@ -165,6 +178,7 @@ static Ops make_cuda_ops(void) {
     o.event_create = cuda_event_create, o.event_record = cuda_event_record;
     o.event_elapsed_ms = cuda_event_elapsed_ms, o.event_free = cuda_event_free;
     o.side_begin = cuda_side_begin, o.side_end = cuda_side_end, o.side_join = cuda_side_join;
+    o.stream = cuda_stream;
     o.embedding_forward = cuda_embedding_forward, o.embedding_backward = cuda_embedding_backward;
     o.matmul_forward = cuda_matmul_forward, o.matmul_backward = cuda_matmul_backward;
     o.rmsnorm_forward = cuda_rmsnorm_forward, o.rmsnorm_backward = cuda_rmsnorm_backward;
@@ -199,5 +213,3 @@ extern "C" const Ops *ops_cuda(int device) {
     }
     return &ops;
 }
-
-extern "C" void *cuda_stream_handle(void) { return cuda_ctx.stream; }

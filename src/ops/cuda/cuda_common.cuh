@@ -1,4 +1,4 @@
-// Shared by the CUDA backend's files: error checks that name the call and where it failed, the
+// Shared by the CUDA backend's files: the checks of library calls (common/gpu_check.h), the
 // backend's streams and library handles, bf16 helpers, and small launch and reduction helpers.
 #pragma once
 #include <cublasLt.h>
@@ -6,23 +6,16 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "common/gpu_check.h"
 #include "common/util.h"
-#include "cuda_check.h"
 #include "ops/ops.h"
 
 typedef __nv_bfloat16 bf16;
 
-
-#define CUBLAS_CHECK(call)                                                                       \
-    do {                                                                                         \
-        cublasStatus_t st_ = (call);                                                             \
-        if (st_ != CUBLAS_STATUS_SUCCESS)                                                        \
-            moe_fatal("%s:%d: %s failed: cuBLAS status %d (%s)", __FILE__, __LINE__, #call,     \
-                      (int)st_, cublasGetStatusString(st_));                                     \
-    } while (0)
-
-// Launch errors surface at the launch; asynchronous faults at the next synchronising call.
-#define CUDA_LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
+// Experts per layer and choices per token the MoE kernels hold in fixed shared-memory and register
+// arrays (cuda_moe.cu); declared to config validation by the backend's OpsLimits.
+#define CUDA_MAX_EXPERTS 256
+#define CUDA_MAX_TOP_K 16
 
 // The backend's stream (every kernel and copy runs on it, so a step can be captured as a graph):
 // `stream` is the current one, the main stream or, between side_begin and side_end, the side

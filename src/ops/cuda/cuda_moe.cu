@@ -8,8 +8,6 @@
 #include "ops/exchange_plan.h"
 
 #define STREAM cuda_ctx.stream
-#define MAX_E 256   // experts per layer the router kernels hold in registers/shared memory
-#define MAX_K 16
 
 // ---------------------------------------------------------------- router
 
@@ -17,7 +15,7 @@
 // choice: the same order as the scores, and exactly what the CPU reference picks), weights.
 __global__ void router_forward_kernel(float *scores, int32_t *topk_idx, float *topk_w, int32_t *counts, float *aux,
                                       const bf16 *logits, const float *bias, const StepInfo *step, RouterArgs a) {
-    __shared__ float score_sum[MAX_E];
+    __shared__ float score_sum[CUDA_MAX_EXPERTS];
     __shared__ float lse2_sum;
     int E = (int)a.E, K = (int)a.K;
     for (int e = threadIdx.x; e < E; e += blockDim.x) score_sum[e] = 0;
@@ -37,7 +35,7 @@ __global__ void router_forward_kernel(float *scores, int32_t *topk_idx, float *t
             atomicAdd(&score_sum[e], s[e]);
         }
         atomicAdd(&lse2_sum, lse * lse);
-        int idx[MAX_K];
+        int idx[CUDA_MAX_TOP_K];
         float wsum = 0;
         for (int k = 0; k < K; k++) {
             int best = -1;
@@ -72,7 +70,6 @@ __global__ void router_counts_to_aux_kernel(float *aux, const int32_t *counts, i
 
 extern "C" void cuda_router_forward(void *scores, int32_t *topk_idx, void *topk_w, int32_t *counts, void *aux,
                                     const void *logits, const void *bias, const StepInfo *step, RouterArgs a) {
-    if (a.E > MAX_E || a.K > MAX_K) moe_fatal("the CUDA router supports up to %d experts and top-%d", MAX_E, MAX_K);
     CUDA_CHECK(cudaMemsetAsync(counts, 0, a.E * sizeof(int32_t), STREAM));
     CUDA_CHECK(cudaMemsetAsync(aux, 0, router_aux_len(a.E) * sizeof(float), STREAM));
     if (a.T)
@@ -164,7 +161,7 @@ static int32_t *sort_scratch(size_t n) {
 }
 
 __global__ void sort_histogram_kernel(int32_t *block_counts, const int32_t *topk_idx, size_t n, int E) {
-    __shared__ int32_t hist[MAX_E];
+    __shared__ int32_t hist[CUDA_MAX_EXPERTS];
     for (int e = threadIdx.x; e < E; e += blockDim.x) hist[e] = 0;
     __syncthreads();
     size_t i = (size_t)blockIdx.x * SORT_CHUNK + threadIdx.x;
@@ -177,7 +174,7 @@ __global__ void sort_histogram_kernel(int32_t *block_counts, const int32_t *topk
 // the dropped slots into stats. One thread per expert, then one for the prefix.
 __global__ void sort_scan_kernel(int32_t *block_counts, int32_t *offsets, float *stats, const int32_t *counts,
                                  int n_blocks, int E, int capacity) {
-    __shared__ int32_t kept[MAX_E];
+    __shared__ int32_t kept[CUDA_MAX_EXPERTS];
     int e = threadIdx.x;
     if (e < E) {
         int running = 0;
@@ -201,7 +198,7 @@ __global__ void sort_scan_kernel(int32_t *block_counts, int32_t *offsets, float 
 // of this block (per-warp histograms), earlier lanes of this warp (match).
 __global__ void sort_rank_kernel(int32_t *slot_pos, const int32_t *block_first, const int32_t *offsets,
                                  const int32_t *topk_idx, size_t n, int E) {
-    __shared__ int32_t warp_hist[SORT_CHUNK / 32][MAX_E];
+    __shared__ int32_t warp_hist[SORT_CHUNK / 32][CUDA_MAX_EXPERTS];
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     for (int e = lane; e < E; e += 32) warp_hist[warp][e] = 0;
     __syncwarp();
@@ -235,8 +232,8 @@ extern "C" void cuda_moe_dispatch_forward(void *xp, int32_t *slot_pos, int32_t *
     int32_t *block_counts = sort_scratch((size_t)blocks * E);
     sort_histogram_kernel<<<blocks, SORT_CHUNK, 0, STREAM>>>(block_counts, topk_idx, n, (int)E);
     CUDA_LAUNCH_CHECK();
-    sort_scan_kernel<<<1, MAX_E, 0, STREAM>>>(block_counts, offsets, (float *)stats, counts, (int)blocks, (int)E,
-                                              (int)capacity);
+    sort_scan_kernel<<<1, CUDA_MAX_EXPERTS, 0, STREAM>>>(block_counts, offsets, (float *)stats, counts, (int)blocks,
+                                                         (int)E, (int)capacity);
     CUDA_LAUNCH_CHECK();
     sort_rank_kernel<<<blocks, SORT_CHUNK, 0, STREAM>>>(slot_pos, block_counts, offsets, topk_idx, n, (int)E);
     CUDA_LAUNCH_CHECK();
@@ -408,27 +405,6 @@ extern "C" void cuda_moe_push_rows(void *const *peers, size_t dst_offset, const 
     unsigned grid = cuda_blocks(R, 8), most = (unsigned)cuda_ctx.sm_count * 4; // warps of a block: 8
     if (grid > most) grid = most;
     push_rows_kernel<<<grid, 256, 0, STREAM>>>(peers, dst_offset, (const bf16 *)in, blocks, (int)n_blocks, D, R);
-    CUDA_LAUNCH_CHECK();
-}
-
-// Rank r stores the new epoch into word r of every rank's flags (release, system scope: the
-// writes before it, e.g. a push kernel's, reach the peer first), then waits until each of its own
-// n words holds it (acquire). The epoch is counted on the device, so a replayed graph counts on;
-// comparisons are wrap-safe.
-__global__ void peer_fence_kernel(unsigned *const *flags, int rank, int n, unsigned *epoch) {
-    int j = threadIdx.x;
-    unsigned e = *epoch + 1, v;
-    __syncthreads();
-    if (j == 0) *epoch = e;
-    if (j >= n) return;
-    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(flags[j] + rank), "r"(e) : "memory");
-    const unsigned *mine = flags[rank] + j;
-    do asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(mine) : "memory");
-    while ((int)(v - e) < 0);
-}
-
-extern "C" void cuda_peer_fence(unsigned *const *flags, int rank, int n, unsigned *epoch) {
-    peer_fence_kernel<<<1, (unsigned)((n + 31) / 32 * 32), 0, STREAM>>>(flags, rank, n, epoch);
     CUDA_LAUNCH_CHECK();
 }
 

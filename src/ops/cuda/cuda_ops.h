@@ -7,12 +7,6 @@
 extern "C" {
 #endif
 
-// The backend's stream (a cudaStream_t), for the NCCL communicator to queue on.
-void *cuda_stream_handle(void);
-// A barrier of n GPUs in stream order, through peer memory: flags (n) device table of every
-// rank's n flag words (CUDA IPC), epoch one device word of this rank (see cuda_moe.cu).
-void cuda_peer_fence(unsigned *const *flags, int rank, int n, unsigned *epoch);
-
 // dense (cuda_dense.cu)
 void cuda_embedding_forward(void *out, const int32_t *tokens, const void *wte, size_t T, size_t D);
 void cuda_embedding_backward(void *dwte, const void *dout, const int32_t *tokens, size_t T, size_t D, size_t V);

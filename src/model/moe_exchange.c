@@ -1,0 +1,180 @@
+// The expert exchange between expert-parallel ranks: its memory, its plans and its two
+// transports (see moe_exchange.h).
+#include "moe_exchange.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "common/util.h"
+#include "ops/exchange_plan.h"
+
+static Comm *ep_group(const MoeExchange *x) { return x->par->ep; }
+
+size_t moe_exchange_received_rows(const MoeExchange *x, size_t T) {
+    const ModelConfig *c = &x->cfg;
+    size_t ep = (size_t)ep_group(x)->size, slots = T * c->top_k, cap = model_expert_capacity(c, T);
+    if (ep == 1) return model_routed_rows(c, T);
+    size_t per_source = cap && cap * x->El < slots ? cap * x->El : slots;
+    size_t worst = ep * per_source, bound = (size_t)ceil(x->par->recv_capacity * (double)model_routed_rows(c, T));
+    return x->par->recv_capacity > 0 && bound < worst ? bound : worst;
+}
+
+// Bytes of peer memory for `rows` rows (256-byte aligned pieces).
+static size_t peer_piece(const MoeExchange *x, size_t rows) {
+    return (rows * x->cfg.d_model * x->ops->act_size + 255) / 256 * 256;
+}
+
+// Direct: one block of peer memory holds every buffer the peers write (each call's xe and y, the
+// scratch dxe and dxp). Where the ranks cannot share memory, rows go by send/recv, unless
+// parallel.exchange asked for direct.
+static void open_direct(MoeExchange *x, int n_calls) {
+    Comm *ep = ep_group(x);
+    ExchangeMode mode = x->par->exchange;
+    if (ep->size == 1 || n_calls == 0 || mode == EXCHANGE_SENDRECV) return;
+    size_t per_call = peer_piece(x, model_routed_rows(&x->cfg, x->T)) + peer_piece(x, moe_exchange_received_rows(x, x->T));
+    size_t bytes = ((size_t)n_calls + 1) * per_call;
+    if (!ep->ops) {
+        x->peer = (PeerMem){.base = pool_alloc(x->mem, bytes), .bytes = bytes};
+    } else if (ep->ops->peer_alloc && ep->ops->peer_alloc(ep, bytes, &x->peer) == 0) {
+        x->mem->bytes += bytes;
+    } else {
+        const char *why = "cannot write into each other's memory (not all on one node, or no peer "
+                          "access between their devices)";
+        if (mode == EXCHANGE_DIRECT)
+            moe_fatal("parallel.exchange = direct: the %d expert-parallel ranks %s; use parallel.exchange="
+                      "auto or sendrecv", ep->size, why);
+        if (x->par->recv_capacity > 0)
+            moe_fatal("parallel.recv_capacity = %g bounds the direct exchange, but the %d expert-parallel "
+                      "ranks %s; set parallel.recv_capacity=0", x->par->recv_capacity, ep->size, why);
+        return;
+    }
+    x->direct = true;
+    x->peer_bases = pool_alloc(x->mem, (size_t)ep->size * sizeof(void *));
+    x->ops->upload(x->peer_bases, x->peer.peers, (size_t)ep->size * sizeof(void *));
+}
+
+void moe_exchange_init(MoeExchange *x, const ModelConfig *c, const Ops *ops, const Parallel *par,
+                       MemPool *mem, size_t T, int n_calls) {
+    *x = (MoeExchange){.cfg = *c, .ops = ops, .par = par, .mem = mem, .T = T,
+                       .El = (size_t)(par->lay.expert_end - par->lay.expert_begin)};
+    open_direct(x, n_calls);
+    if (model_n_moe_layers(c) > 0 && ep_group(x)->size > 1 && !x->direct) {
+        size_t R = model_routed_rows(c, T), Rr = moe_exchange_received_rows(x, T);
+        x->xfer = pool_act(mem, (R > Rr ? R : Rr) * c->d_model);
+    }
+}
+
+void moe_exchange_free(MoeExchange *x) {
+    Comm *ep = ep_group(x);
+    if (x->direct && ep->ops) ep->ops->peer_free(ep, &x->peer);
+}
+
+void *moe_exchange_buf(MoeExchange *x, size_t rows) {
+    if (!x->direct) return pool_act(x->mem, rows * x->cfg.d_model);
+    size_t bytes = peer_piece(x, rows);
+    MOE_ASSERT(x->peer_used + bytes <= x->peer.bytes);
+    void *p = (char *)x->peer.base + x->peer_used;
+    x->peer_used += bytes;
+    return p;
+}
+
+void moe_exchange_routes_init(MoeExchange *x, ExchangeRoutes *r) {
+    size_t ep = (size_t)ep_group(x)->size, El = x->El;
+    if (x->direct) {
+        r->all_offsets = pool_i32(x->mem, ep * (size_t)(x->cfg.n_experts + 1));
+        r->plan = r->offsets = pool_i32(x->mem, exchange_plan_len(ep, El));
+        return;
+    }
+    r->send_rows = moe_calloc(ep, sizeof(size_t));
+    r->recv_rows = moe_calloc(ep, sizeof(size_t));
+    r->send_counts = pool_i32(x->mem, ep * El);
+    r->recv_counts = pool_i32(x->mem, ep * El);
+    r->offsets = pool_i32(x->mem, El + 1);
+}
+
+void moe_exchange_routes_free(ExchangeRoutes *r) {
+    free(r->send_rows);
+    free(r->recv_rows);
+}
+
+// Send/recv: counts of the rows this rank sends to each expert-parallel rank, exchanged through
+// the host for the counts it will receive.
+static void route_sendrecv(MoeExchange *x, ExchangeRoutes *r, const int32_t *offsets) {
+    const Ops *ops = x->ops;
+    Comm *ep = ep_group(x);
+    size_t n = (size_t)ep->size, El = x->El, E = n * El;
+    int32_t *off = moe_malloc((E + 1) * sizeof(int32_t)), *cnt = moe_malloc(E * sizeof(int32_t));
+    int32_t *eoff = moe_malloc((El + 1) * sizeof(int32_t));
+    size_t *blocks = moe_malloc(n * sizeof(size_t));
+    ops->download(off, offsets, (E + 1) * sizeof(int32_t));
+    for (size_t e = 0; e < E; e++) cnt[e] = off[e + 1] - off[e];
+    for (size_t j = 0; j < n; j++) blocks[j] = El, r->send_rows[j] = (size_t)(off[(j + 1) * El] - off[j * El]);
+    ops->upload(r->send_counts, cnt, E * sizeof(int32_t));
+    ep->ops->all_to_all_v(ep, r->send_counts, blocks, r->recv_counts, blocks, COMM_I32);
+    ops->download(cnt, r->recv_counts, E * sizeof(int32_t)); // now (ep, El) received
+    eoff[0] = 0;
+    for (size_t e = 0; e < El; e++) {
+        eoff[e + 1] = eoff[e];
+        for (size_t j = 0; j < n; j++) eoff[e + 1] += cnt[j * El + e];
+    }
+    for (size_t j = 0; j < n; j++) {
+        r->recv_rows[j] = 0;
+        for (size_t e = 0; e < El; e++) r->recv_rows[j] += (size_t)cnt[j * El + e];
+    }
+    ops->upload(r->offsets, eoff, (El + 1) * sizeof(int32_t));
+    free(off), free(cnt), free(eoff), free(blocks);
+}
+
+void moe_exchange_route(MoeExchange *x, ExchangeRoutes *r, const int32_t *offsets, void *dropped,
+                        size_t T) {
+    Comm *ep = ep_group(x);
+    if (ep->size == 1) return;
+    if (!x->direct) {
+        route_sendrecv(x, r, offsets);
+        return;
+    }
+    size_t n = (size_t)ep->size, E = (size_t)x->cfg.n_experts;
+    ep->ops->all_gather(ep, offsets, r->all_offsets, E + 1, COMM_I32);
+    r->kept_rows = moe_exchange_received_rows(x, T);
+    x->ops->moe_exchange_plan(r->plan, r->all_offsets, n, x->El, (size_t)ep->rank, r->kept_rows, dropped);
+}
+
+// Direct: each block of rows written into its owner's `out` (dispatch blocks toward the experts,
+// return blocks back), between two fences: peers are done with `out` before, rows landed after.
+static void push_rows(MoeExchange *x, const ExchangeRoutes *r, const void *rows, void *out, bool to_experts) {
+    Comm *ep = ep_group(x);
+    size_t E = (size_t)x->cfg.n_experts;
+    size_t offset = (size_t)((char *)out - (char *)x->peer.base);
+    MOE_ASSERT((char *)out >= (char *)x->peer.base && offset < x->peer.bytes);
+    const int32_t *blocks = r->plan + x->El + 1 + (to_experts ? 0 : 4 * E);
+    size_t R = to_experts ? model_routed_rows(&x->cfg, x->T) : r->kept_rows; // rows of `rows`
+    ep->ops->fence(ep);
+    x->ops->moe_push_rows(x->peer_bases, offset, rows, blocks, E, x->cfg.d_model, R);
+    ep->ops->fence(ep);
+}
+
+// Send/recv: one all-to-all-v of rank-major blocks, regrouped to or from expert-major order.
+static void transfer_rows(MoeExchange *x, const ExchangeRoutes *r, void *rows, void *out, bool to_experts) {
+    Comm *ep = ep_group(x);
+    size_t n = (size_t)ep->size, D = x->cfg.d_model, El = x->El;
+    size_t *send = moe_malloc(2 * n * sizeof(size_t)), *recv = send + n;
+    for (size_t j = 0; j < n; j++) {
+        send[j] = (to_experts ? r->send_rows[j] : r->recv_rows[j]) * D;
+        recv[j] = (to_experts ? r->recv_rows[j] : r->send_rows[j]) * D;
+    }
+    if (to_experts) {
+        ep->ops->all_to_all_v(ep, rows, send, x->xfer, recv, COMM_ACT);
+        x->ops->moe_regroup(out, x->xfer, r->recv_counts, n, El, D, true);
+    } else {
+        x->ops->moe_regroup(x->xfer, rows, r->recv_counts, n, El, D, false);
+        ep->ops->all_to_all_v(ep, x->xfer, send, out, recv, COMM_ACT);
+    }
+    free(send);
+}
+
+void *moe_exchange_rows(MoeExchange *x, const ExchangeRoutes *r, void *rows, void *out, bool to_experts) {
+    if (ep_group(x)->size == 1) return rows;
+    if (x->direct) push_rows(x, r, rows, out, to_experts);
+    else transfer_rows(x, r, rows, out, to_experts);
+    return out;
+}

@@ -1,0 +1,69 @@
+// The expert exchange (what Megatron's token dispatcher does between the local permutation and
+// the experts): moves each MoE call's routed rows from this rank's dispatch order to the
+// expert-major order of the expert-parallel ranks that own their experts, and the experts' results
+// back; the backward moves gradients along the same routes. Two transports, by parallel.exchange:
+// - direct: every buffer peers write is carved from one block of peer memory; the plan is made on
+//   the device from every rank's dispatch offsets and rows are written into the owners' memory
+//   between two fences (no host wait);
+// - send/recv: counts go through the host to plan all-to-all-v transfers (NCCL or MPI).
+// With one expert-parallel rank every row stays where it is.
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "dist/parallel.h"
+#include "ops/ops.h"
+#include "pool.h"
+
+// The routes of one MoE call (kept from its forward for its backward). The plan is the identity
+// with one expert-parallel rank.
+typedef struct {
+    int32_t *offsets;                 // (El + 1) backend: expert-major row offsets of the received
+    int32_t *all_offsets;             // direct: (ep, E + 1) backend, every ep rank's dispatch offsets
+    int32_t *plan;                    // direct: backend, ops.h moe_exchange_plan (offsets == plan)
+    size_t kept_rows;                 // direct: rows each receive buffer holds under this plan
+    size_t *send_rows, *recv_rows;    // send/recv: (ep) rows to and from each rank of the ep group
+    int32_t *send_counts;             // send/recv: (ep, El) backend, rows per (destination, expert)
+    int32_t *recv_counts;             // send/recv: (ep, El) backend, rows per (source, local expert)
+} ExchangeRoutes;
+
+// The exchange of one model: its transport and the memory rows travel through.
+typedef struct {
+    ModelConfig cfg;          // the model's
+    const Ops *ops;
+    const Parallel *par;      // ep: the ranks the experts are split over
+    MemPool *mem;             // the model's memory, which the exchange's buffers come from
+    size_t T;                 // tokens of a call the buffers are sized for
+    size_t El;                // experts of each MoE layer held here
+    bool direct;              // rows are written into their owners' memory
+    PeerMem peer;             // direct: what peers write into (each call's xe and y, dxe, dxp)
+    size_t peer_used;         // bytes of it handed out
+    void *peer_bases;         // direct: backend array (ep) of every rank's peer.base
+    void *xfer;               // send/recv: act (max(R, Rr), D) rows in transit
+} MoeExchange;
+
+// Sizes the exchange for calls of up to T tokens and, with several expert-parallel ranks, picks
+// the transport: direct where the ranks can write each other's memory (peer memory for
+// n_calls MoE calls' buffers and one set of gradient scratch), else send/recv unless
+// parallel.exchange asked for direct (an error). Without communicators (`moe inspect`) a
+// direct plan is sized as if the ranks shared a node.
+void moe_exchange_init(MoeExchange *x, const ModelConfig *c, const Ops *ops, const Parallel *par,
+                       MemPool *mem, size_t T, int n_calls);
+void moe_exchange_free(MoeExchange *x);
+// A buffer of `rows` rows that peers write into: a piece of peer memory (direct), else ordinary.
+void *moe_exchange_buf(MoeExchange *x, size_t rows);
+// Rows this rank's experts can receive in a call of T tokens: at worst every ep rank sends all
+// its kept rows here; parallel.recv_capacity can bound it (rows past it are dropped).
+size_t moe_exchange_received_rows(const MoeExchange *x, size_t T);
+// The route buffers of one MoE call (several ranks) and their host arrays' release.
+void moe_exchange_routes_init(MoeExchange *x, ExchangeRoutes *r);
+void moe_exchange_routes_free(ExchangeRoutes *r);
+// Plans a call of T tokens from this rank's dispatch offsets (E + 1, backend). Direct: every
+// rank's offsets gathered and turned into block lists on the device; rows past a receive buffer
+// are added to *dropped (f32). Send/recv: counts exchanged through the host.
+void moe_exchange_route(MoeExchange *x, ExchangeRoutes *r, const int32_t *offsets, void *dropped,
+                        size_t T);
+// Moves rows (act) from this rank's dispatch order into its experts' expert-major order `out`
+// (to_experts), or back. With one expert-parallel rank the two orders are one buffer: returns rows.
+void *moe_exchange_rows(MoeExchange *x, const ExchangeRoutes *r, void *rows, void *out, bool to_experts);

@@ -1,0 +1,106 @@
+// Setting up a run from its config (see setup.h).
+#include "setup.h"
+
+#include <omp.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "ckpt.h"
+#include "dist/comm_nccl.h"
+#include "dist/pipeline.h"
+#include "optim.h"
+
+// More threads than cores only wait for each other: train.threads is capped at 4 per core.
+static void set_threads(int threads) {
+    int cap = 4 * moe_cpu_cores();
+    if (threads > cap)
+        fprintf(stderr, "note: train.threads = %d is more than 4 per core (%d cores here); using %d\n", threads,
+                moe_cpu_cores(), cap);
+    if (threads > 0) omp_set_num_threads(threads < cap ? threads : cap);
+}
+
+const Ops *setup_backend(const Config *cfg) {
+    set_threads(cfg->train.threads);
+    if (strcmp(cfg->train.device, "cuda")) return ops_cpu();
+    const Ops *ops = ops_cuda(comm_local_rank(0)); // one GPU per process on a node
+    if (!ops) moe_fatal("train.device = cuda, but this moe was built without CUDA (build with make CUDA=1)");
+    return ops;
+}
+
+void setup_dataset(Dataset *ds, const Config *cfg, const char *spec, bool shuffle) {
+    MoeErr err;
+    if (dataset_open(ds, spec, (size_t)cfg->train.seq_len, (size_t)cfg->model.vocab_size,
+                     cfg->data.token_bytes, (uint64_t)cfg->train.seed, shuffle, err))
+        moe_fatal("%s", err);
+}
+
+ParallelSpec setup_parallel_spec(const Config *cfg) {
+    const ModelConfig *mc = &cfg->model;
+    return (ParallelSpec){
+        .layout = {.pp = cfg->parallel.pp, .ep = cfg->parallel.ep, .n_layers = mc->n_layers,
+                   .n_experts = mc->n_experts, .has_moe = model_n_moe_layers(mc) > 0,
+                   .micro_batch = cfg->train.micro_batch},
+        .exchange = (ExchangeMode)cfg->parallel.exchange,
+        .recv_capacity = cfg->parallel.recv_capacity,
+    };
+}
+
+void setup_single_process(Parallel *par, const Config *cfg) {
+    ParallelSpec s = setup_parallel_spec(cfg);
+    s.layout.pp = s.layout.ep = 1;
+    parallel_init(par, comm_self(sizeof(float)), &s);
+    par->owned_world = par->world; // freed by parallel_free
+}
+
+TrainMemory setup_memory_plan(const Config *cfg, int world, int rank, bool bf16) {
+    const ModelConfig *mc = &cfg->model;
+    Parallel par;
+    Comm groups[4];
+    MoeErr err;
+    ParallelSpec spec = setup_parallel_spec(cfg); // exchange auto is planned as direct (one node)
+    if (parallel_plan(&par, groups, world, rank, &spec, err)) moe_fatal("%s", err);
+    Model m;
+    Optimizer o;
+    int slots = pipeline_slots(par.lay.pp, par.lay.stage, cfg->train.micro_batches);
+    model_init(&m, mc, ops_counting(bf16), &par, (size_t)par.lay.micro_per_rank,
+               (size_t)cfg->train.seq_len, slots, cfg->train.micro_batches);
+    optim_init(&o, &m);
+    TrainMemory r = {(double)m.reg.total, (double)o.state_bytes, (double)m.mem.bytes};
+    model_free(&m);
+    return r;
+}
+
+void setup_check_memory(const Config *cfg, const Ops *ops, int world, int rank, bool training) {
+    const double GiB = 1073741824.0;
+    double avail = ops->memory_available ? (double)ops->memory_available() : 0;
+    ModelFloor f = model_memory_floor(&cfg->model);
+    double floor = ((training ? f.weights : f.weights / 4) + f.table) / world;
+    if (avail > 0 && floor > avail)
+        moe_fatal("the model needs at least %.4g GiB per rank (%.4g parameters: fp32 weights%s, over %d "
+                  "rank(s)), but %.4g GiB are available to the %s backend here; use a smaller model or more "
+                  "ranks", floor / GiB, model_param_counts(&cfg->model).total,
+                  training ? ", gradients and AdamW moments" : "", world, avail / GiB, ops->name);
+    MoeErr err;
+    if (config_check_sizable(cfg, err)) moe_fatal("%s", err);
+    if (!training || avail <= 0) return;
+    double plan = setup_memory_plan(cfg, world, rank, ops->act_size == 2).total;
+    if (plan > avail)
+        moe_fatal("rank %d's memory plan is %.4g GiB (weights, gradients, optimizer state and activations of "
+                  "train.micro_batch = %d sequences of train.seq_len = %d), but %.4g GiB are available to the "
+                  "%s backend here; lower train.micro_batch or the model size, or use more ranks", rank,
+                  plan / GiB, cfg->train.micro_batch, cfg->train.seq_len, avail / GiB, ops->name);
+}
+
+void setup_model_from_ckpt(const char *arg, Config *cfg, Parallel *par, Model *m, size_t B, size_t S) {
+    MoeErr err;
+    char dir[4200];
+    TrainState st;
+    if (ckpt_resolve(arg, dir, sizeof dir, err) || ckpt_read_state(dir, cfg, &st, err))
+        moe_fatal("%s", err);
+    const Ops *ops = setup_backend(cfg);
+    setup_check_memory(cfg, ops, 1, 0, false);
+    setup_single_process(par, cfg);
+    model_init(m, &cfg->model, ops, par, B ? B : (size_t)cfg->train.micro_batch,
+               S ? S : (size_t)cfg->train.seq_len, 1, 1);
+    if (ckpt_load(dir, m, NULL, err)) moe_fatal("%s", err);
+}

@@ -1,0 +1,39 @@
+// What a run sets up from its config before it trains, evaluates or samples: the backend
+// (train.device), the parallel layout, datasets, the check that the model fits the machine, and a
+// model loaded from a checkpoint. Shared by
+// the training loop (train.c) and the commands that only run a model; built on checkpoints
+// (ckpt.c), which need none of it.
+#pragma once
+#include "config.h"
+#include "dist/parallel.h"
+#include "io/tokens.h"
+#include "model/model.h"
+
+// The backend named by train.device; sets the CPU thread count.
+const Ops *setup_backend(const Config *cfg);
+// Opens a dataset from the data section, exiting with the loader's message on failure.
+void setup_dataset(Dataset *ds, const Config *cfg, const char *spec, bool shuffle);
+// The layout and exchange the parallel section asks for, with what they must fit.
+ParallelSpec setup_parallel_spec(const Config *cfg);
+// A one-process layout (every layer and expert here), for the commands that do not train.
+void setup_single_process(Parallel *par, const Config *cfg);
+
+typedef struct {
+    double params, optimizer, total; // per rank: parameters held, optimizer state bytes, all bytes
+} TrainMemory;
+
+// Rank `rank`'s memory for training cfg on `world` ranks, measured by sizing its model and
+// optimizer on a backend that only counts allocations (bf16: activations as a GPU keeps them).
+// cfg must pass config_check_sizable.
+TrainMemory setup_memory_plan(const Config *cfg, int world, int rank, bool bf16);
+
+// Exits with a message giving both numbers when a model is more than the backend can hold, before
+// anything is allocated (Linux grants an allocation past the machine's memory, then kills the
+// process that touches it): the arithmetic floor (model_memory_floor; for a model that is only
+// evaluated, its fp32 weights), the sizes (config_check_sizable), then, for training, this rank's
+// exact plan.
+void setup_check_memory(const Config *cfg, const Ops *ops, int world, int rank, bool training);
+
+// Resolves a --ckpt argument, reads its config into cfg, sizes a one-process model for B x S
+// sequences (0: the config's micro_batch, seq_len) and loads the weights. Exits on errors.
+void setup_model_from_ckpt(const char *arg, Config *cfg, Parallel *par, Model *m, size_t B, size_t S);
