@@ -146,8 +146,8 @@ FUZZ_SECONDS ?= 20
 FUZZ_TARGETS := safetensors index config tokens
 FUZZ_CFLAGS  := -g -O1 -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Isrc -Itests/fuzz \
 	-fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
-FUZZ_LIB     := src/common/util.c src/io/safetensors.c src/io/safetensors_index.c src/io/tokens.c \
-	src/model/config.c src/train/config.c tests/fuzz/fuzz_common.c
+FUZZ_LIB     := src/common/util.c src/io/fsutil.c src/io/safetensors.c src/io/safetensors_index.c src/io/tokens.c \
+	src/model/config.c src/train/config.c src/ops/no_cuda.c tests/fuzz/fuzz_common.c
 FUZZ_BINS    := $(patsubst %,build/fuzz/fuzz_%,$(FUZZ_TARGETS))
 
 build/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB) tests/fuzz/fuzz.h

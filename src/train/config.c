@@ -339,9 +339,9 @@ int config_check_sizable(const Config *c, MoeErr err) {
 }
 
 // What train.device's backend can run, asked before anything starts (a build without the backend
-// refuses it when it would start).
+// refuses it when it would start). The CPU backend declares no limits.
 static int check_device_limits(const Config *c, MoeErr err) {
-    const OpsLimits *limits = strcmp(c->train.device, "cuda") ? ops_cpu()->limits : ops_cuda_limits();
+    const OpsLimits *limits = strcmp(c->train.device, "cuda") ? NULL : ops_cuda_limits();
     char backend[64];
     snprintf(backend, sizeof backend, "train.device = %s", c->train.device);
     return limits ? model_config_check_limits(&c->model, limits, backend, err) : 0;
