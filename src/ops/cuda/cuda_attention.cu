@@ -25,8 +25,6 @@ static void *attn_scratch(size_t bytes) {
 
 // ---------------------------------------------------------------- QK-norm + RoPE
 
-#define QKV_MAX_GROUPS 256 // heads (q and k) normalised per token
-
 typedef struct {
     int n_groups, q_groups; // groups normalised per token; the first q_groups are q's
     int width;              // elements per group
@@ -34,43 +32,23 @@ typedef struct {
 
 static NormGroups norm_groups(AttnDims d, QkNorm mode) {
     if (mode == QK_NORM_NONE) return (NormGroups){0, 0, 0};
-    if (d.Hq + d.Hkv > QKV_MAX_GROUPS) moe_fatal("per-head QK-norm on the GPU takes at most %d heads", QKV_MAX_GROUPS);
     if (mode == QK_NORM_FULL) return (NormGroups){2, 1, 0};
     return (NormGroups){(int)(d.Hq + d.Hkv), (int)d.Hq, (int)d.hd};
 }
 
-// The normalised part of a row is its first (Hq + Hkv) hd elements (q heads, then k heads). Group
-// of element j, its width, and j's index into the group's weight (FULL: q then k, whole width).
-__device__ __forceinline__ int group_of(int j, NormGroups ng, AttnDims d) {
-    return ng.width ? j / ng.width : j >= (int)(d.Hq * d.hd);
-}
-
-__device__ __forceinline__ int group_width(int g, NormGroups ng, AttnDims d) {
-    return ng.width ? ng.width : (int)((g == 0 ? d.Hq : d.Hkv) * d.hd);
+// Start, width and weight index base of group g of a token row (FULL: q then k, whole width).
+__device__ __forceinline__ void group_span(int g, NormGroups ng, AttnDims d, int *start, int *width) {
+    if (ng.width) { // per head
+        *start = g * (int)d.hd, *width = (int)d.hd;
+    } else {
+        *start = g == 0 ? 0 : (int)(d.Hq * d.hd);
+        *width = (int)((g == 0 ? d.Hq : d.Hkv) * d.hd);
+    }
 }
 
 __device__ __forceinline__ int rstd_index(int g, NormGroups ng, AttnDims d) {
     return ng.width ? g : (g == 0 ? 0 : (int)d.Hq);
 }
-
-__device__ __forceinline__ float group_weight(int j, NormGroups ng, AttnDims d, const bf16 *wq, const bf16 *wk) {
-    int qn = (int)(d.Hq * d.hd);
-    return j < qn ? bf(wq[ng.width ? j % ng.width : j]) : bf(wk[ng.width ? (j - qn) % ng.width : j - qn]);
-}
-
-// sums[group] += v over every thread of the block: each warp covers 32 consecutive elements, whose
-// halves lie in one group each (groups start at multiples of 16), so a 16-lane sum and one shared
-// atomic per half. Every lane of the warp calls it (v = 0 where it has no element).
-__device__ __forceinline__ void group_add(float *sums, int group, float v, bool owner) {
-    for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (owner && (threadIdx.x & 15) == 0) atomicAdd(&sums[group], v);
-}
-
-// Element j of the warp-strided walk over the normalised part: all lanes of a warp take part in
-// every step (j past the end has no element).
-#define FOR_NORMED(j, NR)                                                                         \
-    for (int base_ = (threadIdx.x & ~31); base_ < (((NR) + 31) & ~31); base_ += blockDim.x)      \
-        for (int j = base_ + (threadIdx.x & 31), once_ = 1; once_; once_ = 0)
 
 __device__ void rope_pairs(float *row, bf16 *out, const float *rope_s, AttnDims d, bool inverse) {
     int half = (int)d.hd / 2, heads = (int)(d.Hq + d.Hkv);
@@ -84,89 +62,73 @@ __device__ void rope_pairs(float *row, bf16 *out, const float *rope_s, AttnDims 
     }
 }
 
-// One block per token: the raw row into shared memory, every thread's squares summed per group,
-// then scale, RoPE, store (v copied).
 __global__ void qkv_norm_rope_forward_kernel(bf16 *qkv, float *rstd, const bf16 *raw, const bf16 *wq,
                                              const bf16 *wk, const float *rope, AttnDims d, NormGroups ng,
                                              float eps) {
     extern __shared__ float row[]; // (C)
-    __shared__ float sums[QKV_MAX_GROUPS];
     size_t t = blockIdx.x, C = (d.Hq + 2 * d.Hkv) * d.hd, nr = d.Hq + d.Hkv;
-    int NR = ng.n_groups ? (int)(nr * d.hd) : 0;
     for (size_t j = threadIdx.x; j < C; j += blockDim.x) row[j] = bf(raw[t * C + j]);
-    for (int g = threadIdx.x; g < ng.n_groups; g += blockDim.x) sums[g] = 0;
     __syncthreads();
-    FOR_NORMED(j, NR) {
-        bool in = j < NR;
-        float x = in ? row[j] : 0.0f;
-        group_add(sums, in ? group_of(j, ng, d) : 0, x * x, in);
+    int lane = threadIdx.x & 31, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+    for (int g = warp; g < ng.n_groups; g += nwarps) {
+        int start, width;
+        group_span(g, ng, d, &start, &width);
+        const bf16 *w = g < ng.q_groups ? wq : wk;
+        float ss = 0;
+        for (int j = lane; j < width; j += 32) ss += row[start + j] * row[start + j];
+        float rs = rsqrtf(warp_sum(ss) / (float)width + eps);
+        __syncwarp();
+        for (int j = lane; j < width; j += 32) row[start + j] *= rs * bf(w[j]);
+        if (lane == 0) rstd[t * nr + rstd_index(g, ng, d)] = rs;
     }
-    __syncthreads();
-    for (int g = threadIdx.x; g < ng.n_groups; g += blockDim.x) {
-        float rs = rsqrtf(sums[g] / (float)group_width(g, ng, d) + eps);
-        sums[g] = rs, rstd[t * nr + rstd_index(g, ng, d)] = rs;
-    }
-    __syncthreads();
-    for (int j = threadIdx.x; j < NR; j += blockDim.x) row[j] *= sums[group_of(j, ng, d)] * group_weight(j, ng, d, wq, wk);
     __syncthreads();
     rope_pairs(row, qkv + t * C, rope + (t % d.S) * d.hd, d, false);
     for (size_t j = nr * d.hd + threadIdx.x; j < C; j += blockDim.x) qkv[t * C + j] = to_bf(row[j]);
 }
 
-#define QKV_TOKENS_PER_BLOCK 32
+#define QKV_TOKENS_PER_BLOCK 16
 
-// Per token: undo RoPE on the gradient, then the norm's backward, every thread on every group.
-// Each thread owns the same elements for all the block's tokens, so the weight gradient of element
-// j is summed in shared memory without atomics; at the end the elements that share a weight (the
-// heads, per head) are added up and go to memory with one atomic per weight element.
+// Per token: undo RoPE on the gradient, then the norm's backward; weight gradients summed over the
+// block's tokens in shared memory first.
 __global__ void qkv_norm_rope_backward_kernel(bf16 *draw, float *dwq, float *dwk, const bf16 *dqkv,
                                               const bf16 *raw, const bf16 *wq, const bf16 *wk,
                                               const float *rstd, const float *rope, AttnDims d, NormGroups ng) {
     extern __shared__ float smem[];
-    __shared__ float sums[QKV_MAX_GROUPS];
     size_t C = (d.Hq + 2 * d.Hkv) * d.hd, nr = d.Hq + d.Hkv, T = d.B * d.S;
-    int NR = ng.n_groups ? (int)(nr * d.hd) : 0, qn = (int)(d.Hq * d.hd);
-    float *g_row = smem, *x_row = smem + C, *dw = smem + 2 * C; // (C), (C), (NR)
-    for (int j = threadIdx.x; j < NR; j += blockDim.x) dw[j] = 0;
-    size_t t0 = (size_t)blockIdx.x * QKV_TOKENS_PER_BLOCK;
-    for (size_t t = t0; t < T && t < t0 + QKV_TOKENS_PER_BLOCK; t++) {
+    int wq_n = ng.width ? ng.width : (int)(d.Hq * d.hd), wk_n = ng.width ? ng.width : (int)(d.Hkv * d.hd);
+    float *g_row = smem, *x_row = smem + C, *dw_q = smem + 2 * C, *dw_k = dw_q + wq_n;
+    for (int j = threadIdx.x; j < wq_n + wk_n; j += blockDim.x) dw_q[j] = 0;
+    int lane = threadIdx.x & 31, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+    for (size_t t = (size_t)blockIdx.x * QKV_TOKENS_PER_BLOCK; t < T && t < ((size_t)blockIdx.x + 1) * QKV_TOKENS_PER_BLOCK; t++) {
         __syncthreads();
         for (size_t j = threadIdx.x; j < C; j += blockDim.x) g_row[j] = bf(dqkv[t * C + j]), x_row[j] = bf(raw[t * C + j]);
-        for (int g = threadIdx.x; g < ng.n_groups; g += blockDim.x) sums[g] = 0;
         __syncthreads();
         rope_pairs(g_row, NULL, rope + (t % d.S) * d.hd, d, true);
         __syncthreads();
-        FOR_NORMED(j, NR) {
-            bool in = j < NR;
-            float v = in ? g_row[j] * group_weight(j, ng, d, wq, wk) * x_row[j] : 0.0f;
-            group_add(sums, in ? group_of(j, ng, d) : 0, v, in);
-        }
-        __syncthreads();
-        FOR_NORMED(j, NR) {
-            if (j < NR) {
-                int g = group_of(j, ng, d);
-                float rs = rstd[t * nr + rstd_index(g, ng, d)], gj = g_row[j], xj = x_row[j];
-                float c = sums[g] * rs * rs * rs / (float)group_width(g, ng, d);
-                dw[j] += gj * xj * rs;
-                g_row[j] = rs * group_weight(j, ng, d, wq, wk) * gj - c * xj;
+        for (int g = warp; g < ng.n_groups; g += nwarps) {
+            int start, width;
+            group_span(g, ng, d, &start, &width);
+            bool is_q = g < ng.q_groups;
+            const bf16 *w = is_q ? wq : wk;
+            float *dw = is_q ? dw_q : dw_k;
+            float rs = rstd[t * nr + rstd_index(g, ng, d)], dot = 0;
+            for (int j = lane; j < width; j += 32) {
+                float gj = g_row[start + j], xj = x_row[start + j];
+                dot += gj * bf(w[j]) * xj;
+                atomicAdd(&dw[j], gj * xj * rs);
             }
+            float c = warp_sum(dot) * rs * rs * rs / (float)width;
+            __syncwarp();
+            for (int j = lane; j < width; j += 32)
+                g_row[start + j] = rs * bf(w[j]) * g_row[start + j] - c * x_row[start + j];
         }
         __syncthreads();
         for (size_t j = threadIdx.x; j < C; j += blockDim.x) draw[t * C + j] = to_bf(g_row[j]);
     }
     __syncthreads();
     if (!ng.n_groups) return;
-    int wq_n = ng.width ? ng.width : qn, wk_n = ng.width ? ng.width : NR - qn;
-    for (int i = threadIdx.x; i < wq_n; i += blockDim.x) {
-        float s = 0;
-        for (int j = i; j < qn; j += wq_n) s += dw[j];
-        atomicAdd(&dwq[i], s);
-    }
-    for (int i = threadIdx.x; i < wk_n; i += blockDim.x) {
-        float s = 0;
-        for (int j = qn + i; j < NR; j += wk_n) s += dw[j];
-        atomicAdd(&dwk[i], s);
-    }
+    for (int j = threadIdx.x; j < wq_n; j += blockDim.x) atomicAdd(&dwq[j], dw_q[j]);
+    for (int j = threadIdx.x; j < wk_n; j += blockDim.x) atomicAdd(&dwk[j], dw_k[j]);
 }
 
 extern "C" void cuda_qkv_norm_rope_forward(void *qkv, void *rstd, const void *qkv_raw, const void *wq, const void *wk,
@@ -185,7 +147,8 @@ extern "C" void cuda_qkv_norm_rope_backward(void *dqkv_raw, void *dwq, void *dwk
     size_t T = d.B * d.S, C = (d.Hq + 2 * d.Hkv) * d.hd;
     if (!T) return;
     NormGroups ng = norm_groups(d, mode);
-    size_t smem = (2 * C + (d.Hq + d.Hkv) * d.hd) * sizeof(float);
+    size_t wn = ng.width ? 2 * (size_t)ng.width : (d.Hq + d.Hkv) * d.hd;
+    size_t smem = (2 * C + wn) * sizeof(float);
     static size_t configured;
     if (smem > 48 * 1024 && smem > configured) {
         CUDA_CHECK(cudaFuncSetAttribute(qkv_norm_rope_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
