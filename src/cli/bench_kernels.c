@@ -40,6 +40,13 @@ static void *zero_buf(Bench *b, size_t bytes) {
     return p;
 }
 
+// Frees a list of buffers: FREE_ALL(b, p, q, ...).
+#define FREE_ALL(b, ...)                                                                         \
+    do {                                                                                         \
+        void *list_[] = {__VA_ARGS__};                                                           \
+        for (size_t i_ = 0; i_ < sizeof list_ / sizeof list_[0]; i_++) (b)->o->free(list_[i_]);  \
+    } while (0)
+
 // One line of the table: a matrix kernel (flops > 0, against the matrix ceiling) or a memory-bound
 // one (bytes, against the copy bandwidth). aim: TFLOP/s or GB/s to reach (0: none set).
 static void report(const Bench *b, const char *name, const char *shape, double ms, double flops, double bytes, double aim) {
@@ -68,25 +75,27 @@ static void bench_attention(Bench *b, const Config *cfg) {
     report(b, "attention forward", shape, f, fwd, 0, 550);
     report(b, "attention backward (2.5x fwd)", shape, g, 2.5 * fwd, 0, 430);
     report(b, "attention forward+backward", shape, f + g, 3.5 * fwd, 0, 470);
-    void *all[] = {qkv, dout, out, dqkv, lse};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) b->o->free(all[i]);
+    FREE_ALL(b, qkv, dout, out, dqkv, lse);
 }
 
 // Rows per expert for R = T K routed rows: "balanced", "zipf" (expert e's share ~ 1 / (e + 1), none
 // above T, as top-k picks distinct experts), or "sparse" (every other expert 0-3 rows, the rest
 // balanced).
+static bool expert_sparse(const char *kind, size_t e) { return kind[0] == 's' && e % 2; }
+
+static double expert_share(const char *kind, size_t e) {
+    return kind[0] == 'z' ? 1.0 / (double)(e + 1) : expert_sparse(kind, e) ? 0 : 1;
+}
+
 static void expert_rows(const char *kind, size_t T, size_t K, size_t E, int32_t *offsets) {
     double *want = calloc(E, sizeof(double)), R = (double)T * K, left = R;
     bool *capped = calloc(E, sizeof(bool));
     for (int pass = 0; pass < 8; pass++) { // water-filling of the Zipf shares under the cap T
         double share = 0;
         for (size_t e = 0; e < E; e++)
-            if (!capped[e]) share += kind[0] == 'z' ? 1.0 / (double)(e + 1) : kind[0] == 's' && e % 2 ? 0 : 1;
-        for (size_t e = 0; e < E; e++) {
-            if (capped[e]) continue;
-            double s = kind[0] == 'z' ? 1.0 / (double)(e + 1) : kind[0] == 's' && e % 2 ? 0 : 1;
-            want[e] = left * s / share;
-        }
+            if (!capped[e]) share += expert_share(kind, e);
+        for (size_t e = 0; e < E; e++)
+            if (!capped[e]) want[e] = left * expert_share(kind, e) / share;
         bool again = false;
         for (size_t e = 0; e < E; e++)
             if (!capped[e] && want[e] > (double)T) want[e] = (double)T, capped[e] = true, left -= (double)T, again = true;
@@ -95,8 +104,8 @@ static void expert_rows(const char *kind, size_t T, size_t K, size_t E, int32_t 
     offsets[0] = 0;
     size_t given = 0;
     for (size_t e = 0; e < E; e++) {
-        size_t rows = kind[0] == 's' && e % 2 ? e % 4 : (size_t)want[e];
-        if (e == E - 1 && !(kind[0] == 's' && e % 2)) rows = (size_t)R - given; // the rounding remainder
+        size_t rows = expert_sparse(kind, e) ? e % 4 : (size_t)want[e];
+        if (e == E - 1 && !expert_sparse(kind, e)) rows = (size_t)R - given; // the rounding remainder
         given += rows, offsets[e + 1] = offsets[e] + (int32_t)rows;
     }
     free(want), free(capped);
@@ -122,8 +131,7 @@ static void bench_grouped_case(Bench *b, const Config *cfg, const char *kind, co
     report(b, name, shape, TIME_MS(b, 10, b->o->grouped_matmul_backward(dx, NULL, dy, x, w, doff, E, N, Kd, R)), flops, 0, aim);
     snprintf(name, sizeof name, "grouped %s weight grad", what);
     report(b, name, shape, TIME_MS(b, 10, b->o->grouped_matmul_backward(NULL, dw, dy, x, w, doff, E, N, Kd, R)), flops, 0, aim);
-    void *all[] = {doff, x, w, dy, y, dx, dw};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) b->o->free(all[i]);
+    FREE_ALL(b, doff, x, w, dy, y, dx, dw);
     free(off);
 }
 
@@ -147,8 +155,7 @@ static void bench_dense_case(Bench *b, const char *name, size_t M, size_t N, siz
     report(b, name, shape, TIME_MS(b, 10, b->o->matmul_forward(y, x, w, M, N, K, false)), flops, 0, 0);
     report(b, "  backward (dx and dw)", shape, TIME_MS(b, 10, b->o->matmul_backward(dx, dw, dy, x, w, M, N, K, false)),
            2 * flops, 0, 0);
-    void *all[] = {x, w, dy, y, dx, dw};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) b->o->free(all[i]);
+    FREE_ALL(b, x, w, dy, y, dx, dw);
 }
 
 static void bench_memory_bound(Bench *b, const Config *cfg) {
@@ -165,7 +172,7 @@ static void bench_memory_bound(Bench *b, const Config *cfg) {
     report(b, "residual add", shape, TIME_MS(b, 10, o->add(y, x, x, T * D)), 0, 3.0 * T * D * a, 0);
     snprintf(shape, sizeof shape, "%zu x %zu", R, H);
     report(b, "swiglu forward", shape, TIME_MS(b, 10, o->swiglu_forward(y, x, R, H, NULL)), 0, 3.0 * R * H * a, 0);
-    o->free(x), o->free(y), o->free(w), o->free(rstd);
+    FREE_ALL(b, x, y, w, rstd);
     ParamCounts p = model_param_counts(c);
     size_t n = (size_t)p.total;
     void *param = zero_buf(b, n * f), *param_act = o->alloc(n * a), *grad = zero_buf(b, n * f);
@@ -178,15 +185,14 @@ static void bench_memory_bound(Bench *b, const Config *cfg) {
     // param, m, v read and written, grad read (fp32), the bf16 copy written: 30 bytes a parameter
     report(b, "AdamW (one call, all params)", shape,
            TIME_MS(b, 3, o->adamw_update(param, param_act, grad, m, v, n, args, step, norm)), 0, 30.0 * n, 0);
-    void *all[] = {param, param_act, grad, m, v, norm, step};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) o->free(all[i]);
+    FREE_ALL(b, param, param_act, grad, m, v, norm, step);
 }
 
 static double copy_gbs(Bench *b) {
     size_t bytes = (size_t)1 << 30;
     void *src = zero_buf(b, bytes), *dst = b->o->alloc(bytes);
     double ms = TIME_MS(b, 10, b->o->copy(dst, src, bytes));
-    b->o->free(src), b->o->free(dst);
+    FREE_ALL(b, src, dst);
     return 2.0 * bytes / (ms * 1e-3) / 1e9;
 }
 

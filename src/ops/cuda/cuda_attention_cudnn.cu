@@ -96,8 +96,7 @@ static const SdpaPlan *sdpa_plan(AttnDims d, bool backward, bool deterministic) 
         if (same_dims(p->d, d) && p->backward == backward && p->deterministic == deterministic) return p;
     }
     if (!sdpa_handle) {
-        cudnnStatus_t st = cudnnCreate(&sdpa_handle);
-        if (st != CUDNN_STATUS_SUCCESS) moe_fatal("cudnnCreate failed: %s", cudnnGetErrorString(st));
+        CUDNN_CHECK(cudnnCreate(&sdpa_handle));
     }
     SdpaPlan *p = &sdpa_cache[sdpa_cached < SDPA_CACHE ? sdpa_cached++ : SDPA_CACHE - 1];
     p->d = d, p->backward = backward, p->deterministic = deterministic, p->workspace = 0;
@@ -119,8 +118,7 @@ static void *sdpa_workspace(int64_t bytes) {
 
 static bool sdpa_run(const SdpaPlan *p, std::unordered_map<int64_t, void *> &ptrs) {
     if (!p->graph) return false;
-    cudnnStatus_t st = cudnnSetStream(sdpa_handle, cuda_ctx.stream);
-    if (st != CUDNN_STATUS_SUCCESS) moe_fatal("cudnnSetStream failed: %s", cudnnGetErrorString(st));
+    CUDNN_CHECK(cudnnSetStream(sdpa_handle, cuda_ctx.stream));
     fe::error_t err = p->graph->execute(sdpa_handle, ptrs, sdpa_workspace(p->workspace));
     if (!err.is_good()) moe_fatal("cuDNN attention failed: %s", err.get_message().c_str());
     return true;

@@ -105,13 +105,6 @@ __global__ void grouped_sm90_prepare(typename G::Table *t, const bf16 *a, const 
     }
 }
 
-#define CUTLASS_CHECK(call)                                                                        \
-    do {                                                                                           \
-        cutlass::Status st_ = (call);                                                              \
-        if (st_ != cutlass::Status::kSuccess)                                                      \
-            moe_fatal("%s:%d: %s failed: %s", __FILE__, __LINE__, #call, cutlassGetStatusString(st_)); \
-    } while (0)
-
 // Writes the table, then runs the product. The CUTLASS parameters point at the table (not at its
 // contents), so they are made once per expert count and every later call (or graph replay) only
 // launches; the table of each product type is rewritten in stream order before its use.
