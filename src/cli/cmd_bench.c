@@ -54,6 +54,10 @@ static void print_report(const Config *cfg, const BenchReport *r) {
     for (int i = 0; i < PROFILE_N_PHASES; i++)
         printf("  %-24s %8.2f ms  %5.1f%%\n", PROFILE_PHASE_NAMES[i], r->phase_ms[i],
                total > 0 ? 100 * r->phase_ms[i] / total : 0);
+    printf("ops          the same step per op, longest first (calls, ms, share, phase):\n");
+    for (int i = 0; i < r->n_ops; i++)
+        printf("  %-24s %5d %8.2f ms  %5.1f%%  %s\n", r->ops[i].name, r->ops[i].calls, r->ops[i].ms,
+               total > 0 ? 100 * r->ops[i].ms / total : 0, PROFILE_PHASE_NAMES[r->ops[i].phase]);
     printf("loss         %.4f (cross-entropy of the last timed step)\n", r->loss);
     if (model_n_moe_layers(c))
         printf("experts      load max/mean %.2f (worst MoE layer, last timed step; 1.00 = even), "

@@ -14,6 +14,7 @@ static const Ops *inner;
 static Ops wrapped;
 static void **events;     // (2 PROFILE_MAX_CALLS) start and end of each call
 static int *phases;       // (PROFILE_MAX_CALLS)
+static const char **op_names; // (PROFILE_MAX_CALLS) the op of each call
 static int n_calls;
 
 const char *const PROFILE_PHASE_NAMES[PROFILE_N_PHASES] = {
@@ -25,9 +26,10 @@ static void begin(void) {
     inner->event_record(events[2 * n_calls]);
 }
 
-static void end(ProfilePhase phase) {
+static void end(ProfilePhase phase, const char *op) {
     inner->event_record(events[2 * n_calls + 1]);
-    phases[n_calls++] = phase;
+    phases[n_calls] = phase;
+    op_names[n_calls++] = op;
 }
 
 // One wrapper per op: time the inner call under its phase.
@@ -35,7 +37,7 @@ static void end(ProfilePhase phase) {
     static void prof_##name params {                                                             \
         begin();                                                                                 \
         inner->name args;                                                                        \
-        end(phase);                                                                              \
+        end(phase, #name);                                                                       \
     }
 
 WRAP(embedding_forward, PHASE_REST, (void *o, const int32_t *t, const void *w, size_t T, size_t D), (o, t, w, T, D))
@@ -124,6 +126,7 @@ const Ops *ops_profiled(const Ops *backend) {
     if (!events) {
         events = moe_malloc(2 * PROFILE_MAX_CALLS * sizeof(void *));
         phases = moe_malloc(PROFILE_MAX_CALLS * sizeof(int));
+        op_names = moe_malloc(PROFILE_MAX_CALLS * sizeof(char *));
         for (int i = 0; i < 2 * PROFILE_MAX_CALLS; i++) events[i] = backend->event_create();
     }
     n_calls = 0;
@@ -132,7 +135,26 @@ const Ops *ops_profiled(const Ops *backend) {
 
 void profile_reset(void) { n_calls = 0; }
 
-void profile_collect(double ms[PROFILE_N_PHASES]) {
+static int by_ms_descending(const void *a, const void *b) {
+    double x = ((const ProfileOpTime *)a)->ms, y = ((const ProfileOpTime *)b)->ms;
+    return (x < y) - (x > y);
+}
+
+int profile_collect(double ms[PROFILE_N_PHASES], ProfileOpTime ops[PROFILE_MAX_OPS]) {
+    int n_ops = 0;
     for (int p = 0; p < PROFILE_N_PHASES; p++) ms[p] = 0;
-    for (int i = 0; i < n_calls; i++) ms[phases[i]] += inner->event_elapsed_ms(events[2 * i], events[2 * i + 1]);
+    for (int i = 0; i < n_calls; i++) {
+        double t = inner->event_elapsed_ms(events[2 * i], events[2 * i + 1]);
+        ms[phases[i]] += t;
+        int k = 0;
+        while (k < n_ops && ops[k].name != op_names[i]) k++; // names are the WRAP literals
+        if (k == n_ops) {
+            MOE_CHECK(n_ops < PROFILE_MAX_OPS, "profiler: more than %d distinct ops", PROFILE_MAX_OPS);
+            ops[n_ops++] = (ProfileOpTime){op_names[i], phases[i], 0, 0};
+        }
+        ops[k].ms += t;
+        ops[k].calls++;
+    }
+    qsort(ops, (size_t)n_ops, sizeof *ops, by_ms_descending);
+    return n_ops;
 }

@@ -13,5 +13,15 @@ extern const char *const PROFILE_PHASE_NAMES[PROFILE_N_PHASES];
 // The backend with every kernel timed (memory and transfer entries pass through untimed).
 const Ops *ops_profiled(const Ops *backend);
 void profile_reset(void);
-// Milliseconds per phase of the calls since ops_profiled or profile_reset (waits for them).
-void profile_collect(double ms[PROFILE_N_PHASES]);
+#define PROFILE_MAX_OPS 64
+
+typedef struct {
+    const char *name; // the Ops entry, e.g. "rmsnorm_forward"
+    int phase;        // ProfilePhase
+    int calls;
+    double ms;
+} ProfileOpTime;
+
+// Milliseconds per phase of the calls since ops_profiled or profile_reset (waits for them), and the
+// same time per op, longest first; returns the number of ops.
+int profile_collect(double ms[PROFILE_N_PHASES], ProfileOpTime ops[PROFILE_MAX_OPS]);

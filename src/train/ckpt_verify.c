@@ -163,6 +163,6 @@ size_t ckpt_verify(const char *ckpt_dir, FILE *out) {
     TrainState state;
     MoeErr err;
     if (ckpt_read_state(ckpt_dir, &cfg, &state, err)) verify_problem(&v, err);
-    else fprintf(out, "  train_state.json: step %d, config valid\n", state.step);
+    else fprintf(out, "  train_state.json: step %lld, config valid\n", (long long)state.step);
     return v.problems;
 }

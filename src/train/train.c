@@ -484,7 +484,7 @@ void train_bench(const Config *cfg, Comm *world, int warmup, int steps, BenchRep
     ops->event_record(e1);
     r->profiled_ms = ops->event_elapsed_ms(e0, e1);
     ops->event_free(e0), ops->event_free(e1);
-    profile_collect(r->phase_ms);
+    r->n_ops = profile_collect(r->phase_ms, r->ops);
     r->ranks = t.world->size;
     t.model.ops = ops;
     trainer_close(&t);

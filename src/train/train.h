@@ -31,6 +31,8 @@ typedef struct {
     size_t memory_in_use;  // device memory in use after the run (0 when unknown)
     size_t model_bytes;    // what the model and optimizer allocated
     double phase_ms[PROFILE_N_PHASES]; // one profiled step, kernels timed one by one
+    ProfileOpTime ops[PROFILE_MAX_OPS]; // the same step per op, longest first
+    int n_ops;
     double profiled_ms;    // that step's whole time (the rest: communication and gaps)
     int ranks;             // ranks of the run (tokens are over all of them)
 } BenchReport;

@@ -10,153 +10,298 @@
 
 #define STREAM cuda_ctx.stream
 
-// Grow-only scratch of the attention backward (dQ accumulator and row dots): sized by the first
-// backward, which runs before any step is recorded as a graph.
+// Grow-only device scratch: sized by the first call, which runs before any step is recorded as a
+// graph (a captured step never reallocates).
+static void *grow_scratch(void **buf, size_t *have, size_t bytes) {
+    if (bytes > *have) {
+        if (*buf) CUDA_CHECK(cudaFree(*buf));
+        CUDA_CHECK(cudaMalloc(buf, bytes));
+        *have = bytes;
+    }
+    return *buf;
+}
+
+// The attention backward's dQ accumulator and row dots.
 static void *attn_scratch(size_t bytes) {
     static void *buf;
     static size_t have;
-    if (bytes > have) {
-        if (buf) CUDA_CHECK(cudaFree(buf));
-        CUDA_CHECK(cudaMalloc(&buf, bytes));
-        have = bytes;
-    }
-    return buf;
+    return grow_scratch(&buf, &have, bytes);
 }
 
 // ---------------------------------------------------------------- QK-norm + RoPE
+//
+// A block holds one token's qkv row in registers as 16-byte chunks of 8 values: thread tid holds
+// chunks c = i * blockDim + tid, i < QKV_CHUNKS. blockDim is a multiple of 32 and a head is
+// hd / 8 <= 16 consecutive chunks, so a head lies in aligned consecutive lanes of one warp: the
+// per-head norm reduces with shuffles, and RoPE's partner of a chunk (the same pairs in the head's
+// other half) is lane ^ (hd / 16). The whole-width norm (QK_NORM_FULL) reduces over the block. Each
+// row is read once and written once in 16-byte accesses. The weight gradients are summed per block
+// and then over blocks, each in a fixed order: deterministic, no atomics.
+
+#define QKV_CHUNKS 8             // chunks per thread at most
+#define QKV_BACKWARD_BLOCKS 1024 // token-striding blocks of the backward (rows of its partial sums)
 
 typedef struct {
-    int n_groups, q_groups; // groups normalised per token; the first q_groups are q's
-    int width;              // elements per group
-} NormGroups;
+    int C8, qk8, q8, head8; // chunks per row, of the q and k heads, of the q heads, per head
+} QkvChunks;
 
-static NormGroups norm_groups(AttnDims d, QkNorm mode) {
-    if (mode == QK_NORM_NONE) return (NormGroups){0, 0, 0};
-    if (mode == QK_NORM_FULL) return (NormGroups){2, 1, 0};
-    return (NormGroups){(int)(d.Hq + d.Hkv), (int)d.Hq, (int)d.hd};
+__host__ __device__ static QkvChunks qkv_chunks(AttnDims d) {
+    return {(int)((d.Hq + 2 * d.Hkv) * d.hd / 8), (int)((d.Hq + d.Hkv) * d.hd / 8), (int)(d.Hq * d.hd / 8),
+            (int)(d.hd / 8)};
 }
 
-// Start, width and weight index base of group g of a token row (FULL: q then k, whole width).
-__device__ __forceinline__ void group_span(int g, NormGroups ng, AttnDims d, int *start, int *width) {
-    if (ng.width) { // per head
-        *start = g * (int)d.hd, *width = (int)d.hd;
-    } else {
-        *start = g == 0 ? 0 : (int)(d.Hq * d.hd);
-        *width = (int)((g == 0 ? d.Hq : d.Hkv) * d.hd);
+static unsigned qkv_threads(AttnDims d) {
+    unsigned per = (unsigned)((qkv_chunks(d).C8 + QKV_CHUNKS - 1) / QKV_CHUNKS);
+    MOE_CHECK(per <= 1024, "QK-norm + RoPE: a qkv row of %d chunks is more than one block holds", qkv_chunks(d).C8);
+    return (per + 31) / 32 * 32;
+}
+
+// Sum of v over the lanes of one head (head8 aligned lanes). Every lane of the warp calls it.
+__device__ __forceinline__ float head_sum(float v, int head8) {
+    for (int o = head8 / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// (q, k) sums over the block in a fixed order; every thread gets them. red: 32 float2 of shared memory.
+__device__ float2 block_sum2(float q, float k, float2 *red) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    q = warp_sum(q), k = warp_sum(k);
+    if (lane == 0) red[warp] = make_float2(q, k);
+    __syncthreads();
+    float2 s = make_float2(0, 0);
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) s.x += red[w].x, s.y += red[w].y;
+    __syncthreads();
+    return s;
+}
+
+// RoPE of a chunk of 8 values: positions j0..j0+7 of a head's first or second half (cc: the chunk's
+// place in its head); the partner lane holds the same positions of the other half. cs: the token's
+// table row of (cos, sin) pairs. inverse: rotate back (the gradient's transpose). Every lane of the
+// warp calls it.
+__device__ __forceinline__ void rope_chunk(float v[8], const float *cs, int cc, int head8, bool inverse) {
+    int half8 = head8 / 2, j0 = (cc % half8) * 8;
+    float sgn = (cc < half8) != inverse ? -1.0f : 1.0f, p[8];
+    for (int e = 0; e < 8; e++) p[e] = __shfl_xor_sync(0xffffffffu, v[e], half8);
+    const float4 *r = reinterpret_cast<const float4 *>(cs + 2 * j0);
+    for (int e = 0; e < 8; e += 2) {
+        float4 q = r[e / 2]; // (cos, sin) of positions j0 + e and j0 + e + 1
+        v[e] = v[e] * q.x + sgn * p[e] * q.y;
+        v[e + 1] = v[e + 1] * q.z + sgn * p[e + 1] * q.w;
     }
 }
 
-__device__ __forceinline__ int rstd_index(int g, NormGroups ng, AttnDims d) {
-    return ng.width ? g : (g == 0 ? 0 : (int)d.Hq);
+// The norm weights of chunk c (a q or k chunk).
+template <int MODE>
+__device__ __forceinline__ void chunk_weight(float w[8], int c, QkvChunks k, const bf16 *wq, const bf16 *wk) {
+    bool is_q = c < k.q8;
+    int at = MODE == QK_NORM_HEAD ? (c % k.head8) * 8 : (is_q ? c : c - k.q8) * 8;
+    load8(w, (is_q ? wq : wk) + at);
 }
 
-__device__ void rope_pairs(float *row, bf16 *out, const float *rope_s, AttnDims d, bool inverse) {
-    int half = (int)d.hd / 2, heads = (int)(d.Hq + d.Hkv);
-    for (int i = threadIdx.x; i < heads * half; i += blockDim.x) {
-        int h = i / half, j = i % half;
-        float c = rope_s[2 * j], s = inverse ? -rope_s[2 * j + 1] : rope_s[2 * j + 1];
-        float x1 = row[h * d.hd + j], x2 = row[h * d.hd + j + half];
-        float y1 = x1 * c - x2 * s, y2 = x2 * c + x1 * s;
-        if (out) out[h * d.hd + j] = to_bf(y1), out[h * d.hd + j + half] = to_bf(y2);
-        else row[h * d.hd + j] = y1, row[h * d.hd + j + half] = y2;
+// rstd of chunk c's group in the token's (Hq + Hkv) row: per head, or q at 0 and k at Hq.
+template <int MODE>
+__device__ __forceinline__ int rstd_slot(int c, QkvChunks k, int Hq) {
+    return MODE == QK_NORM_HEAD ? c / k.head8 : (c < k.q8 ? 0 : Hq);
+}
+
+// The whole-width norm's (q, k) sums of f(chunk) over the token's q and k chunks.
+template <typename F>
+__device__ __forceinline__ float2 full_sums(QkvChunks k, float2 *red, F f) {
+    float sq = 0, sk = 0;
+    #pragma unroll
+    for (int i = 0; i < QKV_CHUNKS && i * (int)blockDim.x < k.C8; i++) {
+        int c = i * blockDim.x + threadIdx.x;
+        float s = f(i, c);
+        if (c < k.q8) sq += s;
+        else if (c < k.qk8) sk += s;
     }
+    return block_sum2(sq, sk, red);
 }
 
+template <int MODE>
 __global__ void qkv_norm_rope_forward_kernel(bf16 *qkv, float *rstd, const bf16 *raw, const bf16 *wq,
-                                             const bf16 *wk, const float *rope, AttnDims d, NormGroups ng,
-                                             float eps) {
-    extern __shared__ float row[]; // (C)
-    size_t t = blockIdx.x, C = (d.Hq + 2 * d.Hkv) * d.hd, nr = d.Hq + d.Hkv;
-    for (size_t j = threadIdx.x; j < C; j += blockDim.x) row[j] = bf(raw[t * C + j]);
-    __syncthreads();
-    int lane = threadIdx.x & 31, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
-    for (int g = warp; g < ng.n_groups; g += nwarps) {
-        int start, width;
-        group_span(g, ng, d, &start, &width);
-        const bf16 *w = g < ng.q_groups ? wq : wk;
-        float ss = 0;
-        for (int j = lane; j < width; j += 32) ss += row[start + j] * row[start + j];
-        float rs = rsqrtf(warp_sum(ss) / (float)width + eps);
-        __syncwarp();
-        for (int j = lane; j < width; j += 32) row[start + j] *= rs * bf(w[j]);
-        if (lane == 0) rstd[t * nr + rstd_index(g, ng, d)] = rs;
+                                             const bf16 *wk, const float *rope, AttnDims d, float eps) {
+    __shared__ float2 red[32];
+    QkvChunks k = qkv_chunks(d);
+    size_t t = blockIdx.x, nr = d.Hq + d.Hkv;
+    const uint4 *in = reinterpret_cast<const uint4 *>(raw + t * k.C8 * 8);
+    uint4 *out = reinterpret_cast<uint4 *>(qkv + t * k.C8 * 8), u[QKV_CHUNKS];
+    #pragma unroll
+    for (int i = 0; i < QKV_CHUNKS; i++) {
+        int c = i * blockDim.x + threadIdx.x;
+        u[i] = c < k.C8 ? in[c] : make_uint4(0, 0, 0, 0);
     }
-    __syncthreads();
-    rope_pairs(row, qkv + t * C, rope + (t % d.S) * d.hd, d, false);
-    for (size_t j = nr * d.hd + threadIdx.x; j < C; j += blockDim.x) qkv[t * C + j] = to_bf(row[j]);
+    auto squares = [&](int i, int c) {
+        float v[8], s = 0;
+        unpack8(v, u[i]);
+        for (int e = 0; e < 8; e++) s += v[e] * v[e];
+        return s;
+    };
+    float2 full = MODE == QK_NORM_FULL ? full_sums(k, red, squares) : make_float2(0, 0);
+    float rs_q = rsqrtf(full.x / (float)(d.Hq * d.hd) + eps), rs_k = rsqrtf(full.y / (float)(d.Hkv * d.hd) + eps);
+    int cc = threadIdx.x % k.head8;
+    const float *cs = rope + (t % d.S) * d.hd;
+    #pragma unroll
+    for (int i = 0; i < QKV_CHUNKS && i * (int)blockDim.x < k.C8; i++) { // block-uniform: shuffles inside
+        int c = i * blockDim.x + threadIdx.x;
+        float v[8], w[8], rs = c < k.q8 ? rs_q : rs_k;
+        if (MODE == QK_NORM_HEAD) rs = rsqrtf(head_sum(squares(i, c), k.head8) / (float)d.hd + eps);
+        unpack8(v, u[i]);
+        if (MODE != QK_NORM_NONE && c < k.qk8) {
+            chunk_weight<MODE>(w, c, k, wq, wk);
+            for (int e = 0; e < 8; e++) v[e] *= rs * w[e];
+            if (MODE == QK_NORM_HEAD ? c % k.head8 == 0 : c == 0 || c == k.q8)
+                rstd[t * nr + rstd_slot<MODE>(c, k, (int)d.Hq)] = rs;
+        }
+        rope_chunk(v, cs, cc, k.head8, false);
+        if (c < k.qk8) out[c] = pack8(v);
+        else if (c < k.C8) out[c] = u[i]; // v passes through
+    }
 }
 
-#define QKV_TOKENS_PER_BLOCK 16
+// The gradient of chunk i with RoPE undone (every lane of the warp calls it).
+__device__ __forceinline__ void unrotated_grad(float g[8], uint4 gu, const float *cs, int cc, int head8) {
+    unpack8(g, gu);
+    rope_chunk(g, cs, cc, head8, true);
+}
 
-// Per token: undo RoPE on the gradient, then the norm's backward; weight gradients summed over the
-// block's tokens in shared memory first.
-__global__ void qkv_norm_rope_backward_kernel(bf16 *draw, float *dwq, float *dwk, const bf16 *dqkv,
-                                              const bf16 *raw, const bf16 *wq, const bf16 *wk,
-                                              const float *rstd, const float *rope, AttnDims d, NormGroups ng) {
-    extern __shared__ float smem[];
-    size_t C = (d.Hq + 2 * d.Hkv) * d.hd, nr = d.Hq + d.Hkv, T = d.B * d.S;
-    int wq_n = ng.width ? ng.width : (int)(d.Hq * d.hd), wk_n = ng.width ? ng.width : (int)(d.Hkv * d.hd);
-    float *g_row = smem, *x_row = smem + C, *dw_q = smem + 2 * C, *dw_k = dw_q + wq_n;
-    for (int j = threadIdx.x; j < wq_n + wk_n; j += blockDim.x) dw_q[j] = 0;
-    int lane = threadIdx.x & 31, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
-    for (size_t t = (size_t)blockIdx.x * QKV_TOKENS_PER_BLOCK; t < T && t < ((size_t)blockIdx.x + 1) * QKV_TOKENS_PER_BLOCK; t++) {
-        __syncthreads();
-        for (size_t j = threadIdx.x; j < C; j += blockDim.x) g_row[j] = bf(dqkv[t * C + j]), x_row[j] = bf(raw[t * C + j]);
-        __syncthreads();
-        rope_pairs(g_row, NULL, rope + (t % d.S) * d.hd, d, true);
-        __syncthreads();
-        for (int g = warp; g < ng.n_groups; g += nwarps) {
-            int start, width;
-            group_span(g, ng, d, &start, &width);
-            bool is_q = g < ng.q_groups;
-            const bf16 *w = is_q ? wq : wk;
-            float *dw = is_q ? dw_q : dw_k;
-            float rs = rstd[t * nr + rstd_index(g, ng, d)], dot = 0;
-            for (int j = lane; j < width; j += 32) {
-                float gj = g_row[start + j], xj = x_row[start + j];
-                dot += gj * bf(w[j]) * xj;
-                atomicAdd(&dw[j], gj * xj * rs);
-            }
-            float c = warp_sum(dot) * rs * rs * rs / (float)width;
-            __syncwarp();
-            for (int j = lane; j < width; j += 32)
-                g_row[start + j] = rs * bf(w[j]) * g_row[start + j] - c * x_row[start + j];
+// Grid: token-striding blocks; dw_part (gridDim, nw): each block's weight-gradient sums, nw =
+// Dq + Dk (FULL) or 2 hd (HEAD: dwq then dwk).
+template <int MODE>
+__global__ void qkv_norm_rope_backward_kernel(bf16 *draw, float *dw_part, const bf16 *dqkv, const bf16 *raw,
+                                              const bf16 *wq, const bf16 *wk, const float *rstd, const float *rope,
+                                              AttnDims d) {
+    extern __shared__ float dw_acc[]; // FULL: (Dq + Dk), each value owned by one thread; HEAD: (blockDim, 16)
+    __shared__ float2 red[32];
+    QkvChunks k = qkv_chunks(d);
+    size_t T = d.B * d.S, nr = d.Hq + d.Hkv;
+    int cc = threadIdx.x % k.head8;
+    float dwh_q[8] = {}, dwh_k[8] = {}; // HEAD: this thread's dwq and dwk sums at its 8 positions of a head
+    auto own_dw = [&](float *dst, const float *src) { // FULL: copy this thread's share of dw_acc
+        #pragma unroll
+        for (int i = 0; i < QKV_CHUNKS; i++) {
+            int c = i * blockDim.x + threadIdx.x;
+            if (c < k.qk8)
+                for (int e = 0; e < 8; e++) dst[c * 8 + e] = src ? src[c * 8 + e] : 0.0f;
         }
-        __syncthreads();
-        for (size_t j = threadIdx.x; j < C; j += blockDim.x) draw[t * C + j] = to_bf(g_row[j]);
+    };
+    if (MODE == QK_NORM_FULL) own_dw(dw_acc, NULL);
+    for (size_t t = blockIdx.x; t < T; t += gridDim.x) {
+        const uint4 *g_in = reinterpret_cast<const uint4 *>(dqkv + t * k.C8 * 8);
+        const uint4 *x_in = reinterpret_cast<const uint4 *>(raw + t * k.C8 * 8);
+        uint4 *out = reinterpret_cast<uint4 *>(draw + t * k.C8 * 8), gu[QKV_CHUNKS], xu[QKV_CHUNKS];
+        #pragma unroll
+        for (int i = 0; i < QKV_CHUNKS; i++) {
+            int c = i * blockDim.x + threadIdx.x;
+            gu[i] = c < k.C8 ? g_in[c] : make_uint4(0, 0, 0, 0);
+            xu[i] = MODE != QK_NORM_NONE && c < k.qk8 ? x_in[c] : make_uint4(0, 0, 0, 0);
+        }
+        const float *cs = rope + (t % d.S) * d.hd;
+        // sum over the group of g w x (g: the gradient of the normalised values)
+        auto gwx = [&](int i, int c) {
+            float g[8], x[8], w[8], s = 0;
+            unrotated_grad(g, gu[i], cs, cc, k.head8);
+            if (c >= k.qk8) return 0.0f;
+            unpack8(x, xu[i]);
+            chunk_weight<MODE>(w, c, k, wq, wk);
+            for (int e = 0; e < 8; e++) s += g[e] * w[e] * x[e];
+            return s;
+        };
+        float2 full = MODE == QK_NORM_FULL ? full_sums(k, red, gwx) : make_float2(0, 0);
+        #pragma unroll
+        for (int i = 0; i < QKV_CHUNKS && i * (int)blockDim.x < k.C8; i++) { // block-uniform: shuffles inside
+            int c = i * blockDim.x + threadIdx.x;
+            float dot = MODE == QK_NORM_HEAD ? head_sum(gwx(i, c), k.head8) : c < k.q8 ? full.x : full.y;
+            float g[8], x[8], w[8];
+            unrotated_grad(g, gu[i], cs, cc, k.head8);
+            if (c >= k.qk8) {
+                if (c < k.C8) out[c] = gu[i]; // v's gradient passes through
+                continue;
+            }
+            if (MODE != QK_NORM_NONE) {
+                float rs = rstd[t * nr + rstd_slot<MODE>(c, k, (int)d.Hq)];
+                int width = MODE == QK_NORM_HEAD ? (int)d.hd : (c < k.q8 ? k.q8 : k.qk8 - k.q8) * 8;
+                float coef = dot * rs * rs * rs / (float)width;
+                unpack8(x, xu[i]);
+                chunk_weight<MODE>(w, c, k, wq, wk);
+                for (int e = 0; e < 8; e++) {
+                    if (MODE == QK_NORM_FULL) dw_acc[c * 8 + e] += g[e] * x[e] * rs;
+                    else if (c < k.q8) dwh_q[e] += g[e] * x[e] * rs;
+                    else dwh_k[e] += g[e] * x[e] * rs;
+                    g[e] = rs * w[e] * g[e] - coef * x[e];
+                }
+            }
+            out[c] = pack8(g);
+        }
     }
+    if (MODE == QK_NORM_NONE) return;
+    float *part = dw_part + (size_t)blockIdx.x * (MODE == QK_NORM_HEAD ? 2 * d.hd : k.qk8 * 8);
+    if (MODE == QK_NORM_FULL) {
+        own_dw(part, dw_acc);
+    } else {
+        for (int e = 0; e < 8; e++) dw_acc[threadIdx.x * 16 + e] = dwh_q[e], dw_acc[threadIdx.x * 16 + 8 + e] = dwh_k[e];
+        __syncthreads();
+        for (int j = threadIdx.x; j < 2 * (int)d.hd; j += blockDim.x) { // j = which * hd + position
+            int which = j / (int)d.hd, pos = j % (int)d.hd;
+            float s = 0;
+            for (int th = pos / 8; th < (int)blockDim.x; th += k.head8) s += dw_acc[th * 16 + which * 8 + pos % 8];
+            part[j] = s;
+        }
+    }
+}
+
+// dwq (nq) and dwk (nw - nq) += the sum over the backward's blocks of dw_part (rows, nw), in a fixed
+// order: 8 row slices per column, then the slices.
+__global__ void qkv_dw_reduce_kernel(float *dwq, float *dwk, const float *part, int rows, int nq, int nw) {
+    __shared__ float slice[8][32];
+    int j = blockIdx.x * 32 + threadIdx.x;
+    float s = 0;
+    if (j < nw)
+        for (int r = threadIdx.y; r < rows; r += 8) s += part[(size_t)r * nw + j];
+    slice[threadIdx.y][threadIdx.x] = s;
     __syncthreads();
-    if (!ng.n_groups) return;
-    for (int j = threadIdx.x; j < wq_n; j += blockDim.x) atomicAdd(&dwq[j], dw_q[j]);
-    for (int j = threadIdx.x; j < wk_n; j += blockDim.x) atomicAdd(&dwk[j], dw_k[j]);
+    if (threadIdx.y || j >= nw) return;
+    for (int y = 1; y < 8; y++) s += slice[y][threadIdx.x];
+    if (j < nq) dwq[j] += s;
+    else dwk[j - nq] += s;
 }
 
 extern "C" void cuda_qkv_norm_rope_forward(void *qkv, void *rstd, const void *qkv_raw, const void *wq, const void *wk,
                                            const void *rope, AttnDims d, QkNorm mode, float eps) {
-    size_t T = d.B * d.S, C = (d.Hq + 2 * d.Hkv) * d.hd;
+    size_t T = d.B * d.S;
     if (!T) return;
-    qkv_norm_rope_forward_kernel<<<(unsigned)T, 256, C * sizeof(float), STREAM>>>(
-        (bf16 *)qkv, (float *)rstd, (const bf16 *)qkv_raw, (const bf16 *)wq, (const bf16 *)wk, (const float *)rope,
-        d, norm_groups(d, mode), eps);
+    auto kernel = mode == QK_NORM_FULL ? qkv_norm_rope_forward_kernel<QK_NORM_FULL>
+                  : mode == QK_NORM_HEAD ? qkv_norm_rope_forward_kernel<QK_NORM_HEAD>
+                                         : qkv_norm_rope_forward_kernel<QK_NORM_NONE>;
+    kernel<<<(unsigned)T, qkv_threads(d), 0, STREAM>>>((bf16 *)qkv, (float *)rstd, (const bf16 *)qkv_raw,
+                                                       (const bf16 *)wq, (const bf16 *)wk, (const float *)rope, d, eps);
     CUDA_LAUNCH_CHECK();
 }
 
 extern "C" void cuda_qkv_norm_rope_backward(void *dqkv_raw, void *dwq, void *dwk, const void *dqkv,
                                             const void *qkv_raw, const void *wq, const void *wk, const void *rstd,
                                             const void *rope, AttnDims d, QkNorm mode) {
-    size_t T = d.B * d.S, C = (d.Hq + 2 * d.Hkv) * d.hd;
+    static void *part_buf;
+    static size_t part_have;
+    size_t T = d.B * d.S;
     if (!T) return;
-    NormGroups ng = norm_groups(d, mode);
-    size_t wn = ng.width ? 2 * (size_t)ng.width : (d.Hq + d.Hkv) * d.hd;
-    size_t smem = (2 * C + wn) * sizeof(float);
-    static size_t configured;
-    if (smem > 48 * 1024 && smem > configured) {
-        CUDA_CHECK(cudaFuncSetAttribute(qkv_norm_rope_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        configured = smem;
-    }
-    qkv_norm_rope_backward_kernel<<<cuda_blocks(T, QKV_TOKENS_PER_BLOCK), 256, smem, STREAM>>>(
-        (bf16 *)dqkv_raw, (float *)dwq, (float *)dwk, (const bf16 *)dqkv, (const bf16 *)qkv_raw, (const bf16 *)wq,
-        (const bf16 *)wk, (const float *)rstd, (const float *)rope, d, ng);
+    QkvChunks k = qkv_chunks(d);
+    unsigned threads = qkv_threads(d), blocks = (unsigned)(T < QKV_BACKWARD_BLOCKS ? T : QKV_BACKWARD_BLOCKS);
+    int nw = mode == QK_NORM_HEAD ? 2 * (int)d.hd : k.qk8 * 8, nq = mode == QK_NORM_HEAD ? (int)d.hd : k.q8 * 8;
+    size_t smem = mode == QK_NORM_FULL ? (size_t)nw * sizeof(float) : mode == QK_NORM_HEAD ? threads * 16 * sizeof(float) : 0;
+    float *part = mode == QK_NORM_NONE ? NULL
+                                       : (float *)grow_scratch(&part_buf, &part_have, (size_t)blocks * nw * sizeof(float));
+    auto kernel = mode == QK_NORM_FULL ? qkv_norm_rope_backward_kernel<QK_NORM_FULL>
+                  : mode == QK_NORM_HEAD ? qkv_norm_rope_backward_kernel<QK_NORM_HEAD>
+                                         : qkv_norm_rope_backward_kernel<QK_NORM_NONE>;
+    if (smem > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    kernel<<<blocks, threads, smem, STREAM>>>((bf16 *)dqkv_raw, part, (const bf16 *)dqkv, (const bf16 *)qkv_raw,
+                                              (const bf16 *)wq, (const bf16 *)wk, (const float *)rstd,
+                                              (const float *)rope, d);
+    CUDA_LAUNCH_CHECK();
+    if (mode == QK_NORM_NONE) return;
+    qkv_dw_reduce_kernel<<<(unsigned)((nw + 31) / 32), dim3(32, 8), 0, STREAM>>>((float *)dwq, (float *)dwk, part,
+                                                                                 (int)blocks, nq, nw);
     CUDA_LAUNCH_CHECK();
 }
 

@@ -73,8 +73,7 @@ __device__ __forceinline__ float block_max(float v, float *scratch) {
 }
 
 // 8 bf16 values (16 bytes) to and from fp32: the unit of the memory-bound kernels' loads.
-__device__ __forceinline__ void load8(float v[8], const bf16 *p) {
-    uint4 u = *reinterpret_cast<const uint4 *>(p);
+__device__ __forceinline__ void unpack8(float v[8], uint4 u) {
     const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
     for (int i = 0; i < 4; i++) {
         float2 f = __bfloat1622float2(h[i]);
@@ -82,9 +81,13 @@ __device__ __forceinline__ void load8(float v[8], const bf16 *p) {
     }
 }
 
-__device__ __forceinline__ void store8(bf16 *p, const float v[8]) {
+__device__ __forceinline__ uint4 pack8(const float v[8]) {
     uint4 u;
     __nv_bfloat162 *h = reinterpret_cast<__nv_bfloat162 *>(&u);
     for (int i = 0; i < 4; i++) h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
-    *reinterpret_cast<uint4 *>(p) = u;
+    return u;
 }
+
+__device__ __forceinline__ void load8(float v[8], const bf16 *p) { unpack8(v, *reinterpret_cast<const uint4 *>(p)); }
+
+__device__ __forceinline__ void store8(bf16 *p, const float v[8]) { *reinterpret_cast<uint4 *>(p) = pack8(v); }
