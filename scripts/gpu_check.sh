@@ -4,18 +4,18 @@
 # move checkpoints between devices, time each kernel alone (library and built-in variants), and
 # benchmark the configs of configs/bench/. Numbers and logs go to $OUT (the device tool brings them
 # back). Stages: all (default) or a list, e.g. "build test kernels". Carry .deps/include (CUTLASS and
-# cuDNN frontend headers from scripts/setup.sh) and the .deps/*.deb JSON library packages.
+# cuDNN frontend headers from scripts/setup.sh) and .deps/debs (the JSON and xxHash packages).
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 STAGES=${1:-build test curves ckpt kernels bench}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-16}
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 
-# The image has no Debian JSON library: unpack the carried packages (.deps) next to the build.
+# The image lacks some Debian libraries (JSON, xxHash): unpack the carried packages next to the build.
 CFLAGS_EXTRA=""; LDLIBS_EXTRA=""
-jansson_flags() {
-    [ -e /usr/include/jansson.h ] && return
-    mkdir -p .deps/root && for d in .deps/*.deb; do dpkg -x "$d" .deps/root; done
+deb_flags() {
+    [ -e /usr/include/jansson.h ] && [ -e /usr/include/xxhash.h ] && return
+    mkdir -p .deps/root && for d in .deps/debs/*.deb; do dpkg -x "$d" .deps/root; done
     local root; root=$(pwd)/.deps/root
     CFLAGS_EXTRA="-I$root/usr/include"
     LDLIBS_EXTRA="-L$root/usr/lib/x86_64-linux-gnu -Wl,-rpath,$root/usr/lib/x86_64-linux-gnu"
@@ -47,7 +47,7 @@ cudnn_home() {
 if has build; then
     say "machine: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1)"
     say "nvcc: $(nvcc --version | tail -1); cc: $(cc --version | head -1)"
-    jansson_flags
+    deb_flags
     nccl_home
     cudnn_home
     say "cuDNN: ${CUDNN_HOME:-from the toolkit}"

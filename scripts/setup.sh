@@ -4,7 +4,8 @@
 # and clang with its libFuzzer runtime (`make fuzz`). Where the CUDA toolkit is installed (nvcc on
 # PATH) it also fetches the header-only libraries of the CUDA build into .deps/include: CUTLASS
 # (the Hopper grouped GEMM) and the cuDNN frontend (attention), pinned and checksummed, from their
-# PyPI wheels. Safe to run again.
+# PyPI wheels, and the Debian packages of the libraries that the GPU machines lack (JSON, xxHash)
+# into .deps/debs, for scripts/gpu_check.sh to unpack there. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 packages=(build-essential libjansson-dev libxxhash-dev libopenmpi-dev openmpi-bin clang libclang-rt-dev)
@@ -16,6 +17,13 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
 fi
 command -v nvcc >/dev/null || exit 0
+
+# The GPU machines have no package registry: carry these (see scripts/gpu_check.sh).
+gpu_debs=(libjansson4 libjansson-dev libxxhash0 libxxhash-dev)
+mkdir -p .deps/debs
+for p in "${gpu_debs[@]}"; do
+    ls .deps/debs/"${p}"_*.deb >/dev/null 2>&1 || (cd .deps/debs && apt-get download -q "$p" 2>/dev/null)
+done
 
 # wheel file name, sha256, folder inside the wheel whose contents go to .deps/include
 headers=(
