@@ -34,7 +34,7 @@ static void test_fused_layout(void) {
     Parallel par;
     test_single_parallel(&par, &c);
     Model m;
-    model_init(&m, &c, ops_cpu(), &par, 2, 4, 1, 1);
+    model_init(&m, &c, ops_cpu(), &par, 2, 4, 1, 1, RECOMPUTE_NONE);
     size_t D = 8, hd = 4, H = 6;
     CHECK(offset_of(&m, "model.layers.1.self_attn.k_proj.weight") ==
           offset_of(&m, "model.layers.1.self_attn.q_proj.weight") + 2 * hd * D);
@@ -91,8 +91,8 @@ static void test_micro_batch_accumulation(void) {
     Parallel par;
     test_single_parallel(&par, &c);
     Model one, two;
-    model_init(&one, &c, ops_cpu(), &par, 2, S, 1, 1);
-    model_init(&two, &c, ops_cpu(), &par, 2, S, 1, 1);
+    model_init(&one, &c, ops_cpu(), &par, 2, S, 1, 1, RECOMPUTE_NONE);
+    model_init(&two, &c, ops_cpu(), &par, 2, S, 1, 1, RECOMPUTE_NONE);
     model_init_weights(&one, 3);
     model_init_weights(&two, 3);
     P = one.reg.total;
@@ -189,8 +189,8 @@ static void test_checkpoint_round_trip_and_prune(void) {
     test_single_parallel(&par, &mc);
     Model a, b;
     Optimizer oa, ob;
-    model_init(&a, &mc, ops_cpu(), &par, 1, 4, 1, 1);
-    model_init(&b, &mc, ops_cpu(), &par, 1, 4, 1, 1);
+    model_init(&a, &mc, ops_cpu(), &par, 1, 4, 1, 1, RECOMPUTE_NONE);
+    model_init(&b, &mc, ops_cpu(), &par, 1, 4, 1, 1, RECOMPUTE_NONE);
     optim_init(&oa, &a);
     optim_init(&ob, &b);
     model_init_weights(&a, 1);
@@ -269,7 +269,7 @@ static void test_checkpoint_non_finite(void) {
     test_single_parallel(&par, &cfg.model);
     Model m;
     Optimizer o;
-    model_init(&m, &cfg.model, ops_cpu(), &par, 1, 4, 1, 1);
+    model_init(&m, &cfg.model, ops_cpu(), &par, 1, 4, 1, 1, RECOMPUTE_NONE);
     optim_init(&o, &m);
     model_init_weights(&m, 1);
     MoeErr err = "";

@@ -9,6 +9,11 @@
 
 typedef enum { NORM_PRE, NORM_REORDERED } NormPlacement;
 
+// Activations dropped after the forward and recomputed in the backward (train.recompute):
+// none, or selective: the QK-norm + RoPE output (recomputed from the kept projection; one buffer
+// serves every layer).
+typedef enum { RECOMPUTE_NONE, RECOMPUTE_SELECTIVE } Recompute;
+
 typedef struct {
     int vocab_size;        // V
     int d_model;           // D

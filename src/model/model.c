@@ -143,7 +143,8 @@ static void alloc_layer_acts(Model *m, int l, LayerActs *a, size_t T) {
     const ModelConfig *c = &m->cfg;
     size_t D = c->d_model, C = model_qkv_width(c), Dq = (size_t)c->n_heads * c->head_dim;
     a->n1 = act_buf(m, T * D), a->n1_rstd = f32_buf(m, T);
-    a->qkv_raw = act_buf(m, T * C), a->qkv = act_buf(m, T * C);
+    a->qkv_raw = act_buf(m, T * C);
+    a->qkv = m->recompute == RECOMPUTE_SELECTIVE ? m->qkv_shared : act_buf(m, T * C);
     a->qk_rstd = f32_buf(m, T * (c->n_heads + c->n_kv_heads));
     a->att = act_buf(m, T * Dq), a->att_lse = f32_buf(m, T * c->n_heads);
     a->ap = act_buf(m, T * D), a->h = act_buf(m, T * D);
@@ -204,7 +205,7 @@ static void alloc_slot(Model *m, SlotActs *slot, size_t T) {
 }
 
 void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel *par, size_t B,
-                size_t S, int n_slots, int n_micro) {
+                size_t S, int n_slots, int n_micro, Recompute recompute) {
     MoeErr err;
     char backend[64];
     snprintf(backend, sizeof backend, "the %s backend", ops->name);
@@ -216,7 +217,7 @@ void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel
     m->layer_begin = par->lay.layer_begin, m->layer_end = par->lay.layer_end;
     m->n_experts_local = par->lay.expert_end - par->lay.expert_begin;
     m->first_stage = layout_first_stage(&par->lay), m->last_stage = layout_last_stage(&par->lay);
-    m->B = B, m->S = S, m->n_slots = n_slots, m->n_micro = n_micro;
+    m->B = B, m->S = S, m->n_slots = n_slots, m->n_micro = n_micro, m->recompute = recompute;
     register_params(m);
     size_t P = m->reg.total, T = B * S, D = cfg->d_model;
     m->params = f32_buf(m, P);
@@ -229,6 +230,7 @@ void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel
     upload_rope(m, S);
     m->tokens = i32_buf(m, (size_t)n_micro * T), m->targets = i32_buf(m, (size_t)n_micro * T);
     moe_exchange_init(&m->xchg, cfg, ops, par, &m->mem, T, n_slots * n_local_moe_layers(m));
+    if (recompute == RECOMPUTE_SELECTIVE) m->qkv_shared = act_buf(m, T * model_qkv_width(cfg));
     m->slots = moe_calloc((size_t)n_slots, sizeof(SlotActs));
     for (int i = 0; i < n_slots; i++) alloc_slot(m, &m->slots[i], T);
     if (m->last_stage) {
@@ -510,6 +512,9 @@ static void attention_backward(Model *m, int l, LayerActs *x, void *din, const v
     const Scratch *s = &m->s;
     size_t T = d.B * d.S, D = c->d_model, C = model_qkv_width(c);
     ops->matmul_backward(s->datt, G(m, p->wo), dout, x->att, W(m, p->wo), T, D, d.Hq * d.hd, false);
+    if (m->recompute == RECOMPUTE_SELECTIVE) // the forward's values again (the same kernel on the same inputs)
+        ops->qkv_norm_rope_forward(x->qkv, x->qk_rstd, x->qkv_raw, W(m, p->q_norm), W(m, p->k_norm), m->rope, d,
+                                   c->qk_norm, (float)c->norm_eps);
     ops->attention_backward(s->dqkv, s->datt, x->qkv, x->att, x->att_lse, d);
     ops->qkv_norm_rope_backward(s->dqkv_raw, G(m, p->q_norm), G(m, p->k_norm), s->dqkv, x->qkv_raw,
                                 W(m, p->q_norm), W(m, p->k_norm), x->qk_rstd, m->rope, d,

@@ -25,7 +25,7 @@ typedef struct {
 // Rr rows its experts receive (R when not expert-parallel).
 typedef struct {
     void *n1, *n1_rstd;        // act (T, D), f32 (T): attention-side norm output and 1/rms
-    void *qkv_raw, *qkv;       // act (T, C): projection, then QK-norm + RoPE
+    void *qkv_raw, *qkv;       // act (T, C): projection, then QK-norm + RoPE (Model.qkv_shared when recomputed)
     void *qk_rstd;             // f32 (T, Hq + Hkv)
     void *att, *att_lse;       // act (T, Hq hd), f32 (B, Hq, S)
     void *ap;                  // act (T, D) attention output projection
@@ -104,6 +104,8 @@ typedef struct {
     void *metrics_scratch;       // f32 (model_metrics_len) for forwards whose metrics are unused
     size_t B, S;                 // activation memory is sized for B x S per slot
     int n_slots, n_micro;
+    Recompute recompute;
+    void *qkv_shared;            // act (T, C) QK-norm + RoPE output of every layer when recomputed
     SlotActs *slots;             // (n_slots)
     int32_t *tokens, *targets;   // (n_micro, B S): every batch of a step, uploaded before it runs
     void *xf, *xf_rstd;          // act (T, D), f32 (T): final norm (last stage)
@@ -125,9 +127,10 @@ static inline size_t model_metric_router(const ModelConfig *c, int moe_index) {
 
 // Builds the registry of this rank's tensors and allocates parameters, activations for n_slots
 // micro-batches in flight and token buffers for n_micro per step, each B x S (B sequences on this
-// rank). Exits when the backend's limits (Ops.limits) refuse cfg.
+// rank), keeping what `recompute` does not recompute. Exits when the backend's limits (Ops.limits)
+// refuse cfg.
 void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel *par, size_t B,
-                size_t S, int n_slots, int n_micro);
+                size_t S, int n_slots, int n_micro, Recompute recompute);
 void model_free(Model *m);
 // Random initial weights (params_init_values) and zero bias.
 void model_init_weights(Model *m, unsigned seed);

@@ -2,6 +2,6 @@
 #include "ops.h"
 
 #ifndef MOE_CUDA
-const Ops *ops_cuda(int device) { return NULL; }
+const Ops *ops_cuda(int device, bool deterministic) { return NULL; }
 const OpsLimits *ops_cuda_limits(void) { return NULL; }
 #endif

@@ -248,7 +248,7 @@ void ops_fill_random(const Ops *o, void *act, size_t n, uint64_t seed, float sca
 const Ops *ops_cpu(void);
 // The CUDA backend (act = bf16) on GPU `device` (modulo the GPUs visible) when the build has it
 // (make CUDA=1), else NULL. The first call picks the GPU for the process.
-const Ops *ops_cuda(int device);
+const Ops *ops_cuda(int device, bool deterministic);
 // The CUDA backend's limits, known without starting it (no GPU touched); NULL when the build has
 // no CUDA backend.
 const OpsLimits *ops_cuda_limits(void);

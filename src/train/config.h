@@ -28,6 +28,8 @@ typedef struct {
     char out[CONFIG_PATH_LEN]; // run directory
     char device[32];           // "cpu"
     int threads;               // OpenMP threads (0: all cores)
+    bool deterministic;        // GPU: bitwise-reproducible steps (the CPU backend always is)
+    Recompute recompute;       // activations recomputed in the backward instead of kept
     double comm_timeout;       // seconds without progress before a multi-rank run ends (0: never)
 } TrainConfig;
 

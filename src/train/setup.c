@@ -22,7 +22,7 @@ static void set_threads(int threads) {
 const Ops *setup_backend(const Config *cfg) {
     set_threads(cfg->train.threads);
     if (strcmp(cfg->train.device, "cuda")) return ops_cpu();
-    const Ops *ops = ops_cuda(comm_local_rank(0)); // one GPU per process on a node
+    const Ops *ops = ops_cuda(comm_local_rank(0), cfg->train.deterministic); // one GPU per process on a node
     if (!ops) moe_fatal("train.device = cuda, but this moe was built without CUDA (build with make CUDA=1)");
     return ops;
 }
@@ -63,7 +63,7 @@ TrainMemory setup_memory_plan(const Config *cfg, int world, int rank, bool bf16)
     Optimizer o;
     int slots = pipeline_slots(par.lay.pp, par.lay.stage, cfg->train.micro_batches);
     model_init(&m, mc, ops_counting(bf16), &par, (size_t)par.lay.micro_per_rank,
-               (size_t)cfg->train.seq_len, slots, cfg->train.micro_batches);
+               (size_t)cfg->train.seq_len, slots, cfg->train.micro_batches, cfg->train.recompute);
     optim_init(&o, &m);
     TrainMemory r = {(double)m.reg.total, (double)o.state_bytes, (double)m.mem.bytes};
     model_free(&m);
@@ -101,6 +101,6 @@ void setup_model_from_ckpt(const char *arg, Config *cfg, Parallel *par, Model *m
     setup_check_memory(cfg, ops, 1, 0, false);
     setup_single_process(par, cfg);
     model_init(m, &cfg->model, ops, par, B ? B : (size_t)cfg->train.micro_batch,
-               S ? S : (size_t)cfg->train.seq_len, 1, 1);
+               S ? S : (size_t)cfg->train.seq_len, 1, 1, RECOMPUTE_NONE); // no backward
     if (ckpt_load(dir, m, NULL, err)) moe_fatal("%s", err);
 }

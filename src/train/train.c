@@ -346,7 +346,7 @@ static void trainer_open(Trainer *t, const Config *cfg, Comm *host, const char *
     if (t->root && !synthetic && fs_mkdir_p(tc->out, err)) moe_fatal("train.out: %s", err);
     int slots = pipeline_slots(l->pp, l->stage, tc->micro_batches);
     model_init(&t->model, mc, ops, &t->par, (size_t)l->micro_per_rank, (size_t)tc->seq_len, slots,
-               tc->micro_batches);
+               tc->micro_batches, tc->recompute);
     optim_init(&t->opt, &t->model);
     if (resume) {
         Config saved;

@@ -44,10 +44,17 @@ layout_matches() { # NAME NP [overrides...]
     if ! train "$np" "$out" "$@"; then bad "$name" "$(tail -5 "$out.log")"; return; fi
     local cmp; cmp=$(same_losses "$tmp/single" "$out") && ok "$name: same losses ($cmp)" || bad "$name" "$cmp"
 }
+# Recomputing the QK-norm + RoPE output in the backward gives the same numbers, bit for bit.
+out="$tmp/recompute"
+if train 1 "$out" train.recompute=selective; then
+    [ "$(losses "$tmp/single"; val_losses "$tmp/single")" = "$(losses "$out"; val_losses "$out")" ] \
+        && ok "train.recompute=selective: bitwise the same losses" || bad "train.recompute=selective" "$(paste <(losses "$tmp/single") <(losses "$out") | head -3)"
+else bad "train.recompute=selective trains" "$(tail -5 "$out.log")"; fi
 layout_matches "dp=2" 2
 layout_matches "dp=2 ep=2" 2 parallel.ep=2
 layout_matches "pp=2" 2 parallel.pp=2
 layout_matches "pp=2 x dp=2 ep=2" 4 parallel.pp=2 parallel.ep=2
+layout_matches "pp=2 x dp=2 ep=2, recompute selective" 4 parallel.pp=2 parallel.ep=2 train.recompute=selective
 layout_matches "dp=4 ep=4" 4 parallel.ep=4
 layout_matches "dp=4 ep=2" 4 parallel.ep=2
 layout_matches "dp=4 ep=2, gradients reduced after the backward" 4 parallel.ep=2 parallel.overlap_grad_reduce=false

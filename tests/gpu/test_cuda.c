@@ -15,6 +15,7 @@
 #include "ops/ops.h"
 
 static const Ops *cpu, *gpu;
+static bool deterministic; // the GPU backend runs train.deterministic (library kernels only)
 static int failures, passed, failed;
 
 #define FAIL(...) (failures++, fprintf(stderr, "    "), fprintf(stderr, __VA_ARGS__), fputc('\n', stderr))
@@ -557,11 +558,12 @@ static void model_compare(const char *name, ModelConfig c, size_t B, size_t S) {
     parallel_init(&pc, comm_self(4), &one);
     parallel_init(&pg, comm_self(4), &one);
     Model mc, mg;
-    model_init(&mc, &c, cpu, &pc, B, S, 1, 1);
-    model_init(&mg, &c, gpu, &pg, B, S, 1, 1);
+    model_init(&mc, &c, cpu, &pc, B, S, 1, 1, RECOMPUTE_NONE);
+    model_init(&mg, &c, gpu, &pg, B, S, 1, 1, RECOMPUTE_NONE);
     model_init_weights(&mc, 5);
     size_t P = mc.reg.total, len = model_metrics_len(&c);
     float *host = malloc(P * sizeof(float)), *gc = malloc(P * sizeof(float)), *gg = malloc(P * sizeof(float));
+    float *gg2 = malloc(P * sizeof(float)); // a second GPU run: bitwise the same when deterministic
     for (size_t i = 0; i < P; i++) host[i] = round_bf16(((float *)mc.params)[i]); // both see bf16 weights
     cpu->upload_f32(mc.params, host, P), gpu->upload_f32(mg.params, host, P);
     gpu->zero(mg.expert_bias, (size_t)c.n_layers * c.n_experts * 4);
@@ -573,8 +575,8 @@ static void model_compare(const char *name, ModelConfig c, size_t B, size_t S) {
     StepInfo info = {.lr = 1e-3f, .step = 1, .seed = 3};
     cpu->upload(mc.step_info, &info, sizeof info), gpu->upload(mg.step_info, &info, sizeof info);
     LossScales sc = {.ce = 1.0f / (B * S), .lm_z = 1e-4f / (B * S), .lb = 0.01f, .z = 0.001f};
-    float lc[1], lg[1];
-    for (int g = 0; g < 2; g++) {
+    float loss[3], *grads[3] = {gc, gg, gg2};
+    for (int g = 0; g < 3; g++) { // CPU, GPU, GPU again
         const Ops *o = g ? gpu : cpu;
         Model *m = g ? &mg : &mc;
         void *met = g ? metg : metc;
@@ -582,9 +584,12 @@ static void model_compare(const char *name, ModelConfig c, size_t B, size_t S) {
         ForwardArgs a = {.B = B, .S = S, .train = true, .scales = sc, .metrics = met};
         model_forward(m, &a);
         model_backward(m, &a);
-        o->download_f32(g ? lg : lc, met, 1);
-        o->download_f32(g ? gg : gc, m->grads, P);
+        o->download_f32(&loss[g], met, 1);
+        o->download_f32(grads[g], m->grads, P);
     }
+    float lc[1] = {loss[0]}, lg[1] = {loss[1]};
+    if (deterministic && (memcmp(&loss[1], &loss[2], sizeof(float)) || memcmp(gg, gg2, P * sizeof(float))))
+        FAIL("%s: two GPU runs differ (loss %.9g vs %.9g) with train.deterministic", name, loss[1], loss[2]);
     if (!(fabsf(lg[0] - lc[0]) <= 1e-2f * fabsf(lc[0]))) FAIL("%s: summed CE gpu %g, cpu %g", name, lg[0], lc[0]);
     double worst = 0;
     const char *worst_name = "";
@@ -601,7 +606,7 @@ static void model_compare(const char *name, ModelConfig c, size_t B, size_t S) {
             FAIL("%s: %s gradient relative L2 error %.3g (|g| %.3g)", name, p->name, rel, sqrt(norm));
     }
     printf("    %s: CE gpu %.6g cpu %.6g; worst gradient error %.3g (%s)\n", name, lg[0], lc[0], worst, worst_name);
-    free(host), free(gc), free(gg), free(seqs);
+    free(host), free(gc), free(gg), free(gg2), free(seqs);
     cpu->free(metc), gpu->free(metg);
     model_free(&mc), model_free(&mg);
 }
@@ -643,7 +648,9 @@ typedef struct {
 
 int main(int argc, char **argv) {
     cpu = ops_cpu();
-    gpu = ops_cuda(0);
+    // The built-in attention backward adds dQ atomically: deterministic runs need the library kernels.
+    deterministic = !getenv("MOE_KERNELS");
+    gpu = ops_cuda(0, deterministic);
     if (!gpu) {
         fprintf(stderr, "this build has no CUDA backend (make CUDA=1)\n");
         return 1;

@@ -10,22 +10,11 @@
 
 #define STREAM cuda_ctx.stream
 
-// Grow-only device scratch: sized by the first call, which runs before any step is recorded as a
-// graph (a captured step never reallocates).
-static void *grow_scratch(void **buf, size_t *have, size_t bytes) {
-    if (bytes > *have) {
-        if (*buf) CUDA_CHECK(cudaFree(*buf));
-        CUDA_CHECK(cudaMalloc(buf, bytes));
-        *have = bytes;
-    }
-    return *buf;
-}
-
 // The attention backward's dQ accumulator and row dots.
 static void *attn_scratch(size_t bytes) {
     static void *buf;
     static size_t have;
-    return grow_scratch(&buf, &have, bytes);
+    return cuda_grow_scratch(&buf, &have, bytes);
 }
 
 // ---------------------------------------------------------------- QK-norm + RoPE
@@ -250,22 +239,6 @@ __global__ void qkv_norm_rope_backward_kernel(bf16 *draw, float *dw_part, const 
     }
 }
 
-// dwq (nq) and dwk (nw - nq) += the sum over the backward's blocks of dw_part (rows, nw), in a fixed
-// order: 8 row slices per column, then the slices.
-__global__ void qkv_dw_reduce_kernel(float *dwq, float *dwk, const float *part, int rows, int nq, int nw) {
-    __shared__ float slice[8][32];
-    int j = blockIdx.x * 32 + threadIdx.x;
-    float s = 0;
-    if (j < nw)
-        for (int r = threadIdx.y; r < rows; r += 8) s += part[(size_t)r * nw + j];
-    slice[threadIdx.y][threadIdx.x] = s;
-    __syncthreads();
-    if (threadIdx.y || j >= nw) return;
-    for (int y = 1; y < 8; y++) s += slice[y][threadIdx.x];
-    if (j < nq) dwq[j] += s;
-    else dwk[j - nq] += s;
-}
-
 extern "C" void cuda_qkv_norm_rope_forward(void *qkv, void *rstd, const void *qkv_raw, const void *wq, const void *wk,
                                            const void *rope, AttnDims d, QkNorm mode, float eps) {
     size_t T = d.B * d.S;
@@ -290,7 +263,7 @@ extern "C" void cuda_qkv_norm_rope_backward(void *dqkv_raw, void *dwq, void *dwk
     int nw = mode == QK_NORM_HEAD ? 2 * (int)d.hd : k.qk8 * 8, nq = mode == QK_NORM_HEAD ? (int)d.hd : k.q8 * 8;
     size_t smem = mode == QK_NORM_FULL ? (size_t)nw * sizeof(float) : mode == QK_NORM_HEAD ? threads * 16 * sizeof(float) : 0;
     float *part = mode == QK_NORM_NONE ? NULL
-                                       : (float *)grow_scratch(&part_buf, &part_have, (size_t)blocks * nw * sizeof(float));
+                                       : (float *)cuda_grow_scratch(&part_buf, &part_have, (size_t)blocks * nw * sizeof(float));
     auto kernel = mode == QK_NORM_FULL ? qkv_norm_rope_backward_kernel<QK_NORM_FULL>
                   : mode == QK_NORM_HEAD ? qkv_norm_rope_backward_kernel<QK_NORM_HEAD>
                                          : qkv_norm_rope_backward_kernel<QK_NORM_NONE>;
@@ -300,9 +273,8 @@ extern "C" void cuda_qkv_norm_rope_backward(void *dqkv_raw, void *dwq, void *dwk
                                               (const float *)rope, d);
     CUDA_LAUNCH_CHECK();
     if (mode == QK_NORM_NONE) return;
-    qkv_dw_reduce_kernel<<<(unsigned)((nw + 31) / 32), dim3(32, 8), 0, STREAM>>>((float *)dwq, (float *)dwk, part,
-                                                                                 (int)blocks, nq, nw);
-    CUDA_LAUNCH_CHECK();
+    cuda_add_column_sums((float *)dwq, part, blocks, (size_t)nq, (size_t)nw);
+    cuda_add_column_sums((float *)dwk, part + nq, blocks, (size_t)(nw - nq), (size_t)nw);
 }
 
 // ---------------------------------------------------------------- flash attention
@@ -623,7 +595,14 @@ extern "C" void cuda_attention_forward(void *out, void *lse, const void *qkv, At
 extern "C" void cuda_attention_backward(void *dqkv, const void *dout, const void *qkv, const void *out,
                                         const void *lse, AttnDims d) {
     if (!d.B || !d.S) return;
-    if (!cuda_ctx.builtin_attention && cuda_attention_backward_cudnn(dqkv, dout, qkv, out, lse, d, false)) return;
+    if (!cuda_ctx.builtin_attention && cuda_attention_backward_cudnn(dqkv, dout, qkv, out, lse, d, cuda_ctx.deterministic))
+        return;
+    if (cuda_ctx.deterministic)
+        moe_fatal("train.deterministic = true needs cuDNN's attention, and %s (B %zu S %zu heads %zu/%zu hd %zu): the "
+                  "built-in attention backward adds dQ atomically, in no fixed order. Run without MOE_KERNELS=builtin "
+                  "or attention=builtin, or set train.deterministic=false",
+                  cuda_ctx.builtin_attention ? "MOE_KERNELS chose the built-in kernels" : "cuDNN has no engine for this shape",
+                  d.B, d.S, d.Hq, d.Hkv, d.hd);
 #define BWD(HD) attention_backward_hd<HD>(dqkv, dout, qkv, out, lse, d)
     DISPATCH_HD(d.hd, BWD)
 #undef BWD

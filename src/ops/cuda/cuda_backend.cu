@@ -19,6 +19,15 @@ static void cuda_choose_kernels(int major) {
     cuda_ctx.builtin_grouped = all || (k && strstr(k, "grouped=builtin")) || major != 9;
 }
 
+void *cuda_grow_scratch(void **buf, size_t *have, size_t bytes) {
+    if (bytes > *have) {
+        if (*buf) CUDA_CHECK(cudaFree(*buf));
+        CUDA_CHECK(cudaMalloc(buf, bytes));
+        *have = bytes;
+    }
+    return *buf;
+}
+
 void cuda_init(void) {
     if (cuda_ctx.main) return;
     int device = 0;
@@ -201,8 +210,9 @@ static Ops make_cuda_ops(void) {
     return o;
 }
 
-extern "C" const Ops *ops_cuda(int device) {
+extern "C" const Ops *ops_cuda(int device, bool deterministic) {
     static Ops ops;
+    cuda_ctx.deterministic = deterministic;
     if (!ops.name) {
         int n = 0;
         if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0)

@@ -31,10 +31,21 @@ typedef struct {
     // Kernel choices (cuda_init, from the device and the MOE_KERNELS environment variable):
     // library kernels (cuDNN attention, CUTLASS sm90 grouped GEMM) or the built-in mma.sync ones.
     bool builtin_attention, builtin_grouped;
+    // train.deterministic: kernels with a faster order-dependent variant take the fixed-order one
+    // (cuDNN's attention backward; every other kernel sums in a fixed order always).
+    bool deterministic;
 } CudaContext;
 
 extern CudaContext cuda_ctx;
 void cuda_init(void);
+
+// Grow-only device scratch of one call site: sized by its first call, which runs before any step is
+// recorded as a graph (a captured step never reallocates).
+void *cuda_grow_scratch(void **buf, size_t *have, size_t bytes);
+
+// dst (cols) f32 += the sum over rows of part (rows, stride) f32, in a fixed order (cuda_dense.cu):
+// the deterministic second half of the reductions that write a row of partial sums per block.
+void cuda_add_column_sums(float *dst, const float *part, size_t rows, size_t cols, size_t stride);
 
 static inline unsigned cuda_blocks(size_t n, unsigned threads) {
     size_t b = (n + threads - 1) / threads;

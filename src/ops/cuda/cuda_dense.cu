@@ -1,6 +1,7 @@
 // CUDA kernels for the dense ops: embedding, RMSNorm, residual add, SwiGLU, fused cross-entropy,
-// sum of squares, AdamW and the fp32 -> bf16 weight copy. Reductions are in fp32; weight
-// gradients are summed per block in shared memory, then added to the fp32 gradient atomically.
+// sum of squares, AdamW and the fp32 -> bf16 weight copy. Reductions are in fp32.
+#include <cub/cub.cuh>
+
 #include "cuda_common.cuh"
 #include "cuda_mma.cuh"
 #include "cuda_ops.h"
@@ -15,10 +16,28 @@ __global__ void embedding_forward_kernel(bf16 *out, const int32_t *tokens, const
     for (size_t j = threadIdx.x; j < D; j += blockDim.x) out[t * D + j] = row[j];
 }
 
-__global__ void embedding_backward_kernel(float *dwte, const bf16 *dout, const int32_t *tokens, size_t T, size_t D) {
-    size_t t = blockIdx.x;
-    float *row = dwte + (size_t)tokens[t] * D;
-    for (size_t j = threadIdx.x; j < D; j += blockDim.x) atomicAdd(&row[j], bf(dout[t * D + j]));
+// Backward: the positions sorted by token (CUB's stable radix sort), then a block per run of equal
+// tokens adds that run's gradient rows to the token's row, in position order (deterministic, no
+// atomics).
+__global__ void iota_kernel(int32_t *v, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) v[i] = (int32_t)i;
+}
+
+__global__ void embedding_backward_kernel(float *dwte, const bf16 *dout, const int32_t *sorted_tokens,
+                                          const int32_t *positions, size_t T, size_t D) {
+    size_t i = blockIdx.x;
+    int32_t token = sorted_tokens[i];
+    if (i > 0 && sorted_tokens[i - 1] == token) return; // not the start of a run
+    float *row = dwte + (size_t)token * D;
+    for (size_t j = 8 * threadIdx.x; j < D; j += 8 * blockDim.x) {
+        float acc[8] = {}, v[8];
+        for (size_t k = i; k < T && sorted_tokens[k] == token; k++) {
+            load8(v, dout + (size_t)positions[k] * D + j);
+            for (int e = 0; e < 8; e++) acc[e] += v[e];
+        }
+        for (int e = 0; e < 8; e++) row[j + e] += acc[e];
+    }
 }
 
 extern "C" void cuda_embedding_forward(void *out, const int32_t *tokens, const void *wte, size_t T, size_t D) {
@@ -28,13 +47,29 @@ extern "C" void cuda_embedding_forward(void *out, const int32_t *tokens, const v
 }
 
 extern "C" void cuda_embedding_backward(void *dwte, const void *dout, const int32_t *tokens, size_t T, size_t D, size_t V) {
+    static void *buf;
+    static size_t have;
     if (!T) return;
-    embedding_backward_kernel<<<(unsigned)T, 256, 0, STREAM>>>((float *)dwte, (const bf16 *)dout, tokens, T, D);
+    int bits = 1;
+    while (bits < 31 && ((size_t)1 << bits) < V) bits++;
+    size_t temp = 0;
+    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(NULL, temp, (const int32_t *)NULL, (int32_t *)NULL,
+                                               (const int32_t *)NULL, (int32_t *)NULL, (int)T, 0, bits, STREAM));
+    size_t ints = (3 * T + 63) / 64 * 64; // positions, sorted tokens, sorted positions; CUB's part 256-byte aligned
+    char *base = (char *)cuda_grow_scratch(&buf, &have, ints * sizeof(int32_t) + temp);
+    int32_t *iota = (int32_t *)base, *sorted_tokens = iota + T, *positions = sorted_tokens + T;
+    iota_kernel<<<cuda_blocks(T, 256), 256, 0, STREAM>>>(iota, T);
+    CUDA_LAUNCH_CHECK();
+    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(base + ints * sizeof(int32_t), temp, tokens, sorted_tokens, iota,
+                                               positions, (int)T, 0, bits, STREAM));
+    embedding_backward_kernel<<<(unsigned)T, 128, 0, STREAM>>>((float *)dwte, (const bf16 *)dout, sorted_tokens,
+                                                               positions, T, D);
     CUDA_LAUNCH_CHECK();
 }
 
-// ---------------------------------------------------------------- RMSNorm (one warp per row)
+// ---------------------------------------------------------------- RMSNorm
 
+// Forward: one warp per row.
 __global__ void rmsnorm_forward_kernel(bf16 *out, float *rstd, const bf16 *x, const bf16 *w, size_t R, size_t W, float eps) {
     size_t r = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x & 31;
@@ -56,32 +91,78 @@ __global__ void rmsnorm_forward_kernel(bf16 *out, float *rstd, const bf16 *x, co
     if (lane == 0) rstd[r] = rs;
 }
 
-// Rows in chunks per block: dx row by row (a warp each), dw summed in shared memory first.
-#define NORM_ROWS_PER_BLOCK 64
+// Backward: a block takes ROWS rows at a time, striding over the rows; thread tid holds the
+// 16-byte chunks tid + k blockDim (k < CHUNKS) of each row, so the row dots reduce over the block
+// and each thread sums the weight gradient of its own columns in registers. Each block writes its
+// sums to a row of dw_part, and cuda_add_column_sums adds the rows to dw in a fixed order
+// (deterministic, no atomics).
+#define NORM_BACKWARD_THREADS 256
 
-__global__ void rmsnorm_backward_kernel(bf16 *dx, float *dw, const bf16 *dout, const bf16 *x, const bf16 *w,
+template <int CHUNKS, int ROWS>
+__global__ void rmsnorm_backward_kernel(bf16 *dx, float *dw_part, const bf16 *dout, const bf16 *x, const bf16 *w,
                                         const float *rstd, size_t R, size_t W, bool accumulate) {
-    extern __shared__ float dw_part[]; // (W)
-    for (size_t j = threadIdx.x; j < W; j += blockDim.x) dw_part[j] = 0;
-    __syncthreads();
-    int lane = threadIdx.x & 31, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
-    size_t r0 = (size_t)blockIdx.x * NORM_ROWS_PER_BLOCK;
-    for (size_t r = r0 + warp; r < r0 + NORM_ROWS_PER_BLOCK && r < R; r += nwarps) {
-        const bf16 *xr = x + r * W, *gr = dout + r * W;
-        float rs = rstd[r], dot = 0;
-        for (size_t j = lane; j < W; j += 32) {
-            float g = bf(gr[j]), xv = bf(xr[j]);
-            dot += g * bf(w[j]) * xv;
-            atomicAdd(&dw_part[j], g * xv * rs);
+    __shared__ float red[32][ROWS];
+    int W8 = (int)(W / 8), lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    float wv[CHUNKS][8], dw[CHUNKS][8] = {};
+#pragma unroll
+    for (int k = 0; k < CHUNKS; k++) {
+        int c = k * blockDim.x + threadIdx.x;
+        if (c < W8) load8(wv[k], w + 8 * c);
+    }
+    for (size_t r0 = (size_t)blockIdx.x * ROWS; r0 < R; r0 += (size_t)gridDim.x * ROWS) {
+        uint4 gu[ROWS][CHUNKS], xu[ROWS][CHUNKS];
+        float dot[ROWS];
+#pragma unroll
+        for (int q = 0; q < ROWS; q++) {
+            dot[q] = 0;
+#pragma unroll
+            for (int k = 0; k < CHUNKS; k++) {
+                int c = k * blockDim.x + threadIdx.x;
+                bool in = r0 + q < R && c < W8;
+                gu[q][k] = in ? *reinterpret_cast<const uint4 *>(dout + (r0 + q) * W + 8 * c) : make_uint4(0, 0, 0, 0);
+                xu[q][k] = in ? *reinterpret_cast<const uint4 *>(x + (r0 + q) * W + 8 * c) : make_uint4(0, 0, 0, 0);
+                float g[8], xv[8];
+                unpack8(g, gu[q][k]), unpack8(xv, xu[q][k]);
+                for (int e = 0; e < 8; e++) dot[q] += c < W8 ? g[e] * wv[k][e] * xv[e] : 0.0f;
+            }
+            dot[q] = warp_sum(dot[q]);
+            if (lane == 0) red[warp][q] = dot[q];
         }
-        float c = warp_sum(dot) * rs * rs * rs / (float)W;
-        for (size_t j = lane; j < W; j += 32) {
-            float v = rs * bf(w[j]) * bf(gr[j]) - c * bf(xr[j]);
-            dx[r * W + j] = to_bf(accumulate ? bf(dx[r * W + j]) + v : v);
+        __syncthreads();
+#pragma unroll
+        for (int q = 0; q < ROWS; q++) {
+            dot[q] = 0;
+            for (int i = 0; i < nwarps; i++) dot[q] += red[i][q];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int q = 0; q < ROWS; q++) {
+            if (r0 + q >= R) break;
+            float rs = rstd[r0 + q], coef = dot[q] * rs * rs * rs / (float)W;
+#pragma unroll
+            for (int k = 0; k < CHUNKS; k++) {
+                int c = k * blockDim.x + threadIdx.x;
+                if (c >= W8) continue;
+                float g[8], xv[8], v[8], old[8];
+                unpack8(g, gu[q][k]), unpack8(xv, xu[q][k]);
+                bf16 *out = dx + (r0 + q) * W + 8 * c;
+                if (accumulate) load8(old, out);
+                for (int e = 0; e < 8; e++) {
+                    dw[k][e] += g[e] * xv[e] * rs;
+                    v[e] = rs * wv[k][e] * g[e] - coef * xv[e] + (accumulate ? old[e] : 0.0f);
+                }
+                store8(out, v);
+            }
         }
     }
-    __syncthreads();
-    for (size_t j = threadIdx.x; j < W; j += blockDim.x) atomicAdd(&dw[j], dw_part[j]);
+#pragma unroll
+    for (int k = 0; k < CHUNKS; k++) {
+        int c = k * blockDim.x + threadIdx.x;
+        if (c >= W8) continue;
+        float4 *out = reinterpret_cast<float4 *>(dw_part + (size_t)blockIdx.x * W + 8 * c);
+        out[0] = make_float4(dw[k][0], dw[k][1], dw[k][2], dw[k][3]);
+        out[1] = make_float4(dw[k][4], dw[k][5], dw[k][6], dw[k][7]);
+    }
 }
 
 extern "C" void cuda_rmsnorm_forward(void *out, void *rstd, const void *x, const void *w, size_t R, size_t W, float eps) {
@@ -93,10 +174,68 @@ extern "C" void cuda_rmsnorm_forward(void *out, void *rstd, const void *x, const
 
 extern "C" void cuda_rmsnorm_backward(void *dx, void *dw, const void *dout, const void *x, const void *w,
                                       const void *rstd, size_t R, size_t W, bool accumulate_dx) {
+    static void *part_buf;
+    static size_t part_have;
     if (!R) return;
-    rmsnorm_backward_kernel<<<cuda_blocks(R, NORM_ROWS_PER_BLOCK), 256, W * sizeof(float), STREAM>>>(
-        (bf16 *)dx, (float *)dw, (const bf16 *)dout, (const bf16 *)x, (const bf16 *)w, (const float *)rstd,
-        R, W, accumulate_dx);
+    size_t W8 = W / 8, threads = (W8 + 31) / 32 * 32;
+    if (threads > NORM_BACKWARD_THREADS) threads = NORM_BACKWARD_THREADS;
+    size_t chunks = (W8 + threads - 1) / threads;
+    MOE_CHECK(chunks <= 8, "RMSNorm backward: rows of %zu values are more than its blocks hold (%d)", W,
+              8 * 8 * NORM_BACKWARD_THREADS);
+    auto kernel = chunks == 1 ? rmsnorm_backward_kernel<1, 4>
+                  : chunks == 2 ? rmsnorm_backward_kernel<2, 2>
+                  : chunks <= 4 ? rmsnorm_backward_kernel<4, 1>
+                                : rmsnorm_backward_kernel<8, 1>;
+    int resident = 0; // blocks per multiprocessor: one wave of blocks strides over the rows
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, (int)threads, 0));
+    size_t rows = chunks == 1 ? 4 : chunks == 2 ? 2 : 1, blocks = (R + rows - 1) / rows;
+    if (blocks > (size_t)cuda_ctx.sm_count * resident) blocks = (size_t)cuda_ctx.sm_count * resident;
+    float *part = (float *)cuda_grow_scratch(&part_buf, &part_have, blocks * W * sizeof(float));
+    kernel<<<(unsigned)blocks, (unsigned)threads, 0, STREAM>>>((bf16 *)dx, part, (const bf16 *)dout, (const bf16 *)x,
+                                                               (const bf16 *)w, (const float *)rstd, R, W, accumulate_dx);
+    CUDA_LAUNCH_CHECK();
+    cuda_add_column_sums((float *)dw, part, blocks, W, W);
+}
+
+// ---------------------------------------------------------------- sums over rows
+
+// Column sums of part (rows, stride) in a fixed order. Block (bx, by) sums rows [by * per,
+// (by + 1) * per) of columns bx * blockDim.x + threadIdx.x in blockDim.y slices of rows, then the
+// slices; out (gridDim.y, cols) gets the block's sum (= or += when accumulate).
+__global__ void column_sums_kernel(float *out, const float *part, size_t rows, size_t per, size_t cols, size_t stride,
+                                   bool accumulate) {
+    extern __shared__ float slice[]; // (blockDim.y, blockDim.x)
+    size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x, r1 = ((size_t)blockIdx.y + 1) * per;
+    float s = 0;
+    if (j < cols)
+        for (size_t r = blockIdx.y * per + threadIdx.y; r < r1 && r < rows; r += blockDim.y) s += part[r * stride + j];
+    slice[threadIdx.y * blockDim.x + threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y || j >= cols) return;
+    for (unsigned y = 1; y < blockDim.y; y++) s += slice[y * blockDim.x + threadIdx.x];
+    float *o = out + (size_t)blockIdx.y * cols + j;
+    *o = accumulate ? *o + s : s;
+}
+
+// Tall inputs in two passes: blocks of row ranges into a scratch of partial rows, then those.
+void cuda_add_column_sums(float *dst, const float *part, size_t rows, size_t cols, size_t stride) {
+    static void *mid_buf;
+    static size_t mid_have;
+    if (!cols) return;
+    unsigned x = cols < 32 ? (unsigned)cols : 32, y = 256 / x;
+    size_t smem = (size_t)x * y * sizeof(float), col_blocks = cuda_blocks(cols, x);
+    size_t groups = (rows + 32 * y - 1) / (32 * y); // row ranges of about 32 rows a thread
+    if (groups > 1024) groups = 1024;
+    if (groups > 1) {
+        size_t per = (rows + groups - 1) / groups;
+        float *mid = (float *)cuda_grow_scratch(&mid_buf, &mid_have, groups * cols * sizeof(float));
+        column_sums_kernel<<<dim3((unsigned)col_blocks, (unsigned)groups), dim3(x, y), smem, STREAM>>>(
+            mid, part, rows, per, cols, stride, false);
+        CUDA_LAUNCH_CHECK();
+        part = mid, rows = groups, stride = cols;
+    }
+    column_sums_kernel<<<dim3((unsigned)col_blocks, 1), dim3(x, y), smem, STREAM>>>(dst, part, rows, rows, cols, stride,
+                                                                                    true);
     CUDA_LAUNCH_CHECK();
 }
 
@@ -170,60 +309,97 @@ extern "C" void cuda_swiglu_backward(void *dgu, const void *dout, const void *gu
 
 // ---------------------------------------------------------------- cross-entropy (a block per row)
 
-__global__ void cross_entropy_kernel(bf16 *logits, float *loss_acc, const int32_t *targets, size_t V,
+// Running (max, sum of exp(v - max)) of a softmax: fold in another pair.
+__device__ __forceinline__ void softmax_fold(float &m, float &s, float m2, float s2) {
+    if (m2 == -INFINITY) return;
+    if (m2 > m) s = s * __expf(m - m2) + s2, m = m2;
+    else s += s2 * __expf(m2 - m);
+}
+
+// One pass for the row's log-sum-exp (running max and sum), one for the gradient, written over
+// the logits. VEC: 16-byte accesses (V a multiple of 8). The row's loss terms go to row_loss
+// (rows, 2): (lse - logit of the target, lse^2), summed in a fixed order afterwards.
+template <bool VEC>
+__global__ void cross_entropy_kernel(bf16 *logits, float *row_loss, const int32_t *targets, size_t V,
                                      float ce_scale, float z_scale, bool want_grad) {
-    __shared__ float scratch[32];
+    __shared__ float2 red[32];
     bf16 *row = logits + (size_t)blockIdx.x * V;
-    int target = targets[blockIdx.x];
-    if (target < 0) { // ignored position: no loss, no gradient
-        if (want_grad)
-            for (size_t v = threadIdx.x; v < V; v += blockDim.x) row[v] = to_bf(0.0f);
-        return;
+    int target = targets[blockIdx.x], lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    size_t n = VEC ? V / 8 : V;
+    float m = -INFINITY, s = 0, t_logit = target >= 0 ? bf(row[target]) : 0.0f;
+    for (size_t i = threadIdx.x; i < n && target >= 0; i += blockDim.x) {
+        float v[8], cm = -INFINITY, cs = 0;
+        if (VEC) load8(v, row + 8 * i);
+        else v[0] = bf(row[i]);
+        for (int e = 0; e < (VEC ? 8 : 1); e++) cm = fmaxf(cm, v[e]);
+        for (int e = 0; e < (VEC ? 8 : 1); e++) cs += __expf(v[e] - cm);
+        softmax_fold(m, s, cm, cs);
     }
-    float mx = -INFINITY;
-    for (size_t v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, bf(row[v]));
-    mx = block_max(mx, scratch);
-    float sum = 0;
-    for (size_t v = threadIdx.x; v < V; v += blockDim.x) sum += __expf(bf(row[v]) - mx);
-    sum = block_sum(sum, scratch);
-    float lse = mx + logf(sum);
+    for (int o = 16; o > 0; o >>= 1) softmax_fold(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+    if (lane == 0) red[warp] = make_float2(m, s);
+    __syncthreads(); // also: the target logit was read before any thread overwrites the row
+    m = -INFINITY, s = 0;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) softmax_fold(m, s, red[w].x, red[w].y);
+    float lse = m + logf(s);
     if (threadIdx.x == 0) {
-        atomicAdd(&loss_acc[0], lse - bf(row[target]));
-        atomicAdd(&loss_acc[1], lse * lse);
+        row_loss[2 * blockIdx.x] = target >= 0 ? lse - t_logit : 0.0f;
+        row_loss[2 * blockIdx.x + 1] = target >= 0 ? lse * lse : 0.0f;
     }
-    __syncthreads(); // the target logit is read above before any thread overwrites the row
     if (!want_grad) return;
-    for (size_t v = threadIdx.x; v < V; v += blockDim.x) {
-        float p = __expf(bf(row[v]) - lse);
-        row[v] = to_bf(ce_scale * (p - (v == (size_t)target ? 1.0f : 0.0f)) + z_scale * 2.0f * lse * p);
+    for (size_t i = threadIdx.x; i < n; i += blockDim.x) { // ignored position (target < 0): no gradient
+        float v[8];
+        if (VEC) load8(v, row + 8 * i);
+        else v[0] = bf(row[i]);
+        for (int e = 0; e < (VEC ? 8 : 1); e++) {
+            size_t col = VEC ? 8 * i + e : i;
+            float p = __expf(v[e] - lse);
+            v[e] = target < 0 ? 0.0f : ce_scale * (p - (col == (size_t)target ? 1.0f : 0.0f)) + z_scale * 2.0f * lse * p;
+        }
+        if (VEC) store8(row + 8 * i, v);
+        else row[i] = to_bf(v[0]);
     }
 }
 
 extern "C" void cuda_cross_entropy(void *logits, void *loss_acc, const int32_t *targets, size_t N, size_t V,
                                    float ce_scale, float z_scale, bool want_grad) {
+    static void *rows_buf;
+    static size_t rows_have;
     if (!N) return;
-    cross_entropy_kernel<<<(unsigned)N, 512, 0, STREAM>>>((bf16 *)logits, (float *)loss_acc, targets, V, ce_scale,
-                                                     z_scale, want_grad);
+    float *row_loss = (float *)cuda_grow_scratch(&rows_buf, &rows_have, 2 * N * sizeof(float));
+    auto kernel = V % 8 == 0 ? cross_entropy_kernel<true> : cross_entropy_kernel<false>;
+    kernel<<<(unsigned)N, 512, 0, STREAM>>>((bf16 *)logits, row_loss, targets, V, ce_scale, z_scale, want_grad);
     CUDA_LAUNCH_CHECK();
+    cuda_add_column_sums((float *)loss_acc, row_loss, N, 2, 2);
 }
 
 // ---------------------------------------------------------------- optimizer
 
-__global__ void sum_squares_kernel(float *acc, const float *x, size_t n) {
+// Each block writes its sum to part[blockIdx.x]; the block sums are added in a fixed order.
+// 16-byte loads where x is 16-byte aligned (parameter regions are), the last n % 4 values one by one.
+__global__ void sum_squares_kernel(float *part, const float *x, size_t n) {
     __shared__ float scratch[32];
     float s = 0;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        s += x[i] * x[i];
+    size_t stride = (size_t)gridDim.x * blockDim.x, first = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t n4 = ((uintptr_t)x % 16 == 0) ? n / 4 : 0;
+    for (size_t i = first; i < n4; i += stride) {
+        float4 v = reinterpret_cast<const float4 *>(x)[i];
+        s += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+    for (size_t i = 4 * n4 + first; i < n; i += stride) s += x[i] * x[i];
     s = block_sum(s, scratch);
-    if (threadIdx.x == 0) atomicAdd(acc, s);
+    if (threadIdx.x == 0) part[blockIdx.x] = s;
 }
 
 extern "C" void cuda_sum_squares(void *acc, const void *x, size_t n) {
+    static void *part_buf;
+    static size_t part_have;
     if (!n) return;
-    unsigned blocks = cuda_blocks(n, 256 * 8);
+    unsigned blocks = cuda_blocks(n, 256 * 16);
     if (blocks > (unsigned)cuda_ctx.sm_count * 8) blocks = (unsigned)cuda_ctx.sm_count * 8;
-    sum_squares_kernel<<<blocks, 256, 0, STREAM>>>((float *)acc, (const float *)x, n);
+    float *part = (float *)cuda_grow_scratch(&part_buf, &part_have, (size_t)cuda_ctx.sm_count * 8 * sizeof(float));
+    sum_squares_kernel<<<blocks, 256, 0, STREAM>>>(part, (const float *)x, n);
     CUDA_LAUNCH_CHECK();
+    cuda_add_column_sums((float *)acc, part, blocks, 1, 1);
 }
 
 // AdamW is memory-bound (30 bytes a parameter): 16-byte loads of 4 parameters at a time where

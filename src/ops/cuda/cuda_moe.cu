@@ -12,15 +12,11 @@
 // ---------------------------------------------------------------- router
 
 // Softmax or sigmoid scores of one token, its top-k (by logit when no bias or noise steers the
-// choice: the same order as the scores, and exactly what the CPU reference picks), weights.
-__global__ void router_forward_kernel(float *scores, int32_t *topk_idx, float *topk_w, int32_t *counts, float *aux,
+// choice: the same order as the scores, and exactly what the CPU reference picks), weights, and
+// lse^2 (T) for the z-loss (the aux sums over tokens follow in a fixed order).
+__global__ void router_forward_kernel(float *scores, int32_t *topk_idx, float *topk_w, int32_t *counts, float *lse2,
                                       const bf16 *logits, const float *bias, const StepInfo *step, RouterArgs a) {
-    __shared__ float score_sum[CUDA_MAX_EXPERTS];
-    __shared__ float lse2_sum;
     int E = (int)a.E, K = (int)a.K;
-    for (int e = threadIdx.x; e < E; e += blockDim.x) score_sum[e] = 0;
-    if (threadIdx.x == 0) lse2_sum = 0;
-    __syncthreads();
     size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t < a.T) {
         const bf16 *l = logits + t * E;
@@ -32,9 +28,8 @@ __global__ void router_forward_kernel(float *scores, int32_t *topk_idx, float *t
         for (int e = 0; e < E; e++) {
             float x = bf(l[e]);
             s[e] = a.kind == ROUTER_SOFTMAX ? expf(x - lse) : 1.0f / (1.0f + expf(-x));
-            atomicAdd(&score_sum[e], s[e]);
         }
-        atomicAdd(&lse2_sum, lse * lse);
+        lse2[t] = lse * lse;
         int idx[CUDA_MAX_TOP_K];
         float wsum = 0;
         for (int k = 0; k < K; k++) {
@@ -59,9 +54,6 @@ __global__ void router_forward_kernel(float *scores, int32_t *topk_idx, float *t
         if (a.renorm)
             for (int k = 0; k < K; k++) topk_w[t * K + k] /= wsum;
     }
-    __syncthreads();
-    for (int e = threadIdx.x; e < E; e += blockDim.x) atomicAdd(&aux[E + e], score_sum[e]);
-    if (threadIdx.x == 0) atomicAdd(&aux[2 * E], lse2_sum);
 }
 
 __global__ void router_counts_to_aux_kernel(float *aux, const int32_t *counts, int E) {
@@ -70,13 +62,18 @@ __global__ void router_counts_to_aux_kernel(float *aux, const int32_t *counts, i
 
 extern "C" void cuda_router_forward(void *scores, int32_t *topk_idx, void *topk_w, int32_t *counts, void *aux,
                                     const void *logits, const void *bias, const StepInfo *step, RouterArgs a) {
+    static void *lse2_buf;
+    static size_t lse2_have;
     CUDA_CHECK(cudaMemsetAsync(counts, 0, a.E * sizeof(int32_t), STREAM));
     CUDA_CHECK(cudaMemsetAsync(aux, 0, router_aux_len(a.E) * sizeof(float), STREAM));
-    if (a.T)
+    float *lse2 = (float *)cuda_grow_scratch(&lse2_buf, &lse2_have, (a.T ? a.T : 1) * sizeof(float));
+    if (a.T) {
         router_forward_kernel<<<cuda_blocks(a.T, 128), 128, 0, STREAM>>>(
-            (float *)scores, topk_idx, (float *)topk_w, counts, (float *)aux, (const bf16 *)logits,
-            (const float *)bias, step, a);
-    CUDA_LAUNCH_CHECK();
+            (float *)scores, topk_idx, (float *)topk_w, counts, lse2, (const bf16 *)logits, (const float *)bias, step, a);
+        CUDA_LAUNCH_CHECK();
+        cuda_add_column_sums((float *)aux + a.E, (const float *)scores, a.T, a.E, a.E); // score sums
+        cuda_add_column_sums((float *)aux + 2 * a.E, lse2, a.T, 1, 1);
+    }
     router_counts_to_aux_kernel<<<1, 256, 0, STREAM>>>((float *)aux, counts, (int)a.E);
     CUDA_LAUNCH_CHECK();
 }
