@@ -85,7 +85,7 @@ static void direct_setup(Bench *b) {
 
 int main(int argc, char **argv) {
     Comm *host = comm_world_init(&argc, &argv, sizeof(float));
-    Bench b = {.ops = ops_cuda(comm_local_rank(host->rank))};
+    Bench b = {.ops = ops_cuda(comm_local_rank(host->rank), false)};
     b.w = comm_nccl_world(host, b.ops->stream);
     b.n = (size_t)b.w->size, b.rows = (size_t)T * K;
     b.a = b.ops->alloc(b.rows * D * 2), b.b = b.ops->alloc(b.rows * D * 2);
