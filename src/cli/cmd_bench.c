@@ -40,6 +40,9 @@ static void print_report(const Config *cfg, const BenchReport *r) {
     printf("device       %s, matrix product %.1f TFLOP/s measured\n", cfg->train.device, r->matmul_tflops);
     printf("step         %.2f ms (mean of timed steps, %s), %.0f tokens on %d rank(s)\n", r->ms_per_step,
            r->graph ? "replayed graph" : "run as queued", tokens, r->ranks);
+    if (r->graph)
+        printf("graph alone  %.2f ms a replay, back to back (the host's part of a step: %.2f ms)\n", r->graph_only_ms,
+               r->ms_per_step - r->graph_only_ms);
     printf("throughput   %s tokens/s, %.1f model TFLOP/s (per rank: %.0f tokens/s, %.1f TFLOP/s)\n", tps, tflops,
            tokens / sec / r->ranks, tflops / r->ranks);
     double per_rank = tflops / r->ranks;

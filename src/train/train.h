@@ -28,6 +28,7 @@ typedef struct {
     double load_imbalance; // the last timed step's worst MoE layer: max / mean expert load
     double drop_rate;      // the last timed step: dropped / routed slots, mean over MoE layers
     bool graph;            // steps replayed a recorded graph
+    double graph_only_ms;  // that graph replayed back to back, no host work between (0: no graph)
     size_t memory_in_use;  // device memory in use after the run (0 when unknown)
     size_t model_bytes;    // what the model and optimizer allocated
     double phase_ms[PROFILE_N_PHASES]; // one profiled step, kernels timed one by one

@@ -27,8 +27,7 @@ static void *attn_scratch(size_t bytes) {
 // row is read once and written once in 16-byte accesses. The weight gradients are summed per block
 // and then over blocks, each in a fixed order: deterministic, no atomics.
 
-#define QKV_CHUNKS 8             // chunks per thread at most
-#define QKV_BACKWARD_BLOCKS 1024 // token-striding blocks of the backward (rows of its partial sums)
+#define QKV_CHUNKS 8 // chunks per thread at most
 
 typedef struct {
     int C8, qk8, q8, head8; // chunks per row, of the q and k heads, of the q heads, per head
@@ -259,16 +258,20 @@ extern "C" void cuda_qkv_norm_rope_backward(void *dqkv_raw, void *dwq, void *dwk
     size_t T = d.B * d.S;
     if (!T) return;
     QkvChunks k = qkv_chunks(d);
-    unsigned threads = qkv_threads(d), blocks = (unsigned)(T < QKV_BACKWARD_BLOCKS ? T : QKV_BACKWARD_BLOCKS);
+    unsigned threads = qkv_threads(d);
     int nw = mode == QK_NORM_HEAD ? 2 * (int)d.hd : k.qk8 * 8, nq = mode == QK_NORM_HEAD ? (int)d.hd : k.q8 * 8;
     size_t smem = mode == QK_NORM_FULL ? (size_t)nw * sizeof(float) : mode == QK_NORM_HEAD ? threads * 16 * sizeof(float) : 0;
-    float *part = mode == QK_NORM_NONE ? NULL
-                                       : (float *)cuda_grow_scratch(&part_buf, &part_have, (size_t)blocks * nw * sizeof(float));
     auto kernel = mode == QK_NORM_FULL ? qkv_norm_rope_backward_kernel<QK_NORM_FULL>
                   : mode == QK_NORM_HEAD ? qkv_norm_rope_backward_kernel<QK_NORM_HEAD>
                                          : qkv_norm_rope_backward_kernel<QK_NORM_NONE>;
     if (smem > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    kernel<<<blocks, threads, smem, STREAM>>>((bf16 *)dqkv_raw, part, (const bf16 *)dqkv, (const bf16 *)qkv_raw,
+    int resident = 0; // token-striding blocks, one wave of them (rows of the partial sums)
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, (int)threads, smem));
+    size_t blocks = (size_t)cuda_ctx.sm_count * (resident > 0 ? resident : 1);
+    if (blocks > T) blocks = T;
+    float *part = mode == QK_NORM_NONE ? NULL
+                                       : (float *)cuda_grow_scratch(&part_buf, &part_have, blocks * nw * sizeof(float));
+    kernel<<<(unsigned)blocks, threads, smem, STREAM>>>((bf16 *)dqkv_raw, part, (const bf16 *)dqkv, (const bf16 *)qkv_raw,
                                               (const bf16 *)wq, (const bf16 *)wk, (const float *)rstd,
                                               (const float *)rope, d);
     CUDA_LAUNCH_CHECK();
