@@ -62,17 +62,26 @@ __device__ float2 block_sum2(float q, float k, float2 *red) {
     return s;
 }
 
-// RoPE of a chunk of 8 values: positions j0..j0+7 of a head's first or second half (cc: the chunk's
-// place in its head); the partner lane holds the same positions of the other half. cs: the token's
-// table row of (cos, sin) pairs. inverse: rotate back (the gradient's transpose). Every lane of the
-// warp calls it.
-__device__ __forceinline__ void rope_chunk(float v[8], const float *cs, int cc, int head8, bool inverse) {
-    int half8 = head8 / 2, j0 = (cc % half8) * 8;
+// The (cos, sin) pairs of a token's RoPE table row at this thread's 8 positions of a head half:
+// the same for every chunk the thread holds (cc: the chunks' place in their heads).
+struct RopeChunk {
+    float4 r[4]; // (cos, sin) of positions j0 + 2i and j0 + 2i + 1
+};
+
+__device__ __forceinline__ RopeChunk rope_load(const float *table_row, int cc, int head8) {
+    const float4 *p = reinterpret_cast<const float4 *>(table_row + 2 * (cc % (head8 / 2)) * 8);
+    return {{p[0], p[1], p[2], p[3]}};
+}
+
+// RoPE of a chunk of 8 values: positions j0..j0+7 of a head's first or second half; the partner
+// lane holds the same positions of the other half. inverse: rotate back (the gradient's transpose).
+// Every lane of the warp calls it.
+__device__ __forceinline__ void rope_chunk(float v[8], const RopeChunk &rc, int cc, int head8, bool inverse) {
+    int half8 = head8 / 2;
     float sgn = (cc < half8) != inverse ? -1.0f : 1.0f, p[8];
     for (int e = 0; e < 8; e++) p[e] = __shfl_xor_sync(0xffffffffu, v[e], half8);
-    const float4 *r = reinterpret_cast<const float4 *>(cs + 2 * j0);
     for (int e = 0; e < 8; e += 2) {
-        float4 q = r[e / 2]; // (cos, sin) of positions j0 + e and j0 + e + 1
+        float4 q = rc.r[e / 2];
         v[e] = v[e] * q.x + sgn * p[e] * q.y;
         v[e + 1] = v[e + 1] * q.z + sgn * p[e + 1] * q.w;
     }
@@ -128,7 +137,7 @@ __global__ void qkv_norm_rope_forward_kernel(bf16 *qkv, float *rstd, const bf16 
     float2 full = MODE == QK_NORM_FULL ? full_sums(k, red, squares) : make_float2(0, 0);
     float rs_q = rsqrtf(full.x / (float)(d.Hq * d.hd) + eps), rs_k = rsqrtf(full.y / (float)(d.Hkv * d.hd) + eps);
     int cc = threadIdx.x % k.head8;
-    const float *cs = rope + (t % d.S) * d.hd;
+    RopeChunk cs = rope_load(rope + (t % d.S) * d.hd, cc, k.head8);
     #pragma unroll
     for (int i = 0; i < QKV_CHUNKS && i * (int)blockDim.x < k.C8; i++) { // block-uniform: shuffles inside
         int c = i * blockDim.x + threadIdx.x;
@@ -148,7 +157,7 @@ __global__ void qkv_norm_rope_forward_kernel(bf16 *qkv, float *rstd, const bf16 
 }
 
 // The gradient of chunk i with RoPE undone (every lane of the warp calls it).
-__device__ __forceinline__ void unrotated_grad(float g[8], uint4 gu, const float *cs, int cc, int head8) {
+__device__ __forceinline__ void unrotated_grad(float g[8], uint4 gu, const RopeChunk &cs, int cc, int head8) {
     unpack8(g, gu);
     rope_chunk(g, cs, cc, head8, true);
 }
@@ -184,7 +193,7 @@ __global__ void qkv_norm_rope_backward_kernel(bf16 *draw, float *dw_part, const 
             gu[i] = c < k.C8 ? g_in[c] : make_uint4(0, 0, 0, 0);
             xu[i] = MODE != QK_NORM_NONE && c < k.qk8 ? x_in[c] : make_uint4(0, 0, 0, 0);
         }
-        const float *cs = rope + (t % d.S) * d.hd;
+        RopeChunk cs = rope_load(rope + (t % d.S) * d.hd, cc, k.head8);
         // sum over the group of g w x (g: the gradient of the normalised values)
         auto gwx = [&](int i, int c) {
             float g[8], x[8], w[8], s = 0;

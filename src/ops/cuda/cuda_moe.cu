@@ -212,13 +212,31 @@ __global__ void sort_rank_kernel(int32_t *slot_pos, const int32_t *block_first, 
     slot_pos[i] = rank < kept ? offsets[e] + rank : -1;
 }
 
+// Rows in 16-byte vectors by one warp, ROW_BATCH vectors a lane loaded before any is stored (the
+// loads of a row in flight together).
+#define ROW_BATCH 4
+
+__device__ __forceinline__ void warp_copy_row(uint4 *__restrict__ dst, const uint4 *__restrict__ src, size_t n16,
+                                              int lane) {
+    for (size_t j0 = lane; j0 < n16; j0 += 32 * ROW_BATCH) {
+        uint4 v[ROW_BATCH];
+#pragma unroll
+        for (int b = 0; b < ROW_BATCH; b++)
+            if (j0 + 32 * b < n16) v[b] = src[j0 + 32 * b];
+#pragma unroll
+        for (int b = 0; b < ROW_BATCH; b++)
+            if (j0 + 32 * b < n16) dst[j0 + 32 * b] = v[b];
+    }
+}
+
+// A warp per slot.
 __global__ void gather_rows_kernel(bf16 *xp, const bf16 *x, const int32_t *slot_pos, size_t n, int K, size_t D) {
-    size_t i = blockIdx.x;
+    size_t i = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (i >= n) return;
     int pos = slot_pos[i];
     if (pos < 0) return;
-    const uint4 *src = reinterpret_cast<const uint4 *>(x + (i / K) * D);
-    uint4 *dst = reinterpret_cast<uint4 *>(xp + (size_t)pos * D);
-    for (size_t j = threadIdx.x; j < D / 8; j += blockDim.x) dst[j] = src[j];
+    warp_copy_row(reinterpret_cast<uint4 *>(xp + (size_t)pos * D), reinterpret_cast<const uint4 *>(x + (i / K) * D),
+                  D / 8, threadIdx.x & 31);
 }
 
 extern "C" void cuda_moe_dispatch_forward(void *xp, int32_t *slot_pos, int32_t *offsets, void *stats, const void *x,
@@ -234,7 +252,7 @@ extern "C" void cuda_moe_dispatch_forward(void *xp, int32_t *slot_pos, int32_t *
     CUDA_LAUNCH_CHECK();
     sort_rank_kernel<<<blocks, SORT_CHUNK, 0, STREAM>>>(slot_pos, block_counts, offsets, topk_idx, n, (int)E);
     CUDA_LAUNCH_CHECK();
-    if (n) gather_rows_kernel<<<(unsigned)n, 128, 0, STREAM>>>((bf16 *)xp, (const bf16 *)x, slot_pos, n, (int)K, D);
+    if (n) gather_rows_kernel<<<cuda_blocks(n, 8), 256, 0, STREAM>>>((bf16 *)xp, (const bf16 *)x, slot_pos, n, (int)K, D);
     CUDA_LAUNCH_CHECK();
 }
 
@@ -273,8 +291,9 @@ extern "C" void cuda_moe_combine_forward(void *out, const void *y, const int32_t
 }
 
 // A warp per slot: dy[pos] = w dout[t]; dw = dout[t] . y[pos] (0 for a dropped slot).
-__global__ void combine_backward_kernel(bf16 *dy, float *dtopk_w, const bf16 *dout, const bf16 *y,
-                                        const int32_t *slot_pos, const float *topk_w, size_t n, int K, size_t D) {
+__global__ void combine_backward_kernel(bf16 *__restrict__ dy, float *dtopk_w, const bf16 *__restrict__ dout,
+                                        const bf16 *__restrict__ y, const int32_t *slot_pos, const float *topk_w,
+                                        size_t n, int K, size_t D) {
     size_t i = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x & 31;
     if (i >= n) return;
@@ -285,6 +304,7 @@ __global__ void combine_backward_kernel(bf16 *dy, float *dtopk_w, const bf16 *do
     }
     const bf16 *g = dout + (i / K) * D, *yr = y + (size_t)pos * D;
     float w = topk_w[i], dot = 0;
+#pragma unroll 4
     for (size_t j = 8 * lane; j < D; j += 256) {
         float gv[8], yv[8];
         load8(gv, g + j), load8(yv, yr + j);
@@ -333,7 +353,7 @@ __global__ void regroup_rows_kernel(bf16 *out, const bf16 *in, const int32_t *st
         size_t from = to_expert_major ? a : b, to = to_expert_major ? b : a;
         const uint4 *s4 = reinterpret_cast<const uint4 *>(in + from * D);
         uint4 *d4 = reinterpret_cast<uint4 *>(out + to * D);
-        for (size_t j = lane; j < D / 8; j += 32) d4[j] = s4[j];
+        warp_copy_row(d4, s4, D / 8, lane);
     }
 }
 
