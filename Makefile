@@ -43,7 +43,20 @@ else
 DIST_SRC := $(filter-out src/dist/comm_nccl.c,$(DIST_SRC))
 endif
 
-LIB_SRC  := $(wildcard src/common/*.c src/io/*.c src/model/*.c src/ops/*.c src/ops/cpu/*.c src/train/*.c) $(DIST_SRC)
+# Pictures of runs (`moe plot`) are drawn with cairo: on when pkg-config finds it (scripts/setup.sh
+# installs libcairo2-dev); PLOT=0 builds moe without it (the command then says how to get it).
+PLOT ?= $(if $(shell pkg-config --exists cairo 2>/dev/null && echo 1),1,0)
+CAIRO_SRC := src/plot/plot.c src/plot/figures.c
+ifeq ($(PLOT),1)
+CFLAGS  += $(shell pkg-config --cflags cairo)
+LDLIBS  += $(shell pkg-config --libs cairo)
+PLOT_SRC := $(filter-out src/plot/no_plot.c,$(wildcard src/plot/*.c))
+else
+PLOT_SRC := $(filter-out $(CAIRO_SRC),$(wildcard src/plot/*.c))
+endif
+
+LIB_SRC  := $(wildcard src/common/*.c src/io/*.c src/model/*.c src/ops/*.c src/ops/cpu/*.c src/train/*.c) \
+            $(DIST_SRC) $(PLOT_SRC)
 
 # CUDA backend (train.device=cuda): `make CUDA=1`, for Hopper (sm_90a) by default. NCCL and cuDNN
 # from the toolkit, or NCCL_HOME / CUDNN_HOME (e.g. a Python wheel's nvidia/nccl, nvidia/cudnn).
@@ -101,6 +114,10 @@ build/test_unit: $(TEST_OBJ) $(LINK_STAMP)
 build/test_comm: $(BUILD)/f32/tests/mpi/test_comm.o $(LIB_OBJ) $(LINK_STAMP)
 	$(CC) -o $@ $(filter %.o,$^) $(LDLIBS)
 
+# Size and colours of a PNG, for tests/cli/test_plot.sh (builds with cairo).
+build/png_stats: $(BUILD)/f32/tests/plot/png_stats.o $(LINK_STAMP)
+	$(CC) -o $@ $(filter %.o,$^) $(LDLIBS)
+
 $(BUILD)/f32/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
@@ -136,7 +153,7 @@ SAN_ENV := ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0 \
 	LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0 \
 	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
-test: moe build/test_unit $(if $(filter 1,$(MPI)),build/test_comm) $(DATA)
+test: moe build/test_unit $(if $(filter 1,$(MPI)),build/test_comm) $(if $(filter 1,$(PLOT)),build/png_stats) $(DATA)
 	@$(if $(filter 1,$(SANITIZE)),$(SAN_ENV)) bash tests/run_all.sh
 
 # libFuzzer harnesses (clang from Debian), each built with the library sources it reads through;

@@ -1,4 +1,4 @@
-// Tests of the shared helpers: suggestions, number formatting, counter-based random numbers.
+// Tests of the shared helpers: suggestions, number and duration formatting, counter-based random numbers.
 #include <string.h>
 
 #include "common/util.h"
@@ -16,6 +16,11 @@ static void test_fmt_count(void) {
     CHECK_MSG(!strcmp(moe_fmt_count(buf, sizeof buf, 1115394), "1,115,394"), "got %s", buf);
     CHECK_MSG(!strcmp(moe_fmt_count(buf, sizeof buf, 999), "999"), "got %s", buf);
     CHECK_MSG(!strcmp(moe_fmt_count(buf, sizeof buf, 0), "0"), "got %s", buf);
+    const double seconds[] = {0, 42.4, 185, 7620, 273600, -1, NAN};
+    const char *want[] = {"0s", "42s", "3m05s", "2h07m", "3d04h", "?", "?"};
+    for (size_t i = 0; i < sizeof seconds / sizeof seconds[0]; i++)
+        CHECK_MSG(!strcmp(moe_fmt_duration(buf, sizeof buf, seconds[i]), want[i]), "%g s: got %s, want %s",
+                  seconds[i], buf, want[i]);
 }
 
 static void test_rng_is_a_pure_function(void) {
@@ -50,7 +55,7 @@ static void test_uniform_range(void) {
 
 const TestCase util_tests[] = {
     {"util_suggest", test_suggest},
-    {"util_fmt_count", test_fmt_count},
+    {"util_fmt_count_and_duration", test_fmt_count},
     {"util_rng_pure_function", test_rng_is_a_pure_function},
     {"util_trunc_normal_moments", test_trunc_normal_moments},
     {"util_uniform_range", test_uniform_range},

@@ -37,6 +37,7 @@ int cmd_inspect(int argc, char **argv, Comm *world);
 int cmd_data(int argc, char **argv, Comm *world);
 int cmd_bench(int argc, char **argv, Comm *world);
 int cmd_ckpt(int argc, char **argv, Comm *world);
+int cmd_plot(int argc, char **argv, Comm *world);
 // `moe bench --kernels`: each component kernel timed alone on cfg's shapes (bench_kernels.c).
 void bench_kernels(const Config *cfg);
 // Applies key=value overrides to cfg, then validates it; exits with the message on an error.

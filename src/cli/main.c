@@ -19,6 +19,7 @@ static const Command COMMANDS[] = {
     {"inspect", cmd_inspect, "parameters, FLOPs per token and memory of a config or run"},
     {"data", cmd_data, "prepare token files (`moe data prepare IN.txt OUT.npy`)"},
     {"ckpt", cmd_ckpt, "check a checkpoint's files and checksums (`moe ckpt verify DIR`)"},
+    {"plot", cmd_plot, "pictures of runs from their metrics (`moe plot RUN_DIR [RUN_DIR ...]`)"},
     {"bench", cmd_bench, "training throughput, TFLOP/s, MFU and a per-phase breakdown of a config"},
 };
 #define N_COMMANDS (sizeof COMMANDS / sizeof COMMANDS[0])

@@ -159,3 +159,23 @@ char *moe_fmt_count(char *buf, size_t len, uint64_t n) {
     buf[o] = 0;
     return buf;
 }
+
+char *moe_fmt_duration(char *buf, size_t len, double seconds) {
+    static const struct {
+        unsigned long long unit, sub;
+        const char *name, *sub_name;
+    } UNITS[] = {{86400, 3600, "d", "h"}, {3600, 60, "h", "m"}, {60, 1, "m", "s"}};
+    if (!(seconds >= 0 && seconds < 1e15)) {
+        snprintf(buf, len, "?");
+        return buf;
+    }
+    unsigned long long s = (unsigned long long)(seconds + 0.5);
+    snprintf(buf, len, "%llus", s);
+    for (size_t i = 0; i < sizeof UNITS / sizeof UNITS[0]; i++) {
+        if (s < UNITS[i].unit) continue;
+        snprintf(buf, len, "%llu%s%02llu%s", s / UNITS[i].unit, UNITS[i].name, s % UNITS[i].unit / UNITS[i].sub,
+                 UNITS[i].sub_name);
+        break;
+    }
+    return buf;
+}

@@ -56,6 +56,9 @@ const char *moe_suggest(const char *name, const char *const *candidates, size_t 
 
 // Thousands separators for user-facing numbers ("1,115,394"); returns buf.
 char *moe_fmt_count(char *buf, size_t len, uint64_t n);
+// A duration for people: "42s", "3m05s", "2h07m", "3d04h" ("?" when not finite or negative);
+// returns buf.
+char *moe_fmt_duration(char *buf, size_t len, double seconds);
 
 #ifdef __cplusplus
 }

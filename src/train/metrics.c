@@ -73,7 +73,9 @@ void report_print(const StepReport *r, FILE *f) {
         fprintf(f, " lb %.3f z %.3f | load max/mean %.2f", r->lb, r->z, report_worst_imbalance(r));
         if (drop > 0) fprintf(f, " drop %.1f%%", 100 * drop);
     }
-    fprintf(f, " | lr %.2e | gnorm %.3f | %s tok/s\n", r->lr, r->grad_norm, tps);
+    char elapsed[32], eta[32];
+    fprintf(f, " | lr %.2e | gnorm %.3f | %s tok/s | %s elapsed, ETA %s\n", r->lr, r->grad_norm, tps,
+            moe_fmt_duration(elapsed, sizeof elapsed, r->elapsed_s), moe_fmt_duration(eta, sizeof eta, r->eta_s));
     fflush(f);
 }
 
@@ -97,9 +99,9 @@ static json_t *layer_to_json(const LayerLoad *L, int index, int E) {
 
 json_t *report_to_json(const StepReport *r) {
     static const char *const KEYS[] = {"loss", "ce", "lb_loss", "z_loss", "lm_z_loss", "lr", "grad_norm",
-                                       "tokens_per_sec", "elapsed_s", "pipeline_wait"};
+                                       "tokens", "tokens_per_sec", "elapsed_s", "pipeline_wait"};
     const double values[] = {r->loss, r->ce, r->lb, r->z, r->lm_z, r->lr, r->grad_norm,
-                             r->tokens_per_sec, r->elapsed_s, r->pipeline_wait};
+                             r->tokens, r->tokens_per_sec, r->elapsed_s, r->pipeline_wait};
     json_t *o = json_object(), *layers = json_array();
     json_object_set_new(o, "step", json_integer(r->step));
     set_numbers(o, KEYS, values, sizeof values / sizeof values[0]);
@@ -118,12 +120,23 @@ json_t *metrics_val_record(int64_t step, double loss, size_t sequences) {
 
 // ---------------------------------------------------------------- metrics.jsonl
 
-// A record a resumed run keeps: a whole line (ended by its newline) holding a JSON object of a step
-// not after the checkpoint's.
-static bool log_line_kept(const char *line, size_t n, int64_t step) {
+// Follows the run's validation losses (for the summary at its end).
+static void log_note(MetricsLog *log, const json_t *record) {
+    json_t *v = json_object_get(record, "val_loss"), *s = json_object_get(record, "step");
+    if (!json_is_number(v) || !json_is_integer(s)) return;
+    log->last_val = json_number_value(v);
+    log->last_val_step = json_integer_value(s);
+    if (log->best_val_step < 0 || log->last_val < log->best_val)
+        log->best_val = log->last_val, log->best_val_step = log->last_val_step;
+}
+
+// A record a resumed run keeps (and notes): a whole line (ended by its newline) holding a JSON
+// object of a step not after the checkpoint's.
+static bool log_line_kept(MetricsLog *log, const char *line, size_t n, int64_t step) {
     if (line[n - 1] != '\n') return false;
     json_t *o = json_loadb(line, n, 0, NULL), *s = json_object_get(o, "step");
     bool kept = json_is_integer(s) && json_integer_value(s) <= step;
+    if (kept) log_note(log, o);
     json_decref(o);
     return kept;
 }
@@ -135,7 +148,7 @@ static int log_truncate(MetricsLog *log, int64_t step, MoeErr err) {
     ssize_t n;
     rewind(log->file);
     while ((n = getline(&line, &cap, log->file)) > 0) {
-        if (!log->dropped && log_line_kept(line, (size_t)n, step)) keep = at + (size_t)n;
+        if (!log->dropped && log_line_kept(log, line, (size_t)n, step)) keep = at + (size_t)n;
         else log->dropped++;
         at += (size_t)n;
     }
@@ -147,6 +160,7 @@ static int log_truncate(MetricsLog *log, int64_t step, MoeErr err) {
 
 int metrics_log_open(MetricsLog *log, const char *run_dir, bool resume, int64_t step, MoeErr err) {
     memset(log, 0, sizeof *log);
+    log->best_val_step = log->last_val_step = -1;
     snprintf(log->path, sizeof log->path, "%s/metrics.jsonl", run_dir);
     log->file = fopen(log->path, resume ? "a+" : "w");
     if (!log->file) return moe_err(err, "%s: cannot write the metrics log (%s)", log->path, strerror(errno));
@@ -159,6 +173,7 @@ int metrics_log_write(MetricsLog *log, json_t *record, MoeErr err) {
     bool bad = json_dumpf(record, log->file, JSON_COMPACT | JSON_REAL_PRECISION(9)) != 0;
     bad |= fputc('\n', log->file) == EOF;
     bad |= fflush(log->file) != 0;
+    log_note(log, record);
     json_decref(record);
     if (bad)
         return moe_err(err, "%s: cannot write the metrics log (%s%s)", log->path, strerror(errno),

@@ -20,7 +20,9 @@ typedef struct {
     int64_t step, steps;
     double loss, ce, lb, z, lm_z; // loss = ce + coefficients x aux losses
     double lr, grad_norm;
+    double tokens;         // tokens trained on through this step, all ranks (from the data position)
     double tokens_per_sec, elapsed_s;
+    double eta_s;          // console only: seconds to the run's last step (NAN: not known yet)
     double pipeline_wait;  // share of the step rank 0 spent in pipeline transfers (bubble + comm)
     int n_moe, E;
     LayerLoad *layers;     // (n_moe)
@@ -40,12 +42,17 @@ json_t *report_to_json(const StepReport *r);              // its metrics.jsonl r
 typedef struct {
     FILE *file;
     char path[4200];
-    size_t dropped; // lines removed when the log was reopened for a resume
+    size_t dropped;             // lines removed when the log was reopened for a resume
+    int64_t best_val_step;      // validation records of the whole run (kept on a resume, or
+    double best_val;            // written since): the lowest loss and its step (-1: none yet),
+    int64_t last_val_step;      // and the latest
+    double last_val;
 } MetricsLog;
 
 // Opens run_dir/metrics.jsonl: empty for a new run; for a run resumed at `step`, the records up
 // to that step are kept and the rest dropped (the steps it redoes, and a last line cut short by a
-// crash or a full disk), so that every step is logged once and every line is whole JSON.
+// crash or a full disk), so that every step is logged once and every line is whole JSON. The
+// validation records kept start the log's best and latest validation loss.
 int metrics_log_open(MetricsLog *log, const char *run_dir, bool resume, int64_t step, MoeErr err);
 // Appends `record` as one line and flushes; takes the reference. -1 with a message naming the log
 // when it cannot be written (a full disk): the run must stop rather than lose its metrics.

@@ -19,6 +19,23 @@
 #include "optim.h"
 #include "setup.h"
 
+// When the latest steps of a run began (their evaluations and checkpoints included): the pace for
+// the ETA on the progress line.
+#define CLOCK_STEPS 32
+typedef struct {
+    double began[CLOCK_STEPS]; // ring buffer
+    int64_t n;                 // steps begun
+} StepClock;
+
+static void clock_step_begins(StepClock *c, double now) { c->began[c->n++ % CLOCK_STEPS] = now; }
+
+// Seconds to the run's end at the pace of the steps in the window, the current one included (at
+// least one has begun).
+static double clock_eta(const StepClock *c, double now, int64_t remaining) {
+    int64_t k = c->n < CLOCK_STEPS ? c->n : CLOCK_STEPS;
+    return (now - c->began[(c->n - k) % CLOCK_STEPS]) / (double)k * (double)remaining;
+}
+
 typedef struct {
     Config cfg;
     Parallel par;
@@ -36,6 +53,11 @@ typedef struct {
     bool synthetic;       // benchmark: random token ids, no files written
     Comm *host, *world;   // the ranks as started, and as this run talks (an NCCL world on GPUs)
     int64_t first_step;   // the step this process started from
+    uint64_t first_position; // and its data position
+    int64_t last_step;    // the step this process stops at (train.steps, or --stop-at)
+    double start;         // when its training loop began
+    StepClock clock;      // rank 0: the pace of the latest steps
+    double final_loss, final_ce; // rank 0: the loss and cross-entropy of the latest step
     void *graph;          // the step's work recorded once for replay (backends that record)
     MetricsLog log;       // metrics.jsonl (rank 0)
     Watchdog *watchdog;   // several ranks: ends this one when its peers stop answering
@@ -238,14 +260,17 @@ static void run_eval(Trainer *t) {
     if (!isfinite(loss)) moe_fatal("step %" PRId64 ": validation loss is %g; stopping", t->state.step, loss);
 }
 
-static void report_step(Trainer *t, double seconds, double elapsed) {
+static void report_step(Trainer *t, double seconds) {
     const TrainConfig *tc = &t->cfg.train;
     StepReport r = {.step = t->state.step, .steps = tc->steps};
     size_t T = (size_t)tc->micro_batch * tc->seq_len;
     report_build(&r, &t->cfg.model, t->metrics_host, tc->micro_batches, T);
     r.lr = optim_lr(tc, t->state.step);
+    r.tokens = (double)t->state.data_position * tc->seq_len;
     r.tokens_per_sec = (double)tc->micro_batches * T / seconds;
-    r.elapsed_s = elapsed;
+    double now = moe_time_sec();
+    r.elapsed_s = now - t->start;
+    r.eta_s = clock_eta(&t->clock, now, t->last_step - t->state.step);
     r.pipeline_wait = t->par.lay.pp > 1 ? t->comm_wait / seconds : 0;
     if (!report_finite(&r)) {
         char last[4200] = "none";
@@ -255,6 +280,7 @@ static void report_step(Trainer *t, double seconds, double elapsed) {
     }
     if (r.step % tc->log_every == 0 || r.step == tc->steps || r.step == 1) report_print(&r, stdout);
     log_record(t, report_to_json(&r));
+    t->final_loss = r.loss, t->final_ce = r.ce;
     report_free(&r);
 }
 
@@ -407,6 +433,30 @@ static void print_banner(const Trainer *t) {
     printf("\n");
 }
 
+// The run in a paragraph at its end (rank 0): how far and how fast, its losses, its checkpoints.
+static void print_summary(const Trainer *t) {
+    const TrainConfig *tc = &t->cfg.train;
+    const MetricsLog *log = &t->log;
+    char wall[32], rate[32], seen[32], mine[32], ckpt[4200] = "none";
+    double seconds = moe_time_sec() - t->start;
+    uint64_t run_tokens = (t->state.data_position - t->first_position) * (uint64_t)tc->seq_len;
+    moe_fmt_count(seen, sizeof seen, t->state.data_position * (uint64_t)tc->seq_len);
+    moe_fmt_count(mine, sizeof mine, run_tokens);
+    moe_fmt_count(rate, sizeof rate, (uint64_t)(run_tokens / (seconds > 0 ? seconds : 1) + 0.5));
+    ckpt_latest(tc->out, ckpt, sizeof ckpt);
+    printf("\ndone: steps %" PRId64 "-%" PRId64 " of %d in %s (%s tokens/s); %s tokens seen, %s of them by "
+           "this run.\nfinal training loss %.4f (cross-entropy %.4f); ", t->first_step, t->state.step, tc->steps,
+           moe_fmt_duration(wall, sizeof wall, seconds), rate, seen, mine, t->final_loss, t->final_ce);
+    if (log->best_val_step >= 0)
+        printf("best validation loss %.4f at step %" PRId64 " (latest %.4f at step %" PRId64 ").\n", log->best_val,
+               log->best_val_step, log->last_val, log->last_val_step);
+    else printf("no validation loss (data.val is empty or train.eval_every=0).\n");
+    printf("checkpoints in %s; the last good one: %s.\n", tc->out, ckpt);
+    if (t->state.step < tc->steps)
+        printf("stopped by --stop-at: run the same command again to go on to step %d.\n", tc->steps);
+    printf("pictures of the run: ./moe plot %s\n", tc->out);
+}
+
 void train_run(const Config *cfg, Comm *world, const char *resume, int64_t stop_at) {
     Trainer t;
     trainer_open(&t, cfg, world, resume, stop_at, false);
@@ -414,23 +464,26 @@ void train_run(const Config *cfg, Comm *world, const char *resume, int64_t stop_
     const TrainConfig *tc = &t.cfg.train;
     Comm *groups[4] = {t.par.world, t.par.dp, t.par.ep, t.par.edp};
     if (t.par.world->size > 1) t.watchdog = watchdog_start(tc->comm_timeout, t.par.world->rank, groups, 4);
-    double start = moe_time_sec();
-    int64_t last = stop_at > 0 && stop_at < tc->steps ? stop_at : tc->steps;
-    while (t.state.step < last) {
+    t.start = moe_time_sec();
+    t.first_position = t.state.data_position;
+    t.last_step = stop_at > 0 && stop_at < tc->steps ? stop_at : tc->steps;
+    while (t.state.step < t.last_step) {
         double t0 = moe_time_sec();
+        clock_step_begins(&t.clock, t0);
         watchdog_beat(t.watchdog, t.state.step + 1, "training step");
         train_step(&t);
-        if (t.root) report_step(&t, moe_time_sec() - t0, moe_time_sec() - start);
+        if (t.root) report_step(&t, moe_time_sec() - t0);
         int64_t s = t.state.step;
         if (t.has_val && (s % tc->eval_every == 0 || s == tc->steps)) {
             watchdog_beat(t.watchdog, s, "evaluation");
             run_eval(&t);
         }
-        if ((tc->ckpt_every > 0 && s % tc->ckpt_every == 0) || s == last) {
+        if ((tc->ckpt_every > 0 && s % tc->ckpt_every == 0) || s == t.last_step) {
             watchdog_beat(t.watchdog, s, "checkpoint");
             save_checkpoint(&t);
         }
     }
+    if (t.root) print_summary(&t);
     watchdog_closing(t.watchdog, t.state.step);
     trainer_close(&t);
     watchdog_stop(t.watchdog);

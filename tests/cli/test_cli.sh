@@ -5,26 +5,12 @@
 set -u
 cd "$(dirname "$0")/../.."
 MOE=./moe
-tmp=$(mktemp -d /tmp/moe-cli-XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
 source tests/testlib.sh
-
-# A tiny model so each run takes a second or two.
-TINY="model.d_model=32 model.n_layers=2 model.n_heads=2 model.n_kv_heads=1 model.n_experts=4
-      model.top_k=2 model.expert_hidden=32 train.seq_len=32 train.micro_batch=4
-      train.eval_batches=2 train.log_every=5 train.warmup=5 train.lr=3e-3"
+make_tmp cli
 
 # Checkpoint files of a one-process run: one shard of each kind.
 MF=model-00001-of-00001.safetensors
 OF=optimizer-00001-of-00001.safetensors
-
-# expect_error NAME PATTERN CMD...: CMD must exit non-zero and its stderr must match PATTERN.
-expect_error() {
-    local name=$1 pattern=$2; shift 2
-    local out; out=$("$@" 2>&1 >/dev/null); local rc=$?
-    if [ $rc -ne 0 ] && grep -qiE -- "$pattern" <<<"$out"; then ok "$name"
-    else bad "$name" "exit code $rc, wanted non-zero and a message matching: $pattern" "got: $out"; fi
-}
 
 # ---------------------------------------------------------------- bad configs and commands
 echo '{"model": {"d_model": 64,' > "$tmp/malformed.json"
