@@ -147,8 +147,8 @@ build/test_cuda: $(BUILD)/f32/tests/gpu/test_cuda.o $(LIB_OBJ) $(LINK_STAMP)
 build/bench_exchange: $(BUILD)/f32/bench/bench_exchange.o $(LIB_OBJ) $(LINK_STAMP)
 	$(CC) -o $@ $(filter %.o,$^) $(LDLIBS)
 
-# Sanitizer settings of the test run: leaks are errors; Open MPI's own leaks (and only those) are
-# suppressed by tests/lsan.supp.
+# Sanitizer settings of the test run: leaks are errors; the own leaks of Open MPI and fontconfig (and
+# only those) are suppressed by tests/lsan.supp.
 SAN_ENV := ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0 \
 	LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0 \
 	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
