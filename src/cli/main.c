@@ -19,6 +19,8 @@ static const Command COMMANDS[] = {
     {"inspect", cmd_inspect, "parameters, FLOPs per token and memory of a config or run"},
     {"data", cmd_data, "prepare token files (`moe data prepare IN.txt OUT.npy`)"},
     {"ckpt", cmd_ckpt, "check a checkpoint's files and checksums (`moe ckpt verify DIR`)"},
+    {"export", cmd_export, "a checkpoint as a Hugging Face transformers model directory"},
+    {"import", cmd_import, "a Hugging Face OLMoE or FlexOlmo model as a checkpoint to train or evaluate"},
     {"bench", cmd_bench, "training throughput, TFLOP/s, MFU and a per-phase breakdown of a config"},
 };
 #define N_COMMANDS (sizeof COMMANDS / sizeof COMMANDS[0])

@@ -159,3 +159,9 @@ char *moe_fmt_count(char *buf, size_t len, uint64_t n) {
     buf[o] = 0;
     return buf;
 }
+
+size_t moe_first_non_finite(const float *x, size_t n) {
+    size_t i = 0;
+    while (i < n && isfinite(x[i])) i++;
+    return i;
+}

@@ -5,9 +5,8 @@
 set -u
 cd "$(dirname "$0")/../.."
 MOE=./moe
-tmp=$(mktemp -d /tmp/moe-cli-XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
 source tests/testlib.sh
+make_tmp cli
 
 # A tiny model so each run takes a second or two.
 TINY="model.d_model=32 model.n_layers=2 model.n_heads=2 model.n_kv_heads=1 model.n_experts=4
@@ -17,14 +16,6 @@ TINY="model.d_model=32 model.n_layers=2 model.n_heads=2 model.n_kv_heads=1 model
 # Checkpoint files of a one-process run: one shard of each kind.
 MF=model-00001-of-00001.safetensors
 OF=optimizer-00001-of-00001.safetensors
-
-# expect_error NAME PATTERN CMD...: CMD must exit non-zero and its stderr must match PATTERN.
-expect_error() {
-    local name=$1 pattern=$2; shift 2
-    local out; out=$("$@" 2>&1 >/dev/null); local rc=$?
-    if [ $rc -ne 0 ] && grep -qiE -- "$pattern" <<<"$out"; then ok "$name"
-    else bad "$name" "exit code $rc, wanted non-zero and a message matching: $pattern" "got: $out"; fi
-}
 
 # ---------------------------------------------------------------- bad configs and commands
 echo '{"model": {"d_model": 64,' > "$tmp/malformed.json"

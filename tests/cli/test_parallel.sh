@@ -9,8 +9,7 @@ source tests/testlib.sh
 
 require_mpi
 MPIRUN="timeout 300 mpirun --oversubscribe"
-tmp=$(mktemp -d /tmp/moe-par-XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
+make_tmp par
 
 # 2 layers (pp 2), 4 experts (ep up to 4), 4 sequences per micro-batch (dp up to 4), 4 micro-
 # batches (a real 1F1B schedule), dropless routing, loss-free bias on: every part is exercised.
