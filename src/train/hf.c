@@ -251,11 +251,11 @@ int hf_write_tokenizer(const char *dir, const Config *cfg, const char *tokenizer
     char path[4400];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     bool bytes = !tokenizer_json && hf_byte_eos(&cfg->model) >= 0;
-    int rc = 0;
-    *what = "none (the run's vocabulary is not the byte one: pass --tokenizer FILE)";
-    if (tokenizer_json) rc = fs_copy_file(tokenizer_json, path, "tokenizer", err), *what = tokenizer_json;
-    else if (bytes) rc = write_json(dir, "tokenizer.json", byte_tokenizer_json(), err), *what = "byte-level";
-    else return 0;
+    *what = tokenizer_json ? tokenizer_json : bytes ? "byte-level"
+                                                    : "none (the run's vocabulary is not the byte one: pass --tokenizer FILE)";
+    if (!tokenizer_json && !bytes) return 0;
+    int rc = tokenizer_json ? fs_copy_file(tokenizer_json, path, "tokenizer", err)
+                            : write_json(dir, "tokenizer.json", byte_tokenizer_json(), err);
     // The literal text "<|endoftext|>" stays bytes (split_special_tokens), as moe data prepare reads it.
     json_t *config = json_pack("{s:s, s:i, s:b}", "tokenizer_class", "PreTrainedTokenizerFast",
                                "model_max_length", cfg->train.seq_len, "clean_up_tokenization_spaces", 0);

@@ -50,6 +50,15 @@ done
 grep -q '"eos_token_id": 256' "$tmp/pre.hf/generation_config.json" && grep -q '"<|endoftext|>"' "$tmp/pre.hf/tokenizer.json" &&
     ok "byte vocabulary: generation config and byte-level tokenizer" || bad "byte vocabulary: generation config and byte-level tokenizer" "$(cat "$tmp/pre.hf/generation_config.json")"
 
+# Tokenizers: a given tokenizer.json is copied as it is; another vocabulary without one gets none.
+echo '{"model": {"type": "BPE", "vocab": {}}, "note": "some tokenizer"}' > "$tmp/tok.json"
+$MOE export "$tmp/pre" "$tmp/tok" --tokenizer "$tmp/tok.json" > /dev/null 2>&1 && cmp -s "$tmp/tok.json" "$tmp/tok/tokenizer.json" &&
+    ok "--tokenizer FILE is copied" || bad "--tokenizer FILE is copied" "$(ls "$tmp/tok")"
+expect_error "--tokenizer of a missing file" "nope.json: cannot open tokenizer" $MOE export "$tmp/pre" "$tmp/never" --tokenizer "$tmp/nope.json"
+train train.out="$tmp/v300" model.vocab_size=300
+out=$($MOE export "$tmp/v300" "$tmp/v300.hf" 2>&1) && grep -q "tokenizer: none" <<<"$out" && [ ! -e "$tmp/v300.hf/tokenizer.json" ] &&
+    grep -q '"eos_token_id": null' "$tmp/v300.hf/config.json" && ok "another vocabulary: no tokenizer, EOS null" || bad "another vocabulary: no tokenizer, EOS null" "$out"
+
 # bf16: half the bytes; imported back as the bf16 values, which still evaluate.
 $MOE export "$tmp/pre" "$tmp/bf16" --dtype bf16 > /dev/null 2>&1
 # data_bytes FILE: the bytes of a safetensors file after its header.
