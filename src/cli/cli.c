@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "common/util.h"
 #include "train/config.h"
@@ -63,6 +64,17 @@ void cli_parse(const CliSpec *spec, int argc, char **argv, const char **values, 
     }
 }
 
+char **cli_parse_exact(const CliSpec *spec, int argc, char **argv, const char **values, int n, const Comm *world) {
+    char **pos;
+    int n_pos;
+    cli_parse(spec, argc, argv, values, &pos, &n_pos);
+    cli_single_rank(spec->command, world);
+    if (n_pos == n) return pos;
+    cli_usage(spec, false);
+    free(pos);
+    exit(1);
+}
+
 double cli_number(const char *option, const char *text, double lo, double hi) {
     char *end;
     errno = 0;
@@ -70,6 +82,19 @@ double cli_number(const char *option, const char *text, double lo, double hi) {
     if (!*text || *end || errno || !(v >= lo && v <= hi))
         moe_fatal("option %s: '%s' is not a number between %g and %g", option, text, lo, hi);
     return v;
+}
+
+uint64_t cli_bytes(const char *option, const char *text) {
+    static const struct { const char *unit; double scale; } UNITS[] = {
+        {"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+        {"KIB", 1024.0}, {"MIB", 1048576.0}, {"GIB", 1073741824.0}, {"TIB", 1099511627776.0}};
+    char *end;
+    errno = 0;
+    double v = strtod(text, &end);
+    for (size_t i = 0; i < sizeof UNITS / sizeof UNITS[0] && end != text && !errno; i++)
+        if (!strcasecmp(end, UNITS[i].unit) && v * UNITS[i].scale >= 1 && v * UNITS[i].scale < 1.8e19)
+            return (uint64_t)(v * UNITS[i].scale);
+    moe_fatal("option %s: '%s' is not a size in bytes of at least 1 (e.g. 5GB, 500MB, 2GiB or 65536)", option, text);
 }
 
 void cli_single_rank(const char *command, const Comm *world) {

@@ -2,6 +2,7 @@
 // entry points of each command (one file per command).
 #pragma once
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "dist/comm.h"
 #include "train/config.h"
@@ -27,7 +28,13 @@ typedef struct {
 void cli_parse(const CliSpec *spec, int argc, char **argv, const char **values, char ***positional,
                int *n_positional);
 void cli_usage(const CliSpec *spec, bool keys);
+// cli_parse for a one-process command that takes exactly n positional arguments: prints the usage
+// and exits 1 for another count. Returns them (free the array with free()).
+char **cli_parse_exact(const CliSpec *spec, int argc, char **argv, const char **values, int n, const Comm *world);
 double cli_number(const char *option, const char *text, double lo, double hi);
+// A size in bytes: a number with an optional unit, B, KB, MB, GB, TB (powers of 1000, as Hugging
+// Face counts shard sizes) or KiB, MiB, GiB, TiB (powers of 1024); "5GB", "200MiB", "65536".
+uint64_t cli_bytes(const char *option, const char *text);
 
 // Every command gets the world communicator (one rank unless started by mpirun or srun).
 int cmd_train(int argc, char **argv, Comm *world);
@@ -38,6 +45,8 @@ int cmd_data(int argc, char **argv, Comm *world);
 int cmd_bench(int argc, char **argv, Comm *world);
 int cmd_ckpt(int argc, char **argv, Comm *world);
 int cmd_plot(int argc, char **argv, Comm *world);
+int cmd_export(int argc, char **argv, Comm *world);
+int cmd_import(int argc, char **argv, Comm *world);
 // `moe bench --kernels`: each component kernel timed alone on cfg's shapes (bench_kernels.c).
 void bench_kernels(const Config *cfg);
 // Applies key=value overrides to cfg, then validates it; exits with the message on an error.

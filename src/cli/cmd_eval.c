@@ -51,7 +51,7 @@ int cmd_eval(int argc, char **argv, Comm *world) {
     if (!isfinite(loss))
         moe_fatal("moe eval: the loss of %s on %s is %g: the model's outputs overflow (a diverged or "
                   "damaged checkpoint)", values[0], data, loss);
-    printf("val loss %.4f nats/token (%zu sequences of %d tokens from %s)\n", loss, n,
+    printf("val loss %.6f nats/token (%zu sequences of %d tokens from %s)\n", loss, n,
            cfg.train.seq_len, data);
     dataset_close(&ds);
     model_free(&m);

@@ -78,10 +78,11 @@ static bool resume_has_work(const Config *cfg, const TrainState *st, const char 
                    ckpt, st->step, cfg->train.steps);
         return false;
     }
-    if (st->step == stop_at && speaks)
+    bool at_stop = stop_at && st->step == stop_at; // 0: no --stop-at (an import's checkpoint is step 0)
+    if (at_stop && speaks)
         printf("%s: already at step %" PRId64 " (--stop-at); pass a later --stop-at, or none, to continue\n",
                ckpt, st->step);
-    return st->step != stop_at;
+    return !at_stop;
 }
 
 // The arguments without `--nproc N`: what each started rank runs.

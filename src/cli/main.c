@@ -20,6 +20,8 @@ static const Command COMMANDS[] = {
     {"data", cmd_data, "prepare token files (`moe data prepare IN.txt OUT.npy`)"},
     {"ckpt", cmd_ckpt, "check a checkpoint's files and checksums (`moe ckpt verify DIR`)"},
     {"plot", cmd_plot, "pictures of runs from their metrics (`moe plot RUN_DIR [RUN_DIR ...]`)"},
+    {"export", cmd_export, "a checkpoint as a Hugging Face transformers model directory"},
+    {"import", cmd_import, "a Hugging Face OLMoE or FlexOlmo model as a checkpoint to train or evaluate"},
     {"bench", cmd_bench, "training throughput, TFLOP/s, MFU and a per-phase breakdown of a config"},
 };
 #define N_COMMANDS (sizeof COMMANDS / sizeof COMMANDS[0])

@@ -179,3 +179,9 @@ char *moe_fmt_duration(char *buf, size_t len, double seconds) {
     }
     return buf;
 }
+
+size_t moe_first_non_finite(const float *x, size_t n) {
+    size_t i = 0;
+    while (i < n && isfinite(x[i])) i++;
+    return i;
+}

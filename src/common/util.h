@@ -54,6 +54,9 @@ uint64_t rng_hash_str(uint64_t seed, const char *s);
 // The candidate closest to `name` by edit distance, or NULL if none is close enough to suggest.
 const char *moe_suggest(const char *name, const char *const *candidates, size_t n);
 
+// Index of the first NaN or infinity of x (n), or n when every value is finite.
+size_t moe_first_non_finite(const float *x, size_t n);
+
 // Thousands separators for user-facing numbers ("1,115,394"); returns buf.
 char *moe_fmt_count(char *buf, size_t len, uint64_t n);
 // A duration for people: "42s", "3m05s", "2h07m", "3d04h" ("?" when not finite or negative);

@@ -66,8 +66,7 @@ bool fs_is_dir(const char *path) {
     return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-// The folder of path ("." when it has none) into dir; returns the last component.
-static const char *fs_split(const char *path, char *dir, size_t len) {
+const char *fs_split(const char *path, char *dir, size_t len) {
     const char *slash = strrchr(path, '/');
     if (!slash) snprintf(dir, len, ".");
     else if (slash == path) snprintf(dir, len, "/");
@@ -161,6 +160,47 @@ json_t *fs_load_json(const char *path, const char *what, MoeErr err) {
     else if (!root) moe_err(err, "%s:%d:%d: malformed JSON: %s", path, jerr.line, jerr.column, jerr.text);
     fclose(f);
     return root;
+}
+
+bool fs_dir_empty(const char *path) {
+    DIR *d = opendir(path);
+    if (!d) return false;
+    struct dirent *e;
+    bool empty = true;
+    while (empty && (e = readdir(d))) empty = !strcmp(e->d_name, ".") || !strcmp(e->d_name, "..");
+    closedir(d);
+    return empty;
+}
+
+int fs_copy_file(const char *src, const char *dst, const char *what, MoeErr err) {
+    FILE *in = fs_fopen_regular(src, what, err);
+    if (!in) return -1;
+    FILE *out = fopen(dst, "wb");
+    if (!out) {
+        fclose(in);
+        return moe_err(err, "%s: cannot create (%s)", dst, strerror(errno));
+    }
+    char buf[65536];
+    size_t n;
+    bool bad = false;
+    while (!bad && (n = fread(buf, 1, sizeof buf, in)) > 0) bad = fwrite(buf, 1, n, out) != n;
+    bad |= ferror(in) != 0;
+    bad |= fflush(out) != 0 || fsync(fileno(out)) != 0;
+    int saved = errno;
+    bad |= fclose(out) != 0;
+    fclose(in);
+    if (bad) unlink(dst);
+    return bad ? moe_err(err, "%s: cannot copy %s to %s (%s)", src, what, dst, strerror(saved)) : 0;
+}
+
+int fs_replace_dir(const char *tmp, const char *final, const char *old, MoeErr err) {
+    if (fs_exists(final) && rename(final, old))
+        return moe_err(err, "%s: cannot replace (%s)", final, strerror(errno));
+    if (rename(tmp, final)) return moe_err(err, "%s: cannot rename into place (%s)", final, strerror(errno));
+    fs_remove_tree(old);
+    char parent[4096];
+    fs_split(final, parent, sizeof parent);
+    return fs_fsync_dir(parent, err);
 }
 
 int fs_write_json_synced(const char *path, json_t *root, MoeErr err) {

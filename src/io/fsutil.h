@@ -10,6 +10,11 @@ int fs_fsync_dir(const char *path, MoeErr err);
 int fs_remove_tree(const char *path); // 0 or -1; a missing path counts as removed
 bool fs_exists(const char *path);
 bool fs_is_dir(const char *path);
+bool fs_dir_empty(const char *path); // a directory with no entries (false for anything else)
+// The folder of path ("." when it has none, "/" for the root) into dir; returns the last component.
+const char *fs_split(const char *path, char *dir, size_t len);
+// Copies the regular file src (`what` names it in messages) to a new file dst, fsynced.
+int fs_copy_file(const char *src, const char *dst, const char *what, MoeErr err);
 // Opens an existing regular file read-only; returns the descriptor, or -1 with a message naming the
 // path and `what` it is ("config file"). A directory, FIFO, device or socket is refused at once:
 // opening a FIFO for reading would wait for a writer forever.
@@ -28,6 +33,11 @@ bool fs_same_file(const char *a, const char *b);
 // ends (however it ends). Returns the descriptor, or -1 with a message naming the directory and
 // the holder when another process has it.
 int fs_lock_dir(const char *dir, MoeErr err);
+// Puts the complete directory `tmp` at `final` (same file system) with renames: an existing `final`
+// (an empty directory, or one being replaced) is first renamed to `old`, which is removed once `tmp`
+// is in place; then the parent of `final` is fsynced. A crash leaves `final` either as it was or
+// whole; `old` may be left behind for the caller to clean.
+int fs_replace_dir(const char *tmp, const char *final, const char *old, MoeErr err);
 // Writes `root` as indented JSON to path via "path.tmp", fsync and rename.
 int fs_write_json_atomic(const char *path, json_t *root, MoeErr err);
 // Writes `root` to a new file (no rename) and fsyncs it: for files inside a temporary directory.

@@ -70,7 +70,7 @@ static int st_json_u64(const json_t *v, uint64_t *out) {
     return 1;
 }
 
-static void st_format_shape(const size_t *shape, int ndim, char *buf, size_t len) {
+void st_format_shape(const size_t *shape, int ndim, char *buf, size_t len) {
     size_t o = (size_t)snprintf(buf, len, "[");
     for (int i = 0; i < ndim && o < len; i++)
         o += (size_t)snprintf(buf + o, len - o, "%s%zu", i ? ", " : "", shape[i]);
@@ -410,6 +410,13 @@ static float st_f16_to_f32(uint16_t h) {
 }
 
 static float st_bf16_to_f32(uint16_t b) { return st_bits_to_f32((uint32_t)b << 16); }
+
+uint16_t st_f32_to_bf16(float x) {
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)(bits >> 16 | 0x40); // NaN: keep it quiet
+    return (uint16_t)((bits + 0x7fffu + (bits >> 16 & 1)) >> 16);               // nearest, ties to even
+}
 
 static float st_elem_to_f32(StDtype dtype, const uint8_t *p) {
     switch (dtype) {

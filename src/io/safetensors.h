@@ -45,6 +45,7 @@ typedef struct {
 
 const char *st_dtype_name(StDtype dtype);   // "F32", ...
 size_t st_dtype_size(StDtype dtype);        // bytes per element
+void st_format_shape(const size_t *shape, int ndim, char *buf, size_t len); // "[3, 4]"
 
 // Opens and validates the whole header: length within the file, valid JSON, known dtypes,
 // shapes matching byte counts, offsets inside the data buffer, no overlaps or holes, checksums
@@ -61,6 +62,8 @@ const char *st_meta_get(const SafeTensors *st, const char *key);  // NULL if abs
 // the whole tensor also checks its checksum (a slice cannot: see st_verify).
 int st_read_f32(const SafeTensors *st, const StTensor *t, size_t offset, size_t count,
                 float *dst, MoeErr err);
+// x rounded to bfloat16 bits (to nearest, ties to even, as torch's .to(torch.bfloat16); NaN stays NaN).
+uint16_t st_f32_to_bf16(float x);
 // Reads the whole of t's data and compares it with its checksum; 0 when they match or t has none.
 int st_verify(const SafeTensors *st, const StTensor *t, MoeErr err);
 

@@ -1,9 +1,13 @@
-// Reader of sharded-checkpoint indexes (see safetensors_index.h). A file name from the index is
-// joined to the checkpoint folder, so names that would leave it ("../x", "/etc/x") are refused.
+// Reader and writer of sharded-checkpoint indexes (see safetensors_index.h). A file name from the
+// index is joined to the checkpoint folder, so names that would leave it ("../x", "/etc/x") are
+// refused.
 #include "io/safetensors_index.h"
 
 #include "io/fsutil.h"
+#include "io/safetensors.h"
 
+#include <dirent.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,4 +101,34 @@ const char *st_index_file(const StIndex *ix, const char *tensor) {
 
 void st_index_path(char *buf, size_t len, const char *dir, const char *prefix) {
     snprintf(buf, len, "%s/%s.safetensors.index.json", dir, prefix);
+}
+
+int st_index_write(const char *dir, const char *prefix, MoeErr err) {
+    DIR *d = opendir(dir);
+    if (!d) return moe_err(err, "%s: cannot list (%s)", dir, strerror(errno));
+    json_t *map = json_object();
+    uint64_t total = 0;
+    size_t plen = strlen(prefix);
+    struct dirent *e;
+    int rc = 0;
+    while (!rc && (e = readdir(d))) {
+        if (strncmp(e->d_name, prefix, plen) || e->d_name[plen] != '-') continue;
+        char path[4300];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        SafeTensors sf;
+        if ((rc = st_open(&sf, path, err))) break;
+        for (size_t i = 0; i < sf.n_tensors; i++) {
+            json_object_set_new(map, sf.tensors[i].name, json_string(e->d_name));
+            total += sf.tensors[i].end - sf.tensors[i].begin;
+        }
+        st_close(&sf);
+    }
+    closedir(d);
+    json_t *root = json_pack("{s:{s:I}, s:o}", "metadata", "total_size", (json_int_t)total,
+                             "weight_map", map);
+    char path[4300];
+    st_index_path(path, sizeof path, dir, prefix);
+    if (!rc) rc = fs_write_json_synced(path, root, err);
+    json_decref(root);
+    return rc;
 }

@@ -1,6 +1,7 @@
 // The index of a sharded safetensors checkpoint (Hugging Face format, see docs/FORMATS.md):
 // PREFIX.safetensors.index.json = {"metadata": {"total_size": bytes}, "weight_map": {tensor: file}}.
-// A validating reader: every shard it names is a plain file name in the index's own folder.
+// A validating reader (every shard it names is a plain file name in the index's own folder) and a
+// writer that builds the index from the shard files.
 #pragma once
 #include <jansson.h>
 #include <stdbool.h>
@@ -26,3 +27,7 @@ void st_index_free(StIndex *ix);
 const char *st_index_file(const StIndex *ix, const char *tensor); // its shard, NULL if absent
 // "DIR/PREFIX.safetensors.index.json" into buf.
 void st_index_path(char *buf, size_t len, const char *dir, const char *prefix);
+// Writes DIR/PREFIX.safetensors.index.json (fsynced, not renamed: for a temporary directory) from
+// the shard files DIR/PREFIX-*: every tensor of each mapped to its file, and their bytes summed
+// into total_size. Opening each shard also validates it.
+int st_index_write(const char *dir, const char *prefix, MoeErr err);

@@ -4,7 +4,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,8 +12,7 @@
 #include "io/fsutil.h"
 #include "io/safetensors.h"
 #include "io/safetensors_index.h"
-
-#define CKPT_FORMAT "moe.c checkpoint 1"
+#include "io/safetensors_set.h"
 
 // ---------------------------------------------------------------- which tensors a rank writes
 
@@ -83,18 +81,11 @@ static TensorList file_tensors(Model *m, const Moments *mo, bool moments) {
     return l;
 }
 
-// Index of the first NaN or infinity of x (n), or n when every value is finite.
-static size_t first_non_finite(const float *x, size_t n) {
-    size_t i = 0;
-    while (i < n && isfinite(x[i])) i++;
-    return i;
-}
-
 // ---------------------------------------------------------------- writing
 
 // A checkpoint is a state to come back to: one with a NaN or infinity is never written.
 static int check_finite(const char *path, const char *name, const float *x, size_t n, MoeErr err) {
-    size_t i = first_non_finite(x, n);
+    size_t i = moe_first_non_finite(x, n);
     if (i == n) return 0;
     return moe_err(err, "%s: tensor '%s' holds %g at element %zu: weights or AdamW moments that are not "
                    "finite are not saved (the run diverged; try a lower train.lr)", path, name, x[i], i);
@@ -147,46 +138,16 @@ static int write_rank_files(const char *tmp, Model *m, const Moments *mo, int64_
     return rc;
 }
 
-// Hugging Face index: {"metadata": {"total_size": bytes}, "weight_map": {name: file}}, built from
-// the shard files themselves (opening each also validates what the ranks wrote).
-static int write_index(const char *tmp, const char *prefix, MoeErr err) {
-    DIR *d = opendir(tmp);
-    if (!d) return moe_err(err, "%s: cannot list (%s)", tmp, strerror(errno));
-    json_t *map = json_object();
-    uint64_t total = 0;
-    size_t plen = strlen(prefix);
-    struct dirent *e;
-    int rc = 0;
-    while (!rc && (e = readdir(d))) {
-        if (strncmp(e->d_name, prefix, plen) || e->d_name[plen] != '-') continue;
-        char path[4300];
-        snprintf(path, sizeof path, "%s/%s", tmp, e->d_name);
-        SafeTensors sf;
-        if ((rc = st_open(&sf, path, err))) break;
-        for (size_t i = 0; i < sf.n_tensors; i++) {
-            json_object_set_new(map, sf.tensors[i].name, json_string(e->d_name));
-            total += sf.tensors[i].end - sf.tensors[i].begin;
-        }
-        st_close(&sf);
-    }
-    closedir(d);
-    json_t *root = json_pack("{s:{s:I}, s:o}", "metadata", "total_size", (json_int_t)total,
-                             "weight_map", map);
-    char path[4300];
-    st_index_path(path, sizeof path, tmp, prefix);
-    if (!rc) rc = fs_write_json_synced(path, root, err);
-    json_decref(root);
-    return rc;
-}
-
-static int write_state(const char *path, const Config *cfg, const TrainState *st,
-                       const Layout *lay, MoeErr err) {
+int ckpt_write_state(const char *ckpt_dir, const Config *cfg, const TrainState *st, const Layout *lay,
+                     MoeErr err) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/train_state.json", ckpt_dir);
     json_t *root = json_object();
     json_object_set_new(root, "format", json_string(CKPT_FORMAT));
     json_object_set_new(root, "step", json_integer(st->step));
     json_object_set_new(root, "data_position", json_integer((json_int_t)st->data_position));
-    json_object_set_new(root, "written_by", json_pack("{s:i, s:i, s:i}", "pp", lay->pp, "dp",
-                                                      lay->dp, "ep", lay->ep));
+    json_object_set_new(root, "written_by", lay ? json_pack("{s:i, s:i, s:i}", "pp", lay->pp, "dp", lay->dp,
+                                                            "ep", lay->ep) : json_string("moe import"));
     json_object_set_new(root, "config", config_to_json(cfg));
     int rc = fs_write_json_synced(path, root, err);
     json_decref(root);
@@ -238,19 +199,14 @@ static void prune(const char *run_dir, int keep) {
 // Rank 0's part: indices and state into the temporary directory, then the atomic rename.
 static int publish(const char *run_dir, const char *tmp, const Config *cfg, const TrainState *st,
                    const Layout *lay, int keep, MoeErr err) {
-    char final[4096], old[4096], file[4300];
+    char final[4096], old[4096];
     snprintf(final, sizeof final, "%s/step-%" PRId64, run_dir, st->step);
     snprintf(old, sizeof old, "%s/.old-step-%" PRId64, run_dir, st->step);
-    snprintf(file, sizeof file, "%s/train_state.json", tmp);
-    if (write_index(tmp, "model", err) || write_index(tmp, "optimizer", err) ||
-        write_state(file, cfg, st, lay, err) || fs_fsync_dir(tmp, err))
+    if (st_index_write(tmp, "model", err) || st_index_write(tmp, "optimizer", err) ||
+        ckpt_write_state(tmp, cfg, st, lay, err) || fs_fsync_dir(tmp, err))
         return -1;
     // A checkpoint of the same step may exist (a resumed run saving again): swap it out whole.
-    if (fs_exists(final) && rename(final, old))
-        return moe_err(err, "%s: cannot replace (%s)", final, strerror(errno));
-    if (rename(tmp, final)) return moe_err(err, "%s: cannot rename into place (%s)", final, strerror(errno));
-    fs_remove_tree(old);
-    if (fs_fsync_dir(run_dir, err)) return -1;
+    if (fs_replace_dir(tmp, final, old, err)) return -1;
     prune(run_dir, keep);
     return 0;
 }
@@ -363,63 +319,12 @@ int ckpt_read_state(const char *ckpt_dir, Config *cfg, TrainState *st, MoeErr er
 
 // ---------------------------------------------------------------- reading
 
-// The tensors of one kind (model or optimizer) of a checkpoint: through the index, or in a single
-// "<prefix>.safetensors". Files open on first use.
-typedef struct {
-    char dir[4096], prefix[16];
-    StIndex index;        // the index (index.map NULL: a single file)
-    char **names;         // (n) files opened so far
-    SafeTensors *files;
-    size_t n;
-} CkptReader;
-
-static int reader_open(CkptReader *r, const char *dir, const char *prefix, MoeErr err) {
-    memset(r, 0, sizeof *r);
-    snprintf(r->dir, sizeof r->dir, "%s", dir);
-    snprintf(r->prefix, sizeof r->prefix, "%s", prefix);
-    char path[4300];
-    st_index_path(path, sizeof path, dir, prefix);
-    if (!fs_exists(path)) return 0;
-    return st_index_load(&r->index, path, err);
-}
-
-static void reader_close(CkptReader *r) {
-    for (size_t i = 0; i < r->n; i++) st_close(&r->files[i]), free(r->names[i]);
-    free(r->files), free(r->names);
-    st_index_free(&r->index);
-}
-
-// The file holding `name`, opened; NULL with a message when the index or file lacks it.
-static const SafeTensors *reader_file(CkptReader *r, const char *name, MoeErr err) {
-    char file[512];
-    if (r->index.map) {
-        const char *f = st_index_file(&r->index, name);
-        if (!f) {
-            moe_err(err, "%s: tensor '%s' is missing", r->index.path, name);
-            return NULL;
-        }
-        snprintf(file, sizeof file, "%s", f);
-    } else {
-        snprintf(file, sizeof file, "%s.safetensors", r->prefix);
-    }
-    for (size_t i = 0; i < r->n; i++)
-        if (!strcmp(r->names[i], file)) return &r->files[i];
-    char path[4700];
-    snprintf(path, sizeof path, "%s/%s", r->dir, file);
-    r->files = moe_realloc(r->files, (r->n + 1) * sizeof(SafeTensors));
-    r->names = moe_realloc(r->names, (r->n + 1) * sizeof(char *));
-    if (st_open(&r->files[r->n], path, err)) return NULL;
-    r->names[r->n] = moe_strdup(file);
-    return &r->files[r->n++];
-}
-
 // Reads elements [first, first + count) of the global tensor `name` (rows x cols) into dst (f32).
-static int read_range(CkptReader *r, Model *m, const char *name, size_t rows, size_t cols,
+static int read_range(StSet *r, Model *m, const char *name, size_t rows, size_t cols,
                       size_t first, size_t count, void *dst, MoeErr err) {
-    const SafeTensors *sf = reader_file(r, name, err);
-    if (!sf) return -1;
-    const StTensor *x = st_find(sf, name);
-    if (!x) return moe_err(err, "%s: tensor '%s' is missing", sf->path, name);
+    const SafeTensors *sf;
+    const StTensor *x = st_set_find(r, name, &sf, err);
+    if (!x) return -1;
     size_t ndim = cols ? 2 : 1;
     if ((size_t)x->ndim != ndim || x->shape[0] != rows || (ndim == 2 && x->shape[1] != cols))
         return moe_err(err, "%s: tensor '%s' has shape [%zu%s%zu] in the file but the model needs "
@@ -430,7 +335,7 @@ static int read_range(CkptReader *r, Model *m, const char *name, size_t rows, si
     if (count != x->numel && st_verify(sf, x, err)) return -1;
     float *host = moe_malloc((count ? count : 1) * sizeof(float));
     int rc = st_read_f32(sf, x, first, count, host, err);
-    size_t bad = rc ? count : first_non_finite(host, count);
+    size_t bad = rc ? count : moe_first_non_finite(host, count);
     if (bad < count)
         rc = moe_err(err, "%s: tensor '%s' holds %g at element %zu: a checkpoint with values that are not "
                      "finite cannot be used (resume from an earlier step-N)", sf->path, name, host[bad], first + bad);
@@ -441,7 +346,7 @@ static int read_range(CkptReader *r, Model *m, const char *name, size_t rows, si
 
 static size_t param_cols(const ParamInfo *p) { return p->ndim == 2 ? p->shape[1] : 0; }
 
-static int load_weights(CkptReader *r, Model *m, MoeErr err) {
+static int load_weights(StSet *r, Model *m, MoeErr err) {
     for (size_t i = 0; i < m->reg.n; i++) {
         const ParamInfo *p = &m->reg.p[i];
         size_t cols = param_cols(p);
@@ -462,7 +367,7 @@ static int load_weights(CkptReader *r, Model *m, MoeErr err) {
 }
 
 // Each rank reads the part of every tensor's moments that falls in its shards.
-static int load_moments(CkptReader *r, Model *m, const Optimizer *o, MoeErr err) {
+static int load_moments(StSet *r, Model *m, const Optimizer *o, MoeErr err) {
     for (size_t i = 0; i < m->reg.n; i++) {
         const ParamInfo *p = &m->reg.p[i];
         const OptShard *s = &o->region[p->expert >= 0 ? PARAM_EXPERT : PARAM_DENSE];
@@ -481,16 +386,18 @@ static int load_moments(CkptReader *r, Model *m, const Optimizer *o, MoeErr err)
     return 0;
 }
 
+bool ckpt_has_moments(const char *ckpt_dir) { return st_set_exists(ckpt_dir, "optimizer"); }
+
 int ckpt_load(const char *ckpt_dir, Model *m, const Optimizer *o, MoeErr err) {
-    CkptReader r;
-    if (reader_open(&r, ckpt_dir, "model", err)) return -1;
+    StSet r;
+    if (st_set_open(&r, ckpt_dir, "model", err)) return -1;
     m->ops->zero(m->params, m->reg.total * m->ops->f32_size); // region padding is zero
     int rc = load_weights(&r, m, err);
-    reader_close(&r);
+    st_set_close(&r);
     if (!rc && o) {
-        if (reader_open(&r, ckpt_dir, "optimizer", err)) return -1;
+        if (st_set_open(&r, ckpt_dir, "optimizer", err)) return -1;
         rc = load_moments(&r, m, o, err);
-        reader_close(&r);
+        st_set_close(&r);
     }
     if (!rc) model_sync_compute_weights(m);
     return rc;

@@ -13,6 +13,8 @@
 #include "model/model.h"
 #include "optim.h"
 
+#define CKPT_FORMAT "moe.c checkpoint 1" // train_state.json "format", and the shards' metadata
+
 typedef struct {
     int64_t step;           // optimizer steps done
     uint64_t data_position; // training sequences consumed (index of the next one)
@@ -28,6 +30,12 @@ void ckpt_clean_partial(const char *run_dir);
 // A --ckpt argument: a checkpoint directory, or a run directory (its newest checkpoint).
 int ckpt_resolve(const char *arg, char *path, size_t len, MoeErr err);
 int ckpt_read_state(const char *ckpt_dir, Config *cfg, TrainState *st, MoeErr err);
+// Writes CKPT_DIR/train_state.json (fsynced, not renamed: the directory is a temporary one).
+// `lay`: the layout that wrote the tensors; NULL for a checkpoint made by `moe import`.
+int ckpt_write_state(const char *ckpt_dir, const Config *cfg, const TrainState *st, const Layout *lay,
+                     MoeErr err);
+// Whether a checkpoint holds AdamW moments (`moe import` writes weights only).
+bool ckpt_has_moments(const char *ckpt_dir);
 // Loads the tensors this rank holds (and, with an optimizer, its moment shards), checking names
 // and shapes. Also reads a single model.safetensors (e.g. converted from Hugging Face).
 int ckpt_load(const char *ckpt_dir, Model *m, const Optimizer *o, MoeErr err);

@@ -142,7 +142,7 @@ static void verify_kind(Verify *v, const char *dir, const char *prefix, bool req
             moe_err(err, "%s: neither %s nor %s", dir, index, single);
             verify_problem(v, err);
         } else {
-            fprintf(v->out, "  %s: none (weights only: a run cannot resume from it)\n", prefix);
+            fprintf(v->out, "  %s: none (weights only: a run resumed from it starts the AdamW moments from zero)\n", prefix);
         }
         return;
     }

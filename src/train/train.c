@@ -376,10 +376,12 @@ static void trainer_open(Trainer *t, const Config *cfg, Comm *host, const char *
     optim_init(&t->opt, &t->model);
     if (resume) {
         Config saved;
+        bool moments = ckpt_has_moments(resume); // none in a checkpoint made by `moe import`
         if (ckpt_read_state(resume, &saved, &t->state, err) ||
-            ckpt_load(resume, &t->model, &t->opt, err))
+            ckpt_load(resume, &t->model, moments ? &t->opt : NULL, err))
             moe_fatal("%s", err);
-        if (t->root) printf("resumed from %s (step %" PRId64 ")\n", resume, t->state.step);
+        if (t->root) printf("resumed from %s (step %" PRId64 ")%s\n", resume, t->state.step,
+                            moments ? "" : " without optimizer state: the AdamW moments start from zero");
         t->first_step = t->state.step + 1;
     } else {
         t->first_step = 1;
