@@ -7,7 +7,8 @@ or test moe.c (docs/PERF.md records what it printed).
     python3 scripts/bench_tokenizer.py --threads 2
 
 The text: data/tinyshakespeare.txt and the Python standard library's .py files (sorted by name, up to
---mb MB in all), one document per file. The tokenizers: GPT-2's layout (ByteLevel with its pattern)
+--mb MB in all), cut at line starts into documents of at most --doc-kb KB (tokenizers slows down on
+long documents), each written to a file of its own for moe.c (one document per file). The tokenizers: GPT-2's layout (ByteLevel with its pattern)
 and cl100k's (Split with its pattern, then ByteLevel), trained here on that text with --vocab ids.
 Each side's time is its encoding alone (tokenizers: encode_batch on the documents already in
 memory; moe.c: the time it prints, between reading and writing), best of --repeat runs; the
@@ -25,6 +26,18 @@ import time
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 CL100K = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def split_documents(text, limit):
+    docs, start = [], 0
+    while start < len(text):
+        end = min(start + limit, len(text))
+        if end < len(text):
+            cut = text.rfind("\n", start, end)
+            end = cut + 1 if cut > start else end
+        docs.append(text[start:end])
+        start = end
+    return docs
 
 
 def corpus_files(mb):
@@ -90,13 +103,19 @@ def main():
     ap.add_argument("--mb", type=float, default=5)
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--doc-kb", type=float, default=16)
     args = ap.parse_args()
     os.environ["RAYON_NUM_THREADS"] = str(args.threads)  # before tokenizers starts its thread pool
     os.environ["TOKENIZERS_PARALLELISM"] = "true"
-    files, total = corpus_files(args.mb)
-    docs = [open(f, encoding="utf-8").read() for f in files]
-    print(f"text: {len(files)} files, {total / 1e6:.2f} MB; {args.threads} threads")
+    sources, total = corpus_files(args.mb)
+    docs = [d for f in sources for d in split_documents(open(f, encoding="utf-8").read(), int(args.doc_kb * 1000))]
+    print(f"text: {len(sources)} files, {total / 1e6:.2f} MB, {len(docs)} documents; {args.threads} threads")
     with tempfile.TemporaryDirectory() as tmp:
+        files = []
+        for i, d in enumerate(docs):
+            files.append(os.path.join(tmp, f"doc{i:05d}.txt"))
+            with open(files[-1], "w", encoding="utf-8") as f:
+                f.write(d)
         for kind in ("gpt2", "cl100k"):
             tok_path = os.path.join(tmp, f"{kind}.json")
             tok = train(kind, docs, args.vocab, tok_path)

@@ -316,7 +316,8 @@ static int load_model(Tokenizer *t, const json_t *root, MoeErr err) {
 // tokenizers gives an added token the id of the same text in the vocabulary or among the added
 // tokens before it (whose properties it then replaces), else the next id after the vocabulary's
 // entries; the file's "id" is not used.
-static int load_added_token(Tokenizer *t, const json_t *a, size_t i, uint32_t *next_id, MoeErr err) {
+static int load_added_token(Tokenizer *t, const json_t *a, size_t i, ByteMap *seen, uint32_t *next_id,
+                            MoeErr err) {
     const json_t *content = json_object_get(a, "content");
     char what[40], buf[80];
     snprintf(what, sizeof what, "added_tokens[%zu]", i);
@@ -332,17 +333,15 @@ static int load_added_token(Tokenizer *t, const json_t *a, size_t i, uint32_t *n
         return -1;
     if (!tok.len) return 0; // tokenizers ignores empty tokens
     const uint8_t *text = (const uint8_t *)json_string_value(content);
-    size_t k = 0;
-    while (k < t->n_added && (t->added[k].len != tok.len || memcmp(t->added[k].content, text, tok.len))) k++;
-    uint64_t id;
-    if (k < t->n_added) tok.id = t->added[k].id, tok.content = t->added[k].content;
+    uint64_t k = t->n_added, id;
+    if (byte_map_get(seen, text, tok.len, &k)) tok.id = t->added[k].id, tok.content = t->added[k].content;
     else if (byte_map_get(&t->bpe.vocab, text, tok.len, &id)) tok.id = (uint32_t)id;
     else if (*next_id >= TOK_MAX_IDS) return moe_err(err, "%s: %s: more than %u ids", t->path, what, TOK_MAX_IDS);
     else tok.id = (*next_id)++;
     if (k == t->n_added) {
         tok.content = moe_malloc(tok.len);
         memcpy(tok.content, text, tok.len);
-        t->n_added++;
+        byte_map_put(seen, text, tok.len, t->n_added++);
     }
     t->added[k] = tok;
     if ((size_t)tok.id >= t->n_ids) t->n_ids = (size_t)tok.id + 1;
@@ -388,14 +387,18 @@ static int load_added(Tokenizer *t, const json_t *root, MoeErr err) {
     size_t n = json_array_size(list);
     t->added = moe_calloc(n + 1, sizeof *t->added);
     uint32_t next_id = (uint32_t)t->bpe.vocab.n;
-    for (size_t i = 0; i < n; i++) {
+    ByteMap seen; // content -> index in t->added
+    byte_map_init(&seen, n);
+    int rc = 0;
+    for (size_t i = 0; i < n && rc == 0; i++) {
         const json_t *a = json_array_get(list, i);
-        if (!json_is_object(a)) return moe_err(err, "%s: added_tokens[%zu] must be an object", t->path, i);
-        if (load_added_token(t, a, i, &next_id, err)) return -1;
+        rc = json_is_object(a) ? load_added_token(t, a, i, &seen, &next_id, err)
+                               : moe_err(err, "%s: added_tokens[%zu] must be an object", t->path, i);
     }
+    byte_map_free(&seen);
     build_pass(t, 0);
     build_pass(t, 1);
-    return 0;
+    return rc;
 }
 
 // ---------------------------------------------------------------------------------------------
