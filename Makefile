@@ -8,7 +8,7 @@ CC      ?= cc
 ARCH    ?= -march=native
 CFLAGS  ?= -O3 $(ARCH) -g
 CFLAGS  += -std=gnu11 -pthread -fopenmp -fno-math-errno -Wall -Wextra -Wno-unused-parameter -Isrc -MMD -MP
-LDLIBS  += -pthread -fopenmp -ljansson -lxxhash -lm
+LDLIBS  += -pthread -fopenmp -ljansson -lxxhash -lpcre2-8 -lm
 # SANITIZE=1: every error of ASan, UBSan or LSan ends the process with a report. The objects go to
 # build/san, so that switching back and forth rebuilds neither tree (the programs are relinked).
 SANITIZE ?= 0
@@ -55,7 +55,7 @@ else
 PLOT_SRC := $(filter-out $(CAIRO_SRC),$(wildcard src/plot/*.c))
 endif
 
-LIB_SRC  := $(wildcard src/common/*.c src/io/*.c src/model/*.c src/ops/*.c src/ops/cpu/*.c src/train/*.c) \
+LIB_SRC  := $(wildcard src/common/*.c src/io/*.c src/text/*.c src/model/*.c src/ops/*.c src/ops/cpu/*.c src/train/*.c) \
             $(DIST_SRC) $(PLOT_SRC)
 
 # CUDA backend (train.device=cuda): `make CUDA=1`, for Hopper (sm_90a) by default. NCCL and cuDNN
@@ -160,16 +160,17 @@ test: moe build/test_unit $(if $(filter 1,$(MPI)),build/test_comm) $(if $(filter
 # `make fuzz FUZZ_SECONDS=N` runs each for N seconds from its seed corpus (tests/fuzz/corpus).
 FUZZ_CC      ?= clang
 FUZZ_SECONDS ?= 20
-FUZZ_TARGETS := safetensors index config tokens
+FUZZ_TARGETS := safetensors index config tokens tokenizer
 FUZZ_CFLAGS  := -g -O1 -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Isrc -Itests/fuzz \
 	-fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
 FUZZ_LIB     := src/common/util.c src/io/fsutil.c src/io/safetensors.c src/io/safetensors_index.c src/io/tokens.c \
+	src/text/bpe.c src/text/tokenizer_load.c src/text/tokenizer_encode.c \
 	src/model/config.c src/train/config.c src/ops/no_cuda.c tests/fuzz/fuzz_common.c
 FUZZ_BINS    := $(patsubst %,build/fuzz/fuzz_%,$(FUZZ_TARGETS))
 
 build/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB) tests/fuzz/fuzz.h
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $< $(FUZZ_LIB) -ljansson -lxxhash -lm
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $< $(FUZZ_LIB) -ljansson -lxxhash -lpcre2-8 -lm
 
 fuzz: $(FUZZ_BINS)
 	@bash tests/fuzz/run.sh $(FUZZ_SECONDS) $(FUZZ_TARGETS)

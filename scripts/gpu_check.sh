@@ -4,17 +4,17 @@
 # move checkpoints between devices, time each kernel alone (library and built-in variants), and
 # benchmark the configs of configs/bench/. Numbers and logs go to $OUT (the device tool brings them
 # back). Stages: all (default) or a list, e.g. "build test kernels". Carry .deps/include (CUTLASS and
-# cuDNN frontend headers from scripts/setup.sh) and .deps/debs (the JSON and xxHash packages).
+# cuDNN frontend headers from scripts/setup.sh) and .deps/debs (the JSON, xxHash and PCRE2 packages).
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 STAGES=${1:-build test curves ckpt kernels bench}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-16}
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 
-# The image lacks some Debian libraries (JSON, xxHash): unpack the carried packages next to the build.
+# The image lacks some Debian libraries (JSON, xxHash, PCRE2): unpack the carried packages next to the build.
 CFLAGS_EXTRA=""; LDLIBS_EXTRA=""
 deb_flags() {
-    [ -e /usr/include/jansson.h ] && [ -e /usr/include/xxhash.h ] && return
+    [ -e /usr/include/jansson.h ] && [ -e /usr/include/xxhash.h ] && [ -e /usr/include/pcre2.h ] && return
     mkdir -p .deps/root && for d in .deps/debs/*.deb; do dpkg -x "$d" .deps/root; done
     local root; root=$(pwd)/.deps/root
     CFLAGS_EXTRA="-I$root/usr/include"

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Installs what moe.c needs to build and test on Debian/Ubuntu: a C compiler with OpenMP, make,
-# the jansson JSON library, the xxHash library (checkpoint checksums), Open MPI (several ranks),
-# cairo with pkg-config and the DejaVu fonts (the pictures of `moe plot`), and clang with its
-# libFuzzer runtime (`make fuzz`). Where the CUDA toolkit is installed (nvcc on
-# PATH) it also fetches the header-only libraries of the CUDA build into .deps/include: CUTLASS
-# (the Hopper grouped GEMM) and the cuDNN frontend (attention), pinned and checksummed, from their
-# PyPI wheels, and the Debian packages of the libraries that the GPU machines lack (JSON, xxHash)
-# into .deps/debs, for scripts/gpu_check.sh to unpack there. Safe to run again.
+# the jansson JSON library, the xxHash library (checkpoint checksums), PCRE2 (tokenizers' split
+# patterns), Open MPI (several ranks), cairo with pkg-config and the DejaVu fonts (the pictures of
+# `moe plot`), and clang with its libFuzzer runtime (`make fuzz`). Where the CUDA toolkit is
+# installed (nvcc on PATH) it also fetches the header-only libraries of the CUDA build into
+# .deps/include: CUTLASS (the Hopper grouped GEMM) and the cuDNN frontend (attention), pinned and
+# checksummed, from their PyPI wheels, and the Debian packages of the libraries that the GPU
+# machines lack (JSON, xxHash, PCRE2) into .deps/debs, for scripts/gpu_check.sh to unpack there.
+# Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-packages=(build-essential libjansson-dev libxxhash-dev libopenmpi-dev openmpi-bin pkg-config libcairo2-dev
-          fonts-dejavu-core clang libclang-rt-dev)
+packages=(build-essential libjansson-dev libxxhash-dev libpcre2-dev libopenmpi-dev openmpi-bin pkg-config
+          libcairo2-dev fonts-dejavu-core clang libclang-rt-dev)
 missing=()
 for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
@@ -21,7 +22,7 @@ fi
 command -v nvcc >/dev/null || exit 0
 
 # The GPU machines have no package registry: carry these (see scripts/gpu_check.sh).
-gpu_debs=(libjansson4 libjansson-dev libxxhash0 libxxhash-dev)
+gpu_debs=(libjansson4 libjansson-dev libxxhash0 libxxhash-dev libpcre2-8-0 libpcre2-dev)
 mkdir -p .deps/debs
 for p in "${gpu_debs[@]}"; do
     ls .deps/debs/"${p}"_*.deb >/dev/null 2>&1 || (cd .deps/debs && apt-get download -q "$p" 2>/dev/null)

@@ -12,45 +12,18 @@
 
 #include "io/tokens.h"
 #include "test.h"
+#include "test_files.h"
+#include "text/prepare.h"
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
 
-static void tmp_dir_make(char *dir, size_t len) {
-    snprintf(dir, len, "/tmp/moe_test_data_XXXXXX");
-    MOE_CHECK(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
-}
-
-static void tmp_dir_remove(const char *path) {
-    struct stat st;
-    if (lstat(path, &st) != 0) return;
-    if (S_ISDIR(st.st_mode)) {
-        DIR *d = opendir(path);
-        for (struct dirent *e; d && (e = readdir(d));) {
-            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-            char child[PATH_MAX];
-            snprintf(child, sizeof child, "%s/%s", path, e->d_name);
-            tmp_dir_remove(child);
-        }
-        if (d) closedir(d);
-        rmdir(path);
-    } else {
-        unlink(path);
-    }
-}
-
-static const char *tmp_path(char *buf, const char *dir, const char *name) {
-    snprintf(buf, PATH_MAX, "%s/%s", dir, name);
-    return buf;
-}
-
-static void write_bytes(const char *path, const void *data, size_t n) {
-    FILE *fp = fopen(path, "wb");
-    MOE_CHECK(fp && fwrite(data, 1, n, fp) == n && fclose(fp) == 0, "cannot write %s", path);
-}
-
-static void write_text(const char *path, const char *text) {
-    write_bytes(path, text, strlen(text));
+// `moe data prepare IN OUT [--val-out VAL --val-fraction F]` without a tokenizer.
+static int prepare_bytes(const char *in, const char *train, const char *val, double val_fraction, MoeErr err) {
+    PrepareSpec s = {.inputs = &in, .n_inputs = 1, .train_path = train, .val_path = val,
+                     .val_fraction = val_fraction, .eos = BYTE_EOS, .threads = 1};
+    PrepareStats stats;
+    return data_prepare(&s, &stats, err);
 }
 
 // Little-endian ids of `token_bytes` each, spelled out byte by byte so the test does not depend on
@@ -96,33 +69,6 @@ static uint8_t *read_whole(const char *path, size_t *n) {
     fclose(fp);
     return buf;
 }
-
-static bool file_exists(const char *path) { return access(path, F_OK) == 0; }
-
-// The first of the NULL-terminated fragments that `msg` lacks, or NULL if it has them all.
-static const char *missing_fragment(const char *msg, const char *const *fragments) {
-    for (; *fragments; fragments++)
-        if (!strstr(msg, *fragments)) return *fragments;
-    return NULL;
-}
-
-// `call` must fail with a message in `err` holding every fragment.
-#define CHECK_ERR(call, err, ...)                                                                  \
-    do {                                                                                           \
-        (err)[0] = 0;                                                                              \
-        int rc_ = (call);                                                                          \
-        const char *lacks_ = missing_fragment(err, (const char *const[]){__VA_ARGS__, NULL});      \
-        if (rc_ == 0 || lacks_)                                                                    \
-            TEST_FAIL("%s returned %d, message \"%s\"; expected a failure mentioning \"%s\"",      \
-                      #call, rc_, err, lacks_ ? lacks_ : "(all fragments present)");               \
-    } while (0)
-
-#define CHECK_OK(call, err)                                                                        \
-    do {                                                                                           \
-        (err)[0] = 0;                                                                              \
-        int rc_ = (call);                                                                          \
-        CHECK_MSG(rc_ == 0, "%s failed: %s", #call, err);                                          \
-    } while (0)
 
 // Index of the first token of `f` that differs from `want` (n: the file's length, then all match).
 static size_t first_token_diff(const TokenFile *f, const uint32_t *want, size_t n) {
@@ -612,7 +558,7 @@ static void test_fifo(void) {
     CHECK_ERR(dataset_open(&ds, mix, 3, 50304, 0, 1, false, err), err, "list.txt:1:", "not a regular file");
     MOE_CHECK(mkfifo(tmp_path(mix, dir, "pipe.list"), 0600) == 0, "mkfifo: %s", strerror(errno));
     CHECK_ERR(dataset_open(&ds, mix, 3, 50304, 0, 1, false, err), err, "pipe.list", "data list is a FIFO");
-    CHECK_ERR(data_prepare_bytes(fifo, tmp_path(out, dir, "out.npy"), NULL, 0, err), err, "text file is a FIFO");
+    CHECK_ERR(prepare_bytes(fifo, tmp_path(out, dir, "out.npy"), NULL, 0, err), err, "text file is a FIFO");
     alarm(0);
     tmp_dir_remove(dir);
 }
@@ -738,7 +684,7 @@ static void test_permute(void) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// data_prepare_bytes
+// data_prepare without a tokenizer
 
 // The token file at `path` must hold exactly the bytes of `text` followed by EOS.
 #define CHECK_BYTE_TOKENS(path, text, n)                                                           \
@@ -765,20 +711,20 @@ static void test_prepare_round_trip(void) {
     tmp_path(train, dir, "train.npy"), tmp_path(val, dir, "val.npy");
 
     // floor(0.7 * 12) = 8 is the '\n' ending line "\xff\x80\n": the cut moves back to its start, 6.
-    CHECK_OK(data_prepare_bytes(in, train, val, 0.3, err), err);
+    CHECK_OK(prepare_bytes(in, train, val, 0.3, err), err);
     CHECK_BYTE_TOKENS(train, text, 6);
     CHECK_BYTE_TOKENS(val, text + 6, 6);
     snprintf(tmp, sizeof tmp, "%s.tmp", train);
     CHECK_MSG(!file_exists(tmp), "%s was left behind", tmp);
 
     // floor(0.75 * 12) = 9 is already a line start.
-    CHECK_OK(data_prepare_bytes(in, train, val, 0.25, err), err);
+    CHECK_OK(prepare_bytes(in, train, val, 0.25, err), err);
     CHECK_BYTE_TOKENS(train, text, 9);
     CHECK_BYTE_TOKENS(val, text + 9, 3);
 
     // No validation split: everything plus EOS, and the raw file is 13 little-endian uint16.
     unlink(val);
-    CHECK_OK(data_prepare_bytes(in, train, NULL, 0, err), err);
+    CHECK_OK(prepare_bytes(in, train, NULL, 0, err), err);
     CHECK_BYTE_TOKENS(train, text, 12);
     CHECK_MSG(!file_exists(val), "val_fraction 0 wrote %s", val);
     size_t n;
@@ -809,22 +755,22 @@ static void test_prepare_errors(void) {
     write_text(tmp_path(in, dir, "in.txt"), "one line\nanother line\n");
     tmp_path(out, dir, "out.npy"), tmp_path(val, dir, "val.npy");
 
-    CHECK_ERR(data_prepare_bytes(tmp_path(tmp, dir, "missing.txt"), out, val, 0.1, err), err,
+    CHECK_ERR(prepare_bytes(tmp_path(tmp, dir, "missing.txt"), out, val, 0.1, err), err,
               "missing.txt", strerror(ENOENT));
     write_text(tmp_path(tmp, dir, "empty.txt"), "");
-    CHECK_ERR(data_prepare_bytes(tmp, out, val, 0.1, err), err, "empty.txt", "empty text file");
-    CHECK_ERR(data_prepare_bytes(in, out, val, 0.6, err), err, "val_fraction 0.6 is out of range");
-    CHECK_ERR(data_prepare_bytes(in, out, val, -0.1, err), err, "out of range");
-    CHECK_ERR(data_prepare_bytes(in, out, val, NAN, err), err, "out of range");
-    CHECK_ERR(data_prepare_bytes(in, out, NULL, 0.1, err), err, "validation output path");
-    CHECK_ERR(data_prepare_bytes(in, out, out, 0.1, err), err, "same file");
+    CHECK_ERR(prepare_bytes(tmp, out, val, 0.1, err), err, "empty.txt", "empty text file");
+    CHECK_ERR(prepare_bytes(in, out, val, 0.6, err), err, "val_fraction 0.6 is out of range");
+    CHECK_ERR(prepare_bytes(in, out, val, -0.1, err), err, "out of range");
+    CHECK_ERR(prepare_bytes(in, out, val, NAN, err), err, "out of range");
+    CHECK_ERR(prepare_bytes(in, out, NULL, 0.1, err), err, "validation output path");
+    CHECK_ERR(prepare_bytes(in, out, out, 0.1, err), err, "same file");
     write_text(tmp_path(tmp, dir, "one_line.txt"), "a single line without a break");
-    CHECK_ERR(data_prepare_bytes(tmp, out, val, 0.1, err), err, "one_line.txt", "cannot split");
+    CHECK_ERR(prepare_bytes(tmp, out, val, 0.1, err), err, "one_line.txt", "cannot split");
 
     // Unwritable output: the message names the file and the reason; nothing appears at the path.
     char nodir[PATH_MAX + 16];
     snprintf(nodir, sizeof nodir, "%s/no/such/out.npy", dir);
-    CHECK_ERR(data_prepare_bytes(in, nodir, NULL, 0, err), err, nodir, strerror(ENOENT));
+    CHECK_ERR(prepare_bytes(in, nodir, NULL, 0, err), err, nodir, strerror(ENOENT));
     CHECK_MSG(!file_exists(nodir), "%s exists after a failed write", nodir);
 
     // A failure keeps the previous file at PATH intact (PATH.tmp is a directory, so it cannot be
@@ -832,7 +778,7 @@ static void test_prepare_errors(void) {
     write_text(out, "old");
     snprintf(tmp, sizeof tmp, "%s.tmp", out);
     MOE_CHECK(mkdir(tmp, 0700) == 0, "mkdir %s", tmp);
-    CHECK_ERR(data_prepare_bytes(in, out, NULL, 0, err), err, tmp);
+    CHECK_ERR(prepare_bytes(in, out, NULL, 0, err), err, tmp);
     size_t n;
     uint8_t *old = read_whole(out, &n);
     CHECK_MSG(n == 3 && old && !memcmp(old, "old", 3), "%s changed by a failed run (%zu bytes)",
@@ -851,15 +797,15 @@ static void test_prepare_own_input(void) {
     write_text(tmp_path(in, dir, "notes.txt"), text);
     tmp_path(out, dir, "out.npy");
     snprintf(alias, sizeof alias, "%s/./notes.txt", dir);
-    CHECK_ERR(data_prepare_bytes(in, in, NULL, 0, err), err, "is the input file", "notes.txt");
-    CHECK_ERR(data_prepare_bytes(in, alias, NULL, 0, err), err, "is the input file");
-    CHECK_ERR(data_prepare_bytes(in, out, alias, 0.5, err), err, "is the input file");
+    CHECK_ERR(prepare_bytes(in, in, NULL, 0, err), err, "is the input file", "notes.txt");
+    CHECK_ERR(prepare_bytes(in, alias, NULL, 0, err), err, "is the input file");
+    CHECK_ERR(prepare_bytes(in, out, alias, 0.5, err), err, "is the input file");
     MOE_CHECK(link(in, tmp_path(link_path, dir, "hard.npy")) == 0, "link: %s", strerror(errno));
-    CHECK_ERR(data_prepare_bytes(in, link_path, NULL, 0, err), err, "hard.npy is the input file");
+    CHECK_ERR(prepare_bytes(in, link_path, NULL, 0, err), err, "hard.npy is the input file");
     MOE_CHECK(symlink(in, tmp_path(link_path, dir, "soft.npy")) == 0, "symlink: %s", strerror(errno));
-    CHECK_ERR(data_prepare_bytes(in, out, link_path, 0.5, err), err, "soft.npy is the input file");
+    CHECK_ERR(prepare_bytes(in, out, link_path, 0.5, err), err, "soft.npy is the input file");
     snprintf(alias, sizeof alias, "%s/../%s/out.npy", dir, strrchr(dir, '/') + 1);
-    CHECK_ERR(data_prepare_bytes(in, out, alias, 0.5, err), err, "are the same file");
+    CHECK_ERR(prepare_bytes(in, out, alias, 0.5, err), err, "are the same file");
     size_t n;
     uint8_t *kept = read_whole(in, &n);
     CHECK_MSG(n == strlen(text) && kept && !memcmp(kept, text, n), "the input changed (%zu bytes)", n);

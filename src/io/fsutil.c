@@ -151,14 +151,44 @@ FILE *fs_fopen_regular(const char *path, const char *what, MoeErr err) {
     return f;
 }
 
-json_t *fs_load_json(const char *path, const char *what, MoeErr err) {
+int fs_read_file(const char *path, const char *what, uint8_t **data, size_t *len, MoeErr err) {
     FILE *f = fs_fopen_regular(path, what, err);
-    if (!f) return NULL;
-    json_error_t jerr;
-    json_t *root = json_loadf(f, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root && ferror(f)) moe_err(err, "%s: cannot read %s: %s", path, what, strerror(errno));
-    else if (!root) moe_err(err, "%s:%d:%d: malformed JSON: %s", path, jerr.line, jerr.column, jerr.text);
+    if (!f) return -1;
+    struct stat st;
+    size_t cap = fstat(fileno(f), &st) == 0 && st.st_size > 0 ? (size_t)st.st_size + 1 : 4096, n = 0;
+    uint8_t *buf = moe_malloc(cap);
+    for (;;) { // to the end of the file, whatever its size said
+        n += fread(buf + n, 1, cap - n, f);
+        if (n < cap) break;
+        cap *= 2;
+        buf = moe_realloc(buf, cap);
+    }
+    int rc = ferror(f) ? moe_err(err, "%s: cannot read %s: %s", path, what, strerror(errno)) : 0;
     fclose(f);
+    if (rc) {
+        free(buf);
+        return -1;
+    }
+    buf = moe_realloc(buf, n + 1);
+    buf[n] = 0;
+    *data = buf;
+    *len = n;
+    return 0;
+}
+
+json_t *fs_parse_json(const char *path, const char *text, size_t len, MoeErr err) {
+    json_error_t jerr;
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root) moe_err(err, "%s:%d:%d: malformed JSON: %s", path, jerr.line, jerr.column, jerr.text);
+    return root;
+}
+
+json_t *fs_load_json(const char *path, const char *what, MoeErr err) {
+    uint8_t *text;
+    size_t len;
+    if (fs_read_file(path, what, &text, &len, err)) return NULL;
+    json_t *root = fs_parse_json(path, (const char *)text, len, err);
+    free(text);
     return root;
 }
 

@@ -21,6 +21,12 @@ int fs_copy_file(const char *src, const char *dst, const char *what, MoeErr err)
 int fs_open_regular(const char *path, const char *what, MoeErr err);
 // The same as a FILE (read, binary).
 FILE *fs_fopen_regular(const char *path, const char *what, MoeErr err);
+// Reads a whole file opened by fs_open_regular into a new buffer of *len bytes plus a NUL; -1 with a
+// message naming the path and `what` it is.
+int fs_read_file(const char *path, const char *what, uint8_t **data, size_t *len, MoeErr err);
+// Parses JSON text read from `path` (duplicate keys refused); NULL with a message
+// "path:line:column: malformed JSON: ...".
+json_t *fs_parse_json(const char *path, const char *text, size_t len, MoeErr err);
 // Reads a JSON file (duplicate keys refused) opened by fs_open_regular; NULL with a message, for
 // malformed JSON "path:line:column: malformed JSON: ...".
 json_t *fs_load_json(const char *path, const char *what, MoeErr err);

@@ -1,12 +1,11 @@
-// Token data: maps OLMo-core style token files (headerless arrays or real .npy) read-only, groups
-// them into a Dataset of fixed-length sequences served in a seeded per-epoch shuffled order, and
-// writes the byte-level token files of `moe data prepare`.
+// Token data: maps OLMo-core style token files (headerless arrays or real .npy) read-only and groups
+// them into a Dataset of fixed-length sequences served in a seeded per-epoch shuffled order. (The
+// files `moe data prepare` writes come from src/text/prepare.c.)
 #include "tokens.h"
 
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -574,110 +573,4 @@ int dataset_read(Dataset *ds, uint64_t index, int32_t *out, MoeErr err) {
         out[i] = (int32_t)id;
     }
     return 0;
-}
-
-// ---------------------------------------------------------------------------------------------
-// `moe data prepare`: byte-level tokens
-
-static int data_read_all(const char *path, uint8_t **text, size_t *n, MoeErr err) {
-    FILE *fp = fs_fopen_regular(path, "text file", err);
-    if (!fp) return -1;
-    struct stat st;
-    int rc = 0;
-    if (fstat(fileno(fp), &st) != 0)
-        rc = moe_err(err, "%s: cannot stat text file: %s", path, strerror(errno));
-    else if (st.st_size == 0) rc = moe_err(err, "%s: empty text file; nothing to tokenize", path);
-    if (rc == 0) {
-        *n = (size_t)st.st_size;
-        *text = moe_malloc(*n);
-        if (fread(*text, 1, *n, fp) != *n) {
-            rc = moe_err(err, "%s: cannot read text file: %s", path,
-                         ferror(fp) ? strerror(errno) : "file shrank");
-            free(*text);
-        }
-    }
-    fclose(fp);
-    return rc;
-}
-
-static bool data_write_ids(FILE *fp, const uint8_t *text, size_t n) {
-    enum { CHUNK = 4096 };
-    uint8_t buf[2 * CHUNK];
-    for (size_t i = 0; i < n; i += CHUNK) {
-        size_t m = n - i < CHUNK ? n - i : CHUNK;
-        for (size_t j = 0; j < m; j++) buf[2 * j] = text[i + j], buf[2 * j + 1] = 0;
-        if (fwrite(buf, 2, m, fp) != m) return false;
-    }
-    const uint8_t eos[2] = {BYTE_EOS & 0xff, BYTE_EOS >> 8};
-    return fwrite(eos, 1, 2, fp) == 2;
-}
-
-// Writes to PATH.tmp and renames, so an interrupted or failed run never leaves a half file at
-// PATH that a later training run would read as valid data.
-static int data_write_tokens(const char *path, const uint8_t *text, size_t n, MoeErr err) {
-    size_t len = strlen(path);
-    char *tmp = moe_malloc(len + 5);
-    memcpy(tmp, path, len);
-    memcpy(tmp + len, ".tmp", 5);
-    int rc = 0;
-    FILE *fp = fopen(tmp, "wb");
-    if (!fp) rc = moe_err(err, "cannot write %s: %s", tmp, strerror(errno));
-    else {
-        bool ok = data_write_ids(fp, text, n) && fflush(fp) == 0 && fsync(fileno(fp)) == 0;
-        int saved = errno;
-        if (fclose(fp) != 0 && ok) ok = false, saved = errno;
-        if (!ok) rc = moe_err(err, "cannot write %s: %s", tmp, strerror(saved));
-        else if (rename(tmp, path) != 0)
-            rc = moe_err(err, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
-        if (rc) unlink(tmp);
-    }
-    free(tmp);
-    return rc;
-}
-
-// The start of the line holding byte floor((1 - val_fraction) * n), or 0 if that is the first line.
-static size_t data_split_point(const uint8_t *text, size_t n, double val_fraction) {
-    size_t cut = (size_t)floor((1.0 - val_fraction) * (double)n);
-    if (cut > n) cut = n;
-    while (cut > 0 && text[cut - 1] != '\n') cut--;
-    return cut;
-}
-
-// Outputs are renamed over their paths: one that is the input would destroy the text it is made
-// from, and two that are one file would leave only the second.
-static int data_check_outputs(const char *text_path, const char *train_path, const char *val_path,
-                              MoeErr err) {
-    const char *outputs[2] = {train_path, val_path};
-    for (int i = 0; i < 2; i++)
-        if (outputs[i] && fs_same_file(outputs[i], text_path))
-            return moe_err(err, "output %s is the input file %s: writing it would destroy the text; "
-                           "choose another output path", outputs[i], text_path);
-    if (val_path && fs_same_file(train_path, val_path))
-        return moe_err(err, "train output %s and validation output %s are the same file; give two "
-                       "paths", train_path, val_path);
-    return 0;
-}
-
-int data_prepare_bytes(const char *text_path, const char *train_path, const char *val_path,
-                       double val_fraction, MoeErr err) {
-    if (!(val_fraction >= 0 && val_fraction <= 0.5))
-        return moe_err(err, "val_fraction %g is out of range: use 0 (no validation file) to 0.5",
-                       val_fraction);
-    if (val_fraction > 0 && !val_path)
-        return moe_err(err, "val_fraction %g needs a validation output path", val_fraction);
-    if (data_check_outputs(text_path, train_path, val_path, err)) return -1;
-    uint8_t *text = NULL;
-    size_t n = 0;
-    if (data_read_all(text_path, &text, &n, err)) return -1;
-    size_t cut = val_fraction > 0 ? data_split_point(text, n, val_fraction) : n;
-    int rc = 0;
-    if (cut == 0)
-        rc = moe_err(err,
-                     "%s: cannot split off the last %g of the text at a line start: the first line "
-                     "reaches past that point; add line breaks or use val_fraction 0",
-                     text_path, val_fraction);
-    if (rc == 0) rc = data_write_tokens(train_path, text, cut, err);
-    if (rc == 0 && cut < n) rc = data_write_tokens(val_path, text + cut, n - cut, err);
-    free(text);
-    return rc;
 }

@@ -58,11 +58,3 @@ uint64_t dataset_permute(uint64_t seed, uint64_t epoch, uint64_t n, uint64_t k);
 // Writes sequence `index` of the endless stream (epoch = index / n_seqs) as S+1 int32 ids.
 // Fails, naming file and position, on an id >= vocab_size.
 int dataset_read(Dataset *ds, uint64_t index, int32_t *out, MoeErr err);
-
-// `moe data prepare`: byte-level tokens (ids 0..255, EOS = 256) of a text file. The last
-// `val_fraction` of the text (cut at a line start) goes to val_path; each output ends with EOS and
-// is a headerless uint16 array, written to a temporary name and renamed.
-#define BYTE_VOCAB 257
-#define BYTE_EOS 256
-int data_prepare_bytes(const char *text_path, const char *train_path, const char *val_path,
-                       double val_fraction, MoeErr err);

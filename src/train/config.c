@@ -95,6 +95,10 @@ static const ConfigKey KEYS[] = {
     STR(data, train, "training tokens: a file, a comma list, or a mix file (.txt/.mix)"),
     STR(data, val, "validation tokens (empty: no validation)"),
     INT(data, token_bytes, "2 or 4 bytes per token in headerless files (0: from vocab_size)"),
+    STR(data, tokenizer, "tokenizer.json the data was made with (moe data prepare --tokenizer); moe sample "
+                         "decodes with it (empty: bytes)"),
+    STR(data, tokenizer_xxh3, "XXH3-64 of data.tokenizer, filled in by moe train (empty); a run refuses a "
+                              "tokenizer file that differs from it"),
     INT(parallel, pp, "pipeline stages (data-parallel size = ranks / pp)"),
     INT(parallel, ep, "expert-parallel ranks per MoE layer (divides the data-parallel size)"),
     ENUM(parallel, exchange, EXCHANGE_NAMES, "expert rows between ranks: written into the owner's "
@@ -358,6 +362,10 @@ int config_validate(Config *c, MoeErr err) {
     if (c->data.token_bytes != 0 && c->data.token_bytes != 2 && c->data.token_bytes != 4)
         return moe_err(err, "data.token_bytes = %d must be 0 (auto), 2 or 4", c->data.token_bytes);
     if (!c->data.train[0]) return moe_err(err, "data.train must name the training tokens");
+    const char *h = c->data.tokenizer_xxh3;
+    if (h[0] && (strlen(h) != 16 || strspn(h, "0123456789abcdef") != 16))
+        return moe_err(err, "data.tokenizer_xxh3 = '%s' must be 16 lowercase hex digits (or empty: moe train "
+                       "fills it in from data.tokenizer)", h);
     if (c->parallel.pp < 1 || c->parallel.ep < 1)
         return moe_err(err, "parallel.pp = %d and parallel.ep = %d must be at least 1",
                        c->parallel.pp, c->parallel.ep);

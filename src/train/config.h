@@ -37,6 +37,8 @@ typedef struct {
     char train[CONFIG_PATH_LEN]; // token file, comma list or mix file
     char val[CONFIG_PATH_LEN];   // held-out data ("" : no validation)
     int token_bytes;             // 2 or 4 for headerless files; 0: from the vocabulary size
+    char tokenizer[CONFIG_PATH_LEN]; // tokenizer.json the token files were made with ("": bytes)
+    char tokenizer_xxh3[17];     // XXH3-64 of that file (16 hex digits), filled in by moe train
 } DataConfig;
 
 typedef struct {

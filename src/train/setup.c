@@ -9,6 +9,7 @@
 #include "dist/comm_nccl.h"
 #include "dist/pipeline.h"
 #include "optim.h"
+#include "text/tokenizer.h"
 
 // More threads than cores only wait for each other: train.threads is capped at 4 per core.
 static void set_threads(int threads) {
@@ -32,6 +33,24 @@ void setup_dataset(Dataset *ds, const Config *cfg, const char *spec, bool shuffl
     if (dataset_open(ds, spec, (size_t)cfg->train.seq_len, (size_t)cfg->model.vocab_size,
                      cfg->data.token_bytes, (uint64_t)cfg->train.seed, shuffle, err))
         moe_fatal("%s", err);
+}
+
+void setup_tokenizer(Config *cfg) {
+    DataConfig *d = &cfg->data;
+    if (!d->tokenizer[0]) return;
+    MoeErr err;
+    Tokenizer *tok = tokenizer_load(d->tokenizer, err);
+    if (!tok) moe_fatal("data.tokenizer: %s", err);
+    if (d->tokenizer_xxh3[0] && strcmp(d->tokenizer_xxh3, tokenizer_hash(tok)))
+        moe_fatal("data.tokenizer %s is not the file this run was set up with (its XXH3-64 is %s, "
+                  "data.tokenizer_xxh3 is %s): its ids would mean other text; restore the file, or pass "
+                  "data.tokenizer_xxh3= to take this one", d->tokenizer, tokenizer_hash(tok), d->tokenizer_xxh3);
+    if (tokenizer_vocab_size(tok) > (size_t)cfg->model.vocab_size)
+        moe_fatal("data.tokenizer %s has ids up to %zu, but model.vocab_size is %d: set model.vocab_size=%zu "
+                  "(or more)", d->tokenizer, tokenizer_vocab_size(tok) - 1, cfg->model.vocab_size,
+                  tokenizer_vocab_size(tok));
+    snprintf(d->tokenizer_xxh3, sizeof d->tokenizer_xxh3, "%s", tokenizer_hash(tok));
+    tokenizer_free(tok);
 }
 
 ParallelSpec setup_parallel_spec(const Config *cfg) {

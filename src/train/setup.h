@@ -13,6 +13,10 @@
 const Ops *setup_backend(const Config *cfg);
 // Opens a dataset from the data section, exiting with the loader's message on failure.
 void setup_dataset(Dataset *ds, const Config *cfg, const char *spec, bool shuffle);
+// Checks data.tokenizer, when set: the file loads, has no id past model.vocab_size, and is the file
+// data.tokenizer_xxh3 records (filled in when empty, so that the run's config names the file and
+// its contents for moe sample). Exits with a message naming the file otherwise.
+void setup_tokenizer(Config *cfg);
 // The layout and exchange the parallel section asks for, with what they must fit.
 ParallelSpec setup_parallel_spec(const Config *cfg);
 // A one-process layout (every layer and expert here), for the commands that do not train.

@@ -359,6 +359,7 @@ static void trainer_open(Trainer *t, const Config *cfg, Comm *host, const char *
     t->synthetic = synthetic;
     const Ops *ops = setup_backend(cfg); // picks this process's GPU before NCCL starts
     t->host = host;
+    if (!synthetic) setup_tokenizer(&t->cfg);
     open_data(t);
     check_same_run(t, host, resume, stop_at);
     Comm *world = t->world = device_world(cfg, ops, host);

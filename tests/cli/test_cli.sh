@@ -273,4 +273,34 @@ expect_error "eval data shorter than a micro-batch" "short_val.npy has 3 sequenc
 expect_error "sample without --ckpt shows usage" "" $MOE sample
 $MOE train --help | grep -q "model.n_experts" && ok "train --help lists config keys" || bad "train --help lists config keys" ""
 
+# ---------------------------------------------------------------- data made with a tokenizer
+# Two input files, one document each; the ids themselves are checked against tokenizers by the
+# unit tests (tests/test_tokenizer.c).
+TOK=tests/data/tokenizers/cl100k-style.json
+head -c 300000 data/tinyshakespeare.txt > "$tmp/a.txt"
+printf 'caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac\n\xff odd bytes\n' > "$tmp/b.txt"
+out1=$($MOE data prepare "$tmp/a.txt" "$tmp/b.txt" "$tmp/tok1.npy" --tokenizer $TOK --threads 1 2>&1) &&
+    $MOE data prepare "$tmp/a.txt" "$tmp/b.txt" "$tmp/tok2.npy" --tokenizer $TOK --threads 2 > /dev/null 2>&1 &&
+    cmp -s "$tmp/tok1.npy" "$tmp/tok2.npy" && grep -q "uint16" <<<"$out1" && grep -q "model.vocab_size=3000" <<<"$out1" &&
+    [ "$(od -An -tu2 "$tmp/tok1.npy" | tr -s ' ' '\n' | grep -cx 0)" -ge 2 ] &&
+    ok "prepare --tokenizer: the same file on 1 and 2 threads" || bad "prepare --tokenizer: the same file on 1 and 2 threads" "$out1"
+expect_error "prepare: a missing tokenizer" "nope.json: cannot open tokenizer file" $MOE data prepare "$tmp/a.txt" "$tmp/t.npy" --tokenizer "$tmp/nope.json"
+expect_error "prepare: an unknown --eos" "--eos <x>: .*has no such token" $MOE data prepare "$tmp/a.txt" "$tmp/t.npy" --tokenizer $TOK --eos "<x>"
+expect_error "prepare: --eos without a tokenizer" "--eos needs --tokenizer" $MOE data prepare "$tmp/a.txt" "$tmp/t.npy" --eos 5
+cp $TOK "$tmp/tok.json"
+expect_error "train: a tokenizer past model.vocab_size" "tok.json has ids up to 2999, but model.vocab_size is 257" \
+    $MOE train $TINY data.train="$tmp/tok1.npy" data.val= data.tokenizer="$tmp/tok.json" train.out="$tmp/never"
+if $MOE train $TINY model.vocab_size=3000 train.steps=4 train.eval_every=0 data.train="$tmp/tok1.npy" data.val= \
+        data.tokenizer="$tmp/tok.json" train.out="$tmp/tokrun" > "$tmp/last.log" 2>&1; then
+    grep -qE '"tokenizer_xxh3": "[0-9a-f]{16}"' "$tmp/tokrun/config.json" && ok "train records the tokenizer's hash" ||
+        bad "train records the tokenizer's hash" "$(grep tokenizer "$tmp/tokrun/config.json")"
+    out=$($MOE sample --ckpt "$tmp/tokrun" --tokens 30 --prompt "ROMEO: café" 2>&1) && [ "${out:0:11}" = "ROMEO: café" ] &&
+        ! grep -qE '<[0-9]+>' <<<"$out" && ok "sample decodes with the run's tokenizer" || bad "sample decodes with the run's tokenizer" "$out"
+    echo >> "$tmp/tok.json" # the same tokenizer, but not the same file
+    expect_error "sample: the tokenizer file changed" "tok.json is not the tokenizer .* was trained with" $MOE sample --ckpt "$tmp/tokrun" --tokens 3
+    out=$($MOE sample --ckpt "$tmp/tokrun" --tokens 3 --tokenizer "$tmp/tok.json" 2>&1) && grep -q "note: .*not the file the run recorded" <<<"$out" &&
+        ok "sample --tokenizer takes another file, with a note" || bad "sample --tokenizer takes another file, with a note" "$out"
+    expect_error "resume: the tokenizer file changed" "is not the file this run was set up with" $MOE train train.steps=6 train.out="$tmp/tokrun"
+else bad "train on tokenizer data" "$(tail -3 "$tmp/last.log")"; fi
+
 summary
