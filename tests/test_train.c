@@ -119,6 +119,86 @@ static void test_micro_batch_accumulation(void) {
     test_free_parallel(&par);
 }
 
+// One step's forward and backward of two micro-batches in flight (two slots: both forwards, then
+// both backwards, as a pipeline stage runs them) under a recompute mode: the gradients and the
+// metrics (losses, loads, drops) into grads (P) and metrics, the activation bytes returned.
+static size_t recompute_step(const ModelConfig *c, Recompute mode, real *grads, real *metrics) {
+    size_t B = 2, S = 6, T = B * S;
+    Parallel par;
+    test_single_parallel(&par, c);
+    Model m;
+    model_init(&m, c, ops_cpu(), &par, B, S, 2, 2, mode);
+    model_init_weights(&m, 3);
+    for (int i = 0; i < c->n_layers * c->n_experts; i++) ((real *)m.expert_bias)[i] = (real)(0.01 * (i % 5));
+    StepInfo info = {.lr = 1e-3f, .step = 1, .seed = 11};
+    m.ops->upload(m.step_info, &info, sizeof info);
+    int32_t seqs[2 * 2 * 7];
+    for (int i = 0; i < 2 * 2 * 7; i++) seqs[i] = (int32_t)(rng_hash64(9, (uint64_t)i) % (uint64_t)c->vocab_size);
+    LossScales sc = {.ce = 1.0f / (2 * T), .lm_z = 1e-3f / (2 * T), .lb = 0.1f, .z = 0.01f};
+    ForwardArgs a[2];
+    for (int j = 0; j < 2; j++) {
+        model_set_batch(&m, j, seqs + j * B * (S + 1), B, S);
+        a[j] = (ForwardArgs){.B = B, .S = S, .micro = j, .slot = j, .train = true, .token_base = (uint64_t)j * T,
+                             .scales = sc, .metrics = metrics};
+    }
+    memset(metrics, 0, model_metrics_len(c) * sizeof(real));
+    memset(m.grads, 0, m.reg.total * sizeof(real));
+    model_forward(&m, &a[0]), model_forward(&m, &a[1]);
+    model_backward(&m, &a[0]), model_backward(&m, &a[1]);
+    memcpy(grads, m.grads, m.reg.total * sizeof(real));
+    size_t bytes = m.act_bytes;
+    model_free(&m);
+    test_free_parallel(&par);
+    return bytes;
+}
+
+// Every recompute mode gives bitwise the gradients and metrics of keeping everything (nothing
+// counted twice, the same routing), with less activation memory: selective < none, full < selective.
+static void test_recompute_bitwise(void) {
+    ModelConfig cfgs[4];
+    const char *names[4] = {"pre-norm, full qk-norm, dense first, shared expert, bias",
+                            "reordered, head qk-norm, sigmoid renorm, capacity 0.5",
+                            "pre-norm, no qk-norm, random routing, capacity 0.75, shared expert",
+                            "reordered, full qk-norm, random routing, dense first, shared expert"};
+    for (int i = 0; i < 4; i++) cfgs[i] = small_model(); // 1 dense + 2 MoE layers, shared expert
+    cfgs[0].bias_gamma = 0.01;
+    cfgs[1].norm_placement = NORM_REORDERED, cfgs[1].qk_norm = QK_NORM_HEAD, cfgs[1].router = ROUTER_SIGMOID;
+    cfgs[1].norm_topk_prob = true, cfgs[1].capacity_factor = 0.5, cfgs[1].shared_hidden = 0;
+    cfgs[1].n_dense_layers = 0;
+    cfgs[2].qk_norm = QK_NORM_NONE, cfgs[2].random_routing = true, cfgs[2].capacity_factor = 0.75;
+    cfgs[2].n_dense_layers = 0;
+    cfgs[3].norm_placement = NORM_REORDERED, cfgs[3].random_routing = true;
+    for (int i = 0; i < 4; i++) {
+        const ModelConfig *c = &cfgs[i];
+        Model sizing;
+        Parallel par;
+        test_single_parallel(&par, c);
+        model_init(&sizing, c, ops_counting(false), &par, 1, 1, 1, 1, RECOMPUTE_NONE);
+        size_t P = sizing.reg.total, len = model_metrics_len(c);
+        model_free(&sizing);
+        test_free_parallel(&par);
+        real *grads[3], *metrics[3];
+        size_t bytes[3];
+        for (int mode = 0; mode < 3; mode++) {
+            grads[mode] = calloc(P, sizeof(real)), metrics[mode] = calloc(len, sizeof(real));
+            bytes[mode] = recompute_step(c, (Recompute)mode, grads[mode], metrics[mode]);
+        }
+        for (int mode = 1; mode < 3; mode++) {
+            const char *what = mode == RECOMPUTE_SELECTIVE ? "selective" : "full";
+            CHECK_MSG(!memcmp(grads[mode], grads[0], P * sizeof(real)), "%s: %s recompute: gradients differ from none",
+                      names[i], what);
+            CHECK_MSG(!memcmp(metrics[mode], metrics[0], len * sizeof(real)),
+                      "%s: %s recompute: metrics (losses, loads, drops) differ from none", names[i], what);
+            CHECK_MSG(bytes[mode] < bytes[mode - 1], "%s: %s recompute keeps %zu activation bytes, not fewer than %zu",
+                      names[i], what, bytes[mode], bytes[mode - 1]);
+        }
+        if (c->capacity_factor > 0) // the drops the test claims to cover happen
+            CHECK_MSG(metrics[0][model_metric_router(c, 0) + router_stat_dropped((size_t)c->n_experts)] > 0,
+                      "%s: no slot dropped", names[i]);
+        for (int mode = 0; mode < 3; mode++) free(grads[mode]), free(metrics[mode]);
+    }
+}
+
 static void test_lr_schedule(void) {
     TrainConfig t = {.steps = 110, .lr = 1.0, .min_lr_ratio = 0.1, .warmup = 10, .schedule = SCHED_COSINE};
     CHECK_CLOSE(optim_lr(&t, 1), 1.0 / 11, 1e-12, 0);
@@ -295,6 +375,7 @@ const TestCase train_tests[] = {
     {"model_fused_layout_and_counts", test_fused_layout},
     {"model_init_independent_of_layout", test_init_independent_of_layout},
     {"model_micro_batch_accumulation", test_micro_batch_accumulation},
+    {"model_recompute_bitwise", test_recompute_bitwise},
     {"train_lr_schedule", test_lr_schedule},
     {"train_step_report", test_step_report},
     {"train_records_without_nan", test_records_without_nan},

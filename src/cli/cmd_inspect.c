@@ -1,5 +1,6 @@
-// `moe inspect CONFIG.json|DIR`: parameter counts, FLOPs per token and the memory plan of a model,
-// measured by sizing the real model on a backend that only counts allocations.
+// `moe inspect CONFIG.json|DIR`: parameter counts, FLOPs per token and the memory plan of a model
+// (also under each activation-recompute mode), measured by sizing the real model on a backend that
+// only counts allocations.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,7 +15,8 @@ static const CliSpec SPEC = {
     .usage = "CONFIG.json|DIR [key=value ...] [--world N]",
     .summary = "Prints total and active parameters, FLOPs per token (docs/MODEL.md accounting:\n"
                "causal attention at half, training = 3 x forward) and the memory plan of a\n"
-               "config file, a run directory or a checkpoint directory.",
+               "config file, a run directory or a checkpoint directory, with the activations and\n"
+               "whole plan under each train.recompute mode side by side.",
     .opts = (const CliOption[]){
         {"--world", "N", "memory per rank for N ranks laid out by parallel.pp and parallel.ep"},
         {NULL}},
@@ -54,16 +56,48 @@ static bool print_floor(const Config *cfg, int world) {
     return true;
 }
 
+static double max_of(double a, double b) { return a > b ? a : b; }
+
+// Each number of the plan at its largest over the ranks of the layout.
+static TrainMemory worst_plan(const Config *cfg, int world, bool bf16) {
+    TrainMemory w = {0};
+    for (int rank = 0; rank < world; rank++) {
+        TrainMemory r = setup_memory_plan(cfg, world, rank, bf16);
+        w.params = max_of(w.params, r.params), w.optimizer = max_of(w.optimizer, r.optimizer);
+        w.total = max_of(w.total, r.total), w.activations = max_of(w.activations, r.activations);
+    }
+    return w;
+}
+
+static const char *const RECOMPUTE_LABELS[] = {"none", "selective", "full"}; // Recompute
+
+// The plan under each train.recompute mode side by side: activations kept and the whole plan.
+static void print_recompute_plans(const Config *cfg, int world) {
+    TrainMemory plan[2][3];
+    for (int mode = 0; mode < 3; mode++) {
+        Config c = *cfg;
+        c.train.recompute = (Recompute)mode;
+        for (int bf16 = 0; bf16 < 2; bf16++) plan[bf16][mode] = worst_plan(&c, world, bf16);
+    }
+    char head[64];
+    snprintf(head, sizeof head, "by train.recompute (this config: %s)", RECOMPUTE_LABELS[cfg->train.recompute]);
+    printf("    %-44s", head);
+    for (int mode = 0; mode < 3; mode++) printf(" %12s", RECOMPUTE_LABELS[mode]);
+    const char *rows[4] = {"activations, bf16", "whole plan, bf16", "activations, CPU backend (fp32)",
+                           "whole plan, CPU backend (fp32)"};
+    for (int row = 0; row < 4; row++) {
+        printf("\n      %-42s", rows[row]);
+        for (int mode = 0; mode < 3; mode++) {
+            const TrainMemory *p = &plan[row < 2][mode];
+            printf(" %8.4g GiB", (row % 2 ? p->total : p->activations) / GiB);
+        }
+    }
+    printf("\n");
+}
+
 static void print_memory(const Config *cfg, int world) {
     if (print_floor(cfg, world)) return;
-    TrainMemory worst[2] = {{0}};
-    for (int rank = 0; rank < world; rank++)
-        for (int bf16 = 0; bf16 < 2; bf16++) {
-            TrainMemory r = setup_memory_plan(cfg, world, rank, bf16);
-            worst[bf16].params = r.params > worst[bf16].params ? r.params : worst[bf16].params;
-            worst[bf16].optimizer = r.optimizer > worst[bf16].optimizer ? r.optimizer : worst[bf16].optimizer;
-            worst[bf16].total = r.total > worst[bf16].total ? r.total : worst[bf16].total;
-        }
+    TrainMemory worst[2] = {worst_plan(cfg, world, false), worst_plan(cfg, world, true)};
     printf("  memory per rank (%d ranks: pp %d, ep %d; the largest rank), micro-batch %d x %d:\n",
            world, cfg->parallel.pp, cfg->parallel.ep, cfg->train.micro_batch, cfg->train.seq_len);
     printf("    parameters held        %.4gM\n", worst[0].params / 1e6);
@@ -74,15 +108,12 @@ static void print_memory(const Config *cfg, int world) {
     if (cfg->parallel.ep > 1 && cfg->parallel.recv_capacity == 0 && cfg->parallel.exchange != EXCHANGE_SENDRECV) {
         Config bounded = *cfg; // the expert rows a rank receives are sized for the worst case
         bounded.parallel.recv_capacity = 2;
-        double most = 0;
-        for (int rank = 0; rank < world; rank++) {
-            double total = setup_memory_plan(&bounded, world, rank, true).total;
-            most = total > most ? total : most;
-        }
+        double most = worst_plan(&bounded, world, true).total;
         if (most < worst[1].total)
             printf("    the same with parallel.recv_capacity=2           %.4g GiB (rows received: twice an even "
                    "share, not the worst case)\n", most / GiB);
     }
+    print_recompute_plans(cfg, world);
 }
 
 int cmd_inspect(int argc, char **argv, Comm *world) {

@@ -9,10 +9,14 @@
 
 typedef enum { NORM_PRE, NORM_REORDERED } NormPlacement;
 
-// Activations dropped after the forward and recomputed in the backward (train.recompute):
-// none, or selective: the QK-norm + RoPE output (recomputed from the kept projection; one buffer
-// serves every layer).
-typedef enum { RECOMPUTE_NONE, RECOMPUTE_SELECTIVE } Recompute;
+// Activations dropped after the forward and recomputed in the backward (train.recompute), each
+// dropped buffer one for every layer and slot (model.c, Model.shared):
+// - none: every activation the backward reads is kept;
+// - selective: the cheap ones are recomputed (QK-norm + RoPE output, RMSNorm outputs, SwiGLU
+//   activations, router scores, dispatched rows), the products that feed attention, the attention
+//   output and its log-sum-exp are kept;
+// - full: only each layer's input is kept; its backward reruns its whole forward first.
+typedef enum { RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL } Recompute;
 
 typedef struct {
     int vocab_size;        // V

@@ -118,55 +118,114 @@ static void *act_buf(Model *m, size_t n) { return pool_act(&m->mem, n); }
 static void *f32_buf(Model *m, size_t n) { return pool_f32(&m->mem, n); }
 static int32_t *i32_buf(Model *m, size_t n) { return pool_i32(&m->mem, n); }
 
+static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
+
 static int n_local_moe_layers(const Model *m) {
     int n = 0;
     for (int l = m->layer_begin; l < m->layer_end; l++) n += model_layer_is_moe(&m->cfg, l);
     return n;
 }
 
+static int n_local_layers(const Model *m) { return m->layer_end - m->layer_begin; }
+
+// A layer's buffer of n elements: `shared` when the recompute mode drops it (non-NULL), else its own.
+static void *layer_act(Model *m, void *shared, size_t n) { return shared ? shared : act_buf(m, n); }
+static void *layer_f32(Model *m, void *shared, size_t n) { return shared ? shared : f32_buf(m, n); }
+static int32_t *layer_i32(Model *m, int32_t *shared, size_t n) { return shared ? shared : i32_buf(m, n); }
+
 static void alloc_moe_acts(Model *m, LayerActs *a, size_t T) {
     const ModelConfig *c = &m->cfg;
-    size_t D = c->d_model, E = c->n_experts, K = c->top_k, H = c->expert_hidden;
+    const LayerActs *sh = &m->shared;
+    size_t D = c->d_model, E = c->n_experts, K = c->top_k;
     size_t R = model_routed_rows(c, T), Rr = moe_exchange_received_rows(&m->xchg, T);
-    a->logits = act_buf(m, T * E), a->scores = f32_buf(m, T * E);
-    a->topk_idx = i32_buf(m, T * K), a->topk_w = f32_buf(m, T * K), a->aux = f32_buf(m, router_aux_len(E));
-    a->counts = i32_buf(m, E), a->offsets = i32_buf(m, E + 1), a->slot_pos = i32_buf(m, T * K);
-    a->xp = act_buf(m, R * D), a->y = moe_exchange_buf(&m->xchg, R);
-    a->xe = m->par->ep->size > 1 ? moe_exchange_buf(&m->xchg, Rr) : a->xp;
-    a->gu = act_buf(m, Rr * 2 * H), a->hact = act_buf(m, Rr * H);
-    if (m->par->ep->size > 1) moe_exchange_routes_init(&m->xchg, &a->routes);
+    bool ep = m->par->ep->size > 1;
+    a->logits = layer_act(m, sh->logits, T * E), a->scores = layer_f32(m, sh->scores, T * E);
+    a->topk_idx = layer_i32(m, sh->topk_idx, T * K), a->topk_w = layer_f32(m, sh->topk_w, T * K);
+    a->aux = f32_buf(m, router_aux_len(E)); // every mode keeps it: the micro-batch's (summed over dp)
+    a->counts = layer_i32(m, sh->counts, E), a->offsets = layer_i32(m, sh->offsets, E + 1);
+    a->slot_pos = layer_i32(m, sh->slot_pos, T * K);
+    a->xp = layer_act(m, sh->xp, R * D);
+    a->y = sh->y ? sh->y : moe_exchange_buf(&m->xchg, R);
+    a->xe = !ep ? a->xp : sh->xe ? sh->xe : moe_exchange_buf(&m->xchg, Rr);
+    if (ep && sh->routes.offsets) a->routes = sh->routes;
+    else if (ep) moe_exchange_routes_init(&m->xchg, &a->routes);
     if (c->shared_hidden)
-        a->sgu = act_buf(m, T * 2 * c->shared_hidden), a->sact = act_buf(m, T * c->shared_hidden);
+        a->sgu = layer_act(m, sh->sgu, T * 2 * c->shared_hidden), a->sact = layer_act(m, sh->sact, T * c->shared_hidden);
 }
 
-static void alloc_layer_acts(Model *m, int l, LayerActs *a, size_t T) {
+// The buffers of a MoE or a dense layer, or with both (the shared set of full recompute) of a
+// layer of either kind: the larger of their SwiGLU sizes.
+static void alloc_layer_acts(Model *m, LayerActs *a, size_t T, bool moe, bool dense) {
     const ModelConfig *c = &m->cfg;
+    const LayerActs *sh = &m->shared;
     size_t D = c->d_model, C = model_qkv_width(c), Dq = (size_t)c->n_heads * c->head_dim;
-    a->n1 = act_buf(m, T * D), a->n1_rstd = f32_buf(m, T);
-    a->qkv_raw = act_buf(m, T * C);
-    a->qkv = m->recompute == RECOMPUTE_SELECTIVE ? m->qkv_shared : act_buf(m, T * C);
-    a->qk_rstd = f32_buf(m, T * (c->n_heads + c->n_kv_heads));
-    a->att = act_buf(m, T * Dq), a->att_lse = f32_buf(m, T * c->n_heads);
-    a->ap = act_buf(m, T * D), a->h = act_buf(m, T * D);
-    a->n2 = act_buf(m, T * D), a->n2_rstd = f32_buf(m, T), a->f = act_buf(m, T * D);
-    if (model_layer_is_moe(c, l)) alloc_moe_acts(m, a, T);
-    else a->gu = act_buf(m, T * 2 * c->dense_hidden), a->hact = act_buf(m, T * c->dense_hidden);
+    size_t Rr = moe ? moe_exchange_received_rows(&m->xchg, T) : 0;
+    size_t hidden = max_size(moe ? Rr * c->expert_hidden : 0, dense ? T * c->dense_hidden : 0); // rows x width
+    a->n1 = layer_act(m, sh->n1, T * D), a->n1_rstd = layer_f32(m, sh->n1_rstd, T);
+    a->qkv_raw = layer_act(m, sh->qkv_raw, T * C), a->qkv = layer_act(m, sh->qkv, T * C);
+    a->qk_rstd = layer_f32(m, sh->qk_rstd, T * (c->n_heads + c->n_kv_heads));
+    a->att = layer_act(m, sh->att, T * Dq), a->att_lse = layer_f32(m, sh->att_lse, T * c->n_heads);
+    a->ap = layer_act(m, sh->ap, T * D), a->h = layer_act(m, sh->h, T * D);
+    a->n2 = layer_act(m, sh->n2, T * D), a->n2_rstd = layer_f32(m, sh->n2_rstd, T);
+    a->f = layer_act(m, sh->f, T * D);
+    a->gu = layer_act(m, sh->gu, 2 * hidden), a->hact = layer_act(m, sh->hact, hidden);
+    if (moe) alloc_moe_acts(m, a, T);
 }
 
-static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
+// Rows x hidden width of the largest SwiGLU (experts, dense and shared MLPs) of a call of T tokens.
+static size_t swiglu_elems(const Model *m, size_t T) {
+    const ModelConfig *c = &m->cfg;
+    bool moe = model_n_moe_layers(c) > 0;
+    size_t rows = max_size(moe ? moe_exchange_received_rows(&m->xchg, T) : 0, T);
+    size_t hidden = max_size(c->n_dense_layers ? (size_t)c->dense_hidden : 0, (size_t)c->shared_hidden);
+    return rows * max_size(hidden, moe ? (size_t)c->expert_hidden : 0);
+}
+
+// Selective recompute: one buffer per dropped activation for every layer and slot (sized for the
+// largest layer). Recomputed in the backward, cheaply: the QK-norm + RoPE output (from the kept
+// projection), the RMSNorm outputs (one buffer: a pre-norm backward reruns each norm just before
+// its use, a reordered backward reads neither), the SwiGLU activations of experts, dense and shared
+// MLPs (one buffer, from the kept gate|up rows), router scores (from the kept logits) and, with one
+// expert-parallel rank, the dispatched rows (gathered again from the layer's kept input). Not read
+// by the backward at all: with pre-norm the attention projection and the feed-forward output (one
+// buffer); with several expert-parallel ranks the rows sent to the experts. The rows this rank's
+// experts received (xe) stay kept per layer there: recomputing them would redo the exchange.
+static void alloc_selective_shared(Model *m, size_t T) {
+    const ModelConfig *c = &m->cfg;
+    LayerActs *s = &m->shared;
+    size_t D = c->d_model, E = c->n_experts;
+    s->qkv = act_buf(m, T * model_qkv_width(c));
+    s->n1 = s->n2 = act_buf(m, T * D);
+    if (c->norm_placement == NORM_PRE) s->ap = s->f = act_buf(m, T * D);
+    s->hact = s->sact = act_buf(m, swiglu_elems(m, T));
+    if (n_local_moe_layers(m) == 0) return;
+    s->scores = f32_buf(m, T * E);
+    s->aux = f32_buf(m, router_aux_len(E)); // a recomputed router's own summary (not the kept one)
+    s->xp = act_buf(m, model_routed_rows(c, T) * D);
+}
+
+// Full recompute: one layer's buffers, for a layer of any kind held here, serve every layer and
+// slot; each layer keeps only its input (SlotActs.resid) and router summary, and its backward
+// reruns its forward into these first. With several expert-parallel ranks the rerun redoes the
+// expert exchange: every rank of the ep group reruns the same layer at the same point of its
+// backward, so the exchange is consistent (and the buffers peers write are these, once).
+static void alloc_full_shared(Model *m, size_t T) {
+    int moe = n_local_moe_layers(m);
+    LayerActs one = {0};
+    alloc_layer_acts(m, &one, T, moe > 0, moe < n_local_layers(m)); // Model.shared empty: all its own
+    m->shared = one;
+}
 
 static void alloc_scratch(Model *m, size_t T) {
     const ModelConfig *c = &m->cfg;
     size_t D = c->d_model, C = model_qkv_width(c), Dq = (size_t)c->n_heads * c->head_dim;
     bool moe = model_n_moe_layers(c) > 0;
     size_t R = moe ? model_routed_rows(c, T) : 0, Rr = moe ? moe_exchange_received_rows(&m->xchg, T) : 0;
-    size_t rows = max_size(Rr, T), hidden = c->n_dense_layers ? (size_t)c->dense_hidden : 0;
-    if (moe) hidden = max_size(hidden, (size_t)c->expert_hidden);
-    hidden = max_size(hidden, (size_t)c->shared_hidden);
+    size_t hidden = swiglu_elems(m, T);
     Scratch *s = &m->s;
     s->dres = act_buf(m, T * D), s->dn = act_buf(m, T * D), s->datt = act_buf(m, T * Dq);
     s->dqkv = act_buf(m, T * C), s->dqkv_raw = act_buf(m, T * C);
-    s->dgu = act_buf(m, rows * 2 * hidden), s->dhact = act_buf(m, rows * hidden);
+    s->dgu = act_buf(m, 2 * hidden), s->dhact = act_buf(m, hidden);
     s->dxf = act_buf(m, T * D);
     if (moe) {
         s->dy = act_buf(m, R * D), s->dxp = moe_exchange_buf(&m->xchg, R);
@@ -194,14 +253,15 @@ size_t model_metrics_len(const ModelConfig *c) {
     return METRIC_ROUTER + (size_t)model_n_moe_layers(c) * router_stats_len((size_t)c->n_experts);
 }
 
-static int n_local_layers(const Model *m) { return m->layer_end - m->layer_begin; }
-
 static void alloc_slot(Model *m, SlotActs *slot, size_t T) {
     int n = n_local_layers(m);
     slot->resid = moe_calloc((size_t)n + 1, sizeof(void *));
     for (int i = 0; i <= n; i++) slot->resid[i] = act_buf(m, T * m->cfg.d_model);
     slot->layer = moe_calloc((size_t)n, sizeof(LayerActs));
-    for (int i = 0; i < n; i++) alloc_layer_acts(m, m->layer_begin + i, &slot->layer[i], T);
+    for (int i = 0; i < n; i++) {
+        bool moe = model_layer_is_moe(&m->cfg, m->layer_begin + i);
+        alloc_layer_acts(m, &slot->layer[i], T, moe, !moe);
+    }
 }
 
 void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel *par, size_t B,
@@ -229,10 +289,15 @@ void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel
     m->metrics_scratch = f32_buf(m, model_metrics_len(cfg));
     upload_rope(m, S);
     m->tokens = i32_buf(m, (size_t)n_micro * T), m->targets = i32_buf(m, (size_t)n_micro * T);
-    moe_exchange_init(&m->xchg, cfg, ops, par, &m->mem, T, n_slots * n_local_moe_layers(m));
-    if (recompute == RECOMPUTE_SELECTIVE) m->qkv_shared = act_buf(m, T * model_qkv_width(cfg));
+    size_t before_acts = m->mem.bytes;
+    int moe_calls = n_slots * n_local_moe_layers(m); // calls whose expert rows are kept
+    if (recompute == RECOMPUTE_FULL && moe_calls) moe_calls = 1;
+    moe_exchange_init(&m->xchg, cfg, ops, par, &m->mem, T, moe_calls);
+    if (recompute == RECOMPUTE_SELECTIVE) alloc_selective_shared(m, T);
+    if (recompute == RECOMPUTE_FULL) alloc_full_shared(m, T);
     m->slots = moe_calloc((size_t)n_slots, sizeof(SlotActs));
     for (int i = 0; i < n_slots; i++) alloc_slot(m, &m->slots[i], T);
+    m->act_bytes = m->mem.bytes - before_acts;
     if (m->last_stage) {
         m->xf = act_buf(m, T * D), m->xf_rstd = f32_buf(m, T);
         size_t chunk = ops->logits_chunk / cfg->vocab_size;
@@ -246,10 +311,12 @@ void model_free(Model *m) {
     moe_exchange_free(&m->xchg);
     pool_free(&m->mem);
     for (int i = 0; i < m->n_slots; i++) {
-        for (int l = 0; l < n_local_layers(m); l++) moe_exchange_routes_free(&m->slots[i].layer[l].routes);
+        for (int l = 0; l < n_local_layers(m) && m->recompute != RECOMPUTE_FULL; l++) // full: shared's
+            moe_exchange_routes_free(&m->slots[i].layer[l].routes);
         free(m->slots[i].resid);
         free(m->slots[i].layer);
     }
+    moe_exchange_routes_free(&m->shared.routes);
     free(m->slots);
     free(m->layer);
     params_free(&m->reg);
@@ -333,20 +400,38 @@ static const int32_t *expert_offsets(const Model *m, const LayerActs *x) {
     return m->par->ep->size > 1 ? x->routes.offsets : x->offsets;
 }
 
-// Router: local choice, then the micro-batch's aux summary summed over the data-parallel ranks.
+// Layer l's router statistics in a metrics buffer.
+static void *router_stats(const Model *m, void *metrics, int l) {
+    return model_f32(m, metrics, model_metric_router(&m->cfg, moe_index(&m->cfg, l)));
+}
+
+// Scores, choice, weights and counts from the logits, and this call's summary into aux.
+static void router_choose(Model *m, int l, LayerActs *x, void *aux, const ForwardArgs *a) {
+    const ModelConfig *c = &m->cfg;
+    const void *bias = c->bias_gamma > 0 ? model_f32(m, m->expert_bias, (size_t)l * c->n_experts) : NULL;
+    m->ops->router_forward(x->scores, x->topk_idx, x->topk_w, x->counts, aux, x->logits, bias, m->step_info,
+                           router_args(m, l, a));
+}
+
+// Router: local choice, then the micro-batch's aux summary summed over the data-parallel ranks. A
+// recompute's summary goes to scratch: the kept one is already summed and counted in the metrics.
 static void route(Model *m, int l, LayerActs *x, const void *in, const ForwardArgs *a) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
     size_t E = c->n_experts;
-    void *stats = model_f32(m, a->metrics, model_metric_router(c, moe_index(c, l)));
-    const void *bias = c->bias_gamma > 0 ? model_f32(m, m->expert_bias, (size_t)l * E) : NULL;
-    RouterArgs ra = router_args(m, l, a);
-    ops->matmul_forward(x->logits, in, W(m, m->layer[l].router), ra.T, E, c->d_model, false);
-    ops->router_forward(x->scores, x->topk_idx, x->topk_w, x->counts, x->aux, x->logits, bias,
-                        m->step_info, ra);
+    ops->matmul_forward(x->logits, in, W(m, m->layer[l].router), a->B * a->S, E, c->d_model, false);
+    router_choose(m, l, x, a->recompute ? m->shared.aux : x->aux, a);
+    if (a->recompute) return;
     Comm *dp = m->par->dp;
     dp->ops->all_reduce_sum(dp, x->aux, router_aux_len(E), COMM_F32);
-    ops->router_aux_loss(stats, x->aux, ra, dp->rank == 0 ? 1.0f : 0.0f);
+    ops->router_aux_loss(router_stats(m, a->metrics, l), x->aux, router_args(m, l, a), dp->rank == 0 ? 1.0f : 0.0f);
+}
+
+// Counting sort of the routed slots and the gather of their rows (dropped slots counted in stats).
+static void dispatch(const Model *m, LayerActs *x, const void *in, void *stats, size_t T) {
+    const ModelConfig *c = &m->cfg;
+    m->ops->moe_dispatch_forward(x->xp, x->slot_pos, x->offsets, stats, in, x->topk_idx, x->counts, T, c->top_k,
+                                 c->n_experts, c->d_model, model_expert_capacity(c, T));
 }
 
 static void moe_forward(Model *m, int l, LayerActs *x, const void *in, const ForwardArgs *a) {
@@ -355,10 +440,9 @@ static void moe_forward(Model *m, int l, LayerActs *x, const void *in, const For
     const LayerParams *p = &m->layer[l];
     size_t T = a->B * a->S, D = c->d_model, E = c->n_experts, K = c->top_k, H = c->expert_hidden;
     size_t El = (size_t)m->n_experts_local, Rr = moe_exchange_received_rows(&m->xchg, T);
-    void *stats = model_f32(m, a->metrics, model_metric_router(c, moe_index(c, l)));
+    void *stats = router_stats(m, a->metrics, l);
     route(m, l, x, in, a);
-    ops->moe_dispatch_forward(x->xp, x->slot_pos, x->offsets, stats, in, x->topk_idx, x->counts,
-                              T, K, E, D, model_expert_capacity(c, T));
+    dispatch(m, x, in, stats, T);
     moe_exchange_route(&m->xchg, &x->routes, x->offsets, model_f32(m, stats, router_stat_dropped(E)), T);
     moe_exchange_rows(&m->xchg, &x->routes, x->xp, x->xe, true);
     const int32_t *off = expert_offsets(m, x);
@@ -394,6 +478,7 @@ static void attention_forward(Model *m, int l, LayerActs *x, const void *in, Att
 
 // pre-norm:   h = x + attn(norm1(x));  out = h + ffn(norm2(h))
 // reordered:  h = x + norm1(attn(x));  out = h + norm2(ffn(h))
+// A recompute leaves out alone: it is kept (the next layer's input).
 static void layer_forward(Model *m, int l, const ForwardArgs *a) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
@@ -410,14 +495,14 @@ static void layer_forward(Model *m, int l, const ForwardArgs *a) {
         ops->add(x->h, in, x->ap, T * D);
         ops->rmsnorm_forward(x->n2, x->n2_rstd, x->h, W(m, p->ffn_norm), T, D, eps);
         ffn_forward(m, l, x, x->n2, a);
-        ops->add(out, x->h, x->f, T * D);
+        if (!a->recompute) ops->add(out, x->h, x->f, T * D);
     } else {
         attention_forward(m, l, x, in, d);
         ops->rmsnorm_forward(x->n1, x->n1_rstd, x->ap, W(m, p->attn_norm), T, D, eps);
         ops->add(x->h, in, x->n1, T * D);
         ffn_forward(m, l, x, x->h, a);
         ops->rmsnorm_forward(x->n2, x->n2_rstd, x->f, W(m, p->ffn_norm), T, D, eps);
-        ops->add(out, x->h, x->n2, T * D);
+        if (!a->recompute) ops->add(out, x->h, x->n2, T * D);
     }
 }
 
@@ -455,14 +540,32 @@ void model_forward(Model *m, const ForwardArgs *a) {
 
 // ---------------------------------------------------------------- backward
 
+// Selective recompute: SwiGLU activations (rows used: *row_count, or R) again from the kept
+// gate|up rows, before the down projection's backward (the forward's kernel on the same inputs).
+static void swiglu_recompute(const Model *m, void *hact, const void *gu, size_t R, size_t H,
+                             const int32_t *row_count) {
+    if (m->recompute == RECOMPUTE_SELECTIVE) m->ops->swiglu_forward(hact, gu, R, H, row_count);
+}
+
 static void swiglu_mlp_backward(const Model *m, void *din, const void *dout, const void *in,
-                                const void *gu, const void *hact, size_t gu_w, size_t down_w,
+                                const void *gu, void *hact, size_t gu_w, size_t down_w,
                                 size_t T, size_t H, bool accumulate) {
     const Ops *ops = m->ops;
     size_t D = m->cfg.d_model;
+    swiglu_recompute(m, hact, gu, T, H, NULL);
     ops->matmul_backward(m->s.dhact, G(m, down_w), dout, hact, W(m, down_w), T, D, H, false);
     ops->swiglu_backward(m->s.dgu, m->s.dhact, gu, T, H, NULL);
     ops->matmul_backward(din, G(m, gu_w), m->s.dgu, in, W(m, gu_w), T, 2 * H, D, accumulate);
+}
+
+// Selective recompute: router scores again from the kept logits and, with one expert-parallel rank,
+// the dispatched rows from the layer's kept input (the forward's kernels on the same inputs: they
+// rewrite the kept choice, offsets and positions with the same values; the call's summary and
+// drop counts go to scratch). Several ranks keep the received rows (no exchange is redone).
+static void moe_recompute(Model *m, int l, LayerActs *x, const void *in, const ForwardArgs *a) {
+    if (m->recompute != RECOMPUTE_SELECTIVE) return;
+    router_choose(m, l, x, m->shared.aux, a);
+    if (m->par->ep->size == 1) dispatch(m, x, in, router_stats(m, m->metrics_scratch, l), a->B * a->S);
 }
 
 static void moe_backward(Model *m, int l, LayerActs *x, void *din, const void *dout,
@@ -473,6 +576,7 @@ static void moe_backward(Model *m, int l, LayerActs *x, void *din, const void *d
     const Scratch *s = &m->s;
     size_t T = a->B * a->S, D = c->d_model, E = c->n_experts, K = c->top_k, H = c->expert_hidden;
     size_t El = (size_t)m->n_experts_local;
+    moe_recompute(m, l, x, in, a);
     if (c->shared_hidden) {
         swiglu_mlp_backward(m, din, dout, in, x->sgu, x->sact, p->shared_gu, p->shared_down, T,
                             c->shared_hidden, accumulate);
@@ -483,6 +587,7 @@ static void moe_backward(Model *m, int l, LayerActs *x, void *din, const void *d
     ops->moe_combine_backward(s->dy, s->dtopk_w, dout, x->y, x->slot_pos, x->topk_w, T, K, D);
     void *dye = moe_exchange_rows(&m->xchg, &x->routes, s->dy, s->dxe, true);
     size_t Rr = moe_exchange_received_rows(&m->xchg, T);
+    swiglu_recompute(m, x->hact, x->gu, Rr, H, off + El);
     ops->grouped_matmul_backward(s->dhact, G(m, p->experts_down), dye, x->hact,
                                  W(m, p->experts_down), off, El, D, H, Rr);
     ops->swiglu_backward(s->dgu, s->dhact, x->gu, Rr, H, off + El);
@@ -522,6 +627,23 @@ static void attention_backward(Model *m, int l, LayerActs *x, void *din, const v
     ops->matmul_backward(din, G(m, p->wqkv), s->dqkv_raw, in, W(m, p->wqkv), T, C, D, accumulate);
 }
 
+// Selective recompute, pre-norm: a norm's output again from its kept input (the forward's kernel
+// on the same input; it rewrites the kept 1/rms with the same values). A reordered-norm backward
+// reads no norm output.
+static void norm_recompute(const Model *m, void *out, void *rstd, const void *in, size_t w, size_t T) {
+    if (m->recompute == RECOMPUTE_SELECTIVE)
+        m->ops->rmsnorm_forward(out, rstd, in, W(m, w), T, m->cfg.d_model, (float)m->cfg.norm_eps);
+}
+
+// Full recompute: the layer's forward again from its kept input, into the shared buffers, with the
+// same routing (same noise keys, the kept bias) and without counting metrics twice.
+static void layer_recompute(Model *m, int l, const ForwardArgs *a) {
+    if (m->recompute != RECOMPUTE_FULL) return;
+    ForwardArgs r = *a;
+    r.metrics = m->metrics_scratch, r.recompute = true;
+    layer_forward(m, l, &r);
+}
+
 // On entry s.dres holds d(layer output); on return d(layer input).
 static void layer_backward(Model *m, int l, const ForwardArgs *a) {
     const Ops *ops = m->ops;
@@ -532,9 +654,12 @@ static void layer_backward(Model *m, int l, const ForwardArgs *a) {
     const void *in = m->slots[a->slot].resid[l - m->layer_begin];
     size_t T = a->B * a->S, D = c->d_model;
     AttnDims d = attn_dims(m, a->B, a->S);
+    layer_recompute(m, l, a);
     if (c->norm_placement == NORM_PRE) {
+        norm_recompute(m, x->n2, x->n2_rstd, x->h, p->ffn_norm, T);
         ffn_backward(m, l, x, dn, dres, x->n2, false, a);
         ops->rmsnorm_backward(dres, G(m, p->ffn_norm), dn, x->h, W(m, p->ffn_norm), x->n2_rstd, T, D, true);
+        norm_recompute(m, x->n1, x->n1_rstd, in, p->attn_norm, T);
         attention_backward(m, l, x, dn, dres, x->n1, false, d);
         ops->rmsnorm_backward(dres, G(m, p->attn_norm), dn, in, W(m, p->attn_norm), x->n1_rstd, T, D, true);
     } else {

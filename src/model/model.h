@@ -21,11 +21,12 @@ typedef struct {
     size_t dense_gu, dense_down;      // (2Hd, D), (D, Hd)
 } LayerParams;
 
-// Activations one layer keeps for its backward. T = B S tokens, R routed rows of this rank,
-// Rr rows its experts receive (R when not expert-parallel).
+// Activations of one layer for its backward. T = B S tokens, R routed rows of this rank,
+// Rr rows its experts receive (R when not expert-parallel). A buffer that train.recompute drops
+// points into Model.shared (one buffer for every layer and slot); `aux` is always the layer's own.
 typedef struct {
     void *n1, *n1_rstd;        // act (T, D), f32 (T): attention-side norm output and 1/rms
-    void *qkv_raw, *qkv;       // act (T, C): projection, then QK-norm + RoPE (Model.qkv_shared when recomputed)
+    void *qkv_raw, *qkv;       // act (T, C): projection, then QK-norm + RoPE
     void *qk_rstd;             // f32 (T, Hq + Hkv)
     void *att, *att_lse;       // act (T, Hq hd), f32 (B, Hq, S)
     void *ap;                  // act (T, D) attention output projection
@@ -78,6 +79,8 @@ typedef struct {
     int micro;          // which of the step's uploaded batches (model_set_batch)
     int slot;           // activation slot of this micro-batch
     bool train;         // keep activations, compute LM-head gradients for the backward
+    bool recompute;     // set by the model for a backward's rerun of a layer's forward (train.recompute
+                        // = full): metrics go to scratch, the kept router summary stays as it is
     uint64_t token_base; // this rank's first token within the step's global batch (noise counter)
     LossScales scales;
     void *metrics;      // f32 accumulators (model_metrics_len)
@@ -105,7 +108,10 @@ typedef struct {
     size_t B, S;                 // activation memory is sized for B x S per slot
     int n_slots, n_micro;
     Recompute recompute;
-    void *qkv_shared;            // act (T, C) QK-norm + RoPE output of every layer when recomputed
+    LayerActs shared;            // the buffers `recompute` drops, shared by every layer and slot and
+                                 // sized for the largest layer (NULL: kept per layer; model.c)
+    size_t act_bytes;            // bytes of activation memory: every slot's buffers, the shared ones
+                                 // and the expert exchange's (moe inspect)
     SlotActs *slots;             // (n_slots)
     int32_t *tokens, *targets;   // (n_micro, B S): every batch of a step, uploaded before it runs
     void *xf, *xf_rstd;          // act (T, D), f32 (T): final norm (last stage)

@@ -26,7 +26,7 @@ static const char *const QK_NORM_NAMES[] = {"none", "full", "head", NULL};
 static const char *const NORM_NAMES[] = {"pre", "reordered", NULL};
 static const char *const ROUTER_NAMES[] = {"softmax", "sigmoid", NULL};
 static const char *const SCHED_NAMES[] = {"cosine", "linear", "constant", NULL};
-static const char *const RECOMPUTE_NAMES[] = {"none", "selective", NULL};
+static const char *const RECOMPUTE_NAMES[] = {"none", "selective", "full", NULL};
 static const char *const EXCHANGE_NAMES[] = {"auto", "direct", "sendrecv", NULL}; // ExchangeMode
 
 // One table row per key; the section and field names become the dotted key.
@@ -86,8 +86,10 @@ static const ConfigKey KEYS[] = {
     STR(train, out, "run directory: config.json, metrics.jsonl, step-N/ checkpoints"),
     STR(train, device, "compute backend: cpu or cuda (a build with make CUDA=1)"),
     INT(train, threads, "CPU threads (0: all cores; at most 4 per core are used, 4096 at most)"),
-    ENUM(train, recompute, RECOMPUTE_NAMES, "activations recomputed in the backward instead of kept: none, or "
-                                            "selective (QK-norm + RoPE outputs: one buffer for all layers)"),
+    ENUM(train, recompute, RECOMPUTE_NAMES, "activations recomputed in the backward instead of kept: none; "
+                                            "selective (QK-norm + RoPE, norm, SwiGLU, router-score outputs and "
+                                            "dispatched rows); full (only each layer's input kept, the forward "
+                                            "rerun in the backward)"),
     BOOL(train, deterministic, "GPU runs bitwise reproducible: cuDNN's deterministic attention backward "
                                "(every other kernel sums in a fixed order always; the CPU always is)"),
     REAL(train, comm_timeout, "seconds without progress before a rank of a multi-rank run ends "

@@ -84,7 +84,7 @@ TrainMemory setup_memory_plan(const Config *cfg, int world, int rank, bool bf16)
     model_init(&m, mc, ops_counting(bf16), &par, (size_t)par.lay.micro_per_rank,
                (size_t)cfg->train.seq_len, slots, cfg->train.micro_batches, cfg->train.recompute);
     optim_init(&o, &m);
-    TrainMemory r = {(double)m.reg.total, (double)o.state_bytes, (double)m.mem.bytes};
+    TrainMemory r = {(double)m.reg.total, (double)o.state_bytes, (double)m.mem.bytes, (double)m.act_bytes};
     model_free(&m);
     return r;
 }

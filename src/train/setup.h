@@ -24,6 +24,7 @@ void setup_single_process(Parallel *par, const Config *cfg);
 
 typedef struct {
     double params, optimizer, total; // per rank: parameters held, optimizer state bytes, all bytes
+    double activations;              // bytes of them for activations (Model.act_bytes)
 } TrainMemory;
 
 // Rank `rank`'s memory for training cfg on `world` ranks, measured by sizing its model and

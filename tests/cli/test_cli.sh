@@ -268,6 +268,15 @@ expect_error "... also for a resume" "tensor 'model.norm.weight' holds nan" $MOE
 out=$($MOE eval --ckpt "$tmp/straight" 2>&1) && grep -qE "val loss [0-9.]+ nats/token" <<<"$out" && ok "eval prints a loss" || bad "eval prints a loss" "$out"
 out=$($MOE sample --ckpt "$tmp/straight" --tokens 40 --prompt "ROMEO:" 2>&1) && [ ${#out} -ge 40 ] && ok "sample generates text" || bad "sample generates text" "$out"
 out=$($MOE inspect "$tmp/straight" 2>&1) && grep -q "parameters" <<<"$out" && grep -q "GFLOP" <<<"$out" && ok "inspect a run directory" || bad "inspect a run directory" "$out"
+# The plan under each train.recompute mode: activations fall from none to selective to full, and the
+# configured mode's column (selective) is the whole plan printed above the table.
+out=$($MOE inspect configs/bench/olmoe-L8.json 2>&1)
+acts=$(grep -E "^ +activations, bf16 +[0-9]" <<<"$out" | grep -oE "[0-9.]+ GiB" | grep -oE "^[0-9.]+" | tr '\n' ' ' | sed 's/ $//')
+plan=$(grep -E "^ +whole plan, bf16 +[0-9]" <<<"$out" | grep -oE "[0-9.]+ GiB" | sed -n 2p | grep -oE "^[0-9.]+")
+whole=$(grep -oE "bf16 weight copy +[0-9.]+" <<<"$out" | grep -oE "[0-9.]+$")
+if awk -v a="$acts" -v p="${plan:-0}" -v w="${whole:-1}" 'BEGIN { n = split(a, v, " "); exit !(n == 3 && v[1] > v[2] && v[2] > v[3] && v[3] > 0 && p == w) }'; then
+    ok "inspect: activations by train.recompute fall (none, selective, full: $acts GiB)"
+else bad "inspect: activations by train.recompute fall" "$out"; fi
 expect_error "eval --max-seqs below a micro-batch" "--max-seqs 2 is fewer than one micro-batch" $MOE eval --ckpt "$tmp/straight" --max-seqs 2
 expect_error "eval data shorter than a micro-batch" "short_val.npy has 3 sequences" $MOE eval --ckpt "$tmp/straight" --data "$tmp/short_val.npy"
 expect_error "sample without --ckpt shows usage" "" $MOE sample

@@ -38,22 +38,29 @@ train() { # NP OUT [args...]
 train 1 "$tmp/single" || bad "one rank trains" "$(tail -5 "$tmp/single.log")"
 [ "$(losses "$tmp/single" | wc -l)" -eq 10 ] && ok "one rank: 10 steps logged" || bad "one rank: 10 steps logged" "$(tail -3 "$tmp/single.log")"
 
-layout_matches() { # NAME NP [overrides...]
+layout_matches() { # NAME NP [overrides...]; the run's directory in $layout_out
     local name=$1 np=$2 out="$tmp/layout-$RANDOM"; shift 2
+    layout_out=$out
     if ! train "$np" "$out" "$@"; then bad "$name" "$(tail -5 "$out.log")"; return; fi
     local cmp; cmp=$(same_losses "$tmp/single" "$out") && ok "$name: same losses ($cmp)" || bad "$name" "$cmp"
 }
-# Recomputing the QK-norm + RoPE output in the backward gives the same numbers, bit for bit.
-out="$tmp/recompute"
-if train 1 "$out" train.recompute=selective; then
-    [ "$(losses "$tmp/single"; val_losses "$tmp/single")" = "$(losses "$out"; val_losses "$out")" ] \
-        && ok "train.recompute=selective: bitwise the same losses" || bad "train.recompute=selective" "$(paste <(losses "$tmp/single") <(losses "$out") | head -3)"
-else bad "train.recompute=selective trains" "$(tail -5 "$out.log")"; fi
+# Recomputing activations in the backward (train.recompute) gives the same numbers, bit for bit, as
+# keeping them on the same layout; with expert parallelism, full recompute reruns each MoE layer's
+# expert exchange on every ep rank (direct writes here, send/recv below).
+recompute_bitwise() { # NAME REFERENCE_DIR NP [overrides...]
+    local name=$1 ref=$2 np=$3 out="$tmp/recompute-$RANDOM"; shift 3
+    if ! train "$np" "$out" "$@"; then bad "$name" "$(tail -5 "$out.log")"; return; fi
+    [ "$(losses "$ref"; val_losses "$ref")" = "$(losses "$out"; val_losses "$out")" ] \
+        && ok "$name: bitwise the losses of train.recompute=none" || bad "$name" "$(paste <(losses "$ref") <(losses "$out") | head -3)"
+}
+for mode in selective full; do recompute_bitwise "one rank, train.recompute=$mode" "$tmp/single" 1 train.recompute=$mode; done
 layout_matches "dp=2" 2
 layout_matches "dp=2 ep=2" 2 parallel.ep=2
 layout_matches "pp=2" 2 parallel.pp=2
 layout_matches "pp=2 x dp=2 ep=2" 4 parallel.pp=2 parallel.ep=2
-layout_matches "pp=2 x dp=2 ep=2, recompute selective" 4 parallel.pp=2 parallel.ep=2 train.recompute=selective
+for mode in selective full; do
+    recompute_bitwise "pp=2 x dp=2 ep=2, train.recompute=$mode" "$layout_out" 4 parallel.pp=2 parallel.ep=2 train.recompute=$mode
+done
 layout_matches "dp=4 ep=4" 4 parallel.ep=4
 layout_matches "dp=4 ep=2" 4 parallel.ep=2
 layout_matches "dp=4 ep=2, gradients reduced after the backward" 4 parallel.ep=2 parallel.overlap_grad_reduce=false
@@ -69,6 +76,8 @@ if train 4 "$out" parallel.ep=4 parallel.exchange=sendrecv && grep -q "expert ro
         ok "dp=4 ep=4: direct writes and send/recv give identical losses"
     else bad "dp=4 ep=4: direct writes and send/recv give identical losses" "direct log: '$direct'"; fi
 else bad "dp=4 ep=4 by send/recv" "$(tail -3 "$out.log")"; fi
+recompute_bitwise "dp=4 ep=4 by send/recv, train.recompute=full" "$tmp/sendrecv" 4 parallel.ep=4 parallel.exchange=sendrecv \
+    train.recompute=full
 
 # Random routing draws the same noise for a token whatever rank holds it.
 train 1 "$tmp/random1" model.random_routing=true || bad "random routing on one rank" "$(tail -3 "$tmp/random1.log")"

@@ -13,6 +13,7 @@
 #include "model/model.h"
 #include "ops/exchange_plan.h"
 #include "ops/ops.h"
+#include "../test_model.h"
 
 static const Ops *cpu, *gpu;
 static bool deterministic; // the GPU backend runs train.deterministic (library kernels only)
@@ -541,11 +542,71 @@ static void test_moe(void) {
 
 // ---------------------------------------------------------------- whole models
 
+// ||got - want|| / ||want|| over n values (norm: ||want||).
+static double rel_l2(const float *got, const float *want, size_t n, double *norm) {
+    double diff = 0, sq = 0;
+    for (size_t i = 0; i < n; i++) diff += ((double)got[i] - want[i]) * ((double)got[i] - want[i]), sq += (double)want[i] * want[i];
+    *norm = sqrt(sq);
+    return sqrt(diff) / (*norm + 1e-30);
+}
+
+// A model on backend o with the given weights (P, host), batch and step, recomputing as asked.
+static void model_prepare(Model *m, const ModelConfig *c, const Ops *o, Parallel *par, Recompute r,
+                          const float *host, const int32_t *seqs, size_t B, size_t S) {
+    StepInfo info = {.lr = 1e-3f, .step = 1, .seed = 3};
+    model_init(m, c, o, par, B, S, 1, 1, r);
+    o->upload_f32(m->params, host, m->reg.total);
+    o->zero(m->expert_bias, (size_t)c->n_layers * c->n_experts * 4);
+    model_sync_compute_weights(m);
+    model_set_batch(m, 0, seqs, B, S);
+    o->upload(m->step_info, &info, sizeof info);
+}
+
+// One forward and backward: the summed CE, and every gradient into grads (P, host).
+static float model_step(Model *m, void *met, size_t B, size_t S, float *grads) {
+    const Ops *o = m->ops;
+    LossScales sc = {.ce = 1.0f / (B * S), .lm_z = 1e-4f / (B * S), .lb = 0.01f, .z = 0.001f};
+    float loss;
+    o->zero(met, model_metrics_len(&m->cfg) * 4), o->zero(m->grads, m->reg.total * 4);
+    ForwardArgs a = {.B = B, .S = S, .train = true, .scales = sc, .metrics = met};
+    model_forward(m, &a);
+    model_backward(m, &a);
+    o->download_f32(&loss, met, 1);
+    o->download_f32(grads, m->grads, m->reg.total);
+    return loss;
+}
+
+// The GPU model under each recompute mode against the GPU keeping everything (loss, gn): bitwise
+// with train.deterministic, else within the attention backward's atomic-order noise.
+static void recompute_compare(const char *name, const ModelConfig *c, const float *host, const int32_t *seqs,
+                              size_t B, size_t S, float loss, const float *gn, void *met) {
+    const Recompute modes[2] = {RECOMPUTE_SELECTIVE, RECOMPUTE_FULL};
+    for (int i = 0; i < 2; i++) {
+        const char *what = modes[i] == RECOMPUTE_SELECTIVE ? "selective" : "full";
+        Parallel par;
+        test_single_parallel(&par, c);
+        Model m;
+        model_prepare(&m, c, gpu, &par, modes[i], host, seqs, B, S);
+        size_t P = m.reg.total;
+        float *g = malloc(P * sizeof(float)), lr = model_step(&m, met, B, S, g);
+        if (deterministic && (memcmp(&lr, &loss, sizeof loss) || memcmp(g, gn, P * sizeof(float))))
+            FAIL("%s: train.recompute=%s on the GPU: loss %.9g vs %.9g or gradients not bitwise those of none",
+                 name, what, lr, loss);
+        double norm, rel = rel_l2(g, gn, P, &norm);
+        if (!(fabsf(lr - loss) <= 1e-4f * fabsf(loss)) || !(rel <= 1e-2))
+            FAIL("%s: train.recompute=%s on the GPU: loss %.9g vs %.9g, gradient relative L2 %.3g", name, what, lr,
+                 loss, rel);
+        free(g);
+        model_free(&m);
+        test_free_parallel(&par);
+    }
+}
+
 // Runs the same model, weights and batch on both backends: the CE loss, and each parameter's
 // gradient as a relative L2 error. Learned routing decides on bf16 activations on the GPU, so a few
 // near-tied tokens pick other experts than on the CPU: their gradients are compared strictly only
 // with random routing (the same choices on both); with learned routing the loss must agree and
-// the gradient errors are reported.
+// the gradient errors are reported. Then the GPU's recompute modes against its own keep-all run.
 static void model_compare(const char *name, ModelConfig c, size_t B, size_t S) {
     MoeErr err;
     if (model_config_validate(&c, err)) {
@@ -553,40 +614,22 @@ static void model_compare(const char *name, ModelConfig c, size_t B, size_t S) {
         return;
     }
     Parallel pc, pg;
-    ParallelSpec one = {.layout = {.pp = 1, .ep = 1, .n_layers = c.n_layers, .n_experts = c.n_experts,
-                                   .has_moe = model_n_moe_layers(&c) > 0, .micro_batch = 1}};
-    parallel_init(&pc, comm_self(4), &one);
-    parallel_init(&pg, comm_self(4), &one);
+    test_single_parallel(&pc, &c);
+    test_single_parallel(&pg, &c);
     Model mc, mg;
     model_init(&mc, &c, cpu, &pc, B, S, 1, 1, RECOMPUTE_NONE);
-    model_init(&mg, &c, gpu, &pg, B, S, 1, 1, RECOMPUTE_NONE);
     model_init_weights(&mc, 5);
     size_t P = mc.reg.total, len = model_metrics_len(&c);
     float *host = malloc(P * sizeof(float)), *gc = malloc(P * sizeof(float)), *gg = malloc(P * sizeof(float));
     float *gg2 = malloc(P * sizeof(float)); // a second GPU run: bitwise the same when deterministic
     for (size_t i = 0; i < P; i++) host[i] = round_bf16(((float *)mc.params)[i]); // both see bf16 weights
-    cpu->upload_f32(mc.params, host, P), gpu->upload_f32(mg.params, host, P);
-    gpu->zero(mg.expert_bias, (size_t)c.n_layers * c.n_experts * 4);
-    model_sync_compute_weights(&mg);
+    model_free(&mc); // made again below with these weights, as every model of the comparison
     int32_t *seqs = malloc(B * (S + 1) * sizeof(int32_t));
     for (size_t i = 0; i < B * (S + 1); i++) seqs[i] = (int32_t)(rng_hash64(80, i) % (uint64_t)c.vocab_size);
-    model_set_batch(&mc, 0, seqs, B, S), model_set_batch(&mg, 0, seqs, B, S);
+    model_prepare(&mc, &c, cpu, &pc, RECOMPUTE_NONE, host, seqs, B, S);
+    model_prepare(&mg, &c, gpu, &pg, RECOMPUTE_NONE, host, seqs, B, S);
     void *metc = cpu->alloc(len * 4), *metg = gpu->alloc(len * 4);
-    StepInfo info = {.lr = 1e-3f, .step = 1, .seed = 3};
-    cpu->upload(mc.step_info, &info, sizeof info), gpu->upload(mg.step_info, &info, sizeof info);
-    LossScales sc = {.ce = 1.0f / (B * S), .lm_z = 1e-4f / (B * S), .lb = 0.01f, .z = 0.001f};
-    float loss[3], *grads[3] = {gc, gg, gg2};
-    for (int g = 0; g < 3; g++) { // CPU, GPU, GPU again
-        const Ops *o = g ? gpu : cpu;
-        Model *m = g ? &mg : &mc;
-        void *met = g ? metg : metc;
-        o->zero(met, len * 4), o->zero(m->grads, P * 4);
-        ForwardArgs a = {.B = B, .S = S, .train = true, .scales = sc, .metrics = met};
-        model_forward(m, &a);
-        model_backward(m, &a);
-        o->download_f32(&loss[g], met, 1);
-        o->download_f32(grads[g], m->grads, P);
-    }
+    float loss[3] = {model_step(&mc, metc, B, S, gc), model_step(&mg, metg, B, S, gg), model_step(&mg, metg, B, S, gg2)};
     float lc[1] = {loss[0]}, lg[1] = {loss[1]};
     if (deterministic && (memcmp(&loss[1], &loss[2], sizeof(float)) || memcmp(gg, gg2, P * sizeof(float))))
         FAIL("%s: two GPU runs differ (loss %.9g vs %.9g) with train.deterministic", name, loss[1], loss[2]);
@@ -595,20 +638,17 @@ static void model_compare(const char *name, ModelConfig c, size_t B, size_t S) {
     const char *worst_name = "";
     for (size_t t = 0; t < mc.reg.n; t++) {
         const ParamInfo *p = &mc.reg.p[t];
-        double diff = 0, norm = 0;
-        for (size_t i = 0; i < p->numel; i++) {
-            double d = (double)gg[p->offset + i] - gc[p->offset + i];
-            diff += d * d, norm += (double)gc[p->offset + i] * gc[p->offset + i];
-        }
-        double rel = sqrt(diff) / (sqrt(norm) + 1e-30);
+        double norm, rel = rel_l2(gg + p->offset, gc + p->offset, p->numel, &norm);
         if (rel > worst) worst = rel, worst_name = p->name;
         if (c.random_routing && !(rel < 3e-2))
-            FAIL("%s: %s gradient relative L2 error %.3g (|g| %.3g)", name, p->name, rel, sqrt(norm));
+            FAIL("%s: %s gradient relative L2 error %.3g (|g| %.3g)", name, p->name, rel, norm);
     }
     printf("    %s: CE gpu %.6g cpu %.6g; worst gradient error %.3g (%s)\n", name, lg[0], lc[0], worst, worst_name);
+    recompute_compare(name, &c, host, seqs, B, S, loss[1], gg, metg);
     free(host), free(gc), free(gg), free(gg2), free(seqs);
     cpu->free(metc), gpu->free(metg);
     model_free(&mc), model_free(&mg);
+    test_free_parallel(&pc), test_free_parallel(&pg);
 }
 
 static ModelConfig small_config(void) {
