@@ -55,7 +55,7 @@ else
 PLOT_SRC := $(filter-out $(CAIRO_SRC),$(wildcard src/plot/*.c))
 endif
 
-LIB_SRC  := $(wildcard src/common/*.c src/io/*.c src/text/*.c src/model/*.c src/ops/*.c src/ops/cpu/*.c src/train/*.c) \
+LIB_SRC  := $(wildcard src/common/*.c src/io/*.c src/text/*.c src/model/*.c src/ops/*.c src/ops/cpu/*.c src/train/*.c src/plan/*.c) \
             $(DIST_SRC) $(PLOT_SRC)
 
 # CUDA backend (train.device=cuda): `make CUDA=1`, for Hopper (sm_90a) by default. NCCL and cuDNN
@@ -165,7 +165,7 @@ FUZZ_CFLAGS  := -g -O1 -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Isrc -Ite
 	-fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
 FUZZ_LIB     := src/common/util.c src/io/fsutil.c src/io/safetensors.c src/io/safetensors_index.c src/io/tokens.c \
 	src/text/bpe.c src/text/tokenizer_load.c src/text/tokenizer_encode.c \
-	src/model/config.c src/train/config.c src/ops/no_cuda.c tests/fuzz/fuzz_common.c
+	src/model/config.c src/train/config.c src/dist/pipeline.c src/ops/no_cuda.c tests/fuzz/fuzz_common.c
 FUZZ_BINS    := $(patsubst %,build/fuzz/fuzz_%,$(FUZZ_TARGETS))
 
 build/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB) tests/fuzz/fuzz.h

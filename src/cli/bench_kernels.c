@@ -7,45 +7,22 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench.h"
 #include "cli.h"
 #include "train/setup.h"
 #include "train/train.h"
 
-typedef struct {
-    const Ops *o;
-    void *e0, *e1;
-    double matmul, copy; // ceilings measured here: TFLOP/s, GB/s
-    bool aims;           // the aims are for the GPU
-} Bench;
-
-// Milliseconds per call of `call` (two untimed calls first, then reps timed by the backend's events).
-#define TIME_MS(b, reps, call)                                                                   \
-    ({                                                                                           \
-        for (int w_ = 0; w_ < 2; w_++) call;                                                     \
-        (b)->o->event_record((b)->e0);                                                           \
-        for (int r_ = 0; r_ < (reps); r_++) call;                                                \
-        (b)->o->event_record((b)->e1);                                                           \
-        (b)->o->event_elapsed_ms((b)->e0, (b)->e1) / (reps);                                     \
-    })
-
-static void *rand_act(Bench *b, size_t n, uint64_t seed, float scale) {
+void *bench_rand_act(Bench *b, size_t n, uint64_t seed, float scale) {
     void *p = b->o->alloc(n * b->o->act_size);
     ops_fill_random(b->o, p, n, seed, scale);
     return p;
 }
 
-static void *zero_buf(Bench *b, size_t bytes) {
+void *bench_zero_buf(Bench *b, size_t bytes) {
     void *p = b->o->alloc(bytes);
     b->o->zero(p, bytes);
     return p;
 }
-
-// Frees a list of buffers: FREE_ALL(b, p, q, ...).
-#define FREE_ALL(b, ...)                                                                         \
-    do {                                                                                         \
-        void *list_[] = {__VA_ARGS__};                                                           \
-        for (size_t i_ = 0; i_ < sizeof list_ / sizeof list_[0]; i_++) (b)->o->free(list_[i_]);  \
-    } while (0)
 
 // One line of the table: a matrix kernel (flops > 0, against the matrix ceiling) or a memory-bound
 // one (bytes, against the copy bandwidth). aim: TFLOP/s or GB/s to reach (0: none set).
@@ -64,30 +41,28 @@ static void bench_attention(Bench *b, const Config *cfg) {
     AttnDims d = {(size_t)cfg->train.micro_batch, (size_t)cfg->train.seq_len, (size_t)c->n_heads,
                   (size_t)c->n_kv_heads, (size_t)c->head_dim};
     size_t T = d.B * d.S, C = model_qkv_width(c), Dq = d.Hq * d.hd;
-    void *qkv = rand_act(b, T * C, 11, 1.0f), *dout = rand_act(b, T * Dq, 12, 1.0f);
+    void *qkv = bench_rand_act(b, T * C, 11, 1.0f), *dout = bench_rand_act(b, T * Dq, 12, 1.0f);
     void *out = b->o->alloc(T * Dq * b->o->act_size), *dqkv = b->o->alloc(T * C * b->o->act_size);
     void *lse = b->o->alloc(d.B * d.Hq * d.S * b->o->f32_size);
     double fwd = 4.0 * d.B * d.Hq * (double)d.S * d.S * d.hd / 2; // QK^T and PV, causal half
     char shape[64];
     snprintf(shape, sizeof shape, "B%zu S%zu H%zu/%zu hd%zu", d.B, d.S, d.Hq, d.Hkv, d.hd);
-    double f = TIME_MS(b, 10, b->o->attention_forward(out, lse, qkv, d));
-    double g = TIME_MS(b, 10, b->o->attention_backward(dqkv, dout, qkv, out, lse, d));
+    double f = BENCH_TIME_MS(b, 10, b->o->attention_forward(out, lse, qkv, d));
+    double g = BENCH_TIME_MS(b, 10, b->o->attention_backward(dqkv, dout, qkv, out, lse, d));
     report(b, "attention forward", shape, f, fwd, 0, 550);
     report(b, "attention backward (2.5x fwd)", shape, g, 2.5 * fwd, 0, 430);
     report(b, "attention forward+backward", shape, f + g, 3.5 * fwd, 0, 470);
-    FREE_ALL(b, qkv, dout, out, dqkv, lse);
+    BENCH_FREE_ALL(b, qkv, dout, out, dqkv, lse);
 }
 
-// Rows per expert for R = T K routed rows: "balanced", "zipf" (expert e's share ~ 1 / (e + 1), none
-// above T, as top-k picks distinct experts), or "sparse" (every other expert 0-3 rows, the rest
-// balanced).
+// Expert loads (bench.h): Zipf shares capped at T, as top-k picks distinct experts.
 static bool expert_sparse(const char *kind, size_t e) { return kind[0] == 's' && e % 2; }
 
 static double expert_share(const char *kind, size_t e) {
     return kind[0] == 'z' ? 1.0 / (double)(e + 1) : expert_sparse(kind, e) ? 0 : 1;
 }
 
-static void expert_rows(const char *kind, size_t T, size_t K, size_t E, int32_t *offsets) {
+void bench_expert_rows(const char *kind, size_t T, size_t K, size_t E, int32_t *offsets) {
     double *want = calloc(E, sizeof(double)), R = (double)T * K, left = R;
     bool *capped = calloc(E, sizeof(bool));
     for (int pass = 0; pass < 8; pass++) { // water-filling of the Zipf shares under the cap T
@@ -116,22 +91,22 @@ static void bench_grouped_case(Bench *b, const Config *cfg, const char *kind, co
     size_t T = (size_t)cfg->train.micro_batch * cfg->train.seq_len, E = (size_t)c->n_experts;
     size_t R = T * c->top_k + 4 * E;
     int32_t *off = malloc((E + 1) * sizeof(int32_t));
-    expert_rows(kind, T, (size_t)c->top_k, E, off);
+    bench_expert_rows(kind, T, (size_t)c->top_k, E, off);
     void *doff = b->o->alloc((E + 1) * sizeof(int32_t));
     b->o->upload(doff, off, (E + 1) * sizeof(int32_t));
     double flops = 2.0 * off[E] * N * Kd, aim = E <= 8 ? 620 : 580;
-    void *x = rand_act(b, R * Kd, 21, 1.0f), *w = rand_act(b, E * N * Kd, 22, 0.02f), *dy = rand_act(b, R * N, 23, 1.0f);
+    void *x = bench_rand_act(b, R * Kd, 21, 1.0f), *w = bench_rand_act(b, E * N * Kd, 22, 0.02f), *dy = bench_rand_act(b, R * N, 23, 1.0f);
     void *y = b->o->alloc(R * N * b->o->act_size), *dx = b->o->alloc(R * Kd * b->o->act_size);
-    void *dw = zero_buf(b, E * N * Kd * b->o->f32_size);
+    void *dw = bench_zero_buf(b, E * N * Kd * b->o->f32_size);
     char name[64], shape[64];
     snprintf(shape, sizeof shape, "E%zu %s N%zu K%zu", E, kind, N, Kd);
     snprintf(name, sizeof name, "grouped %s forward", what);
-    report(b, name, shape, TIME_MS(b, 10, b->o->grouped_matmul_forward(y, x, w, doff, E, N, Kd, R)), flops, 0, aim);
+    report(b, name, shape, BENCH_TIME_MS(b, 10, b->o->grouped_matmul_forward(y, x, w, doff, E, N, Kd, R)), flops, 0, aim);
     snprintf(name, sizeof name, "grouped %s input grad", what);
-    report(b, name, shape, TIME_MS(b, 10, b->o->grouped_matmul_backward(dx, NULL, dy, x, w, doff, E, N, Kd, R)), flops, 0, aim);
+    report(b, name, shape, BENCH_TIME_MS(b, 10, b->o->grouped_matmul_backward(dx, NULL, dy, x, w, doff, E, N, Kd, R)), flops, 0, aim);
     snprintf(name, sizeof name, "grouped %s weight grad", what);
-    report(b, name, shape, TIME_MS(b, 10, b->o->grouped_matmul_backward(NULL, dw, dy, x, w, doff, E, N, Kd, R)), flops, 0, aim);
-    FREE_ALL(b, doff, x, w, dy, y, dx, dw);
+    report(b, name, shape, BENCH_TIME_MS(b, 10, b->o->grouped_matmul_backward(NULL, dw, dy, x, w, doff, E, N, Kd, R)), flops, 0, aim);
+    BENCH_FREE_ALL(b, doff, x, w, dy, y, dx, dw);
     free(off);
 }
 
@@ -146,16 +121,16 @@ static void bench_grouped(Bench *b, const Config *cfg) {
 }
 
 static void bench_dense_case(Bench *b, const char *name, size_t M, size_t N, size_t K) {
-    void *x = rand_act(b, M * K, 31, 1.0f), *w = rand_act(b, N * K, 32, 0.02f), *dy = rand_act(b, M * N, 33, 1.0f);
+    void *x = bench_rand_act(b, M * K, 31, 1.0f), *w = bench_rand_act(b, N * K, 32, 0.02f), *dy = bench_rand_act(b, M * N, 33, 1.0f);
     void *y = b->o->alloc(M * N * b->o->act_size), *dx = b->o->alloc(M * K * b->o->act_size);
-    void *dw = zero_buf(b, N * K * b->o->f32_size);
+    void *dw = bench_zero_buf(b, N * K * b->o->f32_size);
     char shape[64];
     snprintf(shape, sizeof shape, "%zu x %zu x %zu", M, N, K);
     double flops = 2.0 * M * N * K;
-    report(b, name, shape, TIME_MS(b, 10, b->o->matmul_forward(y, x, w, M, N, K, false)), flops, 0, 0);
-    report(b, "  backward (dx and dw)", shape, TIME_MS(b, 10, b->o->matmul_backward(dx, dw, dy, x, w, M, N, K, false)),
+    report(b, name, shape, BENCH_TIME_MS(b, 10, b->o->matmul_forward(y, x, w, M, N, K, false)), flops, 0, 0);
+    report(b, "  backward (dx and dw)", shape, BENCH_TIME_MS(b, 10, b->o->matmul_backward(dx, dw, dy, x, w, M, N, K, false)),
            2 * flops, 0, 0);
-    FREE_ALL(b, x, w, dy, y, dx, dw);
+    BENCH_FREE_ALL(b, x, w, dy, y, dx, dw);
 }
 
 static void bench_memory_bound(Bench *b, const Config *cfg) {
@@ -164,19 +139,19 @@ static void bench_memory_bound(Bench *b, const Config *cfg) {
     size_t T = (size_t)cfg->train.micro_batch * cfg->train.seq_len, D = (size_t)c->d_model;
     size_t H = (size_t)c->expert_hidden, R = T * c->top_k, a = o->act_size, f = o->f32_size;
     char shape[64];
-    void *x = rand_act(b, R * 2 * H, 41, 1.0f), *y = o->alloc(R * 2 * H * a), *w = rand_act(b, D, 42, 1.0f);
+    void *x = bench_rand_act(b, R * 2 * H, 41, 1.0f), *y = o->alloc(R * 2 * H * a), *w = bench_rand_act(b, D, 42, 1.0f);
     void *rstd = o->alloc(T * f);
     snprintf(shape, sizeof shape, "%zu x %zu", T, D);
-    report(b, "rmsnorm forward", shape, TIME_MS(b, 10, o->rmsnorm_forward(y, rstd, x, w, T, D, 1e-5f)), 0,
+    report(b, "rmsnorm forward", shape, BENCH_TIME_MS(b, 10, o->rmsnorm_forward(y, rstd, x, w, T, D, 1e-5f)), 0,
            2.0 * T * D * a, 0);
-    report(b, "residual add", shape, TIME_MS(b, 10, o->add(y, x, x, T * D)), 0, 3.0 * T * D * a, 0);
+    report(b, "residual add", shape, BENCH_TIME_MS(b, 10, o->add(y, x, x, T * D)), 0, 3.0 * T * D * a, 0);
     snprintf(shape, sizeof shape, "%zu x %zu", R, H);
-    report(b, "swiglu forward", shape, TIME_MS(b, 10, o->swiglu_forward(y, x, R, H, NULL)), 0, 3.0 * R * H * a, 0);
-    FREE_ALL(b, x, y, w, rstd);
+    report(b, "swiglu forward", shape, BENCH_TIME_MS(b, 10, o->swiglu_forward(y, x, R, H, NULL)), 0, 3.0 * R * H * a, 0);
+    BENCH_FREE_ALL(b, x, y, w, rstd);
     ParamCounts p = model_param_counts(c);
     size_t n = (size_t)p.total;
-    void *param = zero_buf(b, n * f), *param_act = o->alloc(n * a), *grad = zero_buf(b, n * f);
-    void *m = zero_buf(b, n * f), *v = zero_buf(b, n * f), *norm = zero_buf(b, f);
+    void *param = bench_zero_buf(b, n * f), *param_act = o->alloc(n * a), *grad = bench_zero_buf(b, n * f);
+    void *m = bench_zero_buf(b, n * f), *v = bench_zero_buf(b, n * f), *norm = bench_zero_buf(b, f);
     StepInfo si = {1e-4f, 1, 0};
     void *step = o->alloc(sizeof si);
     o->upload(step, &si, sizeof si);
@@ -184,23 +159,30 @@ static void bench_memory_bound(Bench *b, const Config *cfg) {
     snprintf(shape, sizeof shape, "%.3fB parameters", n / 1e9);
     // param, m, v read and written, grad read (fp32), the bf16 copy written: 30 bytes a parameter
     report(b, "AdamW (one call, all params)", shape,
-           TIME_MS(b, 3, o->adamw_update(param, param_act, grad, m, v, n, args, step, norm)), 0, 30.0 * n, 0);
-    FREE_ALL(b, param, param_act, grad, m, v, norm, step);
+           BENCH_TIME_MS(b, 3, o->adamw_update(param, param_act, grad, m, v, n, args, step, norm)), 0, 30.0 * n, 0);
+    BENCH_FREE_ALL(b, param, param_act, grad, m, v, norm, step);
 }
 
 static double copy_gbs(Bench *b) {
-    size_t bytes = (size_t)1 << 30;
-    void *src = zero_buf(b, bytes), *dst = b->o->alloc(bytes);
-    double ms = TIME_MS(b, 10, b->o->copy(dst, src, bytes));
-    FREE_ALL(b, src, dst);
+    size_t bytes = b->o->act_aliases_f32 ? (size_t)1 << 26 : (size_t)1 << 30;
+    void *src = bench_zero_buf(b, bytes), *dst = b->o->alloc(bytes);
+    double ms = BENCH_TIME_MS(b, 10, b->o->copy(dst, src, bytes));
+    BENCH_FREE_ALL(b, src, dst);
     return 2.0 * bytes / (ms * 1e-3) / 1e9;
 }
 
+void bench_open(Bench *b, const Config *cfg) {
+    *b = (Bench){setup_backend(cfg), NULL, NULL, 0, 0, !strcmp(cfg->train.device, "cuda")};
+    b->e0 = b->o->event_create(), b->e1 = b->o->event_create();
+    b->matmul = train_matmul_tflops(b->o), b->copy = copy_gbs(b);
+}
+
+void bench_close(Bench *b) { b->o->event_free(b->e0), b->o->event_free(b->e1); }
+
 void bench_kernels(const Config *cfg) {
     setvbuf(stdout, NULL, _IOLBF, 0); // each line out as soon as it is measured
-    Bench b = {setup_backend(cfg), NULL, NULL, 0, 0, !strcmp(cfg->train.device, "cuda")};
-    b.e0 = b.o->event_create(), b.e1 = b.o->event_create();
-    b.matmul = train_matmul_tflops(b.o), b.copy = copy_gbs(&b);
+    Bench b;
+    bench_open(&b, cfg);
     const ModelConfig *c = &cfg->model;
     size_t T = (size_t)cfg->train.micro_batch * cfg->train.seq_len, D = (size_t)c->d_model;
     printf("ceilings     matrix product %.1f TFLOP/s (large square product, random values), copy %.0f GB/s (read + write)\n",
@@ -212,5 +194,5 @@ void bench_kernels(const Config *cfg) {
     bench_dense_case(&b, "dense output projection", T, D, (size_t)c->n_heads * c->head_dim);
     bench_dense_case(&b, "dense LM head (one chunk)", T < 8192 ? T : 8192, (size_t)c->vocab_size, D);
     bench_memory_bound(&b, cfg);
-    b.o->event_free(b.e0), b.o->event_free(b.e1);
+    bench_close(&b);
 }

@@ -9,6 +9,8 @@
 #include <strings.h>
 
 #include "common/util.h"
+#include "io/fsutil.h"
+#include "train/ckpt.h"
 #include "train/config.h"
 
 void cli_usage(const CliSpec *spec, bool keys) {
@@ -108,4 +110,36 @@ void cli_override_and_validate(Config *cfg, int n, char **assignments) {
     for (int i = 0; i < n; i++)
         if (config_apply_override(cfg, assignments[i], err)) moe_fatal("%s", err);
     if (config_validate(cfg, err)) moe_fatal("%s", err);
+}
+
+void cli_load_config(const char *arg, Config *cfg) {
+    MoeErr err;
+    char ckpt[4200], run_config[4200];
+    config_defaults(cfg);
+    snprintf(run_config, sizeof run_config, "%s/config.json", arg);
+    if (!fs_is_dir(arg)) {
+        if (config_load_file(cfg, arg, err)) moe_fatal("%s", err);
+    } else if (fs_exists(run_config)) {
+        if (config_load_file(cfg, run_config, err)) moe_fatal("%s", err);
+    } else {
+        TrainState st;
+        if (ckpt_resolve(arg, ckpt, sizeof ckpt, err) || ckpt_read_state(ckpt, cfg, &st, err))
+            moe_fatal("%s", err);
+    }
+}
+
+char **cli_config_command(const CliSpec *spec, int argc, char **argv, const char **values, const Comm *world,
+                          Config *cfg) {
+    char **pos;
+    int n_pos;
+    cli_parse(spec, argc, argv, values, &pos, &n_pos);
+    cli_single_rank(spec->command, world);
+    if (n_pos < 1 || strchr(pos[0], '=')) {
+        cli_usage(spec, false);
+        free(pos);
+        return NULL;
+    }
+    cli_load_config(pos[0], cfg);
+    cli_override_and_validate(cfg, n_pos - 1, pos + 1);
+    return pos;
 }

@@ -47,8 +47,17 @@ int cmd_ckpt(int argc, char **argv, Comm *world);
 int cmd_plot(int argc, char **argv, Comm *world);
 int cmd_export(int argc, char **argv, Comm *world);
 int cmd_import(int argc, char **argv, Comm *world);
+int cmd_plan(int argc, char **argv, Comm *world);
 // `moe bench --kernels`: each component kernel timed alone on cfg's shapes (bench_kernels.c).
 void bench_kernels(const Config *cfg);
+// The config of a config file, a run directory (its config.json) or a checkpoint directory; exits
+// with the message when it cannot be read.
+void cli_load_config(const char *arg, Config *cfg);
+// A one-process command whose arguments are a config (as cli_load_config reads it) and key=value
+// overrides: parses them (options into values), loads and validates cfg, and returns the positional
+// arguments (the caller frees them; [0] names the config), or NULL after printing the usage.
+char **cli_config_command(const CliSpec *spec, int argc, char **argv, const char **values, const Comm *world,
+                          Config *cfg);
 // Applies key=value overrides to cfg, then validates it; exits with the message on an error.
 void cli_override_and_validate(Config *cfg, int n, char **assignments);
 // Runs `moe train ARGS` as n processes on this node (GPU ranks joined by NCCL); returns the first

@@ -4,13 +4,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench.h"
 #include "cli.h"
 #include "ops/profile_ops.h"
 #include "train/train.h"
 
 static const CliSpec SPEC = {
     .command = "moe bench",
-    .usage = "CONFIG.json [key=value ...] [--warmup N] [--steps N] [--kernels]",
+    .usage = "CONFIG.json [key=value ...] [--warmup N] [--steps N] [--kernels]\n"
+             "       moe bench --calibrate OUT.json [CONFIG.json] [key=value ...] [--gpu NAME]",
     .summary = "Trains the config's model on random token ids (like the PyTorch baseline) and\n"
                "reports tokens/s, model TFLOP/s (docs/MODEL.md accounting: causal attention at half,\n"
                "training = 3 x forward, no recompute counted), MFU against 989 TFLOP/s (H200 dense\n"
@@ -19,11 +21,18 @@ static const CliSpec SPEC = {
                "each component kernel alone on the config's shapes instead (attention, grouped\n"
                "GEMMs with balanced, Zipf and sparse expert loads, dense GEMMs, memory-bound kernels)\n"
                "against ceilings measured in the same run. MOE_KERNELS=builtin (or attention=builtin,\n"
-               "grouped=builtin) selects the built-in CUDA kernels instead of cuDNN's and CUTLASS's.",
+               "grouped=builtin) selects the built-in CUDA kernels instead of cuDNN's and CUTLASS's.\n"
+               "With --calibrate, measures the rate of every kernel family at three sizes of the config's\n"
+               "shapes (default: the bundled model on the CPU) and, on several ranks (mpirun), the\n"
+               "communication rates, and writes them as the calibration file `moe plan` reads\n"
+               "(docs/SCALING.md).",
     .opts = (const CliOption[]){
         {"--warmup", "N", "untimed steps first (default 3; the first runs eagerly, the second records the graph)"},
         {"--steps", "N", "timed steps (default 10)"},
         {"--kernels", NULL, "time each component kernel alone instead of training steps"},
+        {"--calibrate", "OUT.json", "write a calibration file for moe plan instead"},
+        {"--gpu", "NAME", "with --calibrate: the device it describes (moe plan's table; default h200 for "
+                          "train.device=cuda, else cpu)"},
         {NULL}},
 };
 
@@ -67,11 +76,29 @@ static void print_report(const Config *cfg, const BenchReport *r) {
                "%.2f%% of slots dropped\n", r->load_imbalance, 100 * r->drop_rate);
 }
 
+enum { OPT_WARMUP, OPT_STEPS, OPT_KERNELS, OPT_CALIBRATE, OPT_GPU, N_OPTS };
+
+// `moe bench --calibrate OUT.json [CONFIG.json] [key=value ...]`.
+static int calibrate(const char *out, const char *gpu, char **pos, int n_pos, Comm *world) {
+    Config cfg;
+    bool file = n_pos > 0 && !strchr(pos[0], '=');
+    if (file) cli_load_config(pos[0], &cfg);
+    else config_defaults(&cfg);
+    cli_override_and_validate(&cfg, n_pos - file, pos + file);
+    bench_calibrate(&cfg, world, gpu ? gpu : strcmp(cfg.train.device, "cuda") ? "cpu" : "h200", out);
+    return 0;
+}
+
 int cmd_bench(int argc, char **argv, Comm *world) {
-    const char *values[3] = {0};
+    const char *values[N_OPTS] = {0};
     char **pos;
     int n_pos;
     cli_parse(&SPEC, argc, argv, values, &pos, &n_pos);
+    if (values[OPT_CALIBRATE]) {
+        int rc = calibrate(values[OPT_CALIBRATE], values[OPT_GPU], pos, n_pos, world);
+        free(pos);
+        return rc;
+    }
     if (n_pos < 1 || strchr(pos[0], '=')) {
         cli_usage(&SPEC, false);
         free(pos);
@@ -82,14 +109,14 @@ int cmd_bench(int argc, char **argv, Comm *world) {
     config_defaults(&cfg);
     if (config_load_file(&cfg, pos[0], err)) moe_fatal("%s", err);
     cli_override_and_validate(&cfg, n_pos - 1, pos + 1);
-    if (values[2]) {
+    if (values[OPT_KERNELS]) {
         cli_single_rank("moe bench --kernels", world);
         bench_kernels(&cfg);
         free(pos);
         return 0;
     }
-    int warmup = values[0] ? (int)cli_number("--warmup", values[0], 2, 1000) : 3;
-    int steps = values[1] ? (int)cli_number("--steps", values[1], 1, 100000) : 10;
+    int warmup = values[OPT_WARMUP] ? (int)cli_number("--warmup", values[OPT_WARMUP], 2, 1000) : 3;
+    int steps = values[OPT_STEPS] ? (int)cli_number("--steps", values[OPT_STEPS], 1, 100000) : 10;
     if (world->rank == 0) printf("moe bench %s: %d warm-up steps, %d timed\n", pos[0], warmup, steps);
     BenchReport r;
     train_bench(&cfg, world, warmup, steps, &r);

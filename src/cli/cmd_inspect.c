@@ -6,7 +6,6 @@
 #include <string.h>
 
 #include "cli.h"
-#include "io/fsutil.h"
 #include "train/setup.h"
 #include "train/train.h"
 
@@ -21,22 +20,6 @@ static const CliSpec SPEC = {
         {"--world", "N", "memory per rank for N ranks laid out by parallel.pp and parallel.ep"},
         {NULL}},
 };
-
-static void load_config(const char *arg, Config *cfg) {
-    MoeErr err;
-    char ckpt[4200], run_config[4200];
-    config_defaults(cfg);
-    snprintf(run_config, sizeof run_config, "%s/config.json", arg);
-    if (!fs_is_dir(arg)) {
-        if (config_load_file(cfg, arg, err)) moe_fatal("%s", err);
-    } else if (fs_exists(run_config)) {
-        if (config_load_file(cfg, run_config, err)) moe_fatal("%s", err);
-    } else {
-        TrainState st;
-        if (ckpt_resolve(arg, ckpt, sizeof ckpt, err) || ckpt_read_state(ckpt, cfg, &st, err))
-            moe_fatal("%s", err);
-    }
-}
 
 static const double GiB = 1073741824.0;
 
@@ -118,18 +101,9 @@ static void print_memory(const Config *cfg, int world) {
 
 int cmd_inspect(int argc, char **argv, Comm *world) {
     const char *values[1] = {0};
-    char **pos;
-    int n_pos;
-    cli_parse(&SPEC, argc, argv, values, &pos, &n_pos);
-    cli_single_rank(SPEC.command, world);
-    if (n_pos < 1 || strchr(pos[0], '=')) {
-        cli_usage(&SPEC, false);
-        free(pos);
-        return 1;
-    }
     Config cfg;
-    load_config(pos[0], &cfg);
-    cli_override_and_validate(&cfg, n_pos - 1, pos + 1);
+    char **pos = cli_config_command(&SPEC, argc, argv, values, world, &cfg);
+    if (!pos) return 1;
     const ModelConfig *c = &cfg.model;
     ParamCounts p = model_param_counts(c);
     double S = cfg.train.seq_len, fwd = model_forward_flops_per_token(c, (size_t)S);

@@ -19,6 +19,7 @@ static const Command COMMANDS[] = {
     {"inspect", cmd_inspect, "parameters, FLOPs per token and memory of a config or run"},
     {"data", cmd_data, "prepare token files (`moe data prepare IN.txt OUT.npy`)"},
     {"ckpt", cmd_ckpt, "check a checkpoint's files and checksums (`moe ckpt verify DIR`)"},
+    {"plan", cmd_plan, "predicted memory and step time of a config's layouts on N GPUs"},
     {"plot", cmd_plot, "pictures of runs from their metrics (`moe plot RUN_DIR [RUN_DIR ...]`)"},
     {"export", cmd_export, "a checkpoint as a Hugging Face transformers model directory"},
     {"import", cmd_import, "a Hugging Face OLMoE or FlexOlmo model as a checkpoint to train or evaluate"},

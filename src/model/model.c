@@ -89,18 +89,19 @@ static void register_params(Model *m) {
     m->layer = moe_calloc(c->n_layers, sizeof(LayerParams));
     params_begin_region(&m->reg, PARAM_DENSE);
     if (m->first_stage) m->wte = params_add(&m->reg, "model.embed_tokens.weight", V, D, false, false, -1, -1);
-    for (int l = m->layer_begin; l < m->layer_end; l++) {
-        register_attention(m, l, &m->layer[l]);
-        register_ffn_dense(m, l, &m->layer[l]);
-    }
+    for (int l = 0; l < c->n_layers; l++)
+        if (model_holds_layer(m, l)) {
+            register_attention(m, l, &m->layer[l]);
+            register_ffn_dense(m, l, &m->layer[l]);
+        }
     if (m->last_stage) {
         m->final_norm = params_add(&m->reg, "model.norm.weight", D, 0, false, true, -1, -1);
         m->lm_head = params_add(&m->reg, "lm_head.weight", V, D, true, false, -1, -1);
     }
     params_end_region(&m->reg, PARAM_DENSE, REGION_ALIGN * (size_t)m->par->dp->size);
     params_begin_region(&m->reg, PARAM_EXPERT);
-    for (int l = m->layer_begin; l < m->layer_end; l++)
-        if (model_layer_is_moe(c, l)) register_experts(m, l, &m->layer[l]);
+    for (int l = 0; l < c->n_layers; l++)
+        if (model_holds_layer(m, l) && model_layer_is_moe(c, l)) register_experts(m, l, &m->layer[l]);
     params_end_region(&m->reg, PARAM_EXPERT, REGION_ALIGN * (size_t)m->par->edp->size);
 }
 
@@ -120,13 +121,34 @@ static int32_t *i32_buf(Model *m, size_t n) { return pool_i32(&m->mem, n); }
 
 static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
 
+bool model_holds_layer(const Model *m, int l) {
+    for (int c = 0; c < m->n_chunks; c++)
+        if (l >= m->chunk[c].layer_begin && l < m->chunk[c].layer_end) return true;
+    return false;
+}
+
+static int chunk_layers(const ModelChunk *k) { return k->layer_end - k->layer_begin; }
+
 static int n_local_moe_layers(const Model *m) {
     int n = 0;
-    for (int l = m->layer_begin; l < m->layer_end; l++) n += model_layer_is_moe(&m->cfg, l);
+    for (int l = 0; l < m->cfg.n_layers; l++) n += model_holds_layer(m, l) && model_layer_is_moe(&m->cfg, l);
     return n;
 }
 
-static int n_local_layers(const Model *m) { return m->layer_end - m->layer_begin; }
+static int n_local_layers(const Model *m) {
+    int n = 0;
+    for (int c = 0; c < m->n_chunks; c++) n += chunk_layers(&m->chunk[c]);
+    return n;
+}
+
+// MoE calls whose expert rows are kept: each MoE layer of a chunk, once per activation slot.
+static int moe_calls(const Model *m) {
+    int n = 0;
+    for (int c = 0; c < m->n_chunks; c++)
+        for (int l = m->chunk[c].layer_begin; l < m->chunk[c].layer_end; l++)
+            n += m->chunk[c].n_slots * model_layer_is_moe(&m->cfg, l);
+    return n;
+}
 
 // A layer's buffer of n elements: `shared` when the recompute mode drops it (non-NULL), else its own.
 static void *layer_act(Model *m, void *shared, size_t n) { return shared ? shared : act_buf(m, n); }
@@ -237,6 +259,8 @@ static void alloc_scratch(Model *m, size_t T) {
 // cos and sin of position s times frequency theta^(-2i / hd), for i < hd / 2
 static void upload_rope(Model *m, size_t S) {
     size_t hd = m->cfg.head_dim, half = hd / 2;
+    m->rope = f32_buf(m, S * hd);
+    if (m->ops->sizing_only) return;
     float *tab = moe_malloc(S * hd * sizeof(float));
     for (size_t s = 0; s < S; s++)
         for (size_t i = 0; i < half; i++) {
@@ -244,7 +268,6 @@ static void upload_rope(Model *m, size_t S) {
             tab[s * hd + 2 * i] = (float)cos(angle);
             tab[s * hd + 2 * i + 1] = (float)sin(angle);
         }
-    m->rope = f32_buf(m, S * hd);
     m->ops->upload_f32(m->rope, tab, S * hd);
     free(tab);
 }
@@ -253,14 +276,29 @@ size_t model_metrics_len(const ModelConfig *c) {
     return METRIC_ROUTER + (size_t)model_n_moe_layers(c) * router_stats_len((size_t)c->n_experts);
 }
 
-static void alloc_slot(Model *m, SlotActs *slot, size_t T) {
-    int n = n_local_layers(m);
+// One slot of a chunk; the gradient of its output waits in a buffer of its own when several chunks
+// interleave (a chunk's backward is then not right after the one that produced it).
+static void alloc_slot(Model *m, const ModelChunk *k, SlotActs *slot, size_t T) {
+    int n = chunk_layers(k);
     slot->resid = moe_calloc((size_t)n + 1, sizeof(void *));
     for (int i = 0; i <= n; i++) slot->resid[i] = act_buf(m, T * m->cfg.d_model);
     slot->layer = moe_calloc((size_t)n, sizeof(LayerActs));
     for (int i = 0; i < n; i++) {
-        bool moe = model_layer_is_moe(&m->cfg, m->layer_begin + i);
+        bool moe = model_layer_is_moe(&m->cfg, k->layer_begin + i);
         alloc_layer_acts(m, &slot->layer[i], T, moe, !moe);
+    }
+    slot->grad = m->n_chunks > 1 ? act_buf(m, T * m->cfg.d_model) : NULL;
+}
+
+// The chunks of this rank: their layers and n_slots activations in flight (0: what the schedule keeps).
+static void init_chunks(Model *m, int n_slots, int n_micro) {
+    const Layout *l = &m->par->lay;
+    m->n_chunks = l->v;
+    for (int c = 0; c < l->v; c++) {
+        ModelChunk *k = &m->chunk[c];
+        *k = (ModelChunk){.layer_begin = l->layer_begin[c], .layer_end = l->layer_end[c],
+                          .first = layout_first_chunk(l, c), .last = layout_last_chunk(l, c),
+                          .n_slots = n_slots ? n_slots : pipeline_slots(l->pp, l->v, l->stage, c, n_micro)};
     }
 }
 
@@ -274,10 +312,10 @@ void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel
     m->cfg = *cfg;
     m->ops = m->mem.ops = ops;
     m->par = par;
-    m->layer_begin = par->lay.layer_begin, m->layer_end = par->lay.layer_end;
+    init_chunks(m, n_slots, n_micro);
     m->n_experts_local = par->lay.expert_end - par->lay.expert_begin;
     m->first_stage = layout_first_stage(&par->lay), m->last_stage = layout_last_stage(&par->lay);
-    m->B = B, m->S = S, m->n_slots = n_slots, m->n_micro = n_micro, m->recompute = recompute;
+    m->B = B, m->S = S, m->n_micro = n_micro, m->recompute = recompute;
     register_params(m);
     size_t P = m->reg.total, T = B * S, D = cfg->d_model;
     m->params = f32_buf(m, P);
@@ -290,13 +328,16 @@ void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel
     upload_rope(m, S);
     m->tokens = i32_buf(m, (size_t)n_micro * T), m->targets = i32_buf(m, (size_t)n_micro * T);
     size_t before_acts = m->mem.bytes;
-    int moe_calls = n_slots * n_local_moe_layers(m); // calls whose expert rows are kept
-    if (recompute == RECOMPUTE_FULL && moe_calls) moe_calls = 1;
-    moe_exchange_init(&m->xchg, cfg, ops, par, &m->mem, T, moe_calls);
+    int kept_calls = moe_calls(m); // calls whose expert rows are kept
+    if (recompute == RECOMPUTE_FULL && kept_calls) kept_calls = 1;
+    moe_exchange_init(&m->xchg, cfg, ops, par, &m->mem, T, kept_calls);
     if (recompute == RECOMPUTE_SELECTIVE) alloc_selective_shared(m, T);
     if (recompute == RECOMPUTE_FULL) alloc_full_shared(m, T);
-    m->slots = moe_calloc((size_t)n_slots, sizeof(SlotActs));
-    for (int i = 0; i < n_slots; i++) alloc_slot(m, &m->slots[i], T);
+    for (int c = 0; c < m->n_chunks; c++) {
+        ModelChunk *k = &m->chunk[c];
+        k->slots = moe_calloc((size_t)k->n_slots, sizeof(SlotActs));
+        for (int i = 0; i < k->n_slots; i++) alloc_slot(m, k, &k->slots[i], T);
+    }
     m->act_bytes = m->mem.bytes - before_acts;
     if (m->last_stage) {
         m->xf = act_buf(m, T * D), m->xf_rstd = f32_buf(m, T);
@@ -310,14 +351,17 @@ void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel
 void model_free(Model *m) {
     moe_exchange_free(&m->xchg);
     pool_free(&m->mem);
-    for (int i = 0; i < m->n_slots; i++) {
-        for (int l = 0; l < n_local_layers(m) && m->recompute != RECOMPUTE_FULL; l++) // full: shared's
-            moe_exchange_routes_free(&m->slots[i].layer[l].routes);
-        free(m->slots[i].resid);
-        free(m->slots[i].layer);
+    for (int c = 0; c < m->n_chunks; c++) {
+        ModelChunk *k = &m->chunk[c];
+        for (int i = 0; i < k->n_slots; i++) {
+            for (int l = 0; l < chunk_layers(k) && m->recompute != RECOMPUTE_FULL; l++) // full: shared's
+                moe_exchange_routes_free(&k->slots[i].layer[l].routes);
+            free(k->slots[i].resid);
+            free(k->slots[i].layer);
+        }
+        free(k->slots);
     }
     moe_exchange_routes_free(&m->shared.routes);
-    free(m->slots);
     free(m->layer);
     params_free(&m->reg);
     memset(m, 0, sizeof *m);
@@ -357,8 +401,15 @@ void model_set_batch(Model *m, int micro, const int32_t *seqs, size_t B, size_t 
     free(in);
 }
 
-void *model_stage_input(const Model *m, int slot) { return m->slots[slot].resid[0]; }
-void *model_stage_output(const Model *m, int slot) { return m->slots[slot].resid[n_local_layers(m)]; }
+void *model_stage_input(const Model *m, int chunk, int slot) { return m->chunk[chunk].slots[slot].resid[0]; }
+void *model_stage_output(const Model *m, int chunk, int slot) {
+    const ModelChunk *k = &m->chunk[chunk];
+    return k->slots[slot].resid[chunk_layers(k)];
+}
+void *model_stage_grad(const Model *m, int chunk, int slot) {
+    void *grad = m->chunk[chunk].slots[slot].grad;
+    return grad ? grad : m->s.dres;
+}
 
 // ---------------------------------------------------------------- forward
 
@@ -370,8 +421,14 @@ static AttnDims attn_dims(const Model *m, size_t B, size_t S) {
     return (AttnDims){B, S, (size_t)c->n_heads, (size_t)c->n_kv_heads, (size_t)c->head_dim};
 }
 
-static LayerActs *acts(const Model *m, int slot, int l) {
-    return &m->slots[slot].layer[l - m->layer_begin];
+static SlotActs *slot_of(const Model *m, const ForwardArgs *a) { return &m->chunk[a->chunk].slots[a->slot]; }
+
+// Layer l's activations of a micro-batch, and its input and output in the residual stream.
+static LayerActs *acts(const Model *m, const ForwardArgs *a, int l) {
+    return &slot_of(m, a)->layer[l - m->chunk[a->chunk].layer_begin];
+}
+static void *resid(const Model *m, const ForwardArgs *a, int l) {
+    return slot_of(m, a)->resid[l - m->chunk[a->chunk].layer_begin];
 }
 
 static int moe_index(const ModelConfig *c, int l) { return l - c->n_dense_layers; }
@@ -482,12 +539,12 @@ static void attention_forward(Model *m, int l, LayerActs *x, const void *in, Att
 static void layer_forward(Model *m, int l, const ForwardArgs *a) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
-    LayerActs *x = acts(m, a->slot, l);
+    LayerActs *x = acts(m, a, l);
     const LayerParams *p = &m->layer[l];
     size_t T = a->B * a->S, D = c->d_model;
     float eps = (float)c->norm_eps;
-    const void *in = m->slots[a->slot].resid[l - m->layer_begin];
-    void *out = m->slots[a->slot].resid[l - m->layer_begin + 1];
+    const void *in = resid(m, a, l);
+    void *out = resid(m, a, l + 1);
     AttnDims d = attn_dims(m, a->B, a->S);
     if (c->norm_placement == NORM_PRE) {
         ops->rmsnorm_forward(x->n1, x->n1_rstd, in, W(m, p->attn_norm), T, D, eps);
@@ -512,7 +569,7 @@ static void head_forward(Model *m, const ForwardArgs *a) {
     const Ops *ops = m->ops;
     size_t T = a->B * a->S, D = m->cfg.d_model, V = m->cfg.vocab_size;
     const int32_t *targets = micro_targets(m, a->micro);
-    void *last = model_stage_output(m, a->slot);
+    void *last = model_stage_output(m, a->chunk, a->slot);
     ops->rmsnorm_forward(m->xf, m->xf_rstd, last, W(m, m->final_norm), T, D, (float)m->cfg.norm_eps);
     for (size_t r0 = 0; r0 < T; r0 += m->logit_rows) {
         size_t n = T - r0 < m->logit_rows ? T - r0 : m->logit_rows;
@@ -525,17 +582,19 @@ static void head_forward(Model *m, const ForwardArgs *a) {
                                  W(m, m->lm_head), n, V, D, false);
     }
     if (a->train)
-        ops->rmsnorm_backward(m->s.dres, G(m, m->final_norm), m->s.dxf, last, W(m, m->final_norm),
-                              m->xf_rstd, T, D, false);
+        ops->rmsnorm_backward(model_stage_grad(m, a->chunk, a->slot), G(m, m->final_norm), m->s.dxf, last,
+                              W(m, m->final_norm), m->xf_rstd, T, D, false);
 }
 
 void model_forward(Model *m, const ForwardArgs *a) {
-    MOE_ASSERT(a->B <= m->B && a->S <= m->S && a->slot < m->n_slots && a->micro < m->n_micro);
-    if (m->first_stage)
-        m->ops->embedding_forward(model_stage_input(m, a->slot), micro_tokens(m, a->micro),
+    const ModelChunk *k = &m->chunk[a->chunk];
+    MOE_ASSERT(a->B <= m->B && a->S <= m->S && a->chunk < m->n_chunks && a->slot < k->n_slots &&
+               a->micro < m->n_micro);
+    if (k->first)
+        m->ops->embedding_forward(model_stage_input(m, a->chunk, a->slot), micro_tokens(m, a->micro),
                                   W(m, m->wte), a->B * a->S, m->cfg.d_model);
-    for (int l = m->layer_begin; l < m->layer_end; l++) layer_forward(m, l, a);
-    if (m->last_stage) head_forward(m, a);
+    for (int l = k->layer_begin; l < k->layer_end; l++) layer_forward(m, l, a);
+    if (k->last) head_forward(m, a);
 }
 
 // ---------------------------------------------------------------- backward
@@ -648,10 +707,10 @@ static void layer_recompute(Model *m, int l, const ForwardArgs *a) {
 static void layer_backward(Model *m, int l, const ForwardArgs *a) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
-    LayerActs *x = acts(m, a->slot, l);
+    LayerActs *x = acts(m, a, l);
     const LayerParams *p = &m->layer[l];
     void *dres = m->s.dres, *dn = m->s.dn;
-    const void *in = m->slots[a->slot].resid[l - m->layer_begin];
+    const void *in = resid(m, a, l);
     size_t T = a->B * a->S, D = c->d_model;
     AttnDims d = attn_dims(m, a->B, a->S);
     layer_recompute(m, l, a);
@@ -672,11 +731,14 @@ static void layer_backward(Model *m, int l, const ForwardArgs *a) {
 
 void model_backward(Model *m, const ForwardArgs *a) {
     MOE_ASSERT(a->train);
-    for (int l = m->layer_end - 1; l >= m->layer_begin; l--) {
+    const ModelChunk *k = &m->chunk[a->chunk];
+    void *grad = model_stage_grad(m, a->chunk, a->slot);
+    if (grad != m->s.dres) m->ops->copy(m->s.dres, grad, a->B * a->S * m->cfg.d_model * m->ops->act_size);
+    for (int l = k->layer_end - 1; l >= k->layer_begin; l--) {
         layer_backward(m, l, a);
         if (a->layer_done) a->layer_done(a->layer_done_ctx, l);
     }
-    if (m->first_stage)
+    if (k->first)
         m->ops->embedding_backward(G(m, m->wte), m->s.dres, micro_tokens(m, a->micro), a->B * a->S,
                                    m->cfg.d_model, m->cfg.vocab_size);
 }
@@ -689,9 +751,9 @@ void model_last_logits(Model *m, const int32_t *tokens, size_t n, float *logits)
     size_t D = m->cfg.d_model, V = m->cfg.vocab_size;
     ops->upload(micro_tokens(m, 0), tokens, n * sizeof(int32_t));
     ForwardArgs a = {.B = 1, .S = n, .train = false, .metrics = m->metrics_scratch};
-    ops->embedding_forward(model_stage_input(m, 0), micro_tokens(m, 0), W(m, m->wte), n, D);
-    for (int l = m->layer_begin; l < m->layer_end; l++) layer_forward(m, l, &a);
-    ops->rmsnorm_forward(m->xf, m->xf_rstd, model_act(m, model_stage_output(m, 0), (n - 1) * D),
+    ops->embedding_forward(model_stage_input(m, 0, 0), micro_tokens(m, 0), W(m, m->wte), n, D);
+    for (int l = 0; l < m->cfg.n_layers; l++) layer_forward(m, l, &a);
+    ops->rmsnorm_forward(m->xf, m->xf_rstd, model_act(m, model_stage_output(m, 0, 0), (n - 1) * D),
                          W(m, m->final_norm), 1, D, (float)m->cfg.norm_eps);
     ops->matmul_forward(m->logits, m->xf, W(m, m->lm_head), 1, V, D, false);
     ops->download_act(logits, m->logits, V);

@@ -46,11 +46,21 @@ typedef struct {
     void *sgu, *sact;          // act (T, 2Hs), (T, Hs): shared expert
 } LayerActs;
 
-// What one micro-batch in flight keeps (a pipeline stage holds several).
+// What one micro-batch in flight keeps in one model chunk (a pipeline stage holds several).
 typedef struct {
-    void **resid;              // (n_local + 1) act (T, D): input of each local layer, then output
+    void **resid;              // (n_local + 1) act (T, D): input of each layer of the chunk, then output
     LayerActs *layer;          // (n_local)
+    void *grad;                // act (T, D) gradient of the chunk's output, received or from the loss,
+                               // waiting for the chunk's backward (several chunks; NULL: s.dres)
 } SlotActs;
+
+// Consecutive layers a rank holds (a virtual pipeline stage), with their activations in flight.
+typedef struct {
+    int layer_begin, layer_end;
+    bool first, last;          // the first virtual stage (embeds the tokens), the last (head and loss)
+    int n_slots;
+    SlotActs *slots;           // (n_slots)
+} ModelChunk;
 
 // Gradient scratch shared by all layers and slots, sized for the largest layer.
 typedef struct {
@@ -77,7 +87,8 @@ typedef struct {
 typedef struct {
     size_t B, S;        // this rank's batch (at most what the model was sized for)
     int micro;          // which of the step's uploaded batches (model_set_batch)
-    int slot;           // activation slot of this micro-batch
+    int chunk;          // which model chunk of this rank (0 unless the pipeline interleaves)
+    int slot;           // activation slot of this micro-batch in that chunk
     bool train;         // keep activations, compute LM-head gradients for the backward
     bool recompute;     // set by the model for a backward's rerun of a layer's forward (train.recompute
                         // = full): metrics go to scratch, the kept router summary stays as it is
@@ -92,9 +103,10 @@ typedef struct {
     ModelConfig cfg;
     const Ops *ops;
     const Parallel *par;
-    int layer_begin, layer_end;  // layers held here
+    int n_chunks;                // model chunks held here (pipeline virtual stages)
+    ModelChunk chunk[PIPE_MAX_CHUNKS];
     int n_experts_local;         // El experts held here in each MoE layer
-    bool first_stage, last_stage;
+    bool first_stage, last_stage; // holds the embedding; holds the final norm, head and loss
     ParamRegistry reg;
     LayerParams *layer;          // (L), valid for held layers
     size_t wte, final_norm, lm_head;
@@ -106,13 +118,12 @@ typedef struct {
     StepInfo *step_info;         // backend memory, written before each step
     void *metrics_scratch;       // f32 (model_metrics_len) for forwards whose metrics are unused
     size_t B, S;                 // activation memory is sized for B x S per slot
-    int n_slots, n_micro;
+    int n_micro;
     Recompute recompute;
     LayerActs shared;            // the buffers `recompute` drops, shared by every layer and slot and
                                  // sized for the largest layer (NULL: kept per layer; model.c)
     size_t act_bytes;            // bytes of activation memory: every slot's buffers, the shared ones
                                  // and the expert exchange's (moe inspect)
-    SlotActs *slots;             // (n_slots)
     int32_t *tokens, *targets;   // (n_micro, B S): every batch of a step, uploaded before it runs
     void *xf, *xf_rstd;          // act (T, D), f32 (T): final norm (last stage)
     void *logits;                // act (chunk, V) LM-head logits, one chunk at a time
@@ -132,7 +143,8 @@ static inline size_t model_metric_router(const ModelConfig *c, int moe_index) {
 }
 
 // Builds the registry of this rank's tensors and allocates parameters, activations for n_slots
-// micro-batches in flight and token buffers for n_micro per step, each B x S (B sequences on this
+// micro-batches in flight in each chunk (0: as many as the pipeline schedule of n_micro micro-batches
+// keeps, pipeline_slots) and token buffers for n_micro per step, each B x S (B sequences on this
 // rank), keeping what `recompute` does not recompute. Exits when the backend's limits (Ops.limits)
 // refuse cfg.
 void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel *par, size_t B,
@@ -149,14 +161,18 @@ void *model_f32(const Model *m, void *base, size_t offset);  // element offset i
 
 // Uploads B sequences of S + 1 tokens (inputs and shifted targets) as batch `micro` of the step.
 void model_set_batch(Model *m, int micro, const int32_t *seqs, size_t B, size_t S);
-// The stage's input (first layer's input; filled by the previous stage) and output of a slot.
-void *model_stage_input(const Model *m, int slot);
-void *model_stage_output(const Model *m, int slot);
-// Forward of a slot's batch through the held layers; the first stage embeds the tokens, the last
-// applies the head and the loss (and in training its gradient, ready for the backward).
+// A chunk's input (its first layer's; filled by the previous virtual stage) and output of a slot,
+// and where the gradient of that output is received (or left by the loss).
+void *model_stage_input(const Model *m, int chunk, int slot);
+void *model_stage_output(const Model *m, int chunk, int slot);
+void *model_stage_grad(const Model *m, int chunk, int slot);
+// Whether layer l is one of this rank's.
+bool model_holds_layer(const Model *m, int l);
+// Forward of a slot's batch through one chunk's layers; the first virtual stage embeds the tokens,
+// the last applies the head and the loss (and in training its gradient, ready for the backward).
 void model_forward(Model *m, const ForwardArgs *a);
-// Backward of a training forward. On a non-last stage the gradient of the stage output must be in
-// s.dres first; afterwards s.dres holds the gradient of the stage input (for the previous stage).
+// Backward of a training forward, from the gradient of the chunk's output (model_stage_grad);
+// afterwards s.dres holds the gradient of the chunk's input (for the previous virtual stage).
 void model_backward(Model *m, const ForwardArgs *a);
 // Next-token logits (V) of the last position of one sequence of n tokens, on the host (a model
 // held whole by one process).

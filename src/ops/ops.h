@@ -86,6 +86,7 @@ typedef struct Ops {
     size_t act_size, f32_size;    // bytes per element of act and f32 buffers
     bool act_aliases_f32;         // act and f32 are the same type: compute weights = master weights
     size_t logits_chunk;          // LM-head logits computed at a time (elements of act)
+    bool sizing_only;             // nothing is stored (counting backends): values need not be computed
 
     // ---- memory (sizes in bytes) ----
     void *(*alloc)(size_t bytes);

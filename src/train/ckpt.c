@@ -72,8 +72,8 @@ static TensorList file_tensors(Model *m, const Moments *mo, bool moments) {
     }
     const ModelConfig *c = &m->cfg;
     if (!moments && writes_region(m, PARAM_DENSE))
-        for (int layer = m->layer_begin; layer < m->layer_end; layer++) {
-            if (!model_layer_is_moe(c, layer)) continue;
+        for (int layer = 0; layer < c->n_layers; layer++) {
+            if (!model_holds_layer(m, layer) || !model_layer_is_moe(c, layer)) continue;
             char name[PARAM_NAME_LEN];
             snprintf(name, sizeof name, "model.layers.%d.mlp.expert_bias", layer);
             list_add(&l, name, "", c->n_experts, 0, model_f32(m, m->expert_bias, (size_t)layer * c->n_experts));
@@ -355,8 +355,8 @@ static int load_weights(StSet *r, Model *m, MoeErr err) {
             return -1;
     }
     const ModelConfig *c = &m->cfg;
-    for (int l = m->layer_begin; l < m->layer_end; l++) {
-        if (!model_layer_is_moe(c, l)) continue;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (!model_holds_layer(m, l) || !model_layer_is_moe(c, l)) continue;
         char name[PARAM_NAME_LEN];
         snprintf(name, sizeof name, "model.layers.%d.mlp.expert_bias", l);
         if (read_range(r, m, name, c->n_experts, 0, 0, c->n_experts,

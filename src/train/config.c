@@ -103,6 +103,8 @@ static const ConfigKey KEYS[] = {
                               "tokenizer file that differs from it"),
     INT(parallel, pp, "pipeline stages (data-parallel size = ranks / pp)"),
     INT(parallel, ep, "expert-parallel ranks per MoE layer (divides the data-parallel size)"),
+    INT(parallel, virtual_stages, "model chunks per pipeline stage: > 1 interleaves the 1F1B schedule (a smaller "
+                                  "bubble for more activations; train.micro_batches a multiple of parallel.pp)"),
     ENUM(parallel, exchange, EXCHANGE_NAMES, "expert rows between ranks: written into the owner's "
                                              "memory (direct, one node), NCCL/MPI transfers (sendrecv), or auto"),
     REAL(parallel, recv_capacity, "direct exchange: rows a rank's experts can receive, in units of the rows "
@@ -132,7 +134,8 @@ void config_defaults(Config *c) {
 }
 
 void config_reset_placement(Config *c) {
-    c->parallel = (ParallelConfig){.pp = 1, .ep = 1, .overlap_grad_reduce = true, .grad_bucket_mb = 32};
+    c->parallel = (ParallelConfig){.pp = 1, .ep = 1, .virtual_stages = 1, .overlap_grad_reduce = true,
+                                   .grad_bucket_mb = 32};
     snprintf(c->train.device, sizeof c->train.device, "cpu");
     c->train.threads = 0;
     c->train.comm_timeout = 600;
@@ -371,6 +374,7 @@ int config_validate(Config *c, MoeErr err) {
     if (c->parallel.pp < 1 || c->parallel.ep < 1)
         return moe_err(err, "parallel.pp = %d and parallel.ep = %d must be at least 1",
                        c->parallel.pp, c->parallel.ep);
+    if (pipeline_check(c->parallel.pp, c->parallel.virtual_stages, c->train.micro_batches, err)) return -1;
     if (!(c->parallel.grad_bucket_mb >= 0))
         return moe_err(err, "parallel.grad_bucket_mb = %g must be >= 0 (0: a bucket per layer)",
                        c->parallel.grad_bucket_mb);

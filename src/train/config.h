@@ -44,6 +44,7 @@ typedef struct {
 typedef struct {
     int pp; // pipeline stages (the data-parallel size is the number of ranks / pp)
     int ep; // expert-parallel ranks per MoE layer (divides the data-parallel size)
+    int virtual_stages; // model chunks per pipeline stage (interleaved 1F1B when > 1)
     int exchange; // ExchangeMode (dist/parallel.h): how expert rows travel between ranks
     bool overlap_grad_reduce; // gradient buckets reduced during the backward
     double grad_bucket_mb;    // their least size (MB of fp32 gradients; 0: a layer each)

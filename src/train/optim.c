@@ -119,8 +119,8 @@ void optim_step(Optimizer *o, Model *m, const TrainConfig *t, void *metrics) {
                                       model_act(m, m->params_act, s->begin), s->shard, COMM_ACT);
     }
     if (c->bias_gamma > 0)
-        for (int l = m->layer_begin; l < m->layer_end; l++)
-            if (model_layer_is_moe(c, l))
+        for (int l = 0; l < c->n_layers; l++)
+            if (model_holds_layer(m, l) && model_layer_is_moe(c, l))
                 ops->router_bias_update(model_f32(m, m->expert_bias, (size_t)l * c->n_experts),
                                         model_f32(m, metrics, model_metric_router(c, l - c->n_dense_layers)),
                                         (size_t)c->n_experts, (float)c->bias_gamma);

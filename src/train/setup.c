@@ -56,9 +56,9 @@ void setup_tokenizer(Config *cfg) {
 ParallelSpec setup_parallel_spec(const Config *cfg) {
     const ModelConfig *mc = &cfg->model;
     return (ParallelSpec){
-        .layout = {.pp = cfg->parallel.pp, .ep = cfg->parallel.ep, .n_layers = mc->n_layers,
-                   .n_experts = mc->n_experts, .has_moe = model_n_moe_layers(mc) > 0,
-                   .micro_batch = cfg->train.micro_batch},
+        .layout = {.pp = cfg->parallel.pp, .ep = cfg->parallel.ep, .v = cfg->parallel.virtual_stages,
+                   .n_layers = mc->n_layers, .n_experts = mc->n_experts, .has_moe = model_n_moe_layers(mc) > 0,
+                   .micro_batch = cfg->train.micro_batch, .micro_batches = cfg->train.micro_batches},
         .exchange = (ExchangeMode)cfg->parallel.exchange,
         .recv_capacity = cfg->parallel.recv_capacity,
     };
@@ -66,25 +66,32 @@ ParallelSpec setup_parallel_spec(const Config *cfg) {
 
 void setup_single_process(Parallel *par, const Config *cfg) {
     ParallelSpec s = setup_parallel_spec(cfg);
-    s.layout.pp = s.layout.ep = 1;
+    s.layout.pp = s.layout.ep = s.layout.v = s.layout.micro_batches = 1;
     parallel_init(par, comm_self(sizeof(float)), &s);
     par->owned_world = par->world; // freed by parallel_free
 }
 
-TrainMemory setup_memory_plan(const Config *cfg, int world, int rank, bool bf16) {
-    const ModelConfig *mc = &cfg->model;
-    Parallel par;
-    Comm groups[4];
+void setup_plan_rank(const Config *cfg, int world, int rank, const Ops *ops, Parallel *par, Comm groups[4],
+                     Model *m, Optimizer *o) {
     MoeErr err;
     ParallelSpec spec = setup_parallel_spec(cfg); // exchange auto is planned as direct (one node)
-    if (parallel_plan(&par, groups, world, rank, &spec, err)) moe_fatal("%s", err);
+    if (parallel_plan(par, groups, world, rank, &spec, err)) moe_fatal("%s", err);
+    model_init(m, &cfg->model, ops, par, (size_t)par->lay.micro_per_rank, (size_t)cfg->train.seq_len, 0,
+               cfg->train.micro_batches, cfg->train.recompute);
+    optim_init(o, m);
+}
+
+TrainMemory setup_memory_of(const Model *m, const Optimizer *o) {
+    return (TrainMemory){(double)m->reg.total, (double)o->state_bytes, (double)m->mem.bytes, (double)m->act_bytes};
+}
+
+TrainMemory setup_memory_plan(const Config *cfg, int world, int rank, bool bf16) {
+    Parallel par;
+    Comm groups[4];
     Model m;
     Optimizer o;
-    int slots = pipeline_slots(par.lay.pp, par.lay.stage, cfg->train.micro_batches);
-    model_init(&m, mc, ops_counting(bf16), &par, (size_t)par.lay.micro_per_rank,
-               (size_t)cfg->train.seq_len, slots, cfg->train.micro_batches, cfg->train.recompute);
-    optim_init(&o, &m);
-    TrainMemory r = {(double)m.reg.total, (double)o.state_bytes, (double)m.mem.bytes, (double)m.act_bytes};
+    setup_plan_rank(cfg, world, rank, ops_counting(bf16), &par, groups, &m, &o);
+    TrainMemory r = setup_memory_of(&m, &o);
     model_free(&m);
     return r;
 }

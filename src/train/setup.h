@@ -8,6 +8,7 @@
 #include "dist/parallel.h"
 #include "io/tokens.h"
 #include "model/model.h"
+#include "optim.h"
 
 // The backend named by train.device; sets the CPU thread count.
 const Ops *setup_backend(const Config *cfg);
@@ -26,6 +27,14 @@ typedef struct {
     double params, optimizer, total; // per rank: parameters held, optimizer state bytes, all bytes
     double activations;              // bytes of them for activations (Model.act_bytes)
 } TrainMemory;
+
+// Rank `rank`'s model and optimizer for training cfg on `world` ranks, sized on `ops` (a backend that
+// only counts, or one that prices: ops_costing) with communicators that carry only rank and size
+// (groups: world, dp, ep, edp), which a caller may turn into costing ones. model_free releases it.
+void setup_plan_rank(const Config *cfg, int world, int rank, const Ops *ops, Parallel *par, Comm groups[4],
+                     Model *m, Optimizer *o);
+// What such a model and optimizer hold.
+TrainMemory setup_memory_of(const Model *m, const Optimizer *o);
 
 // Rank `rank`'s memory for training cfg on `world` ranks, measured by sizing its model and
 // optimizer on a backend that only counts allocations (bf16: activations as a GPU keeps them).

@@ -76,15 +76,22 @@ static uint64_t first_sequence(const Model *m, int micro) {
 }
 
 static size_t stage_elems(const Model *m) { return m->B * m->S * (size_t)m->cfg.d_model; }
-static int prev_rank(const Model *m) { return layout_rank_of(&m->par->lay, m->par->lay.stage - 1, m->par->lay.dp_rank); }
-static int next_rank(const Model *m) { return layout_rank_of(&m->par->lay, m->par->lay.stage + 1, m->par->lay.dp_rank); }
+// The rank of this data-parallel position on stage `stage`.
+static int stage_rank(const Model *m, int stage) { return layout_rank_of(&m->par->lay, stage, m->par->lay.dp_rank); }
 
-// Forward-only pass of one micro-batch through the pipeline (evaluation).
-static void pipeline_forward(Model *m, const ForwardArgs *a) {
+// Forward-only pass of one micro-batch through the pipeline (evaluation): each chunk in turn, the
+// virtual stages one after another.
+static void pipeline_forward(Model *m, ForwardArgs *a) {
     Comm *w = m->par->world;
-    if (!m->first_stage) w->ops->recv(w, model_stage_input(m, a->slot), stage_elems(m), COMM_ACT, prev_rank(m));
-    model_forward(m, a);
-    if (!m->last_stage) w->ops->send(w, model_stage_output(m, a->slot), stage_elems(m), COMM_ACT, next_rank(m));
+    const Layout *l = &m->par->lay;
+    for (int c = 0; c < m->n_chunks; c++) {
+        const ModelChunk *k = &m->chunk[c];
+        a->chunk = c;
+        int prev = (l->stage + l->pp - 1) % l->pp, next = (l->stage + 1) % l->pp;
+        if (!k->first) w->ops->recv(w, model_stage_input(m, c, a->slot), stage_elems(m), COMM_ACT, stage_rank(m, prev));
+        model_forward(m, a);
+        if (!k->last) w->ops->send(w, model_stage_output(m, c, a->slot), stage_elems(m), COMM_ACT, stage_rank(m, next));
+    }
 }
 
 double eval_loss(Model *m, Dataset *ds, size_t max_seqs, size_t *evaluated) {
@@ -133,11 +140,14 @@ static void grads_ready(void *trainer, int layer) {
     optim_grads_ready(&t->opt, &t->model, layer, min_bucket);
 }
 
-// The step's last micro-batch hands each layer's finished gradients to the optimizer's reduction.
-static ForwardArgs micro_args(Trainer *t, int micro) {
+// The step's last micro-batch hands each layer's finished gradients to the optimizer's reduction
+// (each chunk's backward of it comes after every other use of the chunk's layers, the later chunks'
+// first, so what is final is always the tail of a parameter region).
+static ForwardArgs micro_args(Trainer *t, int chunk, int micro) {
     Model *m = &t->model;
     bool last = micro == m->n_micro - 1 && t->cfg.parallel.overlap_grad_reduce;
-    return (ForwardArgs){.B = m->B, .S = m->S, .micro = micro, .slot = micro % m->n_slots, .train = true,
+    return (ForwardArgs){.B = m->B, .S = m->S, .micro = micro, .chunk = chunk,
+                         .slot = micro % m->chunk[chunk].n_slots, .train = true,
                          .token_base = first_sequence(m, micro) * m->S, .scales = loss_scales(&t->cfg),
                          .metrics = t->metrics, .layer_done = last ? grads_ready : NULL,
                          .layer_done_ctx = t};
@@ -160,29 +170,39 @@ static void stage_step(Trainer *t, int64_t step) {
     optim_begin_step(m, &t->cfg.train, step);
 }
 
-// One action of the schedule; transfers are timed to report the time stages spend waiting.
-static void run_action(Trainer *t, const PipeAction *act) {
+// One transfer of an action: the buffer it reads or fills and the rank it faces.
+static void run_transfer(Trainer *t, const PipeAction *act, const PipeTransfer *x) {
     Model *m = &t->model;
     Comm *w = m->par->world;
-    size_t n = stage_elems(m);
-    void *in = model_stage_input(m, act->micro2 % m->n_slots), *out = model_stage_output(m, act->micro % m->n_slots);
+    int slot = x->micro % m->chunk[act->chunk].n_slots, peer = stage_rank(m, x->peer);
+    void *buf = x->backward ? (x->send ? m->s.dres : model_stage_grad(m, act->chunk, slot))
+                            : (x->send ? model_stage_output(m, act->chunk, slot) : model_stage_input(m, act->chunk, slot));
+    if (x->send) w->ops->send(w, buf, stage_elems(m), COMM_ACT, peer);
+    else w->ops->recv(w, buf, stage_elems(m), COMM_ACT, peer);
+}
+
+// One action of the schedule; transfers are timed to report the time stages spend waiting. The
+// two halves of an exchange (one chunk a stage) go to one neighbour at once.
+static void run_action(Trainer *t, const PipeAction *act) {
+    Model *m = &t->model;
+    const Layout *l = &m->par->lay;
+    ForwardArgs a = micro_args(t, act->chunk, act->micro);
+    if (act->kind == PIPE_FORWARD || act->kind == PIPE_BACKWARD) {
+        (act->kind == PIPE_FORWARD ? model_forward : model_backward)(m, &a);
+        return;
+    }
+    PipeTransfer x[2];
+    int n = pipeline_transfers(l->pp, l->v, l->stage, *act, x);
     double t0 = moe_time_sec();
-    ForwardArgs a = micro_args(t, act->micro);
-    switch (act->kind) {
-    case PIPE_FORWARD: model_forward(m, &a); return;
-    case PIPE_BACKWARD: model_backward(m, &a); return;
-    case PIPE_RECV_FORWARD:
-        w->ops->recv(w, model_stage_input(m, act->micro % m->n_slots), n, COMM_ACT, prev_rank(m));
-        break;
-    case PIPE_SEND_FORWARD: w->ops->send(w, out, n, COMM_ACT, next_rank(m)); break;
-    case PIPE_RECV_BACKWARD: w->ops->recv(w, m->s.dres, n, COMM_ACT, next_rank(m)); break;
-    case PIPE_SEND_BACKWARD: w->ops->send(w, m->s.dres, n, COMM_ACT, prev_rank(m)); break;
-    case PIPE_SEND_FORWARD_RECV_BACKWARD:
-        w->ops->sendrecv(w, out, n, next_rank(m), m->s.dres, n, next_rank(m), COMM_ACT);
-        break;
-    case PIPE_SEND_BACKWARD_RECV_FORWARD:
-        w->ops->sendrecv(w, m->s.dres, n, prev_rank(m), in, n, prev_rank(m), COMM_ACT);
-        break;
+    if (n == 1) {
+        run_transfer(t, act, &x[0]);
+    } else {
+        Comm *w = m->par->world;
+        int slot = x[1].micro % m->chunk[act->chunk].n_slots;
+        void *out = x[0].backward ? m->s.dres : model_stage_output(m, act->chunk, x[0].micro % m->chunk[act->chunk].n_slots);
+        void *in = x[1].backward ? model_stage_grad(m, act->chunk, slot) : model_stage_input(m, act->chunk, slot);
+        w->ops->sendrecv(w, out, stage_elems(m), stage_rank(m, x[0].peer), in, stage_elems(m), stage_rank(m, x[1].peer),
+                         COMM_ACT);
     }
     t->comm_wait += moe_time_sec() - t0;
 }
@@ -371,9 +391,8 @@ static void trainer_open(Trainer *t, const Config *cfg, Comm *host, const char *
     const Layout *l = &t->par.lay;
     t->root = world->rank == 0;
     if (t->root && !synthetic && fs_mkdir_p(tc->out, err)) moe_fatal("train.out: %s", err);
-    int slots = pipeline_slots(l->pp, l->stage, tc->micro_batches);
-    model_init(&t->model, mc, ops, &t->par, (size_t)l->micro_per_rank, (size_t)tc->seq_len, slots,
-               tc->micro_batches, tc->recompute);
+    model_init(&t->model, mc, ops, &t->par, (size_t)l->micro_per_rank, (size_t)tc->seq_len, 0, tc->micro_batches,
+               tc->recompute);
     optim_init(&t->opt, &t->model);
     if (resume) {
         Config saved;
@@ -394,8 +413,8 @@ static void trainer_open(Trainer *t, const Config *cfg, Comm *host, const char *
     t->metrics = model_alloc(&t->model, len * ops->f32_size);
     t->metrics_host = moe_malloc(len * sizeof(float));
     t->seqs = moe_malloc((size_t)l->micro_per_rank * (tc->seq_len + 1) * sizeof(int32_t));
-    t->sched = moe_malloc(pipeline_max_actions(tc->micro_batches) * sizeof(PipeAction));
-    t->n_sched = pipeline_schedule(l->pp, l->stage, tc->micro_batches, t->sched);
+    t->sched = moe_malloc(pipeline_max_actions(l->v, tc->micro_batches) * sizeof(PipeAction));
+    t->n_sched = pipeline_schedule(l->pp, l->v, l->stage, tc->micro_batches, t->sched);
 }
 
 static void trainer_close(Trainer *t) {
@@ -430,9 +449,12 @@ static void print_banner(const Trainer *t) {
                c->parallel.grad_bucket_mb);
     else if (l->dp > 1) printf(" | gradients reduced after the backward");
     if (l->ep > 1) printf(" | expert rows %s", t->model.xchg.direct ? "written into peers' memory" : "by send/recv");
-    if (l->pp > 1)
+    if (l->pp > 1 && l->v > 1)
+        printf(" | interleaved 1F1B, %d chunks a stage: bubble %.1f%% (%d micro-batches)", l->v,
+               100 * pipeline_bubble_fraction(l->pp, l->v, c->train.micro_batches), c->train.micro_batches);
+    else if (l->pp > 1)
         printf(" | 1F1B bubble %.1f%% (%d micro-batches)",
-               100 * pipeline_bubble_fraction(l->pp, c->train.micro_batches), c->train.micro_batches);
+               100 * pipeline_bubble_fraction(l->pp, 1, c->train.micro_batches), c->train.micro_batches);
     printf("\n");
 }
 

@@ -66,6 +66,24 @@ layout_matches "dp=4 ep=2" 4 parallel.ep=2
 layout_matches "dp=4 ep=2, gradients reduced after the backward" 4 parallel.ep=2 parallel.overlap_grad_reduce=false
 layout_matches "dp=4 ep=2, gradient buckets of at least 0.04 MB" 4 parallel.ep=2 parallel.grad_bucket_mb=0.04
 
+# Interleaved 1F1B (parallel.virtual_stages): 4 layers as 4 virtual stages of one layer on 2 stages,
+# against one rank of the same 4-layer model; with dp=2 ep=2 too (overlapped per-layer gradient
+# reduction across the chunks), and a checkpoint saved interleaved resumed on one rank.
+DEEP="model.n_layers=4"
+train 1 "$tmp/single4" $DEEP || bad "one rank, 4 layers" "$(tail -5 "$tmp/single4.log")"
+interleaved_matches() { # NAME NP [overrides...]
+    local name=$1 np=$2 out="$tmp/interleaved-$RANDOM"; shift 2
+    if ! train "$np" "$out" $DEEP parallel.pp=2 parallel.virtual_stages=2 "$@"; then bad "$name" "$(tail -5 "$out.log")"; return; fi
+    grep -q "interleaved 1F1B, 2 chunks a stage" "$out.log" || { bad "$name" "not interleaved: $(grep layout "$out.log")"; return; }
+    local cmp; cmp=$(same_losses "$tmp/single4" "$out") && ok "$name: same losses ($cmp)" || bad "$name" "$cmp"
+}
+interleaved_matches "pp=2 interleaved (2 chunks a stage)" 2
+interleaved_matches "pp=2 interleaved x dp=2 ep=2" 4 parallel.ep=2
+out="$tmp/interleaved-move"
+if train 2 "$out" $DEEP parallel.pp=2 parallel.virtual_stages=2 --stop-at 5 && train 1 "$out" $DEEP; then
+    cmp=$(same_losses "$tmp/single4" "$out") && ok "save interleaved, resume on 1 rank ($cmp)" || bad "save interleaved, resume on 1 rank" "$cmp"
+else bad "save interleaved, resume on 1 rank" "$(tail -5 "$out.log")"; fi
+
 # The two ways expert rows travel give the same numbers: direct writes into the owners' shared
 # memory (the default on one node) and MPI transfers planned on the host.
 out="$tmp/sendrecv"
@@ -146,6 +164,10 @@ expect_refused() { # NAME PATTERN NP [overrides...]
 expect_refused "world not divisible by pp" "3 ranks cannot form parallel.pp = 2" 3 parallel.pp=2
 expect_refused "ep does not divide dp" "parallel.ep = 4 must divide the data-parallel size 2" 2 parallel.ep=4
 expect_refused "more stages than layers" "parallel.pp = 4 stages is more than model.n_layers = 2" 4 parallel.pp=4
+expect_refused "interleaving with micro-batches not in groups of pp" "train.micro_batches = 3 must be a multiple of 2" \
+    2 parallel.pp=2 parallel.virtual_stages=2 train.micro_batches=3 $DEEP
+expect_refused "more chunks than layers" "parallel.pp = 2 stages x parallel.virtual_stages = 2 chunks is more than model.n_layers = 2" \
+    2 parallel.pp=2 parallel.virtual_stages=2
 expect_refused "negative watchdog timeout" "train.comm_timeout = -1 must be >= 0" 2 train.comm_timeout=-1
 expect_refused "receive capacity with send/recv" "parallel.recv_capacity bounds the direct exchange" 2 \
     parallel.ep=2 parallel.exchange=sendrecv parallel.recv_capacity=1.5

@@ -1,0 +1,45 @@
+// Timing single kernels through the ops interface of a backend, shared by `moe bench --kernels`
+// (bench_kernels.c) and `moe bench --calibrate` (bench_calibrate.c).
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "dist/comm.h"
+#include "ops/ops.h"
+#include "train/config.h"
+
+typedef struct {
+    const Ops *o;
+    void *e0, *e1;
+    double matmul, copy; // ceilings measured here: TFLOP/s, GB/s
+    bool aims;           // the aims are for the GPU
+} Bench;
+
+// Milliseconds per call of `call` (two untimed calls first, then reps timed by the backend's events).
+#define BENCH_TIME_MS(b, reps, call)                                                             \
+    ({                                                                                           \
+        for (int w_ = 0; w_ < 2; w_++) call;                                                     \
+        (b)->o->event_record((b)->e0);                                                           \
+        for (int r_ = 0; r_ < (reps); r_++) call;                                                \
+        (b)->o->event_record((b)->e1);                                                           \
+        (b)->o->event_elapsed_ms((b)->e0, (b)->e1) / (reps);                                     \
+    })
+
+// Frees a list of buffers: BENCH_FREE_ALL(b, p, q, ...).
+#define BENCH_FREE_ALL(b, ...)                                                                   \
+    do {                                                                                         \
+        void *list_[] = {__VA_ARGS__};                                                           \
+        for (size_t i_ = 0; i_ < sizeof list_ / sizeof list_[0]; i_++) (b)->o->free(list_[i_]);  \
+    } while (0)
+
+// The backend of cfg (train.device, threads), its events and ceilings (matrix product, copy).
+void bench_open(Bench *b, const Config *cfg);
+void bench_close(Bench *b);
+void *bench_rand_act(Bench *b, size_t n, uint64_t seed, float scale);
+void *bench_zero_buf(Bench *b, size_t bytes);
+// Row offsets (E + 1) of R = T K routed rows over E experts: "balanced", "zipf" (expert e's share
+// ~ 1 / (e + 1), none above T) or "sparse" (every other expert 0-3 rows, the rest balanced).
+void bench_expert_rows(const char *kind, size_t T, size_t K, size_t E, int32_t *offsets);
+// `moe bench --calibrate`: measures the calibration of cfg's backend (rank 0 writes it to `out`) as
+// the device table's `device` (bench_calibrate.c).
+void bench_calibrate(const Config *cfg, Comm *world, const char *device, const char *out);

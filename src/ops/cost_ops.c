@@ -1,0 +1,172 @@
+// The costing backend declared in cost_ops.h: every kernel entry reports its family and work (the
+// FLOPs of docs/MODEL.md's accounting, or the bytes it reads and writes) and touches no memory.
+#include "cost_ops.h"
+
+#include <string.h>
+
+const char *const KERNEL_FAMILY_NAMES[KERNEL_N_FAMILIES] = {
+    "dense_gemm", "grouped_fwd", "grouped_dgrad", "grouped_wgrad", "attention_fwd", "attention_bwd",
+    "elementwise", "qk_norm_rope", "routing", "optimizer"};
+
+static CostSink *sink;
+static double A; // bytes of an act element
+static const double F = 4; // bytes of an f32 element
+
+static void charge(KernelFamily f, double work, double size, double moved) {
+    if (work > 0) sink->kernel(sink->ctx, f, work, size, moved);
+}
+
+static void bytes(KernelFamily f, double n) { charge(f, n, n, n); }
+
+// A product (M, N) = (M, K) . (N, K)^T as FLOPs and the act elements of its operands and result.
+static void product(KernelFamily f, double M, double N, double K, double groups) {
+    double flops = 2 * M * N * K;
+    charge(f, flops, flops / groups, (M * K + groups * N * K + M * N) * A);
+}
+
+// Rows a grouped kernel works on: what its buffer holds, at most the rows a rank routes on average.
+static double expert_rows(size_t R) {
+    return sink->routed_rows && sink->routed_rows < R ? (double)sink->routed_rows : (double)R;
+}
+
+static void cost_zero(void *p, size_t n) { bytes(KERNEL_ELEMENTWISE, (double)n); }
+static void cost_copy(void *d, const void *s, size_t n) { bytes(KERNEL_ELEMENTWISE, 2.0 * n); }
+static void cost_sync(void) {}
+static void cost_download(void *host, const void *src, size_t n) { memset(host, 0, n); }
+
+static void cost_embedding_forward(void *o, const int32_t *t, const void *w, size_t T, size_t D) {
+    bytes(KERNEL_ELEMENTWISE, 2.0 * T * D * A);
+}
+static void cost_embedding_backward(void *dw, const void *d, const int32_t *t, size_t T, size_t D, size_t V) {
+    bytes(KERNEL_ELEMENTWISE, (double)T * D * (A + 2 * F)); // dout read, rows of dW read and written
+}
+static void cost_matmul_forward(void *o, const void *x, const void *w, size_t M, size_t N, size_t K, bool acc) {
+    product(KERNEL_DENSE_GEMM, (double)M, (double)N, (double)K, 1);
+}
+static void cost_matmul_backward(void *dx, void *dw, const void *d, const void *x, const void *w, size_t M, size_t N,
+                                 size_t K, bool acc) {
+    if (dx) product(KERNEL_DENSE_GEMM, (double)M, (double)K, (double)N, 1);
+    if (dw) product(KERNEL_DENSE_GEMM, (double)N, (double)K, (double)M, 1);
+}
+static void cost_rmsnorm_forward(void *o, void *r, const void *x, const void *w, size_t R, size_t W, float eps) {
+    bytes(KERNEL_ELEMENTWISE, 2.0 * R * W * A + R * F);
+}
+static void cost_rmsnorm_backward(void *dx, void *dw, const void *d, const void *x, const void *w, const void *r,
+                                  size_t R, size_t W, bool acc) {
+    bytes(KERNEL_ELEMENTWISE, (acc ? 4.0 : 3.0) * R * W * A + R * F);
+}
+static void cost_add(void *o, const void *a, const void *b, size_t n) { bytes(KERNEL_ELEMENTWISE, 3.0 * n * A); }
+
+static double qkv_elems(AttnDims d) { return (double)d.B * d.S * (d.Hq + 2 * d.Hkv) * d.hd; }
+static void cost_qkv_norm_rope_forward(void *q, void *r, const void *raw, const void *wq, const void *wk,
+                                       const void *rope, AttnDims d, QkNorm m, float e) {
+    bytes(KERNEL_QK_NORM_ROPE, 2 * qkv_elems(d) * A);
+}
+static void cost_qkv_norm_rope_backward(void *dr, void *dwq, void *dwk, const void *dq, const void *raw,
+                                        const void *wq, const void *wk, const void *r, const void *rope,
+                                        AttnDims d, QkNorm m) {
+    bytes(KERNEL_QK_NORM_ROPE, 3 * qkv_elems(d) * A);
+}
+
+// QK^T and PV, causal at half (docs/MODEL.md); the backward counts 2.5 x.
+static double attention_flops(AttnDims d) { return 2.0 * d.B * d.Hq * (double)d.S * d.S * d.hd; }
+static void cost_attention_forward(void *o, void *l, const void *q, AttnDims d) {
+    charge(KERNEL_ATTENTION_FWD, attention_flops(d), attention_flops(d), 0);
+}
+static void cost_attention_backward(void *dq, const void *dout, const void *q, const void *o, const void *l,
+                                    AttnDims d) {
+    charge(KERNEL_ATTENTION_BWD, 2.5 * attention_flops(d), 2.5 * attention_flops(d), 0);
+}
+static void cost_swiglu_forward(void *o, const void *g, size_t R, size_t H, const int32_t *count) {
+    bytes(KERNEL_ELEMENTWISE, 3.0 * (count ? expert_rows(R) : (double)R) * H * A);
+}
+static void cost_swiglu_backward(void *dg, const void *d, const void *g, size_t R, size_t H, const int32_t *count) {
+    bytes(KERNEL_ELEMENTWISE, 5.0 * (count ? expert_rows(R) : (double)R) * H * A);
+}
+static void cost_router_forward(void *s, int32_t *i, void *w, int32_t *c, void *aux, const void *l, const void *b,
+                                const StepInfo *st, RouterArgs a) {
+    bytes(KERNEL_ROUTING, (double)a.T * a.E * (A + F) + 8.0 * a.T * a.K);
+}
+static void cost_router_aux_loss(void *s, const void *aux, RouterArgs a, float w) {
+    bytes(KERNEL_ROUTING, (2.0 * a.E + 1) * F);
+}
+static void cost_router_backward(void *dl, const void *dw, const void *l, const void *s, const int32_t *i,
+                                 const void *w, const void *aux, RouterArgs a) {
+    bytes(KERNEL_ROUTING, (double)a.T * a.E * (2 * A + F) + 8.0 * a.T * a.K);
+}
+static void cost_dispatch_forward(void *xp, int32_t *p, int32_t *o, void *s, const void *x, const int32_t *i,
+                                  const int32_t *c, size_t T, size_t K, size_t E, size_t D, size_t cap) {
+    bytes(KERNEL_ROUTING, 2.0 * T * K * D * A + 8.0 * T * K);
+}
+static void cost_dispatch_backward(void *dx, const void *dxp, const int32_t *p, size_t T, size_t K, size_t D,
+                                   bool acc) {
+    bytes(KERNEL_ROUTING, (double)(T * K + T) * D * A);
+}
+static void cost_combine_forward(void *o, const void *y, const int32_t *p, const void *w, size_t T, size_t K,
+                                 size_t D, bool acc) {
+    bytes(KERNEL_ROUTING, (double)(T * K + T) * D * A);
+}
+static void cost_combine_backward(void *dy, void *dw, const void *d, const void *y, const int32_t *p, const void *w,
+                                  size_t T, size_t K, size_t D) {
+    bytes(KERNEL_ROUTING, (double)(2 * T * K + T) * D * A);
+}
+static void cost_regroup(void *o, const void *i, const int32_t *c, size_t ep, size_t El, size_t D, bool f) {
+    bytes(KERNEL_ROUTING, 2.0 * (double)sink->routed_rows * D * A);
+}
+static void cost_exchange_plan(int32_t *p, const int32_t *o, size_t n, size_t El, size_t r, size_t cap, void *d) {
+    bytes(KERNEL_ROUTING, 4.0 * n * (n * El + 1) + 16.0 * 5 * n * El);
+}
+static void cost_push_rows(void *const *p, size_t off, const void *in, const int32_t *b, size_t nb, size_t D,
+                           size_t R) {
+    sink->push_rows(sink->ctx, expert_rows(R) * D * A);
+}
+
+// Per expert: (rows_e, N) = (rows_e, K) . w_e (N, K)^T, the input gradient likewise, the weight
+// gradient (N, K) f32 += dout_e^T . x_e; the size a rate is read at is the FLOPs per expert.
+static void grouped(KernelFamily f, size_t E, size_t N, size_t K, size_t R) {
+    double rows = expert_rows(R), flops = 2 * rows * N * K, weights = (double)E * N * K;
+    double moved = rows * (N + K) * A + (f == KERNEL_GROUPED_WGRAD ? 2 * F : A) * weights;
+    charge(f, flops, flops / (double)E, moved);
+}
+static void cost_grouped_forward(void *o, const void *x, const void *w, const int32_t *off, size_t E, size_t N,
+                                 size_t K, size_t R) {
+    grouped(KERNEL_GROUPED_FWD, E, N, K, R);
+}
+static void cost_grouped_backward(void *dx, void *dw, const void *d, const void *x, const void *w,
+                                  const int32_t *off, size_t E, size_t N, size_t K, size_t R) {
+    if (dx) grouped(KERNEL_GROUPED_DGRAD, E, N, K, R);
+    if (dw) grouped(KERNEL_GROUPED_WGRAD, E, N, K, R);
+}
+static void cost_bias_update(void *b, const void *l, size_t E, float g) { bytes(KERNEL_OPTIMIZER, 3.0 * E * F); }
+static void cost_cross_entropy(void *l, void *acc, const int32_t *t, size_t N, size_t V, float ce, float z, bool g) {
+    bytes(KERNEL_ELEMENTWISE, (g ? 2.0 : 1.0) * N * V * A);
+}
+static void cost_sum_squares(void *acc, const void *x, size_t n) { bytes(KERNEL_OPTIMIZER, (double)n * F); }
+// param, m and v read and written, the gradient read (f32), the act copy written where it is one
+static void cost_adamw(void *p, void *pa, const void *g, void *m, void *v, size_t n, AdamWArgs a, const StepInfo *s,
+                       const void *ns) {
+    bytes(KERNEL_OPTIMIZER, (double)n * (7 * F + (pa ? A : 0)));
+}
+
+const Ops *ops_costing(bool bf16_activations, CostSink *s) {
+    static Ops o;
+    sink = s, A = bf16_activations ? 2 : 4;
+    o = *ops_counting(bf16_activations);
+    o.name = "cost";
+    o.zero = cost_zero, o.copy = cost_copy, o.sync = cost_sync, o.download = cost_download;
+    o.embedding_forward = cost_embedding_forward, o.embedding_backward = cost_embedding_backward;
+    o.matmul_forward = cost_matmul_forward, o.matmul_backward = cost_matmul_backward;
+    o.rmsnorm_forward = cost_rmsnorm_forward, o.rmsnorm_backward = cost_rmsnorm_backward, o.add = cost_add;
+    o.qkv_norm_rope_forward = cost_qkv_norm_rope_forward, o.qkv_norm_rope_backward = cost_qkv_norm_rope_backward;
+    o.attention_forward = cost_attention_forward, o.attention_backward = cost_attention_backward;
+    o.swiglu_forward = cost_swiglu_forward, o.swiglu_backward = cost_swiglu_backward;
+    o.router_forward = cost_router_forward, o.router_aux_loss = cost_router_aux_loss;
+    o.router_backward = cost_router_backward;
+    o.moe_dispatch_forward = cost_dispatch_forward, o.moe_dispatch_backward = cost_dispatch_backward;
+    o.moe_combine_forward = cost_combine_forward, o.moe_combine_backward = cost_combine_backward;
+    o.moe_regroup = cost_regroup, o.moe_exchange_plan = cost_exchange_plan, o.moe_push_rows = cost_push_rows;
+    o.grouped_matmul_forward = cost_grouped_forward, o.grouped_matmul_backward = cost_grouped_backward;
+    o.router_bias_update = cost_bias_update, o.cross_entropy = cost_cross_entropy;
+    o.sum_squares = cost_sum_squares, o.adamw_update = cost_adamw;
+    return &o;
+}
