@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "dist/comm_nccl.h"
+#include "dist/launch_env.h"
 #include "dist/pipeline.h"
 #include "dist/watchdog.h"
 #include "ops/profile_ops.h"
@@ -371,6 +372,17 @@ static void check_same_run(const Trainer *t, Comm *host, const char *resume, int
     free(text);
 }
 
+// A launcher that meant more ranks than the world has started processes that cannot see each other
+// (srun without MPI's process-management support starts singletons that would each train alone).
+static void check_launch(const Comm *world) {
+    LaunchEnv e;
+    comm_launch_env(&e);
+    if (e.world > 1 && world->size != e.world)
+        moe_fatal("%s started %d processes, but they formed a world of %d rank(s): each would train alone. Build "
+                  "with MPI (mpicc installed) and, under Slurm, start with srun --mpi=pmix (scripts/slurm/moe.sbatch)",
+                  e.launcher, e.world, world->size);
+}
+
 static void trainer_open(Trainer *t, const Config *cfg, Comm *host, const char *resume, int64_t stop_at,
                          bool synthetic) {
     MoeErr err;
@@ -383,6 +395,7 @@ static void trainer_open(Trainer *t, const Config *cfg, Comm *host, const char *
     open_data(t);
     check_same_run(t, host, resume, stop_at);
     Comm *world = t->world = device_world(cfg, ops, host);
+    check_launch(world);
     setup_check_memory(cfg, ops, world->size, world->rank, true);
     const TrainConfig *tc = &t->cfg.train;
     const ModelConfig *mc = &t->cfg.model;
@@ -449,6 +462,10 @@ static void print_banner(const Trainer *t) {
                c->parallel.grad_bucket_mb);
     else if (l->dp > 1) printf(" | gradients reduced after the backward");
     if (l->ep > 1) printf(" | expert rows %s", t->model.xchg.direct ? "written into peers' memory" : "by send/recv");
+    LaunchEnv e;
+    comm_launch_env(&e);
+    if (e.nodes > 1)
+        printf(" | started by %s on %d nodes (first: %s)", e.launcher, e.nodes, e.master[0] ? e.master : "?");
     if (l->pp > 1 && l->v > 1)
         printf(" | interleaved 1F1B, %d chunks a stage: bubble %.1f%% (%d micro-batches)", l->v,
                100 * pipeline_bubble_fraction(l->pp, l->v, c->train.micro_batches), c->train.micro_batches);
