@@ -31,7 +31,8 @@ static const CliSpec SPEC = {
         {"--intra-bw", "GB/s", "link bandwidth per device inside a node (default: the calibration's)"},
         {"--inter-bw", "GB/s", "network bandwidth per device between nodes (default: 80% of its NIC)"},
         {"--top", "K", "layouts printed (default 5)"},
-        {"--layout", "SPEC", "predict this layout only, e.g. pp=2,ep=8,micro=1,v=2 (unset keys: the config's)"},
+        {"--layout", "SPEC", "predict this layout only, e.g. pp=2,ep=8,micro=1,v=2 (micro: sequences per rank; "
+                             "unset keys: the config's)"},
         {NULL}},
 };
 enum { OPT_GPUS, OPT_PER_NODE, OPT_GPU, OPT_CALIB, OPT_INTRA, OPT_INTER, OPT_TOP, OPT_LAYOUT, N_OPTS };
@@ -86,7 +87,7 @@ static void print_detail(const PlanCandidate *c, const PlanMachine *m) {
            l->micro_per_rank, l->micro_batches);
     if (l->v > 1) printf(", interleaved 1F1B with %d chunks a stage", l->v);
     printf("\n");
-    printf("memory       %.2f GiB per device (largest rank: exact plan %.2f GiB + runtime and communicators), "
+    printf("memory       %.5g GiB per device (largest rank: exact plan %.5g GiB + runtime and communicators), "
            "%s %.4g GiB\n", r->memory_bytes / GiB, r->plan_bytes / GiB, r->fits ? "fits" : "DOES NOT FIT", m->dev->memory_gib);
     printf("step         %.2f ms predicted, %.0f tokens/s and %.1f model TFLOP/s per device\n", r->step_s * 1e3,
            r->tokens_per_s, r->tflops);
@@ -123,14 +124,11 @@ static void run_search(const Config *cfg, int world, const PlanMachine *m, int t
 
 static void run_layout(Config *cfg, int world, const PlanMachine *m, const char *spec) {
     MoeErr err;
-    PlanCandidate c = {.lay = plan_layout_of(cfg, world)};
-    if (plan_parse_layout(spec, &c.lay, err)) moe_fatal("%s", err);
-    if (world % c.lay.pp) moe_fatal("--layout: pp = %d does not divide --gpus %d", c.lay.pp, world);
-    c.lay.dp = world / c.lay.pp;
+    PlanCandidate c;
+    if (plan_layout_from(cfg, world, spec, &c.lay, err)) moe_fatal("%s", err);
     plan_apply(cfg, &c.lay);
     if (config_validate(cfg, err) || plan_evaluate(cfg, world, m, false, &c.res, err))
         moe_fatal("--layout %s: %s", spec, err);
-    c.lay = plan_layout_of(cfg, world);
     print_row_header(), print_row(1, &c), print_detail(&c, m);
 }
 

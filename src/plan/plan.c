@@ -75,15 +75,8 @@ static void plan_derive(PlanLayout *l, const Config *cfg, int world) {
     l->micro_batches = per_micro > 0 && global_sequences(cfg) % per_micro == 0 ? global_sequences(cfg) / per_micro : 0;
 }
 
-PlanLayout plan_layout_of(const Config *cfg, int world) {
-    int pp = cfg->parallel.pp, dp = world / pp;
-    PlanLayout l = {.pp = pp, .v = cfg->parallel.virtual_stages, .ep = cfg->parallel.ep,
-                    .micro_per_rank = dp ? cfg->train.micro_batch / dp : 0};
-    plan_derive(&l, cfg, world);
-    return l;
-}
-
-int plan_parse_layout(const char *text, PlanLayout *l, MoeErr err) {
+// Parses "pp=2,ep=8,micro=2,v=2" onto l (keys not given keep their values).
+static int parse_layout(const char *text, PlanLayout *l, MoeErr err) {
     char *copy = moe_strdup(text), *save = NULL;
     int rc = 0;
     for (char *item = strtok_r(copy, ",", &save); item && !rc; item = strtok_r(NULL, ",", &save)) {
@@ -101,6 +94,22 @@ int plan_parse_layout(const char *text, PlanLayout *l, MoeErr err) {
     }
     free(copy);
     return rc;
+}
+
+int plan_layout_from(const Config *cfg, int world, const char *spec, PlanLayout *l, MoeErr err) {
+    *l = (PlanLayout){.pp = cfg->parallel.pp, .v = cfg->parallel.virtual_stages, .ep = cfg->parallel.ep};
+    if (parse_layout(spec, l, err)) return -1;
+    if (world % l->pp) return moe_err(err, "--layout: pp = %d does not divide the %d devices", l->pp, world);
+    int dp = world / l->pp;
+    if (!l->micro_per_rank && cfg->train.micro_batch % dp)
+        return moe_err(err, "--layout: train.micro_batch = %d sequences do not split over dp = %d ranks: give "
+                       "micro=N (sequences per rank)", cfg->train.micro_batch, dp);
+    if (!l->micro_per_rank) l->micro_per_rank = cfg->train.micro_batch / dp;
+    plan_derive(l, cfg, world);
+    if (!l->micro_batches)
+        return moe_err(err, "--layout: micro=%d sequences on each of %d ranks do not divide the global batch of %d "
+                       "sequences", l->micro_per_rank, dp, global_sequences(cfg));
+    return 0;
 }
 
 // ---------------------------------------------------------------- the search

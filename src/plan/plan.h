@@ -24,10 +24,9 @@ typedef struct {
 
 // The config with layout l on `world` devices (the global batch kept).
 void plan_apply(Config *c, const PlanLayout *l);
-// The layout cfg asks for on `world` devices.
-PlanLayout plan_layout_of(const Config *cfg, int world);
-// Parses "pp=2,ep=8,micro=2,v=2" (keys: pp, ep, micro, v) onto l (keys not given keep their values).
-int plan_parse_layout(const char *text, PlanLayout *l, MoeErr err);
+// The layout "pp=2,ep=8,micro=2,v=2" names on `world` devices (keys: pp, ep, micro: sequences per rank
+// in a micro-batch, v); keys not given keep cfg's values (micro: train.micro_batch over the ranks).
+int plan_layout_from(const Config *cfg, int world, const char *spec, PlanLayout *l, MoeErr err);
 // Evaluates every layout of cfg on `world` devices of m; *out (freed by the caller) holds the
 // valid ones: those that fit fastest first, then the others (not priced) smallest first.
 void plan_search(const Config *cfg, int world, const PlanMachine *m, PlanCandidate **out, size_t *n,
