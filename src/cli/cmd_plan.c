@@ -18,10 +18,11 @@ static const CliSpec SPEC = {
     .summary = "Searches the layouts of the config's model and global batch (train.micro_batch x\n"
                "train.micro_batches sequences) on N devices: pipeline stages, data and expert\n"
                "parallelism, sequences per rank in a micro-batch and the gradient accumulation that\n"
-               "keeps the batch, and interleaved pipeline chunks (parallel.virtual_stages). Each is\n"
-               "sized exactly (the plan `moe inspect` prints, plus the runtime's memory) and its step\n"
-               "predicted from a calibration of kernel rates and an alpha-beta model of the links; the\n"
-               "fastest that fit are printed. docs/SCALING.md explains the model.",
+               "keeps the batch, interleaved pipeline chunks (parallel.virtual_stages) and activation\n"
+               "recompute (train.recompute). Each is sized exactly (the plan `moe inspect` prints,\n"
+               "plus the runtime's memory) and its step predicted from a calibration of kernel rates\n"
+               "and an alpha-beta model of the links; the fastest that fit are printed.\n"
+               "docs/SCALING.md explains the model.",
     .opts = (const CliOption[]){
         {"--gpus", "N", "devices in the run"},
         {"--gpus-per-node", "G", "devices per node, joined by NVLink (default 8; with --gpu cpu: all)"},
@@ -31,8 +32,8 @@ static const CliSpec SPEC = {
         {"--intra-bw", "GB/s", "link bandwidth per device inside a node (default: the calibration's)"},
         {"--inter-bw", "GB/s", "network bandwidth per device between nodes (default: 80% of its NIC)"},
         {"--top", "K", "layouts printed (default 5)"},
-        {"--layout", "SPEC", "predict this layout only, e.g. pp=2,ep=8,micro=1,v=2 (micro: sequences per rank; "
-                             "unset keys: the config's)"},
+        {"--layout", "SPEC", "predict this layout only, e.g. pp=2,ep=8,micro=1,v=2,recompute=1 (micro: sequences "
+                             "per rank; recompute: 0 none, 1 selective; unset keys: the config's)"},
         {NULL}},
 };
 enum { OPT_GPUS, OPT_PER_NODE, OPT_GPU, OPT_CALIB, OPT_INTRA, OPT_INTER, OPT_TOP, OPT_LAYOUT, N_OPTS };
@@ -66,15 +67,16 @@ static void print_header(const char *what, const Config *cfg, int world, const P
 }
 
 static void print_row_header(void) {
-    printf("\n  #  pp  v   dp   ep  micro x accum  memory GiB   step ms  tok/s/dev  TFLOP/s/dev  bubble  "
+    printf("\n  #  pp  v   dp   ep  micro x accum  recompute  memory GiB   step ms  tok/s/dev  TFLOP/s/dev  bubble  "
            "exposed comm ms: dp-rs  dp-ag  all-red   pp  exchange\n");
 }
 
 static void print_row(int i, const PlanCandidate *c) {
     const PlanLayout *l = &c->lay;
     const PlanResult *r = &c->res;
-    printf("%3d %3d %2d %4d %4d %6d x %-5d %8.2f%s %9.1f %10.0f %12.1f %6.1f%% %24.1f %6.1f %8.1f %4.1f %9.1f\n", i,
-           l->pp, l->v, l->dp, l->ep, l->micro_per_rank, l->micro_batches, r->memory_bytes / GiB, r->fits ? " " : "!",
+    printf("%3d %3d %2d %4d %4d %6d x %-5d %-9s %9.2f%s %9.1f %10.0f %12.1f %6.1f%% %24.1f %6.1f %8.1f %4.1f %9.1f\n",
+           i, l->pp, l->v, l->dp, l->ep, l->micro_per_rank, l->micro_batches, l->recompute ? "selective" : "none",
+           r->memory_bytes / GiB, r->fits ? " " : "!",
            r->step_s * 1e3, r->tokens_per_s, r->tflops, 100 * r->bubble, 1e3 * r->comm_s[PLAN_COMM_DP_REDUCE_SCATTER],
            1e3 * r->comm_s[PLAN_COMM_DP_ALL_GATHER], 1e3 * r->comm_s[PLAN_COMM_ALL_REDUCE],
            1e3 * r->comm_s[PLAN_COMM_PP], 1e3 * r->comm_s[PLAN_COMM_EXCHANGE]);
@@ -86,6 +88,7 @@ static void print_detail(const PlanCandidate *c, const PlanMachine *m) {
     printf("\nlayout       pp %d x dp %d (ep %d), %d sequences per rank x %d micro-batches", l->pp, l->dp, l->ep,
            l->micro_per_rank, l->micro_batches);
     if (l->v > 1) printf(", interleaved 1F1B with %d chunks a stage", l->v);
+    if (l->recompute) printf(", QK-norm + RoPE recomputed (train.recompute=selective)");
     printf("\n");
     printf("memory       %.5g GiB per device (largest rank: exact plan %.5g GiB + runtime and communicators), "
            "%s %.4g GiB\n", r->memory_bytes / GiB, r->plan_bytes / GiB, r->fits ? "fits" : "DOES NOT FIT", m->dev->memory_gib);

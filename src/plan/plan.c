@@ -1,6 +1,6 @@
-// The layout search declared in plan.h. The knobs are a table: a new mode (activation recompute,
-// a precision) that the config system gains becomes one more row, with the values to try and how
-// a layout sets it.
+// The layout search declared in plan.h. The knobs are a table: a new mode (a precision, another
+// recompute policy) that the config system gains becomes one more row, with the values to try and
+// the PlanLayout field it sets (plan_apply writes it into the config).
 #include "plan/plan.h"
 
 #include <stddef.h>
@@ -51,12 +51,19 @@ static int v_values(const Config *cfg, int world, const PlanLayout *l, int *out)
     return k;
 }
 
+// train.recompute: none, or selective (the QK-norm + RoPE outputs, one buffer for all layers).
+static int recompute_values(const Config *cfg, int world, const PlanLayout *l, int *out) {
+    out[0] = RECOMPUTE_NONE, out[1] = RECOMPUTE_SELECTIVE;
+    return 2;
+}
+
 #define KNOB(name, fn, fld) {name, fn, offsetof(PlanLayout, fld)}
 static const PlanKnob KNOBS[] = {
     KNOB("pp", pp_values, pp),
     KNOB("ep", ep_values, ep),
     KNOB("micro", micro_values, micro_per_rank),
     KNOB("v", v_values, v),
+    KNOB("recompute", recompute_values, recompute),
 };
 #define N_KNOBS (sizeof KNOBS / sizeof KNOBS[0])
 
@@ -65,6 +72,7 @@ static int *knob_field(PlanLayout *l, const PlanKnob *k) { return (int *)((char 
 void plan_apply(Config *c, const PlanLayout *l) {
     int global = global_sequences(c);
     c->parallel.pp = l->pp, c->parallel.ep = l->ep, c->parallel.virtual_stages = l->v;
+    c->train.recompute = (Recompute)l->recompute;
     c->train.micro_batch = l->micro_per_rank * l->dp;
     c->train.micro_batches = global / c->train.micro_batch;
 }
@@ -87,9 +95,9 @@ static int parse_layout(const char *text, PlanLayout *l, MoeErr err) {
                 k = &KNOBS[i];
         char *end = NULL;
         long v = eq ? strtol(eq + 1, &end, 10) : 0;
-        if (!k || !*(eq + 1) || *end || v < 1 || v > 1 << 20)
-            rc = moe_err(err, "--layout: '%s' is not KEY=N with KEY one of pp, ep, micro, v (e.g. "
-                         "pp=2,ep=8,micro=1,v=2)", item);
+        if (!k || !*(eq + 1) || *end || v < (k->member == offsetof(PlanLayout, recompute) ? 0 : 1) || v > 1 << 20)
+            rc = moe_err(err, "--layout: '%s' is not KEY=N with KEY one of pp, ep, micro, v, recompute (e.g. "
+                         "pp=2,ep=8,micro=1,v=2,recompute=1)", item);
         else *knob_field(l, k) = (int)v;
     }
     free(copy);
@@ -97,7 +105,8 @@ static int parse_layout(const char *text, PlanLayout *l, MoeErr err) {
 }
 
 int plan_layout_from(const Config *cfg, int world, const char *spec, PlanLayout *l, MoeErr err) {
-    *l = (PlanLayout){.pp = cfg->parallel.pp, .v = cfg->parallel.virtual_stages, .ep = cfg->parallel.ep};
+    *l = (PlanLayout){.pp = cfg->parallel.pp, .v = cfg->parallel.virtual_stages, .ep = cfg->parallel.ep,
+                      .recompute = (int)cfg->train.recompute};
     if (parse_layout(spec, l, err)) return -1;
     if (world % l->pp) return moe_err(err, "--layout: pp = %d does not divide the %d devices", l->pp, world);
     int dp = world / l->pp;
@@ -165,7 +174,7 @@ void plan_search(const Config *cfg, int world, const PlanMachine *m, PlanCandida
                  PlanStats *stats) {
     memset(stats, 0, sizeof *stats);
     Search s = {.cfg = cfg, .world = world, .m = m, .stats = stats};
-    enumerate(&s, 0, (PlanLayout){.pp = 1, .v = 1, .ep = 1, .micro_per_rank = 1});
+    enumerate(&s, 0, (PlanLayout){.pp = 1, .v = 1, .ep = 1, .micro_per_rank = 1, .recompute = RECOMPUTE_NONE});
     qsort(s.out, s.n, sizeof *s.out, by_fit_then_time);
     *out = s.out, *n = s.n;
 }

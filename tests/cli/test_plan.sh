@@ -73,7 +73,7 @@ expect_error "bad --layout key" "'tp=2' is not KEY=N" configs/bench/scale-E8.jso
 expect_error "impossible layout" "parallel.ep = 3 must divide the data-parallel size 8" configs/bench/scale-E8.json --gpus 8 --layout ep=3
 printf '{"format": "moe.c calibration 1", "device": "h200"}' > "$tmp/broken.json"
 expect_error "calibration without its keys" "broken.json: 'backend' must be a string" configs/bench/scale-E8.json --gpus 1 --calibration "$tmp/broken.json"
-sed 's/"points": \[\[2.749e11, 790.0\], \[1.0995e12, 801.0\]/"points": [[1.0995e12, 790.0], [2.749e11, 801.0]/' \
+sed 's/"points": \[\[2.749e+11, 790.0\], \[1.1e+12, 801.0\]/"points": [[1.1e+12, 790.0], [2.749e+11, 801.0]/' \
     configs/calibration/h200.json > "$tmp/unsorted.json"
 expect_error "calibration sizes out of order" "kernels.dense_gemm point 1: .* sizes increasing" configs/bench/scale-E8.json --gpus 1 --calibration "$tmp/unsorted.json"
 
