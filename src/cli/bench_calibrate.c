@@ -112,23 +112,25 @@ static void measure_attention(Calibration *c, const ModelConfig *m, size_t T, si
     size_t n = d.B * d.S, C = model_qkv_width(m), Dq = d.Hq * d.hd, f = c->b.o->f32_size;
     Bench *b = &c->b;
     void *raw = bench_rand_act(b, n * C, 11, 1), *qkv = bench_rand_act(b, n * C, 12, 1), *dout = bench_rand_act(b, n * Dq, 13, 1);
-    void *out = b->o->alloc(n * Dq * b->o->act_size), *dqkv = b->o->alloc(n * C * b->o->act_size);
+    void *out = b->o->alloc(n * Dq * b->o->act_size), *dqkv = bench_rand_act(b, n * C, 16, 1);
+    void *draw = b->o->alloc(n * C * b->o->act_size); // (n, C) gradient of the projection
     void *lse = b->o->alloc(d.B * d.Hq * d.S * f), *rstd = b->o->alloc(n * (d.Hq + d.Hkv) * f);
     void *wq = bench_rand_act(b, Dq, 14, 1), *wk = bench_rand_act(b, d.Hkv * d.hd, 15, 1);
     void *rope = bench_zero_buf(b, d.S * d.hd * f), *dwq = bench_zero_buf(b, Dq * f), *dwk = bench_zero_buf(b, d.Hkv * d.hd * f);
     CALIBRATE(c, o->attention_forward(out, lse, qkv, d));
     CALIBRATE(c, o->attention_backward(dqkv, dout, qkv, out, lse, d));
     CALIBRATE(c, o->qkv_norm_rope_forward(qkv, rstd, raw, wq, wk, rope, d, m->qk_norm, 1e-5f));
-    CALIBRATE(c, o->qkv_norm_rope_backward(dqkv, dwq, dwk, dout, raw, wq, wk, rstd, rope, d, m->qk_norm));
-    BENCH_FREE_ALL(b, raw, qkv, dout, out, dqkv, lse, rstd, wq, wk, rope, dwq, dwk);
+    CALIBRATE(c, o->qkv_norm_rope_backward(draw, dwq, dwk, dqkv, raw, wq, wk, rstd, rope, d, m->qk_norm));
+    BENCH_FREE_ALL(b, raw, qkv, dout, out, dqkv, draw, lse, rstd, wq, wk, rope, dwq, dwk);
 }
 
 // Norms, adds, SwiGLU (elementwise) and the router, dispatch and combine (routing).
 static void measure_memory_bound(Calibration *c, const ModelConfig *m, size_t T) {
     size_t D = (size_t)m->d_model, E = (size_t)m->n_experts, K = (size_t)m->top_k, H = (size_t)m->expert_hidden;
     size_t R = T * K, f = c->b.o->f32_size, a = c->b.o->act_size;
+    size_t rows = R * 2 * H > T * D ? R * 2 * H : T * D; // elements of x and y: every call's operand fits
     Bench *b = &c->b;
-    void *x = bench_rand_act(b, R * 2 * H, 41, 1), *y = b->o->alloc(R * 2 * H * a), *w = bench_rand_act(b, D, 42, 1);
+    void *x = bench_rand_act(b, rows, 41, 1), *y = b->o->alloc(rows * a), *w = bench_rand_act(b, D, 42, 1);
     void *rstd = b->o->alloc(T * f), *dw = bench_zero_buf(b, D * f), *logits = bench_rand_act(b, T * E, 43, 1);
     void *scores = b->o->alloc(T * E * f), *topw = b->o->alloc(R * f), *aux = bench_zero_buf(b, (2 * E + 1) * f);
     void *stats = bench_zero_buf(b, (E + 3) * f), *xp = b->o->alloc(R * D * a), *step = bench_zero_buf(b, sizeof(StepInfo));
