@@ -28,6 +28,7 @@ int plan_machine_init(PlanMachine *m, const PlanDevice *dev, const Calib *c, int
     double link_scale = same || !cal->nvlink_gbps ? 1 : dev->nvlink_gbps / cal->nvlink_gbps;
     m->intra_bps = intra_gbps > 0 ? intra_gbps * 1e9 : c->collective_bps * link_scale;
     m->exchange_bps = intra_gbps > 0 ? intra_gbps * 1e9 : c->exchange_bps * link_scale;
+    m->p2p_bps = intra_gbps > 0 ? intra_gbps * 1e9 : c->p2p_bps * link_scale;
     m->inter_bps = inter_gbps > 0 ? inter_gbps * 1e9 : dev->nic_gbps * 1e9 * PLAN_NIC_EFFICIENCY;
     m->latency_s = c->latency_s, m->latency_inter_s = 2 * c->latency_s;
     return 0;
@@ -124,7 +125,7 @@ static void charge_collective(void *ctx, const Comm *g, CommCostKind kind, CommT
         break;
     case COMM_COST_ALL_GATHER: sec += ring, what = i == GROUP_EP ? PLAN_COMM_EXCHANGE : PLAN_COMM_DP_ALL_GATHER; break;
     case COMM_COST_ALL_TO_ALL: sec += exchange_seconds(c, bytes * p / (p - 1)), what = PLAN_COMM_EXCHANGE; break;
-    case COMM_COST_P2P: sec = lat + bytes / (spans ? bw : c->mach->calib->p2p_bps), what = PLAN_COMM_PP; break;
+    case COMM_COST_P2P: sec = lat + bytes / (spans ? bw : c->mach->p2p_bps), what = PLAN_COMM_PP; break;
     case COMM_COST_SYNC: what = i == GROUP_EP ? PLAN_COMM_EXCHANGE : PLAN_COMM_ALL_REDUCE; break;
     }
     charge_comm(c, what, sec);
@@ -224,7 +225,7 @@ static double transfer_seconds(const PlanMachine *m, const Config *cfg, const La
                    (strcmp(m->calib->backend, "cuda") ? 4 : 2);
     int a = stage * l->dp, b = (stage + 1) % l->pp * l->dp; // dp rank 0 of both stages (the others alike)
     bool spans = m->per_node > 0 && a / m->per_node != b / m->per_node;
-    return spans ? m->latency_inter_s + bytes / m->inter_bps : m->latency_s + bytes / m->calib->p2p_bps;
+    return spans ? m->latency_inter_s + bytes / m->inter_bps : m->latency_s + bytes / m->p2p_bps;
 }
 
 static void add_scaled(double *dst, const double *src, int n, double k) {

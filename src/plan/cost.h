@@ -30,6 +30,7 @@ typedef struct {
     double memory_scale;       // dev's HBM bandwidth over the calibrated device's
     double intra_bps;          // collectives and transfers inside a node, per device and direction
     double exchange_bps;       // expert rows inside a node
+    double p2p_bps;            // pipeline transfers inside a node
     double inter_bps;          // between nodes
     double latency_s;          // a collective step inside a node
     double latency_inter_s;    // between nodes
