@@ -33,7 +33,7 @@ static const CliSpec SPEC = {
         {"--inter-bw", "GB/s", "network bandwidth per device between nodes (default: 80% of its NIC)"},
         {"--top", "K", "layouts printed (default 5)"},
         {"--layout", "SPEC", "predict this layout only, e.g. pp=2,ep=8,micro=1,v=2,recompute=1 (micro: sequences "
-                             "per rank; recompute: 0 none, 1 selective; unset keys: the config's)"},
+                             "per rank; recompute: 0 none, 1 selective, 2 full; unset keys: the config's)"},
         {NULL}},
 };
 enum { OPT_GPUS, OPT_PER_NODE, OPT_GPU, OPT_CALIB, OPT_INTRA, OPT_INTER, OPT_TOP, OPT_LAYOUT, N_OPTS };
@@ -75,7 +75,7 @@ static void print_row(int i, const PlanCandidate *c) {
     const PlanLayout *l = &c->lay;
     const PlanResult *r = &c->res;
     printf("%3d %3d %2d %4d %4d %6d x %-5d %-9s %9.2f%s %9.1f %10.0f %12.1f %6.1f%% %24.1f %6.1f %8.1f %4.1f %9.1f\n",
-           i, l->pp, l->v, l->dp, l->ep, l->micro_per_rank, l->micro_batches, l->recompute ? "selective" : "none",
+           i, l->pp, l->v, l->dp, l->ep, l->micro_per_rank, l->micro_batches, config_recompute_name((Recompute)l->recompute),
            r->memory_bytes / GiB, r->fits ? " " : "!",
            r->step_s * 1e3, r->tokens_per_s, r->tflops, 100 * r->bubble, 1e3 * r->comm_s[PLAN_COMM_DP_REDUCE_SCATTER],
            1e3 * r->comm_s[PLAN_COMM_DP_ALL_GATHER], 1e3 * r->comm_s[PLAN_COMM_ALL_REDUCE],
@@ -88,7 +88,7 @@ static void print_detail(const PlanCandidate *c, const PlanMachine *m) {
     printf("\nlayout       pp %d x dp %d (ep %d), %d sequences per rank x %d micro-batches", l->pp, l->dp, l->ep,
            l->micro_per_rank, l->micro_batches);
     if (l->v > 1) printf(", interleaved 1F1B with %d chunks a stage", l->v);
-    if (l->recompute) printf(", QK-norm + RoPE recomputed (train.recompute=selective)");
+    if (l->recompute) printf(", train.recompute=%s", config_recompute_name((Recompute)l->recompute));
     printf("\n");
     printf("memory       %.5g GiB per device (largest rank: exact plan %.5g GiB + runtime and communicators), "
            "%s %.4g GiB\n", r->memory_bytes / GiB, r->plan_bytes / GiB, r->fits ? "fits" : "DOES NOT FIT", m->dev->memory_gib);

@@ -51,10 +51,10 @@ static int v_values(const Config *cfg, int world, const PlanLayout *l, int *out)
     return k;
 }
 
-// train.recompute: none, or selective (the QK-norm + RoPE outputs, one buffer for all layers).
+// train.recompute: none, selective (the cheap activations) or full (each layer's input only).
 static int recompute_values(const Config *cfg, int world, const PlanLayout *l, int *out) {
-    out[0] = RECOMPUTE_NONE, out[1] = RECOMPUTE_SELECTIVE;
-    return 2;
+    out[0] = RECOMPUTE_NONE, out[1] = RECOMPUTE_SELECTIVE, out[2] = RECOMPUTE_FULL;
+    return 3;
 }
 
 #define KNOB(name, fn, fld) {name, fn, offsetof(PlanLayout, fld)}

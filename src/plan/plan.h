@@ -25,7 +25,7 @@ typedef struct {
 // The config with layout l on `world` devices (the global batch kept).
 void plan_apply(Config *c, const PlanLayout *l);
 // The layout "pp=2,ep=8,micro=2,v=2,recompute=1" names on `world` devices (keys: pp, ep, micro:
-// sequences per rank in a micro-batch, v, recompute: 0 none, 1 selective); keys not given keep cfg's
+// sequences per rank in a micro-batch, v, recompute: 0 none, 1 selective, 2 full); keys not given keep cfg's
 // values (micro: train.micro_batch over the ranks).
 int plan_layout_from(const Config *cfg, int world, const char *spec, PlanLayout *l, MoeErr err);
 // Evaluates every layout of cfg on `world` devices of m; *out (freed by the caller) holds the

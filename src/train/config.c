@@ -448,3 +448,5 @@ void config_print_keys(FILE *f) {
         fprintf(f, "  %-24s %-6s %-32s %s\n", KEYS[i].key, TYPE[KEYS[i].type], v, KEYS[i].help);
     }
 }
+
+const char *config_recompute_name(Recompute r) { return RECOMPUTE_NAMES[r]; }

@@ -80,3 +80,5 @@ void config_write_text(const Config *c, FILE *f);
 // The first model.* key whose value differs; NULL if the model sections match. Values into a, b.
 const char *config_model_diff(const Config *x, const Config *y, char *a, char *b, size_t len);
 void config_print_keys(FILE *f); // every key with its type, default and meaning
+// The train.recompute value of a mode ("none", "selective", "full").
+const char *config_recompute_name(Recompute r);
