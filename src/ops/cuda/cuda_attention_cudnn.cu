@@ -107,13 +107,8 @@ static const SdpaPlan *sdpa_plan(AttnDims d, bool backward, bool deterministic) 
 // Grow-only workspace, sized by the first call of each shape (before any step is recorded).
 static void *sdpa_workspace(int64_t bytes) {
     static void *buf;
-    static int64_t have;
-    if (bytes > have) {
-        if (buf) CUDA_CHECK(cudaFree(buf));
-        CUDA_CHECK(cudaMalloc(&buf, (size_t)bytes));
-        have = bytes;
-    }
-    return buf;
+    static size_t have;
+    return cuda_grow_scratch(&buf, &have, (size_t)bytes);
 }
 
 static bool sdpa_run(const SdpaPlan *p, std::unordered_map<int64_t, void *> &ptrs) {

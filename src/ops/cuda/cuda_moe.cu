@@ -147,14 +147,9 @@ extern "C" void cuda_router_backward(void *dlogits, const void *dtopk_w, const v
 
 // Scratch of the sort: per-block histograms, grown on first use (before any step is recorded).
 static int32_t *sort_scratch(size_t n) {
-    static int32_t *buf;
+    static void *buf;
     static size_t have;
-    if (n > have) {
-        if (buf) CUDA_CHECK(cudaFree(buf));
-        CUDA_CHECK(cudaMalloc(&buf, n * sizeof(int32_t)));
-        have = n;
-    }
-    return buf;
+    return (int32_t *)cuda_grow_scratch(&buf, &have, n * sizeof(int32_t));
 }
 
 __global__ void sort_histogram_kernel(int32_t *block_counts, const int32_t *topk_idx, size_t n, int E) {
