@@ -244,15 +244,18 @@ static void alloc_scratch(Model *m, size_t T) {
     bool moe = model_n_moe_layers(c) > 0;
     size_t R = moe ? model_routed_rows(c, T) : 0, Rr = moe ? moe_exchange_received_rows(&m->xchg, T) : 0;
     size_t hidden = swiglu_elems(m, T);
+    bool ep = m->par->ep->size > 1;
     Scratch *s = &m->s;
     s->dres = act_buf(m, T * D), s->dn = act_buf(m, T * D), s->datt = act_buf(m, T * Dq);
-    s->dqkv = act_buf(m, T * C), s->dqkv_raw = act_buf(m, T * C);
-    s->dgu = act_buf(m, 2 * hidden), s->dhact = act_buf(m, hidden);
+    void *a = act_buf(m, max_size(max_size(R * D, 2 * hidden), T * C));          // dy, dgu, dqkv
+    void *b = act_buf(m, max_size(max_size(ep ? 0 : R * D, hidden), T * C));     // dhact, dxp, dqkv_raw
+    s->dqkv = a, s->dqkv_raw = b;
+    s->dgu = a, s->dhact = b;
     s->dxf = act_buf(m, T * D);
     if (moe) {
-        s->dy = act_buf(m, R * D), s->dxp = moe_exchange_buf(&m->xchg, R);
+        s->dy = a, s->dxp = ep ? moe_exchange_buf(&m->xchg, R) : b;
         s->dlogits = act_buf(m, T * c->n_experts), s->dtopk_w = f32_buf(m, T * c->top_k);
-        if (m->par->ep->size > 1) s->dxe = moe_exchange_buf(&m->xchg, Rr);
+        if (ep) s->dxe = moe_exchange_buf(&m->xchg, Rr);
     }
 }
 

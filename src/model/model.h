@@ -62,14 +62,17 @@ typedef struct {
     SlotActs *slots;           // (n_slots)
 } ModelChunk;
 
-// Gradient scratch shared by all layers and slots, sized for the largest layer.
+// Gradient scratch shared by all layers and slots, sized for the largest layer. The largest
+// gradients of a layer's backward take turns in two buffers (A, B), each read by the next step
+// only: feed-forward dy (A) -> dhact (B) -> dgu (A) -> dxp (B, with one expert-parallel rank;
+// with several it is an exchange buffer peers write), attention dqkv (A) -> dqkv_raw (B).
 typedef struct {
     void *dres;               // act (T, D) gradient of the residual stream (stage in/out gradient)
     void *dn;                 // act (T, D)
     void *datt;               // act (T, Hq hd)
-    void *dqkv, *dqkv_raw;    // act (T, C)
-    void *dgu, *dhact;        // act (max rows, 2 max hidden), (max rows, max hidden)
-    void *dy, *dxp;           // act (R, D) in dispatch order
+    void *dqkv, *dqkv_raw;    // act (T, C): A, B
+    void *dgu, *dhact;        // act (max rows, 2 max hidden), (max rows, max hidden): A, B
+    void *dy, *dxp;           // act (R, D) in dispatch order: A, B (or an exchange buffer)
     void *dxe;                // act (Rr, D)
     void *dlogits;            // act (T, E)
     void *dtopk_w;            // f32 (T, K)
