@@ -80,6 +80,33 @@ static void test_init_independent_of_layout(void) {
     CHECK_MSG(mx <= 0.06 + 1e-7 && mx > 0, "init magnitude %g outside the 3-sigma truncation", mx);
 }
 
+// The backends' init op is params_init_values computed in place: bitwise, for a whole tensor and for
+// ranges of it (a shard from an odd element on), writing nothing past its n elements; norms get ones.
+static void test_init_op_matches_values(void) {
+    const Ops *o = ops_cpu();
+    enum { ROWS = 37, COLS = 29, N = ROWS * COLS };
+    ParamInfo p = {.name = "model.layers.1.self_attn.q_proj.weight", .ndim = 2, .shape = {ROWS, COLS}, .numel = N};
+    float want[N];
+    params_init_values(&p, 4, 0.02, want);
+    real *got = o->alloc((N + 1) * o->f32_size);
+    const size_t ranges[4][2] = {{0, N}, {331, 500}, {N - 1, 1}, {7, 0}}; // first element, count
+    for (int r = 0; r < 4; r++) {
+        size_t begin = ranges[r][0], n = ranges[r][1], bad = 0;
+        for (size_t i = 0; i <= N; i++) got[i] = NAN;
+        o->init_params(got, n, params_init_key(&p, 4), begin, 0.02, false);
+        for (size_t i = 0; i < n; i++) bad += (float)got[i] != want[begin + i];
+        CHECK_MSG(!bad, "elements [%zu, %zu): %zu differ from params_init_values", begin, begin + n, bad);
+        CHECK_MSG(isnan(got[n]), "element %zu past the range was written", n);
+    }
+    o->init_params(got, N, params_init_key(&p, 5), 0, 0.02, false);
+    CHECK_MSG((float)got[0] != want[0] && (float)got[1] != want[1], "another seed gave the same values");
+    p.ones = true;
+    params_init_values(&p, 4, 0.02, want);
+    o->init_params(got, N, params_init_key(&p, 4), 0, 0.02, true);
+    for (size_t i = 0; i < N; i++) CHECK_MSG(want[i] == 1 && got[i] == 1, "norm weight %zu: %g, %g", i, want[i], (double)got[i]);
+    o->free(got);
+}
+
 // Two micro-batches of one sequence accumulate the same gradient as one batch of two (CE only:
 // the router aux losses are defined per micro-batch).
 static void test_micro_batch_accumulation(void) {
@@ -374,6 +401,7 @@ static void test_checkpoint_non_finite(void) {
 const TestCase train_tests[] = {
     {"model_fused_layout_and_counts", test_fused_layout},
     {"model_init_independent_of_layout", test_init_independent_of_layout},
+    {"model_init_op_matches_values", test_init_op_matches_values},
     {"model_micro_batch_accumulation", test_micro_batch_accumulation},
     {"model_recompute_bitwise", test_recompute_bitwise},
     {"train_lr_schedule", test_lr_schedule},

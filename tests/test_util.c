@@ -43,6 +43,25 @@ static void test_trunc_normal_moments(void) {
     CHECK_MSG(mx <= 3.0, "a draw of %g exceeds the truncation", mx);
 }
 
+// The normal's own log and cos (basic IEEE operations only, so a GPU computes the same bits) agree
+// with the C library's to about an ulp, over random arguments and the ends of their ranges.
+static void test_rng_log_cos_accuracy(void) {
+    double worst_log = 0, worst_cos = 0;
+    for (uint64_t i = 0; i < 200000 + 54; i++) {
+        uint64_t k = i < 54 ? (uint64_t)1 << i : (rng_hash64(5, i) >> 11) + 1; // every power of 2 up to 2^53
+        uint64_t j = i < 54 ? ((uint64_t)1 << 53) - 1 - i * 13 : rng_hash64(6, i) >> 11;
+        double u1 = (double)k * 0x1.0p-53, want_log = log(u1), got_log = rng_log_unit(k);
+        double err_log = want_log ? fabs(got_log - want_log) / fabs(want_log) : fabs(got_log);
+        double err_cos = fabs(rng_cos_turn(j) - cos(2 * M_PI * (double)j * 0x1.0p-53));
+        worst_log = err_log > worst_log ? err_log : worst_log, worst_cos = err_cos > worst_cos ? err_cos : worst_cos;
+    }
+    CHECK_MSG(worst_log < 5e-16, "log: worst relative error %g", worst_log);
+    CHECK_MSG(worst_cos < 1e-15, "cos: worst error %g (the library's argument 2 pi u is rounded too)", worst_cos);
+    for (uint64_t q = 0; q <= 4; q++) // the quarter turns exactly
+        CHECK_MSG(rng_cos_turn(q << 51) == (double)(q % 2 ? 0 : q == 2 ? -1 : 1), "cos(%g pi) = %.17g", q * 0.5,
+                  rng_cos_turn(q << 51));
+}
+
 static void test_uniform_range(void) {
     double lo = 1, hi = 0, sum = 0;
     for (uint64_t i = 0; i < 100000; i++) {
@@ -58,6 +77,7 @@ const TestCase util_tests[] = {
     {"util_fmt_count_and_duration", test_fmt_count},
     {"util_rng_pure_function", test_rng_is_a_pure_function},
     {"util_trunc_normal_moments", test_trunc_normal_moments},
+    {"util_rng_log_cos_accuracy", test_rng_log_cos_accuracy},
     {"util_uniform_range", test_uniform_range},
     {0},
 };

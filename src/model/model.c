@@ -370,16 +370,18 @@ void model_free(Model *m) {
     memset(m, 0, sizeof *m);
 }
 
+// Each tensor computed in place by the backend; what lies between tensors (region padding) is zero.
 void model_init_weights(Model *m, unsigned seed) {
     const Ops *ops = m->ops;
-    ops->zero(m->params, m->reg.total * ops->f32_size); // region padding stays zero
+    size_t end = 0; // elements before it are set
     for (size_t i = 0; i < m->reg.n; i++) {
         const ParamInfo *p = &m->reg.p[i];
-        float *host = moe_malloc(p->numel * sizeof(float));
-        params_init_values(p, seed, m->cfg.init_std, host);
-        ops->upload_f32(model_f32(m, m->params, p->offset), host, p->numel);
-        free(host);
+        ops->zero(model_f32(m, m->params, end), (p->offset - end) * ops->f32_size);
+        ops->init_params(model_f32(m, m->params, p->offset), p->numel, params_init_key(p, seed),
+                         params_init_counter(p), m->cfg.init_std, p->ones);
+        end = p->offset + p->numel;
     }
+    ops->zero(model_f32(m, m->params, end), (m->reg.total - end) * ops->f32_size);
     ops->zero(m->grads, m->reg.total * ops->f32_size);
     ops->zero(m->expert_bias, (size_t)m->cfg.n_layers * m->cfg.n_experts * ops->f32_size);
     model_sync_compute_weights(m);

@@ -54,12 +54,12 @@ void params_free(ParamRegistry *r) {
     memset(r, 0, sizeof *r);
 }
 
+uint64_t params_init_key(const ParamInfo *p, unsigned seed) { return rng_hash_str(seed, p->name); }
+
+uint64_t params_init_counter(const ParamInfo *p) { return p->row_begin * (p->ndim == 2 ? p->shape[1] : 1); }
+
 void params_init_values(const ParamInfo *p, unsigned seed, double std, float *out) {
-    if (p->ones) {
-        for (size_t i = 0; i < p->numel; i++) out[i] = 1.0f;
-        return;
-    }
-    uint64_t key = rng_hash_str(seed, p->name);
+    uint64_t key = params_init_key(p, seed), c0 = params_init_counter(p);
 #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < p->numel; i++) out[i] = (float)(std * rng_trunc_normal(key, i, 3.0));
+    for (size_t i = 0; i < p->numel; i++) out[i] = p->ones ? 1.0f : rng_init_value(key, c0 + i, std);
 }

@@ -6,6 +6,7 @@
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #define PARAM_NAME_LEN 96
 
@@ -47,6 +48,11 @@ void params_end_region(ParamRegistry *r, ParamRegion region, size_t multiple);
 const ParamInfo *params_find(const ParamRegistry *r, const char *name);
 void params_free(ParamRegistry *r);
 
-// Initial value of every element, a pure function of (seed, name, element index): any layout
-// computes the same values for the same global tensor.
+// Initial value of every element, a pure function of (seed, name, global element index): any layout
+// computes the same values for the same global tensor. Element i of the tensor is
+// rng_init_value(params_init_key, i, std) (common/rng.h), or 1 for norm weights: what a backend's
+// init_params op computes in place (model_init_weights).
 void params_init_values(const ParamInfo *p, unsigned seed, double std, float *out);
+uint64_t params_init_key(const ParamInfo *p, unsigned seed);
+// The global element index of the first element held here.
+uint64_t params_init_counter(const ParamInfo *p);

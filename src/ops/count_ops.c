@@ -9,12 +9,13 @@ static void count_free(void *p) {}
 static void count_zero(void *p, size_t bytes) {}
 static void count_upload(void *dst, const void *src, size_t bytes) {}
 static void count_upload_f32(void *dst, const float *src, size_t n) {}
+static void count_init_params(void *dst, size_t n, uint64_t key, uint64_t c0, double std, bool ones) {}
 
 static Ops make_counting(size_t act_size) {
     return (Ops){.name = "count", .sizing_only = true, .act_size = act_size, .f32_size = 4, .act_aliases_f32 = act_size == 4,
                  .logits_chunk = act_size == 4 ? (size_t)1 << 22 : (size_t)1 << 28,
                  .alloc = count_alloc, .free = count_free, .zero = count_zero,
-                 .upload = count_upload, .upload_f32 = count_upload_f32};
+                 .upload = count_upload, .upload_f32 = count_upload_f32, .init_params = count_init_params};
 }
 
 const Ops *ops_counting(bool bf16_activations) {

@@ -99,6 +99,10 @@ typedef struct Ops {
     void (*download_f32)(float *host_dst, const void *src, size_t n); // f32 buffer -> host float
     void (*download_act)(float *host_dst, const void *src, size_t n); // act buffer -> host float
     void (*cast_f32_to_act)(void *dst, const void *src, size_t n);
+    // dst (n) f32 = the initial values of elements [counter_begin, counter_begin + n) of a tensor
+    // keyed by key: rng_init_value(key, i, std) (common/rng.h), or 1 when `ones`; bitwise the same
+    // on every backend, so any range of a tensor can be initialised where it lives.
+    void (*init_params)(void *dst, size_t n, uint64_t key, uint64_t counter_begin, double std, bool ones);
     void (*sync)(void); // waits for queued work (no-op on the CPU)
     size_t (*memory_in_use)(void); // device bytes in use now (0 when not known)
     size_t (*memory_available)(void); // bytes it can still allocate (0 when not known; NULL: no query)

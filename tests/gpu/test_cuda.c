@@ -1,7 +1,7 @@
 // The CUDA backend against the CPU backend (run on a GPU machine: make CUDA=1 build/test_cuda).
 // Every op gets fresh random inputs, the same bf16-rounded values on both backends, outputs
 // poisoned with NaN first, several shapes (odd row counts, tiles cut by the edges, experts with
-// no tokens); then whole models: loss and every parameter gradient of small configs of each option.
+// no tokens); the initial weights bit for bit; then whole models: loss and every parameter gradient of small configs of each option.
 // Prints one line per test and "N passed, N failed".
 #include <math.h>
 #include <stdio.h>
@@ -266,6 +266,36 @@ static void test_optimizer(void) {
     check("cast fp32 to act", &pa, n, 4e-3, 0);
     buf_free(&p), buf_free(&pa), buf_free(&g), buf_free(&m), buf_free(&v), buf_free(&ss), buf_free(&si);
     buf_free(&bias), buf_free(&loads), buf_free(&src);
+}
+
+// ---------------------------------------------------------------- initial weights
+
+// The init op gives the CPU's floats bit for bit (not within a tolerance: CPU and GPU runs start
+// from the same weights): odd sizes, ranges from odd elements (shards of a tensor), norms' ones,
+// and a tensor of 2^24 + 7 elements, whose many draws would find a last-bit difference of the
+// double math if there were one. Nothing past the n elements is written.
+static void test_init_op(void) {
+    const size_t cases[5][3] = {{1, 0, 0}, {37 * 29, 0, 0}, {1003, 4097, 0}, {((size_t)1 << 24) + 7, 12345, 0},
+                                {999, 3, 1}}; // n, first element, ones
+    for (int c = 0; c < 5; c++) {
+        size_t n = cases[c][0], begin = cases[c][1];
+        bool ones = cases[c][2];
+        uint64_t key = rng_hash_str(11 + (uint64_t)c, "model.layers.0.mlp.experts.3.up_proj.weight");
+        Buf b = buf_new(K_F32, n + 1);
+        buf_poison(&b);
+        cpu->init_params(b.c, n, key, begin, 0.02, ones), gpu->init_params(b.g, n, key, begin, 0.02, ones);
+        float *fc = malloc((n + 1) * sizeof(float)), *fg = malloc((n + 1) * sizeof(float));
+        fetch(cpu, K_F32, b.c, n + 1, fc), fetch(gpu, K_F32, b.g, n + 1, fg);
+        size_t bad = 0, first = 0;
+        for (size_t i = 0; i < n; i++)
+            if (memcmp(&fc[i], &fg[i], sizeof(float)) && !bad++) first = i;
+        if (bad) FAIL("init %zu elements from %zu%s: %zu differ in their bits; first [%zu]: gpu %.9g, cpu %.9g", n, begin,
+                      ones ? " (ones)" : "", bad, first, fg[first], fc[first]);
+        if (!isnan(fg[n])) FAIL("init %zu elements: the GPU wrote element %zu past them", n, n);
+        if (!ones && !(fabsf(fc[n / 2]) > 0 && fabsf(fc[n / 2]) <= 0.06f)) FAIL("init: value %g is no 3-sigma draw", fc[n / 2]);
+        free(fc), free(fg);
+        buf_free(&b);
+    }
 }
 
 // ---------------------------------------------------------------- attention
@@ -658,6 +688,35 @@ static ModelConfig small_config(void) {
     return c;
 }
 
+// model_init_weights on both backends: every master weight (and the padding between regions) the
+// same bits, the GPU's compute copy their bf16 rounding.
+static void test_init_model(void) {
+    ModelConfig c = small_config();
+    c.n_dense_layers = 1, c.dense_hidden = 40, c.shared_hidden = 24, c.qk_norm = QK_NORM_HEAD;
+    Parallel pc, pg;
+    test_single_parallel(&pc, &c), test_single_parallel(&pg, &c);
+    Model mc, mg;
+    model_init(&mc, &c, cpu, &pc, 1, 8, 1, 1, RECOMPUTE_NONE), model_init(&mg, &c, gpu, &pg, 1, 8, 1, 1, RECOMPUTE_NONE);
+    model_init_weights(&mc, 7), model_init_weights(&mg, 7);
+    size_t P = mc.reg.total, bad = 0, bad_act = 0;
+    float *w = malloc(P * sizeof(float)), *wa = malloc(P * sizeof(float));
+    gpu->download_f32(w, mg.params, P), gpu->download_act(wa, mg.params_act, P);
+    for (size_t i = 0; i < P; i++) {
+        bad += memcmp(&w[i], &((float *)mc.params)[i], sizeof(float)) != 0;
+        bad_act += wa[i] != round_bf16(w[i]);
+    }
+    if (bad || bad_act) FAIL("model init: %zu of %zu master weights differ from the CPU's, %zu compute weights from "
+                             "their rounding", bad, P, bad_act);
+    free(w), free(wa);
+    model_free(&mc), model_free(&mg);
+    test_free_parallel(&pc), test_free_parallel(&pg);
+}
+
+static void test_init(void) {
+    test_init_op();
+    test_init_model();
+}
+
 // Each option set twice: random routing (every gradient compared) and learned routing.
 static void test_models(void) {
     ModelConfig cfgs[3];
@@ -694,7 +753,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "this build has no CUDA backend (make CUDA=1)\n");
         return 1;
     }
-    Test tests[] = {{"dense ops", test_dense}, {"optimizer ops", test_optimizer}, {"attention ops", test_attention},
+    Test tests[] = {{"dense ops", test_dense}, {"optimizer ops", test_optimizer}, {"initial weights, bitwise", test_init},
+                    {"attention ops", test_attention},
                     {"router and experts ops", test_router}, {"dispatch, combine, grouped matmul, exchange", test_moe},
                     {"whole models: loss and every gradient", test_models}};
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {

@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/rng.h"
 #include "common/util.h"
 #include "cpu_ops.h"
 
@@ -24,6 +25,12 @@ static void cpu_upload_f32(void *dst_, const float *src, size_t n) {
 static void cpu_download_f32(float *dst, const void *src_, size_t n) {
     const real *src = src_;
     for (size_t i = 0; i < n; i++) dst[i] = (float)src[i];
+}
+
+static void cpu_init_params(void *dst_, size_t n, uint64_t key, uint64_t counter_begin, double std, bool ones) {
+    real *dst = dst_;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) dst[i] = ones ? 1 : (real)rng_init_value(key, counter_begin + i, std);
 }
 
 static size_t cpu_memory_in_use(void) { return 0; }
@@ -56,6 +63,7 @@ static const Ops CPU_OPS = {
     .download_f32 = cpu_download_f32,
     .download_act = cpu_download_f32,
     .cast_f32_to_act = cpu_cast_f32_to_act,
+    .init_params = cpu_init_params,
     .sync = cpu_sync,
     .memory_in_use = cpu_memory_in_use,
     .memory_available = moe_host_memory_available,

@@ -180,7 +180,7 @@ static Ops make_cuda_ops(void) {
     o.alloc = cuda_alloc, o.free = cuda_free, o.zero = cuda_zero, o.copy = cuda_copy;
     o.upload = cuda_upload, o.download = cuda_download;
     o.upload_f32 = cuda_upload_f32, o.download_f32 = cuda_download_f32, o.download_act = cuda_download_act;
-    o.cast_f32_to_act = cuda_cast_f32_to_act, o.sync = cuda_sync, o.memory_in_use = cuda_memory_in_use;
+    o.cast_f32_to_act = cuda_cast_f32_to_act, o.init_params = cuda_init_params, o.sync = cuda_sync, o.memory_in_use = cuda_memory_in_use;
     o.memory_available = cuda_memory_available;
     o.capture_begin = cuda_capture_begin, o.capture_end = cuda_capture_end, o.graph_launch = cuda_graph_launch;
     o.graph_free = cuda_graph_free;

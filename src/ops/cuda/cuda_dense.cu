@@ -1,7 +1,8 @@
 // CUDA kernels for the dense ops: embedding, RMSNorm, residual add, SwiGLU, fused cross-entropy,
-// sum of squares, AdamW and the fp32 -> bf16 weight copy. Reductions are in fp32.
+// sum of squares, AdamW, the fp32 -> bf16 weight copy and the initial weights. Reductions are in fp32.
 #include <cub/cub.cuh>
 
+#include "common/rng.h"
 #include "cuda_common.cuh"
 #include "cuda_mma.cuh"
 #include "cuda_ops.h"
@@ -464,5 +465,19 @@ __global__ void cast_kernel(bf16 *dst, const float *src, size_t n) {
 extern "C" void cuda_cast_f32_to_act(void *dst, const void *src, size_t n) {
     if (!n) return;
     cast_kernel<<<cuda_blocks(n, 256 * 4), 256, 0, STREAM>>>((bf16 *)dst, (const float *)src, n);
+    CUDA_LAUNCH_CHECK();
+}
+
+// ---------------------------------------------------------------- initial weights
+
+// The same double operations as the CPU's (common/rng.h): bitwise the same floats.
+__global__ void init_params_kernel(float *dst, size_t n, uint64_t key, uint64_t counter_begin, double std, bool ones) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = ones ? 1.0f : rng_init_value(key, counter_begin + i, std);
+}
+
+extern "C" void cuda_init_params(void *dst, size_t n, uint64_t key, uint64_t counter_begin, double std, bool ones) {
+    if (!n) return;
+    init_params_kernel<<<cuda_blocks(n, 256), 256, 0, STREAM>>>((float *)dst, n, key, counter_begin, std, ones);
     CUDA_LAUNCH_CHECK();
 }

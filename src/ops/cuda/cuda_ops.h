@@ -23,6 +23,7 @@ void cuda_sum_squares(void *acc, const void *x, size_t n);
 void cuda_adamw_update(void *param, void *param_act, const void *grad, void *m, void *v, size_t n,
                        AdamWArgs a, const StepInfo *step, const void *grad_norm_sq);
 void cuda_cast_f32_to_act(void *dst, const void *src, size_t n);
+void cuda_init_params(void *dst, size_t n, uint64_t key, uint64_t counter_begin, double std, bool ones);
 
 // matrix products (cuda_gemm.cu)
 void cuda_matmul_forward(void *out, const void *x, const void *w, size_t M, size_t N, size_t K, bool accumulate);
