@@ -67,6 +67,10 @@ double moe_time_sec(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+static double process_start;
+__attribute__((constructor)) static void note_process_start(void) { process_start = moe_time_sec(); }
+double moe_process_seconds(void) { return moe_time_sec() - process_start; }
+
 // The number in a file of one number (cgroup files), or `absent` when it is missing or not a number
 // ("max": no limit).
 static double read_number(const char *path, double absent) {
@@ -77,19 +81,22 @@ static double read_number(const char *path, double absent) {
     return ok ? v : absent;
 }
 
-// "MemAvailable:  20092208 kB" of /proc/meminfo, in bytes (0 when not found).
-static double meminfo_available(void) {
-    FILE *f = fopen("/proc/meminfo", "r");
+// A line such as "MemAvailable:  20092208 kB" of a /proc file, in bytes, matched by `format` (e.g.
+// "MemAvailable: %lf kB"); 0 when not found.
+static double proc_kb(const char *path, const char *format) {
+    FILE *f = fopen(path, "r");
     char line[256];
     double kb = 0;
     while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
+        if (sscanf(line, format, &kb) == 1) break;
     if (f) fclose(f);
     return kb * 1024;
 }
 
+size_t moe_process_peak_memory(void) { return (size_t)proc_kb("/proc/self/status", "VmHWM: %lf kB"); }
+
 size_t moe_host_memory_available(void) {
-    double avail = meminfo_available();
+    double avail = proc_kb("/proc/meminfo", "MemAvailable: %lf kB");
     if (avail <= 0) avail = (double)sysconf(_SC_AVPHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
     const char *limits[2][2] = {{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
                                 {"/sys/fs/cgroup/memory/memory.limit_in_bytes",

@@ -41,10 +41,12 @@ void *moe_realloc(void *p, size_t bytes);
 char *moe_strdup(const char *s);
 
 double moe_time_sec(void); // monotonic wall clock
+double moe_process_seconds(void); // wall-clock seconds since the program was loaded
 
 // Bytes of host memory this process can still take: MemAvailable of /proc/meminfo, lowered to the
 // room left under a cgroup memory limit (a container's); 0 when not known.
 size_t moe_host_memory_available(void);
+size_t moe_process_peak_memory(void); // the process's peak resident memory (0 when unknown)
 // Online CPU cores (at least 1).
 int moe_cpu_cores(void);
 

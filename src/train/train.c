@@ -37,6 +37,11 @@ static double clock_eta(const StepClock *c, double now, int64_t remaining) {
     return (now - c->began[(c->n - k) % CLOCK_STEPS]) / (double)k * (double)remaining;
 }
 
+static const char *const STARTUP_NAMES[STARTUP_N] = {"backend", "config + plan", "allocation", "init",
+                                                     "first step"};
+static const char *const STARTUP_KEYS[STARTUP_N] = {"backend_s", "config_plan_s", "allocation_s", "init_s",
+                                                    "first_step_s"};
+
 typedef struct {
     Config cfg;
     Parallel par;
@@ -60,6 +65,8 @@ typedef struct {
     StepClock clock;      // rank 0: the pace of the latest steps
     double final_loss, final_ce; // rank 0: the loss and cross-entropy of the latest step
     void *graph;          // the step's work recorded once for replay (backends that record)
+    double startup[STARTUP_N]; // when each phase of the startup ended, seconds since the program was loaded
+    double capture_s;     // seconds recording and instantiating the graph took (0 once reported)
     MetricsLog log;       // metrics.jsonl (rank 0)
     Watchdog *watchdog;   // several ranks: ends this one when its peers stop answering
 } Trainer;
@@ -234,6 +241,8 @@ static bool replay_step(const Trainer *t, int64_t step) {
     return m->ops->capture_begin && !host_planned && t->par.lay.pp == 1 && step > t->first_step;
 }
 
+static void startup_done(Trainer *t, StartupPhase p) { t->startup[p] = moe_process_seconds(); }
+
 // One optimizer step; leaves the step's metrics (totals over all ranks) on the host.
 static void train_step(Trainer *t) {
     Model *m = &t->model;
@@ -244,15 +253,18 @@ static void train_step(Trainer *t) {
         compute_step(t);
     } else {
         if (!t->graph) {
+            double t0 = moe_time_sec();
             ops->capture_begin();
             compute_step(t);
             t->graph = ops->capture_end();
+            t->capture_s = moe_time_sec() - t0;
         }
         ops->graph_launch(t->graph);
     }
     ops->download_f32(t->metrics_host, t->metrics, model_metrics_len(&t->cfg.model));
     t->state.step = step;
     t->state.data_position += (uint64_t)t->cfg.train.micro_batches * t->cfg.train.micro_batch;
+    if (step == t->first_step) startup_done(t, STARTUP_STEP);
 }
 
 static void save_checkpoint(Trainer *t) {
@@ -281,6 +293,26 @@ static void run_eval(Trainer *t) {
     if (!isfinite(loss)) moe_fatal("step %" PRId64 ": validation loss is %g; stopping", t->state.step, loss);
 }
 
+void train_report_startup(const double end[STARTUP_N], int64_t step, json_t *record) {
+    json_t *o = json_object();
+    printf("startup | %.1f s from the start of the process to the end of step %" PRId64 ":", end[STARTUP_STEP], step);
+    for (int p = 0; p < STARTUP_N; p++) {
+        double s = end[p] - (p ? end[p - 1] : 0);
+        printf("%s %s %.2f s", p ? "," : "", STARTUP_NAMES[p], s);
+        json_object_set_new(o, STARTUP_KEYS[p], json_real(s));
+    }
+    printf("\n");
+    json_object_set_new(o, "total_s", json_real(end[STARTUP_STEP]));
+    json_object_set_new(record, "startup", o);
+}
+
+// The step that recorded the graph: how long recording and instantiating it took.
+static void report_capture(Trainer *t, json_t *record) {
+    printf("graph | step %" PRId64 "'s work recorded for replay in %.2f s\n", t->state.step, t->capture_s);
+    json_object_set_new(record, "graph_capture_s", json_real(t->capture_s));
+    t->capture_s = 0;
+}
+
 static void report_step(Trainer *t, double seconds) {
     const TrainConfig *tc = &t->cfg.train;
     StepReport r = {.step = t->state.step, .steps = tc->steps};
@@ -300,7 +332,10 @@ static void report_step(Trainer *t, double seconds) {
                   "checkpoint: %s; try a lower train.lr)", r.step, r.loss, r.grad_norm, last);
     }
     if (r.step % tc->log_every == 0 || r.step == tc->steps || r.step == 1) report_print(&r, stdout);
-    log_record(t, report_to_json(&r));
+    json_t *record = report_to_json(&r);
+    if (r.step == t->first_step) train_report_startup(t->startup, r.step, record);
+    if (t->capture_s > 0) report_capture(t, record);
+    log_record(t, record);
     t->final_loss = r.loss, t->final_ce = r.ce;
     report_free(&r);
 }
@@ -390,6 +425,7 @@ static void trainer_open(Trainer *t, const Config *cfg, Comm *host, const char *
     t->cfg = *cfg;
     t->synthetic = synthetic;
     const Ops *ops = setup_backend(cfg); // picks this process's GPU before NCCL starts
+    startup_done(t, STARTUP_BACKEND);
     t->host = host;
     if (!synthetic) setup_tokenizer(&t->cfg);
     open_data(t);
@@ -404,9 +440,12 @@ static void trainer_open(Trainer *t, const Config *cfg, Comm *host, const char *
     const Layout *l = &t->par.lay;
     t->root = world->rank == 0;
     if (t->root && !synthetic && fs_mkdir_p(tc->out, err)) moe_fatal("train.out: %s", err);
+    startup_done(t, STARTUP_PLAN);
     model_init(&t->model, mc, ops, &t->par, (size_t)l->micro_per_rank, (size_t)tc->seq_len, 0, tc->micro_batches,
                tc->recompute);
     optim_init(&t->opt, &t->model);
+    ops->sync();
+    startup_done(t, STARTUP_ALLOC);
     if (resume) {
         Config saved;
         bool moments = ckpt_has_moments(resume); // none in a checkpoint made by `moe import`
@@ -421,6 +460,8 @@ static void trainer_open(Trainer *t, const Config *cfg, Comm *host, const char *
         model_init_weights(&t->model, (unsigned)tc->seed);
         if (t->root && !synthetic) write_run_config(t);
     }
+    ops->sync();
+    startup_done(t, STARTUP_INIT);
     if (t->root && !synthetic) open_log(t, resume != NULL);
     size_t len = model_metrics_len(mc);
     t->metrics = model_alloc(&t->model, len * ops->f32_size);
@@ -556,6 +597,7 @@ void train_bench(const Config *cfg, Comm *world, int warmup, int steps, BenchRep
     memset(r, 0, sizeof *r);
     r->matmul_tflops = train_matmul_tflops(ops);
     for (int i = 0; i < warmup; i++) train_step(&t);
+    memcpy(r->startup, t.startup, sizeof r->startup);
     void *e0 = ops->event_create(), *e1 = ops->event_create();
     ops->sync();
     ops->event_record(e0);

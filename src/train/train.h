@@ -21,6 +21,14 @@ double eval_loss(Model *m, Dataset *ds, size_t max_seqs, size_t *evaluated);
 // `what` (e.g. "data.val FILE") when ds holds fewer.
 int eval_check_data(const Dataset *ds, const Config *cfg, const char *what, MoeErr err);
 
+// The startup of a process, phase by phase: the backend started (a GPU's context), the config
+// checked and the memory planned (data opened, communicators made), the model and optimizer
+// allocated, the weights initialised (or a checkpoint loaded), the first step done.
+typedef enum { STARTUP_BACKEND, STARTUP_PLAN, STARTUP_ALLOC, STARTUP_INIT, STARTUP_STEP, STARTUP_N } StartupPhase;
+// Prints a startup from when each phase ended (seconds since the program was loaded) as one line,
+// and adds it to a JSON record as "startup": {"backend_s", ..., "first_step_s", "total_s"}.
+void train_report_startup(const double end[STARTUP_N], int64_t step, json_t *record);
+
 typedef struct {
     double matmul_tflops;  // the backend's square matrix-product rate (bf16 8192^3 on a GPU)
     double ms_per_step;    // mean over the timed steps (CUDA events on a GPU)
@@ -36,6 +44,7 @@ typedef struct {
     int n_ops;
     double profiled_ms;    // that step's whole time (the rest: communication and gaps)
     int ranks;             // ranks of the run (tokens are over all of them)
+    double startup[STARTUP_N]; // when each phase of the startup ended (train_report_startup)
 } BenchReport;
 
 // The backend's matrix-product rate (TFLOP/s) on a large square product of random values.
