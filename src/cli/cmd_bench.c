@@ -6,12 +6,13 @@
 
 #include "bench.h"
 #include "cli.h"
+#include "io/fsutil.h"
 #include "ops/profile_ops.h"
 #include "train/train.h"
 
 static const CliSpec SPEC = {
     .command = "moe bench",
-    .usage = "CONFIG.json [key=value ...] [--warmup N] [--steps N] [--kernels]\n"
+    .usage = "CONFIG.json [key=value ...] [--warmup N] [--steps N] [--kernels] [--json OUT.json]\n"
              "       moe bench --calibrate OUT.json [CONFIG.json] [key=value ...] [--gpu NAME]",
     .summary = "Trains the config's model on random token ids (like the PyTorch baseline) and\n"
                "reports tokens/s, model TFLOP/s (docs/MODEL.md accounting: causal attention at half,\n"
@@ -30,13 +31,40 @@ static const CliSpec SPEC = {
         {"--warmup", "N", "untimed steps first (default 3; the first runs eagerly, the second records the graph)"},
         {"--steps", "N", "timed steps (default 10)"},
         {"--kernels", NULL, "time each component kernel alone instead of training steps"},
+        {"--json", "OUT.json", "also write the report's numbers (throughput, memory by purpose, startup) as JSON"},
         {"--calibrate", "OUT.json", "write a calibration file for moe plan instead"},
         {"--gpu", "NAME", "with --calibrate: the device it describes (moe plan's table; default h200 for "
                           "train.device=cuda, else cpu)"},
         {NULL}},
 };
 
-static void print_report(const Config *cfg, const BenchReport *r) {
+static const double GiB = 1073741824.0;
+
+// The memory of rank 0 by purpose, planned (a counting backend) and allocated by the run, then
+// what the backend measured: device memory in use and its peak (a GPU: every allocation of the
+// process, libraries' workspaces and the context included), or the CPU process's peak resident
+// memory.
+static void print_memory(const BenchReport *r, json_t *record) {
+    bool gpu = r->memory_in_use > 0;
+    printf("memory       plan %.4g GiB, allocated %.4g GiB; ", r->plan.total / GiB, r->allocated.total / GiB);
+    if (gpu) printf("measured on the device: %.4g GiB in use after the run, peak %.4g GiB\n", r->memory_in_use / GiB,
+                    r->memory_peak / GiB);
+    else printf("measured: peak resident memory of the process %.4g GiB\n", r->memory_peak / GiB);
+    const TrainMemory cols[2] = {r->plan, r->allocated};
+    const char *heads[2] = {"plan", "allocated"};
+    setup_print_memory("  ", cols, heads, 2);
+    if (gpu) printf("  %-30s %12.4g GiB (in use beyond the allocations: runtime, libraries, communicators)\n",
+                    "device peak - allocated", ((double)r->memory_peak - r->allocated.total) / GiB);
+    json_t *m = json_object();
+    json_object_set_new(m, "plan", setup_memory_json(&r->plan));
+    json_object_set_new(m, "allocated", setup_memory_json(&r->allocated));
+    json_object_set_new(m, gpu ? "device_in_use" : "host_in_use", gpu ? json_integer((json_int_t)r->memory_in_use) : json_null());
+    json_object_set_new(m, gpu ? "device_peak" : "host_peak_resident", json_integer((json_int_t)r->memory_peak));
+    json_object_set_new(record, "memory", m);
+}
+
+// Prints the report and fills `record` with its numbers (--json).
+static void print_report(const Config *cfg, const BenchReport *r, json_t *record) {
     const ModelConfig *c = &cfg->model;
     ParamCounts p = model_param_counts(c);
     double tokens = (double)cfg->train.micro_batches * cfg->train.micro_batch * cfg->train.seq_len;
@@ -57,8 +85,14 @@ static void print_report(const Config *cfg, const BenchReport *r) {
     double per_rank = tflops / r->ranks;
     printf("MFU          %.1f%% of 989 TFLOP/s, %.1f%% of the measured %.1f TFLOP/s (per rank)\n",
            100 * per_rank / 989, 100 * per_rank / r->matmul_tflops, r->matmul_tflops);
-    printf("memory       %.2f GiB in use on the device (model plan %.2f GiB)\n", r->memory_in_use / 1073741824.0,
-           r->model_bytes / 1073741824.0);
+    json_t *numbers = json_pack("{s:s, s:i, s:f, s:f, s:b, s:f, s:f, s:f, s:f, s:f}", "device", cfg->train.device,
+                                "ranks", r->ranks, "tokens_per_step", tokens, "ms_per_step", r->ms_per_step, "graph",
+                                r->graph, "graph_only_ms", r->graph_only_ms, "tokens_per_s", tokens / sec,
+                                "model_tflops", tflops, "mfu", per_rank / 989, "matmul_tflops", r->matmul_tflops);
+    json_object_update(record, numbers);
+    json_decref(numbers);
+    print_memory(r, record);
+    train_report_startup(r->startup, 1, record);
     double total = 0;
     for (int i = 0; i < PROFILE_N_PHASES; i++) total += r->phase_ms[i];
     printf("phases       one step with every kernel timed: %.1f ms of kernels in %.1f ms (the rest: "
@@ -71,12 +105,13 @@ static void print_report(const Config *cfg, const BenchReport *r) {
         printf("  %-24s %5d %8.2f ms  %5.1f%%  %s\n", r->ops[i].name, r->ops[i].calls, r->ops[i].ms,
                total > 0 ? 100 * r->ops[i].ms / total : 0, PROFILE_PHASE_NAMES[r->ops[i].phase]);
     printf("loss         %.4f (cross-entropy of the last timed step)\n", r->loss);
+    json_object_set_new(record, "loss", json_real(r->loss));
     if (model_n_moe_layers(c))
         printf("experts      load max/mean %.2f (worst MoE layer, last timed step; 1.00 = even), "
                "%.2f%% of slots dropped\n", r->load_imbalance, 100 * r->drop_rate);
 }
 
-enum { OPT_WARMUP, OPT_STEPS, OPT_KERNELS, OPT_CALIBRATE, OPT_GPU, N_OPTS };
+enum { OPT_WARMUP, OPT_STEPS, OPT_KERNELS, OPT_JSON, OPT_CALIBRATE, OPT_GPU, N_OPTS };
 
 // `moe bench --calibrate OUT.json [CONFIG.json] [key=value ...]`.
 static int calibrate(const char *out, const char *gpu, char **pos, int n_pos, Comm *world) {
@@ -120,7 +155,11 @@ int cmd_bench(int argc, char **argv, Comm *world) {
     if (world->rank == 0) printf("moe bench %s: %d warm-up steps, %d timed\n", pos[0], warmup, steps);
     BenchReport r;
     train_bench(&cfg, world, warmup, steps, &r);
-    if (world->rank == 0) print_report(&cfg, &r);
+    json_t *record = json_pack("{s:s}", "config", pos[0]);
+    if (world->rank == 0) print_report(&cfg, &r, record);
+    if (world->rank == 0 && values[OPT_JSON] && fs_write_json_atomic(values[OPT_JSON], record, err))
+        moe_fatal("--json: %s", err);
+    json_decref(record);
     free(pos);
     return 0;
 }

@@ -41,13 +41,13 @@ static bool print_floor(const Config *cfg, int world) {
 
 static double max_of(double a, double b) { return a > b ? a : b; }
 
-// Each number of the plan at its largest over the ranks of the layout.
+// Each number of the plan at its largest over the ranks of the layout (TrainMemory is all doubles).
 static TrainMemory worst_plan(const Config *cfg, int world, bool bf16) {
+    enum { FIELDS = sizeof(TrainMemory) / sizeof(double) };
     TrainMemory w = {0};
     for (int rank = 0; rank < world; rank++) {
         TrainMemory r = setup_memory_plan(cfg, world, rank, bf16);
-        w.params = max_of(w.params, r.params), w.optimizer = max_of(w.optimizer, r.optimizer);
-        w.total = max_of(w.total, r.total), w.activations = max_of(w.activations, r.activations);
+        for (int i = 0; i < FIELDS; i++) ((double *)&w)[i] = max_of(((double *)&w)[i], ((const double *)&r)[i]);
     }
     return w;
 }
@@ -85,15 +85,16 @@ static void print_memory(const Config *cfg, int world) {
            world, cfg->parallel.pp, cfg->parallel.ep, cfg->train.micro_batch, cfg->train.seq_len);
     printf("    parameters held        %.4gM\n", worst[0].params / 1e6);
     printf("    optimizer state        %.0f bytes (this rank's shard of the AdamW moments)\n", worst[0].optimizer);
-    printf("    whole plan, CPU backend (fp32)                   %.4g GiB\n", worst[0].total / GiB);
-    printf("    whole plan, bf16 activations + bf16 weight copy  %.4g GiB\n", worst[1].total / GiB);
-    printf("    host memory available here                       %.4g GiB\n", moe_host_memory_available() / GiB);
+    printf("    by purpose (CPU backend: fp32 activations; GPU: bf16 activations and a bf16 weight copy):\n");
+    const char *heads[2] = {"CPU backend", "GPU (bf16)"};
+    setup_print_memory("      ", worst, heads, 2);
+    printf("    host memory available here %.4g GiB\n", moe_host_memory_available() / GiB);
     if (cfg->parallel.ep > 1 && cfg->parallel.recv_capacity == 0 && cfg->parallel.exchange != EXCHANGE_SENDRECV) {
         Config bounded = *cfg; // the expert rows a rank receives are sized for the worst case
         bounded.parallel.recv_capacity = 2;
         double most = worst_plan(&bounded, world, true).total;
         if (most < worst[1].total)
-            printf("    the same with parallel.recv_capacity=2           %.4g GiB (rows received: twice an even "
+            printf("    the GPU total with parallel.recv_capacity=2 %.4g GiB (rows received: twice an even "
                    "share, not the worst case)\n", most / GiB);
     }
     print_recompute_plans(cfg, world);

@@ -334,6 +334,7 @@ void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel
     int kept_calls = moe_calls(m); // calls whose expert rows are kept
     if (recompute == RECOMPUTE_FULL && kept_calls) kept_calls = 1;
     moe_exchange_init(&m->xchg, cfg, ops, par, &m->mem, T, kept_calls);
+    m->exchange_bytes = m->mem.bytes - before_acts;
     if (recompute == RECOMPUTE_SELECTIVE) alloc_selective_shared(m, T);
     if (recompute == RECOMPUTE_FULL) alloc_full_shared(m, T);
     for (int c = 0; c < m->n_chunks; c++) {

@@ -127,6 +127,7 @@ typedef struct {
                                  // sized for the largest layer (NULL: kept per layer; model.c)
     size_t act_bytes;            // bytes of activation memory: every slot's buffers, the shared ones
                                  // and the expert exchange's (moe inspect)
+    size_t exchange_bytes;       // of act_bytes: the expert exchange's own (peer memory, rows in transit)
     int32_t *tokens, *targets;   // (n_micro, B S): every batch of a step, uploaded before it runs
     void *xf, *xf_rstd;          // act (T, D), f32 (T): final norm (last stage)
     void *logits;                // act (chunk, V) LM-head logits, one chunk at a time

@@ -105,6 +105,7 @@ typedef struct Ops {
     void (*init_params)(void *dst, size_t n, uint64_t key, uint64_t counter_begin, double std, bool ones);
     void (*sync)(void); // waits for queued work (no-op on the CPU)
     size_t (*memory_in_use)(void); // device bytes in use now (0 when not known)
+    size_t (*memory_peak)(void);   // the most bytes in use so far (0 when not known; NULL: no query)
     size_t (*memory_available)(void); // bytes it can still allocate (0 when not known; NULL: no query)
 
     // ---- recording and timing (graph entries NULL where work runs eagerly) ----

@@ -9,7 +9,7 @@ static Comm *region_group(const Model *m, ParamRegion r) {
 
 void optim_init(Optimizer *o, Model *m) {
     const Ops *ops = m->ops;
-    o->state_bytes = 0;
+    o->state_bytes = o->grad_bytes = 0;
     for (int r = 0; r < PARAM_N_REGIONS; r++) {
         OptShard *s = &o->region[r];
         s->group = region_group(m, (ParamRegion)r);
@@ -19,6 +19,7 @@ void optim_init(Optimizer *o, Model *m) {
         s->reduced_from = s->begin + s->size;
         size_t bytes = s->shard * ops->f32_size;
         s->grad = s->group->size > 1 ? model_alloc(m, bytes) : model_f32(m, m->grads, s->begin);
+        o->grad_bytes += s->group->size > 1 ? bytes : 0;
         s->m = model_alloc(m, bytes), s->v = model_alloc(m, bytes);
         ops->zero(s->m, bytes), ops->zero(s->v, bytes);
         o->state_bytes += 2 * bytes;

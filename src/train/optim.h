@@ -22,6 +22,7 @@ typedef struct {
 typedef struct {
     OptShard region[PARAM_N_REGIONS];
     size_t state_bytes;        // optimizer state of this rank: its shards of the AdamW moments
+    size_t grad_bytes;         // its reduced gradient shards of its own (regions over several ranks)
 } Optimizer;
 
 // Sets up the shards of m's regions with zero moments (memory freed with the model).

@@ -82,7 +82,49 @@ void setup_plan_rank(const Config *cfg, int world, int rank, const Ops *ops, Par
 }
 
 TrainMemory setup_memory_of(const Model *m, const Optimizer *o) {
-    return (TrainMemory){(double)m->reg.total, (double)o->state_bytes, (double)m->mem.bytes, (double)m->act_bytes};
+    double P = (double)m->reg.total, f32 = (double)m->ops->f32_size;
+    TrainMemory r = {.params = P, .optimizer = (double)o->state_bytes, .total = (double)m->mem.bytes,
+                     .activations = (double)m->act_bytes, .weights = P * f32,
+                     .compute_weights = m->ops->act_aliases_f32 ? 0 : P * (double)m->ops->act_size,
+                     .grads = P * f32 + (double)o->grad_bytes, .exchange = (double)m->exchange_bytes};
+    r.scratch = r.total - r.weights - r.compute_weights - r.grads - r.optimizer - r.activations;
+    return r;
+}
+
+// The rows of a memory table (setup_print_memory, setup_memory_json): titles, keys and bytes.
+enum { MEMORY_ROWS = 8 };
+static const char *const MEMORY_TITLES[MEMORY_ROWS] = {
+    "fp32 master weights", "compute weights (act copy)", "gradients (fp32)", "optimizer state (AdamW m, v)",
+    "activations kept", "expert exchange buffers", "workspace and scratch", "total"};
+static const char *const MEMORY_KEYS[MEMORY_ROWS] = {"weights", "compute_weights", "grads", "optimizer",
+                                                     "activations", "exchange", "scratch", "total"};
+
+static void memory_rows(const TrainMemory *p, double v[MEMORY_ROWS]) {
+    double rows[MEMORY_ROWS] = {p->weights, p->compute_weights, p->grads, p->optimizer, p->activations - p->exchange,
+                                p->exchange, p->scratch, p->total};
+    memcpy(v, rows, sizeof rows);
+}
+
+void setup_print_memory(const char *indent, const TrainMemory *plans, const char *const *heads, int n) {
+    printf("%s%-30s", indent, "");
+    for (int c = 0; c < n; c++) printf(" %16s", heads[c]);
+    for (int row = 0; row < MEMORY_ROWS; row++) {
+        printf("\n%s%-30s", indent, MEMORY_TITLES[row]);
+        for (int c = 0; c < n; c++) {
+            double v[MEMORY_ROWS];
+            memory_rows(&plans[c], v);
+            printf(" %12.4g GiB", v[row] / 1073741824.0);
+        }
+    }
+    printf("\n");
+}
+
+json_t *setup_memory_json(const TrainMemory *p) {
+    double v[MEMORY_ROWS];
+    memory_rows(p, v);
+    json_t *o = json_object();
+    for (int row = 0; row < MEMORY_ROWS; row++) json_object_set_new(o, MEMORY_KEYS[row], json_integer((json_int_t)v[row]));
+    return o;
 }
 
 TrainMemory setup_memory_plan(const Config *cfg, int world, int rank, bool bf16) {

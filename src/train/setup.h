@@ -25,7 +25,12 @@ void setup_single_process(Parallel *par, const Config *cfg);
 
 typedef struct {
     double params, optimizer, total; // per rank: parameters held, optimizer state bytes, all bytes
-    double activations;              // bytes of them for activations (Model.act_bytes)
+    double activations;              // bytes of them for activations (Model.act_bytes, exchange included)
+    // All bytes by purpose (with optimizer and activations they add up to total):
+    double weights, compute_weights; // fp32 master weights; their act copy (0 where they are the same)
+    double grads;                    // fp32 gradients, with the optimizer's reduced shards
+    double exchange;                 // of activations: the expert exchange's buffers (Model.exchange_bytes)
+    double scratch;                  // the rest: gradient scratch, LM-head chunk, tokens, tables, metrics
 } TrainMemory;
 
 // Rank `rank`'s model and optimizer for training cfg on `world` ranks, sized on `ops` (a backend that
@@ -35,6 +40,12 @@ void setup_plan_rank(const Config *cfg, int world, int rank, const Ops *ops, Par
                      Model *m, Optimizer *o);
 // What such a model and optimizer hold.
 TrainMemory setup_memory_of(const Model *m, const Optimizer *o);
+// A table of a rank's memory by purpose in GiB, one column per plan (heads: their titles), each line
+// led by `indent`; the activations line shows those kept, the exchange's buffers on a line of theirs.
+void setup_print_memory(const char *indent, const TrainMemory *plans, const char *const *heads, int n);
+// The same rows as a JSON object of bytes: weights, compute_weights, grads, optimizer, activations
+// (kept), exchange, scratch, total.
+json_t *setup_memory_json(const TrainMemory *p);
 
 // Rank `rank`'s memory for training cfg on `world` ranks, measured by sizing its model and
 // optimizer on a backend that only counts allocations (bf16: activations as a GPU keeps them).

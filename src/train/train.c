@@ -595,9 +595,9 @@ void train_bench(const Config *cfg, Comm *world, int warmup, int steps, BenchRep
     trainer_open(&t, cfg, world, NULL, 0, true);
     const Ops *ops = t.model.ops;
     memset(r, 0, sizeof *r);
-    r->matmul_tflops = train_matmul_tflops(ops);
     for (int i = 0; i < warmup; i++) train_step(&t);
     memcpy(r->startup, t.startup, sizeof r->startup);
+    r->matmul_tflops = train_matmul_tflops(ops);
     void *e0 = ops->event_create(), *e1 = ops->event_create();
     ops->sync();
     ops->event_record(e0);
@@ -613,7 +613,9 @@ void train_bench(const Config *cfg, Comm *world, int warmup, int steps, BenchRep
         r->graph_only_ms = ops->event_elapsed_ms(e0, e1) / steps;
     }
     r->memory_in_use = ops->memory_in_use();
-    r->model_bytes = t.model.mem.bytes;
+    r->memory_peak = ops->memory_peak ? ops->memory_peak() : 0;
+    r->plan = setup_memory_plan(cfg, t.world->size, t.world->rank, ops->act_size == 2);
+    r->allocated = setup_memory_of(&t.model, &t.opt);
     StepReport sr = {0};
     report_build(&sr, &t.cfg.model, t.metrics_host, t.cfg.train.micro_batches,
                  (size_t)t.cfg.train.micro_batch * t.cfg.train.seq_len);

@@ -6,6 +6,7 @@
 #include "io/tokens.h"
 #include "model/model.h"
 #include "ops/profile_ops.h"
+#include "setup.h"
 
 // Trains cfg on the ranks of `world` (layout from cfg->parallel) from scratch, or from `resume` (a
 // checkpoint directory) when non-NULL, up to train.steps or, when stop_at > 0, until step stop_at
@@ -38,7 +39,9 @@ typedef struct {
     bool graph;            // steps replayed a recorded graph
     double graph_only_ms;  // that graph replayed back to back, no host work between (0: no graph)
     size_t memory_in_use;  // device memory in use after the run (0 when unknown)
-    size_t model_bytes;    // what the model and optimizer allocated
+    size_t memory_peak;    // the most in use during it (Ops.memory_peak; 0 when unknown)
+    TrainMemory plan;      // this rank's memory plan, sized on a counting backend before the run
+    TrainMemory allocated; // what its model and optimizer allocated
     double phase_ms[PROFILE_N_PHASES]; // one profiled step, kernels timed one by one
     ProfileOpTime ops[PROFILE_MAX_OPS]; // the same step per op, longest first
     int n_ops;

@@ -93,10 +93,19 @@ else bad "training runs" "$(tail -5 "$tmp/last.log")"; fi
 # moe bench on the CPU: the report's parts are there, with numbers, and random routing is even.
 bench_cpu="model.vocab_size=300 model.d_model=32 model.n_layers=2 model.n_heads=2 model.n_kv_heads=2
            model.head_dim=16 model.expert_hidden=32 train.device=cpu train.seq_len=32 train.micro_batch=4"
-out=$(./moe bench configs/bench/scale-E64.json $bench_cpu --warmup 2 --steps 2 2>&1)
+out=$(./moe bench configs/bench/scale-E64.json $bench_cpu --warmup 2 --steps 2 --json "$tmp/bench.json" 2>&1)
 if grep -qE "^throughput +[0-9,]+ tokens/s" <<<"$out" && grep -qE "^  expert GEMMs +[0-9.]+ ms" <<<"$out" &&
    grep -qE "^experts +load max/mean [1-9]\.[0-9]+" <<<"$out"; then ok "moe bench reports throughput, phases, expert load"
 else bad "moe bench reports throughput, phases, expert load" "$out"; fi
+# Its memory table: the plan (a counting backend) is what the run allocated, row by row (the run adds
+# its metrics buffer), the rows add up to the total, and the JSON record holds them and the startup.
+rows=$(grep -E "^  (fp32 master|compute weights|gradients|optimizer state|activations kept|expert exchange|workspace|total)" <<<"$out")
+if [ "$(wc -l <<<"$rows")" = 8 ] &&
+   awk '{ p = $(NF-3); a = $(NF-1); if ((p - a)^2 > (0.01 * p)^2) bad = 1; if ($1 == "total") t = p; else s += p }
+        END { exit bad || !(t > 0) || (s - t)^2 > (1e-3 * t)^2 }' <<<"$rows" &&
+   grep -qE '"total": [1-9][0-9]*' "$tmp/bench.json" && grep -qE '"first_step_s": [0-9.e-]+' "$tmp/bench.json"; then
+    ok "moe bench: memory by purpose, planned = allocated, in JSON"
+else bad "moe bench: memory by purpose, planned = allocated, in JSON" "$out" "$(cat "$tmp/bench.json" 2>&1)"; fi
 out=$(./moe bench configs/bench/scale-E64.json $bench_cpu model.random_routing=true train.micro_batch=64 --warmup 2 --steps 2 2>&1)
 load=$(grep -oE "load max/mean [0-9.]+" <<<"$out" | cut -d' ' -f3)
 if awk -v l="${load:-0}" 'BEGIN { exit !(l >= 1 && l < 1.3) }'; then ok "moe bench, random routing: expert load max/mean $load"
@@ -272,11 +281,11 @@ out=$($MOE eval --ckpt "$tmp/straight" 2>&1) && grep -qE "val loss [0-9.]+ nats/
 out=$($MOE sample --ckpt "$tmp/straight" --tokens 40 --prompt "ROMEO:" 2>&1) && [ ${#out} -ge 40 ] && ok "sample generates text" || bad "sample generates text" "$out"
 out=$($MOE inspect "$tmp/straight" 2>&1) && grep -q "parameters" <<<"$out" && grep -q "GFLOP" <<<"$out" && ok "inspect a run directory" || bad "inspect a run directory" "$out"
 # The plan under each train.recompute mode: activations fall from none to selective to full, and the
-# configured mode's column (selective) is the whole plan printed above the table.
+# configured mode's column (selective) is the GPU total printed above the table.
 out=$($MOE inspect configs/bench/olmoe-L8.json 2>&1)
 acts=$(grep -E "^ +activations, bf16 +[0-9]" <<<"$out" | grep -oE "[0-9.]+ GiB" | grep -oE "^[0-9.]+" | tr '\n' ' ' | sed 's/ $//')
 plan=$(grep -E "^ +whole plan, bf16 +[0-9]" <<<"$out" | grep -oE "[0-9.]+ GiB" | sed -n 2p | grep -oE "^[0-9.]+")
-whole=$(grep -oE "bf16 weight copy +[0-9.]+" <<<"$out" | grep -oE "[0-9.]+$")
+whole=$(grep -E "^ +total +[0-9]" <<<"$out" | grep -oE "[0-9.]+ GiB" | sed -n 2p | grep -oE "^[0-9.]+")
 if awk -v a="$acts" -v p="${plan:-0}" -v w="${whole:-1}" 'BEGIN { n = split(a, v, " "); exit !(n == 3 && v[1] > v[2] && v[2] > v[3] && v[3] > 0 && p == w) }'; then
     ok "inspect: activations by train.recompute fall (none, selective, full: $acts GiB)"
 else bad "inspect: activations by train.recompute fall" "$out"; fi

@@ -147,7 +147,7 @@ else bad "optimizer state per rank: dp=4 is 1/4 of dp=1" "dp=1: '$one', dp=4: '$
 inspect=$(./moe inspect "$tmp/single" --world 4 2>&1)
 grep -q "optimizer state" <<<"$inspect" && ok "inspect prints per-rank memory for a layout" || bad "inspect prints per-rank memory for a layout" "$inspect"
 inspect=$(./moe inspect "$tmp/single" parallel.ep=4 --world 4 2>&1)
-whole=$(grep -oE "bf16 weight copy +[0-9.]+" <<<"$inspect" | grep -oE "[0-9.]+$")
+whole=$(grep -E "^ +total +[0-9]" <<<"$inspect" | grep -oE "[0-9.]+ GiB" | sed -n 2p | grep -oE "^[0-9.]+")
 bounded=$(grep -oE "recv_capacity=2 +[0-9.]+" <<<"$inspect" | grep -oE "[0-9.]+$")
 if awk -v a="${whole:-0}" -v b="${bounded:-0}" 'BEGIN { exit !(b > 0 && b < a) }'; then
     ok "inspect at ep=4: bounded receive buffers plan less ($bounded < $whole GiB)"

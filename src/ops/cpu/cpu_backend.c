@@ -27,9 +27,10 @@ static void cpu_download_f32(float *dst, const void *src_, size_t n) {
     for (size_t i = 0; i < n; i++) dst[i] = (float)src[i];
 }
 
+// Threads only for tensors large enough to repay starting them (norm weights are one row).
 static void cpu_init_params(void *dst_, size_t n, uint64_t key, uint64_t counter_begin, double std, bool ones) {
     real *dst = dst_;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= 16384)
     for (size_t i = 0; i < n; i++) dst[i] = ones ? 1 : (real)rng_init_value(key, counter_begin + i, std);
 }
 
@@ -66,6 +67,7 @@ static const Ops CPU_OPS = {
     .init_params = cpu_init_params,
     .sync = cpu_sync,
     .memory_in_use = cpu_memory_in_use,
+    .memory_peak = moe_process_peak_memory,
     .memory_available = moe_host_memory_available,
     .event_create = cpu_event_create,
     .event_record = cpu_event_record,

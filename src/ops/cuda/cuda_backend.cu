@@ -19,11 +19,28 @@ static void cuda_choose_kernels(int major) {
     cuda_ctx.builtin_grouped = all || (k && strstr(k, "grouped=builtin")) || major != 9;
 }
 
+// Device memory in use (every allocation of the process, libraries' and the context's included),
+// and the most seen: sampled after each of the backend's allocations and each query.
+static size_t peak_in_use;
+
+static size_t cuda_memory_in_use(void) {
+    size_t free_b = 0, total = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total));
+    peak_in_use = total - free_b > peak_in_use ? total - free_b : peak_in_use;
+    return total - free_b;
+}
+
+static size_t cuda_memory_peak(void) {
+    cuda_memory_in_use();
+    return peak_in_use;
+}
+
 void *cuda_grow_scratch(void **buf, size_t *have, size_t bytes) {
     if (bytes > *have) {
         if (*buf) CUDA_CHECK(cudaFree(*buf));
         CUDA_CHECK(cudaMalloc(buf, bytes));
         *have = bytes;
+        cuda_memory_in_use();
     }
     return *buf;
 }
@@ -56,6 +73,7 @@ static void *cuda_alloc(size_t bytes) {
                   "train.micro_batch or train.seq_len, or spread the model over more GPUs",
                   bytes / 1073741824.0, free_b / 1073741824.0, total / 1073741824.0);
     }
+    cuda_memory_in_use();
     return p;
 }
 
@@ -88,12 +106,6 @@ static void cuda_download_act(float *dst, const void *src, size_t n) {
 }
 
 static void cuda_sync(void) { CUDA_CHECK(cudaStreamSynchronize(cuda_ctx.stream)); }
-
-static size_t cuda_memory_in_use(void) {
-    size_t free_b = 0, total = 0;
-    CUDA_CHECK(cudaMemGetInfo(&free_b, &total));
-    return total - free_b;
-}
 
 static size_t cuda_memory_available(void) {
     size_t free_b = 0, total = 0;
@@ -181,7 +193,7 @@ static Ops make_cuda_ops(void) {
     o.upload = cuda_upload, o.download = cuda_download;
     o.upload_f32 = cuda_upload_f32, o.download_f32 = cuda_download_f32, o.download_act = cuda_download_act;
     o.cast_f32_to_act = cuda_cast_f32_to_act, o.init_params = cuda_init_params, o.sync = cuda_sync, o.memory_in_use = cuda_memory_in_use;
-    o.memory_available = cuda_memory_available;
+    o.memory_available = cuda_memory_available, o.memory_peak = cuda_memory_peak;
     o.capture_begin = cuda_capture_begin, o.capture_end = cuda_capture_end, o.graph_launch = cuda_graph_launch;
     o.graph_free = cuda_graph_free;
     o.event_create = cuda_event_create, o.event_record = cuda_event_record;
