@@ -93,6 +93,8 @@ static void print_report(const Config *cfg, const BenchReport *r, json_t *record
     json_decref(numbers);
     print_memory(r, record);
     train_report_startup(r->startup, 1, record);
+    if (r->graph) printf("graph        recorded (second warm-up step) and instantiated in %.2f s\n", r->capture_s);
+    json_object_set_new(record, "graph_capture_s", json_real(r->capture_s));
     double total = 0;
     for (int i = 0; i < PROFILE_N_PHASES; i++) total += r->phase_ms[i];
     printf("phases       one step with every kernel timed: %.1f ms of kernels in %.1f ms (the rest: "

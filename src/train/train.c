@@ -597,6 +597,7 @@ void train_bench(const Config *cfg, Comm *world, int warmup, int steps, BenchRep
     memset(r, 0, sizeof *r);
     for (int i = 0; i < warmup; i++) train_step(&t);
     memcpy(r->startup, t.startup, sizeof r->startup);
+    r->capture_s = t.capture_s;
     r->matmul_tflops = train_matmul_tflops(ops);
     void *e0 = ops->event_create(), *e1 = ops->event_create();
     ops->sync();

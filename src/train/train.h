@@ -48,6 +48,7 @@ typedef struct {
     double profiled_ms;    // that step's whole time (the rest: communication and gaps)
     int ranks;             // ranks of the run (tokens are over all of them)
     double startup[STARTUP_N]; // when each phase of the startup ended (train_report_startup)
+    double capture_s;      // seconds recording the step's graph and instantiating it took (0: no graph)
 } BenchReport;
 
 // The backend's matrix-product rate (TFLOP/s) on a large square product of random values.
