@@ -22,6 +22,7 @@ typedef struct {
     PeerMem recv, back; // direct: the owners' receive buffers, the sources' return buffers
     void *recv_peers, *back_peers; // backend tables of their bases
     int32_t *plan;      // direct: this rank's plan
+    size_t ctas;        // direct: thread blocks a push may take (0: no bound)
 } Bench;
 
 static void sendrecv_round(Bench *b) {
@@ -36,9 +37,9 @@ static void direct_round(Bench *b) {
     size_t E = b->n * EL;
     const int32_t *dispatch = b->plan + EL + 1, *ret = dispatch + 4 * E;
     b->w->ops->fence(b->w);
-    b->ops->moe_push_rows(b->recv_peers, 0, b->a, dispatch, E, D, b->rows);
+    b->ops->moe_push_rows(b->recv_peers, 0, b->a, (PushBlocks){dispatch, E, 1, 0}, D, b->rows, b->ctas);
     b->w->ops->fence(b->w);
-    b->ops->moe_push_rows(b->back_peers, 0, b->recv.base, ret, E, D, b->rows);
+    b->ops->moe_push_rows(b->back_peers, 0, b->recv.base, (PushBlocks){ret, E, 1, 0}, D, b->rows, b->ctas);
     b->w->ops->fence(b->w);
 }
 
@@ -86,13 +87,15 @@ static void direct_setup(Bench *b) {
 int main(int argc, char **argv) {
     Comm *host = comm_world_init(&argc, &argv, sizeof(float));
     Bench b = {.ops = ops_cuda(comm_local_rank(host->rank), false)};
+    size_t ctas = argc > 1 ? (size_t)atoi(argv[1]) : 24;
     b.w = comm_nccl_world(host, b.ops->stream);
     b.n = (size_t)b.w->size, b.rows = (size_t)T * K;
     b.a = b.ops->alloc(b.rows * D * 2), b.b = b.ops->alloc(b.rows * D * 2);
     b.ops->zero(b.a, b.rows * D * 2), b.ops->zero(b.b, b.rows * D * 2);
     direct_setup(&b);
     double ms_sr = time_ms(&b, sendrecv_round), ms_direct = time_ms(&b, direct_round);
-    double ms_fences = time_ms(&b, fence_round);
+    b.ctas = ctas;
+    double ms_bounded = time_ms(&b, direct_round), ms_fences = time_ms(&b, fence_round);
     double crossing = 2.0 * (double)(b.rows - b.rows / b.n) * D * 2; // bytes leaving this GPU per round
     if (b.w->rank == 0) {
         printf("exchange: %zu ranks, %zu rows of %d bf16 per rank, dispatch + combine (each call counted)\n",
@@ -100,6 +103,8 @@ int main(int argc, char **argv) {
         printf("  send/recv (NCCL)   %.3f ms  %.1f GB/s crossing per GPU\n", ms_sr, crossing / (ms_sr * 1e-3) / 1e9);
         printf("  direct writes      %.3f ms  %.1f GB/s crossing per GPU (3 fences included)\n", ms_direct,
                crossing / (ms_direct * 1e-3) / 1e9);
+        printf("  direct, %3zu CTAs   %.3f ms  %.1f GB/s crossing per GPU (3 fences included)\n", ctas, ms_bounded,
+               crossing / (ms_bounded * 1e-3) / 1e9);
         printf("  of which fences    %.1f us each (3 per round, timed alone)\n", ms_fences * 1e3 / 3);
     }
     b.w->ops->peer_free(b.w, &b.recv), b.w->ops->peer_free(b.w, &b.back);

@@ -2,7 +2,7 @@
 # The two-GPU machine's one call: build, then train the same small model on one GPU and on two
 # (data, expert and pipeline parallel over NCCL, under mpirun and under moe's own --nproc launcher),
 # compare the loss curves with the one-GPU run, and move an expert-parallel checkpoint to one GPU
-# and to CPU ranks. Modes: bench, exchange, watchdog, direct, overlap, ctas, capacity (see each);
+# and to CPU ranks. Modes: bench, exchange, watchdog, direct, overlap, ctas, capacity, chunks (see each);
 # "all" runs the default checks and then overlap. Numbers and logs go to $OUT.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
@@ -122,6 +122,36 @@ if [ "${1:-}" = direct ]; then
     bench_ep2 150
     cp runs/bench2.txt "$OUT/bench_ep2_direct.txt"
     say "E64 2 GPUs ep=2 direct: $(grep -E '^step|throughput' runs/bench2.txt | tr -s ' ' | tr '\n' ' ')"
+    exit 0
+fi
+
+# The expert exchange behind compute (parallel.exchange_chunks, parallel.push_ctas): every kernel
+# against the CPU (chunked, bounded pushes, SwiGLU row ranges), the exchange's bandwidth on every SM
+# and on 24 thread blocks, training curves of ep=2 in 4 chunks and in one against one GPU and
+# against each other (deterministic kernels: bitwise), and
+# scale-E64 at ep=2 per chunk count against one GPU: a table in $OUT/chunks.md.
+if [ "${1:-}" = chunks ]; then
+    timeout 240 build/test_cuda > "$OUT/test_cuda.log" 2>&1
+    say "CUDA vs CPU: $(tail -1 "$OUT/test_cuda.log")"; grep -i "fail" "$OUT/test_cuda.log" | head
+    timeout 60 mpirun -np 2 build/bench_exchange 24 2>&1 | tee -a "$OUT/summary.txt"
+    one_gpu
+    layouts_match "ep2c4 parallel.ep=2 parallel.exchange_chunks=4 train.deterministic=true" \
+        "ep2c1 parallel.ep=2 parallel.exchange_chunks=1 train.deterministic=true"
+    cmp -s <(losses runs/ep2c4) <(losses runs/ep2c1) && say "ep2: 4 chunks and 1 give bitwise the same losses" \
+        || say "ep2: 4 chunks and 1 DIFFER: $(paste <(losses runs/ep2c4) <(losses runs/ep2c1) | head -3 | tr '\n' ' ')"
+    timeout 150 ./moe bench configs/bench/scale-E64.json > runs/bench1.txt 2>&1
+    tps() { grep -m1 '^throughput' "$1" | grep -oE 'per rank: [0-9]+' | grep -oE '[0-9]+$'; } # tokens/s per GPU
+    one=$(tps runs/bench1.txt)
+    { echo "| scale-E64 | tokens/s per GPU | of one GPU | kernel time |"; echo "|---|---|---|---|"
+      echo "| 1 GPU | $one | 100% | $(grep -o '[0-9.]* ms of kernels in [0-9.]* ms' runs/bench1.txt) |"; } > "$OUT/chunks.md"
+    for run in "1 24" "2 24" "4 24" "8 24" "4 0"; do # chunks, push thread blocks
+        set -- $run
+        bench_ep2 150 parallel.exchange_chunks=$1 parallel.push_ctas=$2
+        cp runs/bench2.txt "$OUT/bench_ep2_chunks$1_ctas$2.txt"
+        per=$(tps runs/bench2.txt)
+        echo "| ep=2, exchange_chunks=$1, push_ctas=$2 | $per | $(awk -v a="${per:-0}" -v b="${one:-1}" 'BEGIN { printf "%.1f%%", 100 * a / b }') | $(grep -o '[0-9.]* ms of kernels in [0-9.]* ms' runs/bench2.txt) |" >> "$OUT/chunks.md"
+    done
+    cat "$OUT/chunks.md" | tee -a "$OUT/summary.txt"
     exit 0
 fi
 

@@ -169,27 +169,28 @@ static void test_rmsnorm_fd_and_accumulate(void) {
 typedef struct {
     size_t R, H;
     real *gu, *out, *Rw;
-    int32_t *count;
+    int32_t *rows; // offsets of the rows used (2 expert groups), or NULL
 } SwiCtx;
 
 static double swiglu_loss(void *p) {
     SwiCtx *c = p;
-    ops->swiglu_forward(c->out, c->gu, c->R, c->H, c->count);
-    size_t rows = c->count ? (size_t)*c->count : c->R;
-    return dot(c->out, c->Rw, rows * c->H);
+    ops->swiglu_forward(c->out, c->gu, c->R, c->H, c->rows, 2);
+    size_t first = c->rows ? (size_t)c->rows[0] : 0, end = c->rows ? (size_t)c->rows[2] : c->R;
+    return dot(c->out + first * c->H, c->Rw + first * c->H, (end - first) * c->H);
 }
 
-static void test_swiglu_fd_and_row_count(void) {
-    int32_t count = 3;
-    SwiCtx c = {.R = 5, .H = 4, .gu = rnd(40, 11, 2), .out = poisoned(20), .Rw = rnd(20, 12, 1), .count = &count};
+// Rows [1, 4) of 5 used (the rows of two experts): finite differences there, the rest untouched.
+static void test_swiglu_fd_and_row_range(void) {
+    int32_t rows[3] = {1, 2, 4};
+    SwiCtx c = {.R = 5, .H = 4, .gu = rnd(40, 11, 2), .out = poisoned(20), .Rw = rnd(20, 12, 1), .rows = rows};
     real *dgu = poisoned(40);
     swiglu_loss(&c);
-    ops->swiglu_backward(dgu, c.Rw, c.gu, 5, 4, &count);
-    fd_check("swiglu d gu (used rows)", swiglu_loss, &c, c.gu, 3 * 8, dgu);
+    ops->swiglu_backward(dgu, c.Rw, c.gu, 5, 4, rows, 2);
+    fd_check("swiglu d gu (used rows)", swiglu_loss, &c, c.gu + 8, 3 * 8, dgu + 8);
     bool untouched = true;
-    for (size_t i = 3 * 4; i < 20; i++) untouched &= isnan(c.out[i]);
-    for (size_t i = 3 * 8; i < 40; i++) untouched &= isnan(dgu[i]);
-    CHECK_MSG(untouched, "rows past *row_count were written");
+    for (size_t i = 0; i < 20; i++) untouched &= isnan(c.out[i]) == (i < 4 || i >= 16);
+    for (size_t i = 0; i < 40; i++) untouched &= isnan(dgu[i]) == (i < 8 || i >= 32);
+    CHECK_MSG(untouched, "rows outside [rows[0], rows[n]) were written, or used ones were not");
     free(c.gu), free(c.out), free(c.Rw), free(dgu);
 }
 
@@ -497,8 +498,9 @@ static void test_adamw_matches_formula(void) {
 // buffers must land expert-major (sources in rank order within an expert, as the send/recv path's
 // regroup leaves them), and the return blocks must bring every row back to its source position.
 // With receive buffers of `cap` rows, rows past cap are dropped: never written, counted, and
-// returned as zeros.
-static void check_direct_exchange(int cap) {
+// returned as zeros. chunks 2: each way in two pushes, one per local expert (the blocks of
+// parallel.exchange_chunks), which must land the same.
+static void check_direct_exchange(int cap, int chunks) {
     enum { N = 3, EL = 2, E = N * EL, D = 3, ROOM = 40 };
     int32_t counts[N][E] = {{2, 0, 1, 3, 0, 1}, {0, 0, 4, 1, 2, 0}, {1, 5, 0, 0, 0, 2}};
     int32_t all[N * (E + 1)], plans[N][EL + 1 + 8 * E];
@@ -512,7 +514,10 @@ static void check_direct_exchange(int cap) {
     for (int r = 0; r < N; r++)
         src[r] = rnd(ROOM * D, 80 + (uint64_t)r, 1), recv[r] = poisoned(ROOM * D), back[r] = poisoned(ROOM * D);
     for (int s = 0; s < N; s++)
-        ops->moe_push_rows((void *const *)recv, 0, src[s], plans[s] + EL + 1, E, D, (size_t)all[s * (E + 1) + E]);
+        for (int c = 0; c < chunks; c++) { // experts [c EL / chunks, (c + 1) EL / chunks) of every rank
+            PushBlocks b = {plans[s] + EL + 1 + 4 * c * EL / chunks, EL / chunks, N, EL};
+            ops->moe_push_rows((void *const *)recv, 0, src[s], b, D, (size_t)all[s * (E + 1) + E], 0);
+        }
     real *want_back[N];
     for (int s = 0; s < N; s++) want_back[s] = calloc(ROOM * D, sizeof(real));
     for (int j = 0; j < N; j++) { // expected: j's experts in order, sources in order within each
@@ -538,7 +543,10 @@ static void check_direct_exchange(int cap) {
         CHECK_MSG(isnan(recv[j][kept * D]), "rank %d: a row past the kept ones was written", j);
     }
     for (int j = 0; j < N; j++)
-        ops->moe_push_rows((void *const *)back, 0, recv[j], plans[j] + EL + 1 + 4 * E, E, D, (size_t)cap);
+        for (int c = 0; c < chunks; c++) { // what every source sent this chunk's experts here
+            PushBlocks b = {plans[j] + EL + 1 + 4 * E + 4 * c * EL / chunks * N, EL / chunks * N, 1, 0};
+            ops->moe_push_rows((void *const *)back, 0, recv[j], b, D, (size_t)cap, 0);
+        }
     for (int s = 0; s < N; s++) {
         int sent = all[s * (E + 1) + E];
         CHECK_MSG(dropped[s] == want_dropped[s], "rank %d: %g rows counted dropped, %g were", s,
@@ -551,17 +559,19 @@ static void check_direct_exchange(int cap) {
 }
 
 static void test_direct_exchange(void) {
-    check_direct_exchange(40); // room for everything (rank 1 receives 9 rows, the most)
-    check_direct_exchange(9);  // exactly full
-    check_direct_exchange(5);  // rows dropped on every rank
-    check_direct_exchange(0);
+    for (int chunks = 1; chunks <= 2; chunks++) {
+        check_direct_exchange(40, chunks); // room for everything (rank 1 receives 9 rows, the most)
+        check_direct_exchange(9, chunks);  // exactly full
+        check_direct_exchange(5, chunks);  // rows dropped on every rank
+        check_direct_exchange(0, chunks);
+    }
 }
 
 const TestCase ops_tests[] = {
     T(test_attention_fd),
     T(test_qkv_norm_rope_fd),
     T(test_rmsnorm_fd_and_accumulate),
-    T(test_swiglu_fd_and_row_count),
+    T(test_swiglu_fd_and_row_range),
     T(test_matmul_backward_accumulates),
     T(test_embedding_backward_accumulates_repeats),
     T(test_cross_entropy_fd_and_ignore),

@@ -139,8 +139,8 @@ static void measure_memory_bound(Calibration *c, const ModelConfig *m, size_t T)
     CALIBRATE(c, o->rmsnorm_forward(y, rstd, x, w, T, D, 1e-5f));
     CALIBRATE(c, o->rmsnorm_backward(y, dw, x, x, w, rstd, T, D, false));
     CALIBRATE(c, o->add(y, x, x, T * D));
-    CALIBRATE(c, o->swiglu_forward(y, x, R, H, NULL));
-    CALIBRATE(c, o->swiglu_backward(y, x, x, R, H, NULL));
+    CALIBRATE(c, o->swiglu_forward(y, x, R, H, NULL, 0));
+    CALIBRATE(c, o->swiglu_backward(y, x, x, R, H, NULL, 0));
     CALIBRATE(c, o->router_forward(scores, idx, topw, counts, aux, logits, NULL, step, ra));
     CALIBRATE(c, o->moe_dispatch_forward(xp, pos, offsets, stats, x, idx, counts, T, K, E, D, 0));
     CALIBRATE(c, o->moe_combine_forward(y, xp, pos, topw, T, K, D, false));
@@ -233,7 +233,7 @@ void bench_calibrate(const Config *cfg, Comm *world, const char *device, const c
     Calibration c = {.reps = strcmp(cfg->train.device, "cuda") ? 2 : 10};
     double start_rss = runtime_bytes(ops_cpu());
     bench_open(&c.b, cfg);
-    c.sink = (CostSink){record_work, record_push, &c, 0};
+    c.sink = (CostSink){.kernel = record_work, .push_rows = record_push, .ctx = &c};
     c.cost = ops_costing(!c.b.o->act_aliases_f32, &c.sink);
     snprintf(c.cal.device, sizeof c.cal.device, "%s", device);
     snprintf(c.cal.backend, sizeof c.cal.backend, "%s", cfg->train.device);

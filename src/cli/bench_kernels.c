@@ -146,7 +146,7 @@ static void bench_memory_bound(Bench *b, const Config *cfg) {
            2.0 * T * D * a, 0);
     report(b, "residual add", shape, BENCH_TIME_MS(b, 10, o->add(y, x, x, T * D)), 0, 3.0 * T * D * a, 0);
     snprintf(shape, sizeof shape, "%zu x %zu", R, H);
-    report(b, "swiglu forward", shape, BENCH_TIME_MS(b, 10, o->swiglu_forward(y, x, R, H, NULL)), 0, 3.0 * R * H * a, 0);
+    report(b, "swiglu forward", shape, BENCH_TIME_MS(b, 10, o->swiglu_forward(y, x, R, H, NULL, 0)), 0, 3.0 * R * H * a, 0);
     BENCH_FREE_ALL(b, x, y, w, rstd);
     ParamCounts p = model_param_counts(c);
     size_t n = (size_t)p.total;

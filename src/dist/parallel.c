@@ -7,6 +7,7 @@ void parallel_init(Parallel *p, Comm *world, const ParallelSpec *s) {
     const Layout *l = &p->lay;
     p->world = world, p->owned_world = NULL;
     p->exchange = s->exchange, p->recv_capacity = s->recv_capacity;
+    p->exchange_chunks = s->exchange_chunks, p->push_ctas = s->push_ctas;
     p->dp = world->ops->split(world, l->stage, l->dp_rank);
     p->ep = world->ops->split(world, l->stage * l->edp + l->edp_rank, l->ep_rank);
     p->edp = world->ops->split(world, l->stage * l->ep + l->ep_rank, l->edp_rank);
@@ -26,6 +27,7 @@ int parallel_plan(Parallel *p, Comm groups[4], int world, int rank, const Parall
     groups[2] = (Comm){.rank = l->ep_rank, .size = l->ep};
     groups[3] = (Comm){.rank = l->edp_rank, .size = l->edp};
     p->exchange = s->exchange, p->recv_capacity = s->recv_capacity, p->owned_world = NULL;
+    p->exchange_chunks = s->exchange_chunks, p->push_ctas = s->push_ctas;
     p->world = &groups[0], p->dp = &groups[1], p->ep = &groups[2], p->edp = &groups[3];
     return 0;
 }

@@ -16,12 +16,17 @@ typedef struct {
     ExchangeMode exchange;
     double recv_capacity;  // direct exchange: receive rows per rank in units of its own routed rows
                            // (0: room for the worst case, every ep rank sending it everything)
+    int exchange_chunks;   // direct exchange: chunks of an MoE call's experts whose rows travel
+                           // while the previous chunk computes (1: the exchange, then the experts)
+    int push_ctas;         // thread blocks of a row push beside compute (0: no bound)
 } ParallelSpec;
 
 typedef struct {
     Layout lay;
     ExchangeMode exchange; // from the spec
     double recv_capacity;  // from the spec
+    int exchange_chunks;   // from the spec
+    int push_ctas;         // from the spec
     Comm *world;
     Comm *dp;   // the ranks of this stage: replicas of its dense parameters, the data split
     Comm *ep;   // the ranks that split this rank's MoE layers' experts among them

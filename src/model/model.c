@@ -455,7 +455,7 @@ static void swiglu_mlp_forward(const Model *m, void *out, const void *in, void *
     const Ops *ops = m->ops;
     size_t D = m->cfg.d_model;
     ops->matmul_forward(gu, in, W(m, gu_w), T, 2 * H, D, false);
-    ops->swiglu_forward(hact, gu, T, H, NULL);
+    ops->swiglu_forward(hact, gu, T, H, NULL, 0);
     ops->matmul_forward(out, hact, W(m, down_w), T, D, H, accumulate);
 }
 
@@ -497,24 +497,47 @@ static void dispatch(const Model *m, LayerActs *x, const void *in, void *stats, 
                                  c->n_experts, c->d_model, model_expert_capacity(c, T));
 }
 
+// One MoE call's expert work on chunk [e0, e1) of its local experts (moe_exchange_pipeline): the
+// forward's or the backward's, on the layer's buffers.
+typedef struct {
+    Model *m;
+    int l;
+    LayerActs *x;
+    size_t Rr;            // rows of the expert-major buffers
+    void *ye;             // forward: (Rr, D) the experts' outputs
+    void *dye, *dxe;      // backward: (Rr, D) gradients of the experts' outputs and inputs
+} ExpertWork;
+
+// The offsets of experts [e0, ...) of a call, and their weights (or weight gradients) in the
+// tensor at `off` of (El, rows, cols) per expert.
+static const int32_t *chunk_offsets(const ExpertWork *w, size_t e0) { return expert_offsets(w->m, w->x) + e0; }
+static size_t expert_tensor(size_t off, size_t e0, size_t rows, size_t cols) { return off + e0 * rows * cols; }
+
+static void experts_forward(void *ctx, size_t e0, size_t e1) {
+    const ExpertWork *w = ctx;
+    Model *m = w->m;
+    const LayerParams *p = &m->layer[w->l];
+    size_t D = m->cfg.d_model, H = m->cfg.expert_hidden, n = e1 - e0;
+    const int32_t *off = chunk_offsets(w, e0);
+    m->ops->grouped_matmul_forward(w->x->gu, w->x->xe, W(m, expert_tensor(p->experts_gu, e0, 2 * H, D)), off, n,
+                                   2 * H, D, w->Rr);
+    m->ops->swiglu_forward(w->x->hact, w->x->gu, w->Rr, H, off, n);
+    m->ops->grouped_matmul_forward(w->ye, w->x->hact, W(m, expert_tensor(p->experts_down, e0, D, H)), off, n, D, H,
+                                   w->Rr);
+}
+
 static void moe_forward(Model *m, int l, LayerActs *x, const void *in, const ForwardArgs *a) {
-    const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
     const LayerParams *p = &m->layer[l];
-    size_t T = a->B * a->S, D = c->d_model, E = c->n_experts, K = c->top_k, H = c->expert_hidden;
-    size_t El = (size_t)m->n_experts_local, Rr = moe_exchange_received_rows(&m->xchg, T);
+    size_t T = a->B * a->S, D = c->d_model, E = c->n_experts, K = c->top_k;
     void *stats = router_stats(m, a->metrics, l);
     route(m, l, x, in, a);
     dispatch(m, x, in, stats, T);
     moe_exchange_route(&m->xchg, &x->routes, x->offsets, model_f32(m, stats, router_stat_dropped(E)), T);
-    moe_exchange_rows(&m->xchg, &x->routes, x->xp, x->xe, true);
-    const int32_t *off = expert_offsets(m, x);
-    void *ye = m->par->ep->size > 1 ? m->s.dxe : x->y;
-    ops->grouped_matmul_forward(x->gu, x->xe, W(m, p->experts_gu), off, El, 2 * H, D, Rr);
-    ops->swiglu_forward(x->hact, x->gu, Rr, H, off + El);
-    ops->grouped_matmul_forward(ye, x->hact, W(m, p->experts_down), off, El, D, H, Rr);
-    moe_exchange_rows(&m->xchg, &x->routes, ye, x->y, false);
-    ops->moe_combine_forward(x->f, x->y, x->slot_pos, x->topk_w, T, K, D, false);
+    ExpertWork w = {.m = m, .l = l, .x = x, .Rr = moe_exchange_received_rows(&m->xchg, T),
+                    .ye = m->par->ep->size > 1 ? m->s.dxe : x->y};
+    moe_exchange_pipeline(&m->xchg, &x->routes, x->xp, x->xe, w.ye, x->y, experts_forward, &w);
+    m->ops->moe_combine_forward(x->f, x->y, x->slot_pos, x->topk_w, T, K, D, false);
     if (c->shared_hidden)
         swiglu_mlp_forward(m, x->f, in, x->sgu, x->sact, p->shared_gu, p->shared_down, T,
                            c->shared_hidden, true);
@@ -605,11 +628,11 @@ void model_forward(Model *m, const ForwardArgs *a) {
 
 // ---------------------------------------------------------------- backward
 
-// Selective recompute: SwiGLU activations (rows used: *row_count, or R) again from the kept
-// gate|up rows, before the down projection's backward (the forward's kernel on the same inputs).
+// Selective recompute: SwiGLU activations (rows used: as ops.h swiglu_forward's) again from the
+// kept gate|up rows, before the down projection's backward (the forward's kernel on the same inputs).
 static void swiglu_recompute(const Model *m, void *hact, const void *gu, size_t R, size_t H,
-                             const int32_t *row_count) {
-    if (m->recompute == RECOMPUTE_SELECTIVE) m->ops->swiglu_forward(hact, gu, R, H, row_count);
+                             const int32_t *rows, size_t n) {
+    if (m->recompute == RECOMPUTE_SELECTIVE) m->ops->swiglu_forward(hact, gu, R, H, rows, n);
 }
 
 static void swiglu_mlp_backward(const Model *m, void *din, const void *dout, const void *in,
@@ -617,9 +640,9 @@ static void swiglu_mlp_backward(const Model *m, void *din, const void *dout, con
                                 size_t T, size_t H, bool accumulate) {
     const Ops *ops = m->ops;
     size_t D = m->cfg.d_model;
-    swiglu_recompute(m, hact, gu, T, H, NULL);
+    swiglu_recompute(m, hact, gu, T, H, NULL, 0);
     ops->matmul_backward(m->s.dhact, G(m, down_w), dout, hact, W(m, down_w), T, D, H, false);
-    ops->swiglu_backward(m->s.dgu, m->s.dhact, gu, T, H, NULL);
+    ops->swiglu_backward(m->s.dgu, m->s.dhact, gu, T, H, NULL, 0);
     ops->matmul_backward(din, G(m, gu_w), m->s.dgu, in, W(m, gu_w), T, 2 * H, D, accumulate);
 }
 
@@ -633,34 +656,43 @@ static void moe_recompute(Model *m, int l, LayerActs *x, const void *in, const F
     if (m->par->ep->size == 1) dispatch(m, x, in, router_stats(m, m->metrics_scratch, l), a->B * a->S);
 }
 
+static void experts_backward(void *ctx, size_t e0, size_t e1) {
+    const ExpertWork *w = ctx;
+    Model *m = w->m;
+    const Ops *ops = m->ops;
+    const LayerParams *p = &m->layer[w->l];
+    const Scratch *s = &m->s;
+    LayerActs *x = w->x;
+    size_t D = m->cfg.d_model, H = m->cfg.expert_hidden, n = e1 - e0, Rr = w->Rr;
+    size_t down = expert_tensor(p->experts_down, e0, D, H), gu = expert_tensor(p->experts_gu, e0, 2 * H, D);
+    const int32_t *off = chunk_offsets(w, e0);
+    swiglu_recompute(m, x->hact, x->gu, Rr, H, off, n);
+    ops->grouped_matmul_backward(s->dhact, G(m, down), w->dye, x->hact, W(m, down), off, n, D, H, Rr);
+    ops->swiglu_backward(s->dgu, s->dhact, x->gu, Rr, H, off, n);
+    ops->grouped_matmul_backward(w->dxe, G(m, gu), s->dgu, x->xe, W(m, gu), off, n, 2 * H, D, Rr);
+}
+
+// With chunks of experts (moe_exchange_pipeline) dy is read on the side queue while the experts'
+// backward writes dhact and dgu: those scratch buffers must not alias.
 static void moe_backward(Model *m, int l, LayerActs *x, void *din, const void *dout,
                          const void *in, bool accumulate, const ForwardArgs *a) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
     const LayerParams *p = &m->layer[l];
     const Scratch *s = &m->s;
-    size_t T = a->B * a->S, D = c->d_model, E = c->n_experts, K = c->top_k, H = c->expert_hidden;
-    size_t El = (size_t)m->n_experts_local;
+    size_t T = a->B * a->S, D = c->d_model, E = c->n_experts, K = c->top_k;
+    bool ep = m->par->ep->size > 1;
     moe_recompute(m, l, x, in, a);
     if (c->shared_hidden) {
         swiglu_mlp_backward(m, din, dout, in, x->sgu, x->sact, p->shared_gu, p->shared_down, T,
                             c->shared_hidden, accumulate);
         accumulate = true;
     }
-    const int32_t *off = expert_offsets(m, x);
-    bool ep = m->par->ep->size > 1;
     ops->moe_combine_backward(s->dy, s->dtopk_w, dout, x->y, x->slot_pos, x->topk_w, T, K, D);
-    void *dye = moe_exchange_rows(&m->xchg, &x->routes, s->dy, s->dxe, true);
-    size_t Rr = moe_exchange_received_rows(&m->xchg, T);
-    swiglu_recompute(m, x->hact, x->gu, Rr, H, off + El);
-    ops->grouped_matmul_backward(s->dhact, G(m, p->experts_down), dye, x->hact,
-                                 W(m, p->experts_down), off, El, D, H, Rr);
-    ops->swiglu_backward(s->dgu, s->dhact, x->gu, Rr, H, off + El);
-    void *dxe = ep ? s->dxe : s->dxp;
-    ops->grouped_matmul_backward(dxe, G(m, p->experts_gu), s->dgu, x->xe, W(m, p->experts_gu),
-                                 off, El, 2 * H, D, Rr);
-    void *dxp = moe_exchange_rows(&m->xchg, &x->routes, dxe, s->dxp, false);
-    ops->moe_dispatch_backward(din, dxp, x->slot_pos, T, K, D, accumulate);
+    ExpertWork w = {.m = m, .l = l, .x = x, .Rr = moe_exchange_received_rows(&m->xchg, T),
+                    .dye = ep ? s->dxe : s->dy, .dxe = ep ? s->dxe : s->dxp};
+    moe_exchange_pipeline(&m->xchg, &x->routes, s->dy, w.dye, w.dxe, s->dxp, experts_backward, &w);
+    ops->moe_dispatch_backward(din, s->dxp, x->slot_pos, T, K, D, accumulate);
     ops->router_backward(s->dlogits, s->dtopk_w, x->logits, x->scores, x->topk_idx, x->topk_w,
                          x->aux, router_args(m, l, a));
     ops->matmul_backward(din, G(m, p->router), s->dlogits, in, W(m, p->router), T, E, D, true);

@@ -53,11 +53,22 @@ static void open_direct(MoeExchange *x, int n_calls) {
     x->ops->upload(x->peer_bases, x->peer.peers, (size_t)ep->size * sizeof(void *));
 }
 
+// Chunks of El experts: the most that divide them evenly, up to `want`. Every chunk then has the
+// same number of experts, so a GPU's grouped GEMM keeps one set of launch parameters (CUTLASS's
+// are made per expert count, outside a recorded step).
+static size_t even_chunks(size_t El, int want) {
+    size_t n = want > 0 && (size_t)want < El ? (size_t)want : El;
+    while (El % n) n--;
+    return n;
+}
+
 void moe_exchange_init(MoeExchange *x, const ModelConfig *c, const Ops *ops, const Parallel *par,
                        MemPool *mem, size_t T, int n_calls) {
     *x = (MoeExchange){.cfg = *c, .ops = ops, .par = par, .mem = mem, .T = T,
                        .El = (size_t)(par->lay.expert_end - par->lay.expert_begin)};
     open_direct(x, n_calls);
+    x->chunks = x->direct ? even_chunks(x->El, par->exchange_chunks) : 1;
+    x->push_ctas = x->chunks > 1 ? (size_t)par->push_ctas : 0;
     if (model_n_moe_layers(c) > 0 && ep_group(x)->size > 1 && !x->direct) {
         size_t R = model_routed_rows(c, T), Rr = moe_exchange_received_rows(x, T);
         x->xfer = pool_act(mem, (R > Rr ? R : Rr) * c->d_model);
@@ -139,17 +150,28 @@ void moe_exchange_route(MoeExchange *x, ExchangeRoutes *r, const int32_t *offset
     x->ops->moe_exchange_plan(r->plan, r->all_offsets, n, x->El, (size_t)ep->rank, r->kept_rows, dropped);
 }
 
-// Direct: each block of rows written into its owner's `out` (dispatch blocks toward the experts,
-// return blocks back), between two fences: peers are done with `out` before, rows landed after.
-static void push_rows(MoeExchange *x, const ExchangeRoutes *r, const void *rows, void *out, bool to_experts) {
-    Comm *ep = ep_group(x);
-    size_t E = (size_t)x->cfg.n_experts;
+// Direct: the blocks of chunk `chunk` of `rows` written into their owners' `out`: toward the
+// experts, this rank's rows for the chunk's experts on every rank (a run of blocks per rank);
+// back, what each source sent the chunk's experts here (one run). Source rows of `rows`: R.
+static void push_chunk(MoeExchange *x, const ExchangeRoutes *r, const void *rows, void *out, bool to_experts,
+                       size_t chunk) {
+    size_t n = (size_t)ep_group(x)->size, E = (size_t)x->cfg.n_experts;
+    size_t e0 = moe_exchange_chunk_expert(x, chunk), e1 = moe_exchange_chunk_expert(x, chunk + 1);
     size_t offset = (size_t)((char *)out - (char *)x->peer.base);
     MOE_ASSERT((char *)out >= (char *)x->peer.base && offset < x->peer.bytes);
-    const int32_t *blocks = r->plan + x->El + 1 + (to_experts ? 0 : 4 * E);
+    const int32_t *dispatch = r->plan + x->El + 1, *ret = dispatch + 4 * E;
+    PushBlocks b = to_experts ? (PushBlocks){dispatch + 4 * e0, e1 - e0, n, x->El}
+                              : (PushBlocks){ret + 4 * e0 * n, (e1 - e0) * n, 1, 0};
     size_t R = to_experts ? model_routed_rows(&x->cfg, x->T) : r->kept_rows; // rows of `rows`
+    x->ops->moe_push_rows(x->peer_bases, offset, rows, b, x->cfg.d_model, R, x->push_ctas);
+}
+
+// Direct, one push of every block between two fences: peers are done with `out` before, rows
+// landed after.
+static void push_rows(MoeExchange *x, const ExchangeRoutes *r, const void *rows, void *out, bool to_experts) {
+    Comm *ep = ep_group(x);
     ep->ops->fence(ep);
-    x->ops->moe_push_rows(x->peer_bases, offset, rows, blocks, E, x->cfg.d_model, R);
+    push_chunk(x, r, rows, out, to_experts, 0);
     ep->ops->fence(ep);
 }
 
@@ -177,4 +199,52 @@ void *moe_exchange_rows(MoeExchange *x, const ExchangeRoutes *r, void *rows, voi
     if (x->direct) push_rows(x, r, rows, out, to_experts);
     else transfer_rows(x, r, rows, out, to_experts);
     return out;
+}
+
+size_t moe_exchange_chunk_expert(const MoeExchange *x, size_t i) { return i * (x->El / x->chunks); }
+
+// The ops' side queue, where there is one (else work runs in order).
+static void side_begin(const Ops *o) { if (o->side_begin) o->side_begin(); }
+static void side_end(const Ops *o) { if (o->side_end) o->side_end(); }
+static void side_join(const Ops *o) { if (o->side_join) o->side_join(); }
+
+// Chunks by stream: on the side queue a fence (peers are done with `at` and `out`), chunk 0's rows
+// out and a fence (landed); the main queue waits. Then for each chunk i on the main queue, the side
+// queue, from there, sends chunk i - 1's results back and chunk i + 1's rows out and fences while
+// chunk i computes; the main queue waits for it before chunk i + 1. Last, chunk N - 1's results go
+// back behind a fence. Every rank queues the same fences in the same order, on one queue.
+static void pipeline_chunks(MoeExchange *x, const ExchangeRoutes *r, void *rows, void *at, void *back, void *out,
+                            ExchangeCompute compute, void *ctx) {
+    const Ops *o = x->ops;
+    Comm *ep = ep_group(x);
+    size_t N = x->chunks;
+    side_begin(o);
+    ep->ops->fence(ep);
+    push_chunk(x, r, rows, at, true, 0);
+    ep->ops->fence(ep);
+    side_end(o), side_join(o);
+    for (size_t i = 0; i < N; i++) {
+        side_begin(o);
+        if (i > 0) push_chunk(x, r, back, out, false, i - 1);
+        if (i + 1 < N) push_chunk(x, r, rows, at, true, i + 1);
+        ep->ops->fence(ep);
+        side_end(o);
+        compute(ctx, moe_exchange_chunk_expert(x, i), moe_exchange_chunk_expert(x, i + 1));
+        side_join(o);
+    }
+    side_begin(o);
+    push_chunk(x, r, back, out, false, N - 1);
+    ep->ops->fence(ep);
+    side_end(o), side_join(o);
+}
+
+void moe_exchange_pipeline(MoeExchange *x, const ExchangeRoutes *r, void *rows, void *at, void *back, void *out,
+                           ExchangeCompute compute, void *ctx) {
+    if (x->chunks > 1) {
+        pipeline_chunks(x, r, rows, at, back, out, compute, ctx);
+        return;
+    }
+    moe_exchange_rows(x, r, rows, at, true);
+    compute(ctx, 0, x->El);
+    moe_exchange_rows(x, r, back, out, false);
 }

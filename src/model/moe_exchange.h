@@ -7,6 +7,9 @@
 //   between two fences (no host wait);
 // - send/recv: counts go through the host to plan all-to-all-v transfers (NCCL or MPI).
 // With one expert-parallel rank every row stays where it is.
+// Direct with parallel.exchange_chunks = N > 1: a call's local experts are split into N chunks
+// whose rows travel on the ops' side queue while the previous chunk's experts compute on the main
+// one (moe_exchange_pipeline; docs/ARCHITECTURE.md, "The expert exchange behind compute").
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
@@ -41,7 +44,14 @@ typedef struct {
     size_t peer_used;         // bytes of it handed out
     void *peer_bases;         // direct: backend array (ep) of every rank's peer.base
     void *xfer;               // send/recv: act (max(R, Rr), D) rows in transit
+    size_t chunks;            // direct: chunks of a call's experts (parallel.exchange_chunks, lowered
+                              // to a divisor of El: equal chunks); else 1
+    size_t push_ctas;         // thread blocks of a push beside compute (0: no bound)
 } MoeExchange;
+
+// The expert computation of one chunk of a call (local experts [e0, e1)) on the main queue: it
+// reads the rows moved to the experts and writes the rows to move back, of those experts only.
+typedef void (*ExchangeCompute)(void *ctx, size_t e0, size_t e1);
 
 // Sizes the exchange for calls of up to T tokens and, with several expert-parallel ranks, picks
 // the transport: direct where the ranks can write each other's memory (peer memory for
@@ -50,6 +60,8 @@ typedef struct {
 // direct plan is sized as if the ranks shared a node.
 void moe_exchange_init(MoeExchange *x, const ModelConfig *c, const Ops *ops, const Parallel *par,
                        MemPool *mem, size_t T, int n_calls);
+// The first local expert of chunk i of a call (i <= chunks).
+size_t moe_exchange_chunk_expert(const MoeExchange *x, size_t i);
 void moe_exchange_free(MoeExchange *x);
 // A buffer of `rows` rows that peers write into: a piece of peer memory (direct), else ordinary.
 void *moe_exchange_buf(MoeExchange *x, size_t rows);
@@ -67,3 +79,11 @@ void moe_exchange_route(MoeExchange *x, ExchangeRoutes *r, const int32_t *offset
 // Moves rows (act) from this rank's dispatch order into its experts' expert-major order `out`
 // (to_experts), or back. With one expert-parallel rank the two orders are one buffer: returns rows.
 void *moe_exchange_rows(MoeExchange *x, const ExchangeRoutes *r, void *rows, void *out, bool to_experts);
+// A call's rows to its experts and back: rows (this rank's dispatch order) go to `at` (the
+// experts' expert-major order), compute runs chunk by chunk and writes `back` (expert-major), which
+// returns to `out` (dispatch order). With one chunk, or without the direct transport, the three
+// steps run one after the other on the main queue; with one expert-parallel rank `at` must be
+// `rows` and `back` `out`. The buffers must not be written by anything else meanwhile: with
+// chunks, rows and back are read on the side queue while compute runs.
+void moe_exchange_pipeline(MoeExchange *x, const ExchangeRoutes *r, void *rows, void *at, void *back, void *out,
+                           ExchangeCompute compute, void *ctx);

@@ -29,6 +29,11 @@ static double expert_rows(size_t R) {
     return sink->routed_rows && sink->routed_rows < R ? (double)sink->routed_rows : (double)R;
 }
 
+// The share of expert_rows(R) a call over `n` of `of` experts (a chunk of an MoE layer) works on.
+static double share_rows(size_t R, size_t n, size_t of) {
+    return expert_rows(R) * (of && n < of ? (double)n / (double)of : 1.0);
+}
+
 static void cost_zero(void *p, size_t n) { bytes(KERNEL_ELEMENTWISE, (double)n); }
 static void cost_copy(void *d, const void *s, size_t n) { bytes(KERNEL_ELEMENTWISE, 2.0 * n); }
 static void cost_sync(void) {}
@@ -77,11 +82,15 @@ static void cost_attention_backward(void *dq, const void *dout, const void *q, c
                                     AttnDims d) {
     charge(KERNEL_ATTENTION_BWD, 2.5 * attention_flops(d), 2.5 * attention_flops(d), 0);
 }
-static void cost_swiglu_forward(void *o, const void *g, size_t R, size_t H, const int32_t *count) {
-    bytes(KERNEL_ELEMENTWISE, 3.0 * (count ? expert_rows(R) : (double)R) * H * A);
+static double swiglu_rows(size_t R, const int32_t *rows, size_t n) {
+    return rows ? share_rows(R, n, sink->local_experts) : (double)R;
 }
-static void cost_swiglu_backward(void *dg, const void *d, const void *g, size_t R, size_t H, const int32_t *count) {
-    bytes(KERNEL_ELEMENTWISE, 5.0 * (count ? expert_rows(R) : (double)R) * H * A);
+static void cost_swiglu_forward(void *o, const void *g, size_t R, size_t H, const int32_t *rows, size_t n) {
+    bytes(KERNEL_ELEMENTWISE, 3.0 * swiglu_rows(R, rows, n) * H * A);
+}
+static void cost_swiglu_backward(void *dg, const void *d, const void *g, size_t R, size_t H, const int32_t *rows,
+                                 size_t n) {
+    bytes(KERNEL_ELEMENTWISE, 5.0 * swiglu_rows(R, rows, n) * H * A);
 }
 static void cost_router_forward(void *s, int32_t *i, void *w, int32_t *c, void *aux, const void *l, const void *b,
                                 const StepInfo *st, RouterArgs a) {
@@ -116,15 +125,15 @@ static void cost_regroup(void *o, const void *i, const int32_t *c, size_t ep, si
 static void cost_exchange_plan(int32_t *p, const int32_t *o, size_t n, size_t El, size_t r, size_t cap, void *d) {
     bytes(KERNEL_ROUTING, 4.0 * n * (n * El + 1) + 16.0 * 5 * n * El);
 }
-static void cost_push_rows(void *const *p, size_t off, const void *in, const int32_t *b, size_t nb, size_t D,
-                           size_t R) {
-    sink->push_rows(sink->ctx, expert_rows(R) * D * A);
+static void cost_push_rows(void *const *p, size_t off, const void *in, PushBlocks b, size_t D, size_t R,
+                           size_t ctas) {
+    sink->push_rows(sink->ctx, share_rows(R, b.run * b.runs, sink->experts) * D * A);
 }
 
 // Per expert: (rows_e, N) = (rows_e, K) . w_e (N, K)^T, the input gradient likewise, the weight
 // gradient (N, K) f32 += dout_e^T . x_e; the size a rate is read at is the FLOPs per expert.
 static void grouped(KernelFamily f, size_t E, size_t N, size_t K, size_t R) {
-    double rows = expert_rows(R), flops = 2 * rows * N * K, weights = (double)E * N * K;
+    double rows = share_rows(R, E, sink->local_experts), flops = 2 * rows * N * K, weights = (double)E * N * K;
     double moved = rows * (N + K) * A + (f == KERNEL_GROUPED_WGRAD ? 2 * F : A) * weights;
     charge(f, flops, flops / (double)E, moved);
 }

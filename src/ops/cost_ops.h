@@ -34,6 +34,9 @@ typedef struct {
     void (*push_rows)(void *ctx, double bytes); // expert rows this rank writes into its ep peers
     void *ctx;
     size_t routed_rows;
+    // Experts of a rank and of the model: a call over some of them (a chunk of an MoE layer,
+    // parallel.exchange_chunks) is charged their share of routed_rows (0: every call all of it).
+    size_t local_experts, experts;
 } CostSink;
 
 // The costing backend with act elements of 2 bytes (bf16, as a GPU keeps them) or 4 (the CPU),

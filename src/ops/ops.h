@@ -64,6 +64,15 @@ OPS_FN size_t router_stat_dropped(size_t E) { return E; }
 OPS_FN size_t router_stat_lb(size_t E) { return E + 1; }
 OPS_FN size_t router_stat_z(size_t E) { return E + 2; }
 
+// Blocks of an exchange plan (ops.h moe_exchange_plan) that one push moves: `runs` runs of `run`
+// consecutive blocks, run j starting at block j * stride of `blocks` (n x 4 i32 {src_row, rows,
+// dst_rank, dst_row}); e.g. every dispatch block is one run of E, the dispatch blocks of local
+// experts [e0, e1) on every rank are n runs of e1 - e0 with stride El.
+typedef struct {
+    const int32_t *blocks;
+    size_t run, runs, stride;
+} PushBlocks;
+
 typedef struct {
     float beta1, beta2, eps;
     float weight_decay; // decoupled; 0 for norms and embeddings
@@ -163,12 +172,13 @@ typedef struct Ops {
     void (*attention_backward)(void *dqkv, const void *dout, const void *qkv, const void *out,
                                const void *lse, AttnDims d);
 
-    // ---- SwiGLU (rows of gu hold gate then up; rows used = *row_count when non-NULL, else R) ----
+    // ---- SwiGLU (rows of gu hold gate then up; rows used: [rows[0], rows[n]) of the n + 1 i32
+    // row offsets `rows` (backend) when non-NULL, e.g. some experts' rows, else all R) ----
     // out (R, H) act = silu(gate) * up
-    void (*swiglu_forward)(void *out, const void *gu, size_t R, size_t H, const int32_t *row_count);
+    void (*swiglu_forward)(void *out, const void *gu, size_t R, size_t H, const int32_t *rows, size_t n);
     // dgu (R, 2H) act
     void (*swiglu_backward)(void *dgu, const void *dout, const void *gu, size_t R, size_t H,
-                            const int32_t *row_count);
+                            const int32_t *rows, size_t n);
 
     // ---- mixture of experts ----
     // From logits (T, E) act: scores (T, E) f32 (softmax or sigmoid; real scores even in random
@@ -218,10 +228,11 @@ typedef struct Ops {
                               size_t rank, size_t cap, void *dropped);
     // Rows [src_row, src_row + rows) of in (R, D) act go to rows from dst_row of the buffer at
     // byte dst_offset from peers[dst_rank] (peers: backend array of base pointers, writable from
-    // here), per block of `blocks` (n_blocks x 4 i32, as moe_exchange_plan writes them, in order of
-    // src_row). Source rows at or past R were dropped: their destination rows get zeros.
-    void (*moe_push_rows)(void *const *peers, size_t dst_offset, const void *in,
-                          const int32_t *blocks, size_t n_blocks, size_t D, size_t R);
+    // here), per block of the selection b (blocks as moe_exchange_plan writes them). Source rows at
+    // or past R were dropped: their destination rows get zeros. ctas: the most thread blocks
+    // (SMs' worth of work) a GPU gives it, so that it can run beside other kernels (0: no bound).
+    void (*moe_push_rows)(void *const *peers, size_t dst_offset, const void *in, PushBlocks b,
+                          size_t D, size_t R, size_t ctas);
     // Per expert e, rows [offsets[e], offsets[e+1]): out (R, N) act = x (R, K) . w[e] (N, K)^T.
     // R: rows of the buffers, a bound on offsets[E] (which stays in backend memory).
     void (*grouped_matmul_forward)(void *out, const void *x, const void *w, const int32_t *offsets,

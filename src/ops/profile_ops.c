@@ -64,9 +64,10 @@ WRAP(qkv_norm_rope_backward, PHASE_ATTENTION,
 WRAP(attention_forward, PHASE_ATTENTION, (void *o, void *l, const void *q, AttnDims d), (o, l, q, d))
 WRAP(attention_backward, PHASE_ATTENTION,
      (void *dq, const void *d, const void *q, const void *o, const void *l, AttnDims a), (dq, d, q, o, l, a))
-WRAP(swiglu_forward, PHASE_REST, (void *o, const void *g, size_t R, size_t H, const int32_t *c), (o, g, R, H, c))
-WRAP(swiglu_backward, PHASE_REST, (void *dg, const void *d, const void *g, size_t R, size_t H, const int32_t *c),
-     (dg, d, g, R, H, c))
+WRAP(swiglu_forward, PHASE_REST, (void *o, const void *g, size_t R, size_t H, const int32_t *r, size_t n),
+     (o, g, R, H, r, n))
+WRAP(swiglu_backward, PHASE_REST,
+     (void *dg, const void *d, const void *g, size_t R, size_t H, const int32_t *r, size_t n), (dg, d, g, R, H, r, n))
 WRAP(router_forward, PHASE_ROUTING,
      (void *s, int32_t *i, void *w, int32_t *c, void *aux, const void *l, const void *b, const StepInfo *st, RouterArgs a),
      (s, i, w, c, aux, l, b, st, a))
@@ -91,8 +92,7 @@ WRAP(moe_regroup, PHASE_ROUTING, (void *o, const void *i, const int32_t *c, size
 WRAP(moe_exchange_plan, PHASE_ROUTING,
      (int32_t *p, const int32_t *o, size_t n, size_t El, size_t r, size_t cap, void *d), (p, o, n, El, r, cap, d))
 WRAP(moe_push_rows, PHASE_EXCHANGE,
-     (void *const *p, size_t off, const void *i, const int32_t *b, size_t nb, size_t D, size_t R),
-     (p, off, i, b, nb, D, R))
+     (void *const *p, size_t off, const void *i, PushBlocks b, size_t D, size_t R, size_t c), (p, off, i, b, D, R, c))
 WRAP(grouped_matmul_forward, PHASE_EXPERT_GEMM,
      (void *o, const void *x, const void *w, const int32_t *off, size_t E, size_t N, size_t K, size_t R),
      (o, x, w, off, E, N, K, R))

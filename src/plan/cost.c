@@ -178,7 +178,7 @@ static void stage_open(const Config *cfg, int world, int rank, const PlanMachine
     Coster *c = &sc->c;
     *c = (Coster){.mach = mach, .overlap = cfg->parallel.overlap_grad_reduce};
     c->cost = (CommCost){charge_collective, c};
-    c->sink = (CostSink){charge_kernel, charge_push, c, 0};
+    c->sink = (CostSink){.kernel = charge_kernel, .push_rows = charge_push, .ctx = c};
     const Ops *ops = stage_ops(sc);
     setup_plan_rank(cfg, world, rank, ops, &sc->par, c->groups, &sc->m, &sc->o);
     sc->plan = setup_memory_of(&sc->m, &sc->o).total;
@@ -196,6 +196,7 @@ static void stage_price(const Config *cfg, StageCost *sc) {
     Model *m = &sc->m;
     coster_reset(c);
     c->sink.routed_rows = model_n_moe_layers(&cfg->model) ? model_routed_rows(&cfg->model, m->B * m->S) : 0;
+    c->sink.local_experts = (size_t)m->n_experts_local, c->sink.experts = (size_t)cfg->model.n_experts;
     for (int k = 0; k < m->n_chunks; k++) { // the chunks' kernels and calls add up
         ForwardArgs a = {.B = m->B, .S = m->S, .chunk = k, .train = true, .metrics = m->metrics_scratch};
         double seconds = c->total;

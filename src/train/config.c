@@ -109,6 +109,11 @@ static const ConfigKey KEYS[] = {
                                              "memory (direct, one node), NCCL/MPI transfers (sendrecv), or auto"),
     REAL(parallel, recv_capacity, "direct exchange: rows a rank's experts can receive, in units of the rows "
                                   "it routes (0: room for the worst case; past it rows are dropped and counted)"),
+    INT(parallel, exchange_chunks, "direct exchange: chunks of each MoE layer's experts (lowered to the most that "
+                                   "divide the experts held here evenly); a chunk's rows travel while the previous "
+                                   "chunk computes (1: the exchange, then the experts)"),
+    INT(parallel, push_ctas, "thread blocks (GPU SMs) of a row push while it overlaps compute (exchange_chunks > "
+                             "1; with 1 a push runs alone on every SM; 0: no bound)"),
     BOOL(parallel, overlap_grad_reduce, "reduce-scatter gradients in buckets of whole layers during the "
                                         "backward of the layers before them (false: all after the backward)"),
     REAL(parallel, grad_bucket_mb, "least MB of fp32 gradients reduced at once during the backward (smaller "
@@ -135,7 +140,7 @@ void config_defaults(Config *c) {
 
 void config_reset_placement(Config *c) {
     c->parallel = (ParallelConfig){.pp = 1, .ep = 1, .virtual_stages = 1, .overlap_grad_reduce = true,
-                                   .grad_bucket_mb = 32};
+                                   .grad_bucket_mb = 32, .exchange_chunks = 4, .push_ctas = 24};
     snprintf(c->train.device, sizeof c->train.device, "cpu");
     c->train.threads = 0;
     c->train.comm_timeout = 600;
@@ -378,6 +383,9 @@ int config_validate(Config *c, MoeErr err) {
     if (!(c->parallel.grad_bucket_mb >= 0))
         return moe_err(err, "parallel.grad_bucket_mb = %g must be >= 0 (0: a bucket per layer)",
                        c->parallel.grad_bucket_mb);
+    if (c->parallel.exchange_chunks < 1 || c->parallel.push_ctas < 0)
+        return moe_err(err, "parallel.exchange_chunks = %d must be at least 1 and parallel.push_ctas = %d at "
+                       "least 0 (0: no bound)", c->parallel.exchange_chunks, c->parallel.push_ctas);
     if (!(c->parallel.recv_capacity >= 0))
         return moe_err(err, "parallel.recv_capacity = %g must be >= 0 (0: room for the worst case; e.g. 2 "
                        "holds twice an even share)", c->parallel.recv_capacity);

@@ -49,6 +49,8 @@ typedef struct {
     bool overlap_grad_reduce; // gradient buckets reduced during the backward
     double grad_bucket_mb;    // their least size (MB of fp32 gradients; 0: a layer each)
     double recv_capacity;     // direct exchange receive rows / routed rows (0: worst case)
+    int exchange_chunks;      // direct exchange: expert chunks whose rows travel behind compute
+    int push_ctas;            // thread blocks of a row push beside compute (0: no bound)
 } ParallelConfig;
 
 typedef struct {

@@ -61,6 +61,7 @@ ParallelSpec setup_parallel_spec(const Config *cfg) {
                    .micro_batch = cfg->train.micro_batch, .micro_batches = cfg->train.micro_batches},
         .exchange = (ExchangeMode)cfg->parallel.exchange,
         .recv_capacity = cfg->parallel.recv_capacity,
+        .exchange_chunks = cfg->parallel.exchange_chunks, .push_ctas = cfg->parallel.push_ctas,
     };
 }
 

@@ -502,7 +502,10 @@ static void print_banner(const Trainer *t) {
         printf(" | gradients reduced during the backward in buckets of whole layers >= %g MB",
                c->parallel.grad_bucket_mb);
     else if (l->dp > 1) printf(" | gradients reduced after the backward");
-    if (l->ep > 1) printf(" | expert rows %s", t->model.xchg.direct ? "written into peers' memory" : "by send/recv");
+    const MoeExchange *x = &t->model.xchg;
+    if (l->ep > 1) printf(" | expert rows %s", x->direct ? "written into peers' memory" : "by send/recv");
+    if (x->chunks > 1) printf(" in %zu chunks behind the experts' compute", x->chunks);
+    if (x->push_ctas) printf(" (pushes of <= %zu thread blocks)", x->push_ctas);
     LaunchEnv e;
     comm_launch_env(&e);
     if (e.nodes > 1)

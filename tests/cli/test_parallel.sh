@@ -122,6 +122,55 @@ if train 4 "$out" parallel.ep=4 parallel.recv_capacity=0.5 model.bias_gamma=0; t
         || bad "receive buffers of 0.5 x routed rows: runs, reports drops" "no non-zero drop_rate"
 else bad "receive buffers of 0.5 x routed rows: runs, reports drops" "$(tail -3 "$out.log")"; fi
 
+# The expert exchange behind compute (parallel.exchange_chunks): an MoE layer's experts in chunks
+# whose rows travel (direct writes, fences between the ranks) while the previous chunk computes,
+# at ep 2, 4 and 8. The CPU runs the side queue in order, so the schedule's chunks, pushes and
+# fences are the GPU's, while every value must be the one-chunk exchange's, bit for bit. 16 experts
+# (8, 4 and 2 per rank), 8 sequences per micro-batch (dp up to 8).
+CHUNKY="model.n_experts=16 train.micro_batch=8 train.micro_batches=2 train.steps=4 train.eval_every=4
+        train.eval_batches=1 train.ckpt_every=0"
+train 1 "$tmp/chunky" $CHUNKY || bad "one rank, 16 experts" "$(tail -5 "$tmp/chunky.log")"
+chunked() { # NAME NP EP CHUNKS REFERENCE [overrides...]: REFERENCE's losses bitwise (one rank's
+            # within 1e-5 when it is that run); the run's directory in $run_out
+    local name=$1 np=$2 ep=$3 chunks=$4 ref=$5 out="$tmp/chunks-$RANDOM"; shift 5
+    run_out=$out
+    if ! train "$np" "$out" $CHUNKY parallel.ep=$ep parallel.exchange_chunks=$chunks "$@"; then
+        bad "$name" "$(tail -5 "$out.log")"; return
+    fi
+    if [ "$chunks" -gt 1 ] && ! grep -q "written into peers' memory in $chunks chunks" "$out.log"; then
+        bad "$name" "not chunked: $(grep -o 'expert rows.*' "$out.log")"; return
+    fi
+    local cmp
+    if [ "$ref" = "$tmp/chunky" ]; then
+        cmp=$(same_losses "$ref" "$out") && ok "$name: one rank's losses ($cmp)" || bad "$name" "$cmp"
+    elif [ "$(losses "$ref"; val_losses "$ref")" = "$(losses "$out"; val_losses "$out")" ]; then
+        ok "$name: bitwise the one-chunk losses"
+    else bad "$name" "$(paste <(losses "$ref") <(losses "$out") | head -3)"; fi
+}
+declare -A one_chunk
+for layout in "2 2 8" "4 4 4" "8 8 2" "4 2 8"; do # ranks, ep, experts per rank (the most chunks)
+    set -- $layout
+    chunked "dp=$1 ep=$2, 16 experts, the exchange in one piece" "$1" "$2" 1 "$tmp/chunky"
+    one_chunk[$1.$2]=$run_out
+    for chunks in $(printf '%s\n' 2 "$3" | sort -u); do
+        chunked "dp=$1 ep=$2, experts in $chunks chunks" "$1" "$2" "$chunks" "${one_chunk[$1.$2]}"
+    done
+done
+# Recomputing activations in the backward (full recompute reruns each chunked exchange); pushes
+# bounded to a GPU's SM budget (no effect on values); chunks that do not divide the experts held
+# are lowered to the most that do (3 of 8: 2; 16 of 2: 2).
+for mode in selective full; do
+    chunked "dp=4 ep=4, 4 chunks, train.recompute=$mode" 4 4 4 "${one_chunk[4.4]}" train.recompute=$mode
+done
+chunked "dp=8 ep=8, 2 chunks, pushes of 1 thread block" 8 8 2 "${one_chunk[8.8]}" parallel.push_ctas=1
+for ask in "2 3" "8 16"; do # ranks (= ep), chunks asked
+    set -- $ask
+    out="$tmp/chunks-asked-$2"
+    if train "$1" "$out" $CHUNKY parallel.ep=$1 parallel.exchange_chunks=$2 train.steps=1 && grep -q "in 2 chunks" "$out.log"; then
+        ok "dp=$1 ep=$1, $2 chunks asked: 2"
+    else bad "dp=$1 ep=$1, $2 chunks asked: 2" "$(grep -o 'expert rows.*' "$out.log"; tail -2 "$out.log")"; fi
+done
+
 # Checkpoints move between layouts: stop at step 5 on one layout, finish on another.
 resume_matches() { # NAME NP_FIRST "ARGS_FIRST" NP_SECOND "ARGS_SECOND"
     local name=$1 out="$tmp/move-$RANDOM"
@@ -173,6 +222,7 @@ expect_refused "receive capacity with send/recv" "parallel.recv_capacity bounds 
     parallel.ep=2 parallel.exchange=sendrecv parallel.recv_capacity=1.5
 expect_refused "negative gradient bucket" "parallel.grad_bucket_mb = -2 must be >= 0" 2 parallel.grad_bucket_mb=-2
 expect_refused "negative receive capacity" "parallel.recv_capacity = -1 must be >= 0" 2 parallel.recv_capacity=-1
+expect_refused "no exchange chunks" "parallel.exchange_chunks = 0 must be at least 1" 2 parallel.exchange_chunks=0
 expect_refused "micro-batch not divisible by dp" "train.micro_batch = 4 .* multiple of the data-parallel size 3" 3
 # Ranks started with different settings (mpirun MPMD: A : B) are refused before any collective that
 # they would size differently (that corrupted the heap in the reduce-scatter), naming the setting.

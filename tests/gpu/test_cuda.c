@@ -193,17 +193,17 @@ static void test_dense(void) {
     buf_free(&x), buf_free(&w), buf_free(&y), buf_free(&rstd), buf_free(&dx), buf_free(&dwn);
 
     size_t H = 24;
-    Buf gu = buf_new(K_ACT, R * 2 * H), h = buf_new(K_ACT, R * H), cnt = buf_new(K_I32, 1), dgu = buf_new(K_ACT, R * 2 * H);
-    float count = (float)(R - 5);
-    buf_values(&cnt, &count);
+    Buf gu = buf_new(K_ACT, R * 2 * H), h = buf_new(K_ACT, R * H), cnt = buf_new(K_I32, 2), dgu = buf_new(K_ACT, R * 2 * H);
+    float range[2] = {3, (float)(R - 5)}; // rows [3, R - 5): one expert group's
+    buf_values(&cnt, range);
     for (int limited = 0; limited < 2; limited++) {
         const int32_t *cc = limited ? cnt.c : NULL, *cg = limited ? cnt.g : NULL;
         buf_random(&gu, 16, 2), buf_poison(&h), buf_poison(&dgu);
-        cpu->swiglu_forward(h.c, gu.c, R, H, cc), gpu->swiglu_forward(h.g, gu.g, R, H, cg);
-        check(limited ? "swiglu forward (row count; rest untouched)" : "swiglu forward", &h, R * H, BF);
+        cpu->swiglu_forward(h.c, gu.c, R, H, cc, 1), gpu->swiglu_forward(h.g, gu.g, R, H, cg, 1);
+        check(limited ? "swiglu forward (row range; rest untouched)" : "swiglu forward", &h, R * H, BF);
         buf_random(&h, 17, 1);
-        cpu->swiglu_backward(dgu.c, h.c, gu.c, R, H, cc), gpu->swiglu_backward(dgu.g, h.g, gu.g, R, H, cg);
-        check(limited ? "swiglu backward (row count)" : "swiglu backward", &dgu, R * 2 * H, BF);
+        cpu->swiglu_backward(dgu.c, h.c, gu.c, R, H, cc, 1), gpu->swiglu_backward(dgu.g, h.g, gu.g, R, H, cg, 1);
+        check(limited ? "swiglu backward (row range)" : "swiglu backward", &dgu, R * 2 * H, BF);
     }
     buf_free(&gu), buf_free(&h), buf_free(&cnt), buf_free(&dgu);
 
@@ -489,8 +489,9 @@ static void *const *peer_table(const Ops *o, void *base, size_t n, size_t stride
 // same gathered offsets (random counts, some zero), rows pushed to their owners' receive buffers
 // (at a row offset inside each), then the return blocks back into poisoned source buffers. Each
 // receive buffer holds `keep` rows (0: room for all): rows past it are dropped, counted, and come
-// back as zeros.
-static void test_exchange_case(size_t n, size_t El, size_t D, int max_count, size_t keep) {
+// back as zeros. With chunks > 1 each way goes in that many pushes (the blocks of
+// parallel.exchange_chunks), on the GPU with at most `ctas` thread blocks each.
+static void test_exchange_case(size_t n, size_t El, size_t D, int max_count, size_t keep, size_t chunks, size_t ctas) {
     size_t E = n * El, len = exchange_plan_len(n, El), total = 0, pad = 5;
     Buf all = buf_new(K_I32, n * (E + 1)), plan = buf_new(K_I32, n * len), dropped = buf_new(K_F32, n);
     for (size_t s = 0; s < n; s++) {
@@ -521,11 +522,18 @@ static void test_exchange_case(size_t n, size_t El, size_t D, int max_count, siz
         const int32_t *pl = b ? plan.g : plan.c;
         void *const *to_recv = peer_table(o, rc, n, stride), *const *to_back = peer_table(o, bk, n, stride);
         for (size_t r = 0; r < n; r++) // dispatch: rows of rank r (at the start of its buffer)
-            o->moe_push_rows(to_recv, pad * D * o->act_size, (char *)sr + r * stride * o->act_size,
-                             pl + r * len + El + 1, E, D, total);
+            for (size_t c = 0; c < chunks; c++) {
+                size_t e0 = c * El / chunks, e1 = (c + 1) * El / chunks;
+                PushBlocks bl = {pl + r * len + El + 1 + 4 * e0, e1 - e0, n, El};
+                o->moe_push_rows(to_recv, pad * D * o->act_size, (char *)sr + r * stride * o->act_size, bl, D, total,
+                                 ctas);
+            }
         for (size_t r = 0; r < n; r++) // return: rank r's kept rows (after its pad)
-            o->moe_push_rows(to_back, 0, (char *)rc + (r * stride + pad * D) * o->act_size,
-                             pl + r * len + El + 1 + 4 * E, E, D, keep);
+            for (size_t c = 0; c < chunks; c++) {
+                size_t e0 = c * El / chunks, e1 = (c + 1) * El / chunks;
+                PushBlocks bl = {pl + r * len + El + 1 + 4 * E + 4 * e0 * n, (e1 - e0) * n, 1, 0};
+                o->moe_push_rows(to_back, 0, (char *)rc + (r * stride + pad * D) * o->act_size, bl, D, keep, ctas);
+            }
         o->free((void *)to_recv), o->free((void *)to_back);
     }
     check("  rows pushed to their owners", &recv, n * stride, 0, 0);
@@ -563,11 +571,13 @@ static void test_moe(void) {
         check(dir ? "regroup to expert-major" : "regroup to source-major", &out, 6 * 16, 0, 0);
     }
     buf_free(&c), buf_free(&in), buf_free(&out);
-    test_exchange_case(2, 3, 16, 9, 0);
-    test_exchange_case(3, 5, 24, 40, 0);
-    test_exchange_case(3, 5, 24, 40, 61); // receive buffers of 61 rows: some dropped
-    test_exchange_case(2, 32, 2048, 300, 0); // the benchmark's width, a few thousand rows
-    test_exchange_case(2, 32, 2048, 300, 2500);
+    test_exchange_case(2, 3, 16, 9, 0, 1, 0);
+    test_exchange_case(3, 5, 24, 40, 0, 1, 0);
+    test_exchange_case(3, 5, 24, 40, 61, 1, 0); // receive buffers of 61 rows: some dropped
+    test_exchange_case(3, 5, 24, 40, 61, 2, 3); // in two chunks (2 and 3 experts), 3 thread blocks a push
+    test_exchange_case(2, 32, 2048, 300, 0, 1, 0); // the benchmark's width, a few thousand rows
+    test_exchange_case(2, 32, 2048, 300, 2500, 1, 0);
+    test_exchange_case(2, 32, 2048, 300, 0, 4, 24); // four chunks, 24 thread blocks a push
 }
 
 // ---------------------------------------------------------------- whole models

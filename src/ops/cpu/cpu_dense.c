@@ -109,18 +109,21 @@ void cpu_add(void *out_, const void *a_, const void *b_, size_t n) {
     for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
-static size_t rows_used(size_t R, const int32_t *row_count) {
-    return row_count && (size_t)*row_count < R ? (size_t)*row_count : R;
+// Rows [*first, *end) a SwiGLU call works on (ops.h), within R.
+static void rows_used(size_t R, const int32_t *rows, size_t n, size_t *first, size_t *end) {
+    size_t lo = rows ? (size_t)rows[0] : 0, hi = rows ? (size_t)rows[n] : R;
+    *end = hi < R ? hi : R, *first = lo < *end ? lo : *end;
 }
 
 static real sigmoid(real x) { return 1 / (1 + real_exp(-x)); }
 
-void cpu_swiglu_forward(void *out_, const void *gu_, size_t R, size_t H, const int32_t *row_count) {
+void cpu_swiglu_forward(void *out_, const void *gu_, size_t R, size_t H, const int32_t *rows, size_t n) {
     real *out = out_;
     const real *gu = gu_;
-    size_t rows = rows_used(R, row_count);
+    size_t first, end;
+    rows_used(R, rows, n, &first, &end);
 #pragma omp parallel for schedule(static)
-    for (size_t r = 0; r < rows; r++)
+    for (size_t r = first; r < end; r++)
         for (size_t j = 0; j < H; j++) {
             real g = gu[r * 2 * H + j], u = gu[r * 2 * H + H + j];
             out[r * H + j] = g * sigmoid(g) * u;
@@ -128,12 +131,13 @@ void cpu_swiglu_forward(void *out_, const void *gu_, size_t R, size_t H, const i
 }
 
 void cpu_swiglu_backward(void *dgu_, const void *dout_, const void *gu_, size_t R, size_t H,
-                         const int32_t *row_count) {
+                         const int32_t *rows, size_t n) {
     real *dgu = dgu_;
     const real *dout = dout_, *gu = gu_;
-    size_t rows = rows_used(R, row_count);
+    size_t first, end;
+    rows_used(R, rows, n, &first, &end);
 #pragma omp parallel for schedule(static)
-    for (size_t r = 0; r < rows; r++)
+    for (size_t r = first; r < end; r++)
         for (size_t j = 0; j < H; j++) {
             real g = gu[r * 2 * H + j], u = gu[r * 2 * H + H + j], d = dout[r * H + j];
             real s = sigmoid(g);

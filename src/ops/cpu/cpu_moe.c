@@ -247,12 +247,12 @@ void cpu_moe_exchange_plan(int32_t *plan, const int32_t *all_offsets, size_t n, 
     *(real *)dropped += (real)total;
 }
 
-void cpu_moe_push_rows(void *const *peers, size_t dst_offset, const void *in_, const int32_t *blocks,
-                       size_t n_blocks, size_t D, size_t R) {
+void cpu_moe_push_rows(void *const *peers, size_t dst_offset, const void *in_, PushBlocks sel, size_t D, size_t R,
+                       size_t ctas) {
     const real *in = in_;
 #pragma omp parallel for schedule(static)
-    for (size_t b = 0; b < n_blocks; b++) {
-        const int32_t *k = blocks + 4 * b;
+    for (size_t b = 0; b < sel.run * sel.runs; b++) {
+        const int32_t *k = sel.blocks + 4 * (b / sel.run * sel.stride + b % sel.run);
         real *dst = (real *)((char *)peers[k[2]] + dst_offset) + (size_t)k[3] * D;
         size_t from = (size_t)k[0], rows = (size_t)k[1];
         size_t kept = from >= R ? 0 : R - from < rows ? R - from : rows; // rows past R were dropped

@@ -26,9 +26,9 @@ void cpu_rmsnorm_forward(void *out, void *rstd, const void *x, const void *w, si
 void cpu_rmsnorm_backward(void *dx, void *dw, const void *dout, const void *x, const void *w,
                           const void *rstd, size_t R, size_t W, bool accumulate_dx);
 void cpu_add(void *out, const void *a, const void *b, size_t n);
-void cpu_swiglu_forward(void *out, const void *gu, size_t R, size_t H, const int32_t *row_count);
+void cpu_swiglu_forward(void *out, const void *gu, size_t R, size_t H, const int32_t *rows, size_t n);
 void cpu_swiglu_backward(void *dgu, const void *dout, const void *gu, size_t R, size_t H,
-                         const int32_t *row_count);
+                         const int32_t *rows, size_t n);
 void cpu_cross_entropy(void *logits, void *loss_acc, const int32_t *targets, size_t N, size_t V,
                        float ce_scale, float z_scale, bool want_grad);
 
@@ -53,8 +53,8 @@ void cpu_moe_regroup(void *out, const void *in, const int32_t *counts, size_t ep
                      size_t D, bool to_expert_major);
 void cpu_moe_exchange_plan(int32_t *plan, const int32_t *all_offsets, size_t n, size_t El, size_t rank,
                            size_t cap, void *dropped);
-void cpu_moe_push_rows(void *const *peers, size_t dst_offset, const void *in, const int32_t *blocks,
-                       size_t n_blocks, size_t D, size_t R);
+void cpu_moe_push_rows(void *const *peers, size_t dst_offset, const void *in, PushBlocks sel, size_t D, size_t R,
+                       size_t ctas);
 void cpu_moe_dispatch_forward(void *xp, int32_t *slot_pos, int32_t *offsets, void *stats,
                               const void *x, const int32_t *topk_idx, const int32_t *counts,
                               size_t T, size_t K, size_t E, size_t D, size_t capacity);

@@ -263,13 +263,18 @@ extern "C" void cuda_add(void *out, const void *a, const void *b, size_t n) {
     CUDA_LAUNCH_CHECK();
 }
 
-__device__ __forceinline__ size_t rows_used(size_t R, const int32_t *row_count) {
-    return row_count && (size_t)*row_count < R ? (size_t)*row_count : R;
+// The 8-element groups [*first, *end) of the rows a SwiGLU call works on (ops.h), within R.
+__device__ __forceinline__ void groups_used(size_t R, size_t H, const int32_t *rows, size_t n, size_t *first,
+                                            size_t *end) {
+    size_t lo = rows ? (size_t)rows[0] : 0, hi = rows ? (size_t)rows[n] : R;
+    hi = hi < R ? hi : R, lo = lo < hi ? lo : hi;
+    *first = lo * H / 8, *end = hi * H / 8;
 }
 
-__global__ void swiglu_forward_kernel(bf16 *out, const bf16 *gu, size_t R, size_t H, const int32_t *row_count) {
-    size_t n8 = rows_used(R, row_count) * H / 8;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n8; i += (size_t)gridDim.x * blockDim.x) {
+__global__ void swiglu_forward_kernel(bf16 *out, const bf16 *gu, size_t R, size_t H, const int32_t *rows, size_t n) {
+    size_t first, n8;
+    groups_used(R, H, rows, n, &first, &n8);
+    for (size_t i = first + (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n8; i += (size_t)gridDim.x * blockDim.x) {
         size_t r = (8 * i) / H, j = (8 * i) % H;
         float g[8], u[8];
         load8(g, gu + r * 2 * H + j), load8(u, gu + r * 2 * H + H + j);
@@ -279,9 +284,10 @@ __global__ void swiglu_forward_kernel(bf16 *out, const bf16 *gu, size_t R, size_
 }
 
 __global__ void swiglu_backward_kernel(bf16 *dgu, const bf16 *dout, const bf16 *gu, size_t R, size_t H,
-                                       const int32_t *row_count) {
-    size_t n8 = rows_used(R, row_count) * H / 8;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n8; i += (size_t)gridDim.x * blockDim.x) {
+                                       const int32_t *rows, size_t n) {
+    size_t first, n8;
+    groups_used(R, H, rows, n, &first, &n8);
+    for (size_t i = first + (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n8; i += (size_t)gridDim.x * blockDim.x) {
         size_t r = (8 * i) / H, j = (8 * i) % H;
         float g[8], u[8], d[8], dg[8], du[8];
         load8(g, gu + r * 2 * H + j), load8(u, gu + r * 2 * H + H + j), load8(d, dout + 8 * i);
@@ -294,17 +300,17 @@ __global__ void swiglu_backward_kernel(bf16 *dgu, const bf16 *dout, const bf16 *
     }
 }
 
-extern "C" void cuda_swiglu_forward(void *out, const void *gu, size_t R, size_t H, const int32_t *row_count) {
+extern "C" void cuda_swiglu_forward(void *out, const void *gu, size_t R, size_t H, const int32_t *rows, size_t n) {
     if (!R) return;
-    swiglu_forward_kernel<<<cuda_blocks(R * H / 8, 256 * 2), 256, 0, STREAM>>>((bf16 *)out, (const bf16 *)gu, R, H, row_count);
+    swiglu_forward_kernel<<<cuda_blocks(R * H / 8, 256 * 2), 256, 0, STREAM>>>((bf16 *)out, (const bf16 *)gu, R, H, rows, n);
     CUDA_LAUNCH_CHECK();
 }
 
 extern "C" void cuda_swiglu_backward(void *dgu, const void *dout, const void *gu, size_t R, size_t H,
-                                     const int32_t *row_count) {
+                                     const int32_t *rows, size_t n) {
     if (!R) return;
     swiglu_backward_kernel<<<cuda_blocks(R * H / 8, 256 * 2), 256, 0, STREAM>>>((bf16 *)dgu, (const bf16 *)dout,
-                                                                              (const bf16 *)gu, R, H, row_count);
+                                                                              (const bf16 *)gu, R, H, rows, n);
     CUDA_LAUNCH_CHECK();
 }
 

@@ -371,33 +371,47 @@ extern "C" void cuda_moe_exchange_plan(int32_t *plan, const int32_t *all_offsets
     CUDA_LAUNCH_CHECK();
 }
 
-// Each warp copies a contiguous run of source rows (16-byte vectors, up to 8 loads in flight per
-// lane before its stores), so at any moment the warps are spread over every destination: the rows
-// bound for a peer cross NVLink from the start instead of queueing behind the local ones. A warp
-// finds its first row's block by binary search over the blocks' source starts, then walks on
-// (rows between blocks were cut from a block: skipped; rows at or past R were dropped: zeros go
-// out). The stores go straight to the owner's memory; the fence makes them visible to the peer
-// before the next stream-ordered fence completes.
+// Block k of a push's selection (ops.h PushBlocks).
+__device__ __forceinline__ const int32_t *push_block(const PushBlocks &sel, int k) {
+    return sel.blocks + 4 * ((size_t)k / sel.run * sel.stride + (size_t)k % sel.run);
+}
+
+// The selection's rows, block after block, are split into one contiguous run per warp (16-byte
+// vectors, up to 8 loads in flight per lane before its stores), so at any moment the warps are
+// spread over every destination: the rows bound for a peer cross NVLink from the start instead of
+// queueing behind the local ones. Each thread block sums the selected blocks' rows into `starts`
+// (shared); a warp finds its first row's block by binary search over them, then walks on (rows at
+// or past R were dropped: zeros go out). The grid is what the caller allows (PushBlocks' ctas), so
+// the copy can run on a few SMs beside other kernels. The stores go straight to the owner's memory;
+// the fence makes them visible to the peer before the next stream-ordered fence completes.
 #define PUSH_UNROLL 8
-__global__ void push_rows_kernel(void *const *peers, size_t dst_offset, const bf16 *__restrict__ in,
-                                 const int32_t *blocks, int n_blocks, size_t D, size_t R) {
-    const int32_t *last = blocks + 4 * (n_blocks - 1);
-    size_t total = (size_t)(last[0] + last[1]), warps = (size_t)gridDim.x * (blockDim.x / 32);
+__global__ void push_rows_kernel(void *const *peers, size_t dst_offset, const bf16 *__restrict__ in, PushBlocks sel,
+                                 size_t D, size_t R) {
+    __shared__ int32_t starts[CUDA_MAX_EXPERTS + 1]; // (selected blocks + 1) row starts
+    int n_sel = (int)(sel.run * sel.runs), lane = threadIdx.x & 31;
+    for (int k = threadIdx.x; k < n_sel; k += blockDim.x) starts[k + 1] = push_block(sel, k)[1];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        starts[0] = 0;
+        for (int k = 0; k < n_sel; k++) starts[k + 1] += starts[k];
+    }
+    __syncthreads();
+    size_t total = (size_t)starts[n_sel], warps = (size_t)gridDim.x * (blockDim.x / 32);
     size_t warp = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, per = (total + warps - 1) / warps;
     size_t first = warp * per, end = first + per < total ? first + per : total, n4 = D / 8;
-    int lane = threadIdx.x & 31, lo = 0, hi = n_blocks - 1; // last block whose source start is <= first
+    int lo = 0, hi = n_sel - 1; // last selected block whose first row is <= first
     while (lo < hi) {
         int mid = (lo + hi + 1) / 2;
-        if ((size_t)blocks[4 * mid] <= first) lo = mid; else hi = mid - 1;
+        if ((size_t)starts[mid] <= first) lo = mid; else hi = mid - 1;
     }
-    for (size_t i = first; i < end; i++) {
-        while (lo + 1 < n_blocks && (size_t)blocks[4 * (lo + 1)] <= i) lo++;
-        const int32_t *b = blocks + 4 * lo;
-        if (i >= (size_t)b[0] + (size_t)b[1]) continue;
-        bf16 *dst = (bf16 *)((char *)peers[b[2]] + dst_offset) + ((size_t)b[3] + (i - (size_t)b[0])) * D;
-        const uint4 *s4 = reinterpret_cast<const uint4 *>(in + i * D);
+    for (size_t p = first; p < end; p++) {
+        while (lo + 1 < n_sel && (size_t)starts[lo + 1] <= p) lo++;
+        const int32_t *b = push_block(sel, lo);
+        size_t i = p - (size_t)starts[lo], src = (size_t)b[0] + i;
+        bf16 *dst = (bf16 *)((char *)peers[b[2]] + dst_offset) + ((size_t)b[3] + i) * D;
+        const uint4 *s4 = reinterpret_cast<const uint4 *>(in + src * D);
         uint4 *d4 = reinterpret_cast<uint4 *>(dst);
-        bool kept = i < R;
+        bool kept = src < R;
         for (size_t j0 = lane; j0 < n4; j0 += 32 * PUSH_UNROLL) {
             uint4 v[PUSH_UNROLL];
 #pragma unroll
@@ -411,12 +425,14 @@ __global__ void push_rows_kernel(void *const *peers, size_t dst_offset, const bf
     __threadfence_system();
 }
 
-extern "C" void cuda_moe_push_rows(void *const *peers, size_t dst_offset, const void *in, const int32_t *blocks,
-                                   size_t n_blocks, size_t D, size_t R) {
-    if (!n_blocks) return;
+extern "C" void cuda_moe_push_rows(void *const *peers, size_t dst_offset, const void *in, PushBlocks sel, size_t D,
+                                   size_t R, size_t ctas) {
+    if (!sel.run || !sel.runs) return;
+    MOE_ASSERT(sel.run * sel.runs <= CUDA_MAX_EXPERTS);
     unsigned grid = cuda_blocks(R, 8), most = (unsigned)cuda_ctx.sm_count * 4; // warps of a block: 8
+    if (ctas && ctas < most) most = (unsigned)ctas;
     if (grid > most) grid = most;
-    push_rows_kernel<<<grid, 256, 0, STREAM>>>(peers, dst_offset, (const bf16 *)in, blocks, (int)n_blocks, D, R);
+    push_rows_kernel<<<grid, 256, 0, STREAM>>>(peers, dst_offset, (const bf16 *)in, sel, D, R);
     CUDA_LAUNCH_CHECK();
 }
 

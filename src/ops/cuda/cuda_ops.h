@@ -14,9 +14,9 @@ void cuda_rmsnorm_forward(void *out, void *rstd, const void *x, const void *w, s
 void cuda_rmsnorm_backward(void *dx, void *dw, const void *dout, const void *x, const void *w,
                            const void *rstd, size_t R, size_t W, bool accumulate_dx);
 void cuda_add(void *out, const void *a, const void *b, size_t n);
-void cuda_swiglu_forward(void *out, const void *gu, size_t R, size_t H, const int32_t *row_count);
+void cuda_swiglu_forward(void *out, const void *gu, size_t R, size_t H, const int32_t *rows, size_t n);
 void cuda_swiglu_backward(void *dgu, const void *dout, const void *gu, size_t R, size_t H,
-                          const int32_t *row_count);
+                          const int32_t *rows, size_t n);
 void cuda_cross_entropy(void *logits, void *loss_acc, const int32_t *targets, size_t N, size_t V,
                         float ce_scale, float z_scale, bool want_grad);
 void cuda_sum_squares(void *acc, const void *x, size_t n);
@@ -72,8 +72,8 @@ void cuda_moe_combine_backward(void *dy, void *dtopk_w, const void *dout, const 
                                const int32_t *slot_pos, const void *topk_w, size_t T, size_t K, size_t D);
 void cuda_moe_exchange_plan(int32_t *plan, const int32_t *all_offsets, size_t n, size_t El, size_t rank,
                             size_t cap, void *dropped);
-void cuda_moe_push_rows(void *const *peers, size_t dst_offset, const void *in, const int32_t *blocks,
-                        size_t n_blocks, size_t D, size_t R);
+void cuda_moe_push_rows(void *const *peers, size_t dst_offset, const void *in, PushBlocks sel, size_t D, size_t R,
+                        size_t ctas);
 void cuda_moe_regroup(void *out, const void *in, const int32_t *counts, size_t ep, size_t El,
                       size_t D, bool to_expert_major);
 void cuda_router_bias_update(void *bias, const void *loads, size_t E, float gamma);
