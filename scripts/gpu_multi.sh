@@ -128,8 +128,8 @@ fi
 # The expert exchange behind compute (parallel.exchange_chunks, parallel.push_ctas): every kernel
 # against the CPU (chunked, bounded pushes, SwiGLU row ranges), the exchange's bandwidth on every SM
 # and on 24 thread blocks, training curves of ep=2 in 4 chunks and in one against one GPU and
-# against each other (deterministic kernels: bitwise), and
-# scale-E64 at ep=2 per chunk count against one GPU: a table in $OUT/chunks.md.
+# against each other (deterministic kernels: bitwise), and scale-E64 at ep=2 per chunk count, push
+# bound and CUTLASS grid (MOE_GROUPED_WAVES) against one GPU: a table in $OUT/chunks.md.
 if [ "${1:-}" = chunks ]; then
     timeout 240 build/test_cuda > "$OUT/test_cuda.log" 2>&1
     say "CUDA vs CPU: $(tail -1 "$OUT/test_cuda.log")"; grep -i "fail" "$OUT/test_cuda.log" | head
@@ -144,12 +144,12 @@ if [ "${1:-}" = chunks ]; then
     one=$(tps runs/bench1.txt)
     { echo "| scale-E64 | tokens/s per GPU | of one GPU | kernel time |"; echo "|---|---|---|---|"
       echo "| 1 GPU | $one | 100% | $(grep -o '[0-9.]* ms of kernels in [0-9.]* ms' runs/bench1.txt) |"; } > "$OUT/chunks.md"
-    for run in "1 24" "2 24" "4 24" "8 24" "4 0"; do # chunks, push thread blocks
+    for run in "1 24 1" "2 24 1" "4 24 1" "8 24 1" "4 0 1" "4 24 2"; do # chunks, push thread blocks, GEMM waves
         set -- $run
-        bench_ep2 150 parallel.exchange_chunks=$1 parallel.push_ctas=$2
-        cp runs/bench2.txt "$OUT/bench_ep2_chunks$1_ctas$2.txt"
+        MOE_GROUPED_WAVES=$3 bench_ep2 150 parallel.exchange_chunks=$1 parallel.push_ctas=$2
+        cp runs/bench2.txt "$OUT/bench_ep2_chunks$1_ctas$2_waves$3.txt"
         per=$(tps runs/bench2.txt)
-        echo "| ep=2, exchange_chunks=$1, push_ctas=$2 | $per | $(awk -v a="${per:-0}" -v b="${one:-1}" 'BEGIN { printf "%.1f%%", 100 * a / b }') | $(grep -o '[0-9.]* ms of kernels in [0-9.]* ms' runs/bench2.txt) |" >> "$OUT/chunks.md"
+        echo "| ep=2, exchange_chunks=$1, push_ctas=$2, MOE_GROUPED_WAVES=$3 | $per | $(awk -v a="${per:-0}" -v b="${one:-1}" 'BEGIN { printf "%.1f%%", 100 * a / b }') | $(grep -o '[0-9.]* ms of kernels in [0-9.]* ms' runs/bench2.txt) |" >> "$OUT/chunks.md"
     done
     cat "$OUT/chunks.md" | tee -a "$OUT/summary.txt"
     exit 0

@@ -443,6 +443,37 @@ static void test_dispatch_case(size_t T, size_t K, size_t E, size_t D, size_t ca
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) buf_free(all[i]);
 }
 
+// The GPU's grouped products over experts [0, h) and [h, E) in two calls, as parallel.exchange_chunks
+// runs them (offsets and weights from each chunk's first expert), must equal its one call bitwise:
+// y and dx on the rows in use, dw (accumulated from zero) everywhere.
+static void check_grouped_chunks(const Buf *off, const Buf *x, const Buf *w, const Buf *dy, size_t E, size_t R, size_t N,
+                                 size_t K, size_t Rb) {
+    size_t h = E / 2, bounds[3] = {0, h, E}, act = gpu->act_size;
+    void *out[2][3]; // [one call, chunks][y, dx, dw]
+    for (int c = 0; c < 2; c++) {
+        out[c][0] = gpu->alloc(Rb * N * act), out[c][1] = gpu->alloc(Rb * K * act);
+        out[c][2] = gpu->alloc(E * N * K * gpu->f32_size), gpu->zero(out[c][2], E * N * K * gpu->f32_size);
+        for (int k = 0; k < (c ? 2 : 1); k++) {
+            size_t e0 = c ? bounds[k] : 0, e1 = c ? bounds[k + 1] : E;
+            const int32_t *o = (const int32_t *)off->g + e0;
+            const char *wk = (const char *)w->g + e0 * N * K * act;
+            gpu->grouped_matmul_forward(out[c][0], x->g, wk, o, e1 - e0, N, K, Rb);
+            gpu->grouped_matmul_backward(out[c][1], (char *)out[c][2] + e0 * N * K * gpu->f32_size, dy->g, x->g, wk, o,
+                                         e1 - e0, N, K, Rb);
+        }
+    }
+    size_t len[3] = {R * N, R * K, E * N * K};
+    Kind kind[3] = {K_ACT, K_ACT, K_F32};
+    const char *names[3] = {"y", "dx", "dw"};
+    for (int i = 0; i < 3; i++) {
+        float *a = malloc(len[i] * sizeof(float)), *b = malloc(len[i] * sizeof(float));
+        fetch(gpu, kind[i], out[0][i], len[i], a), fetch(gpu, kind[i], out[1][i], len[i], b);
+        if (memcmp(a, b, len[i] * sizeof(float))) FAIL("grouped matmul in two chunks: %s differs from one call", names[i]);
+        free(a), free(b);
+        gpu->free(out[0][i]), gpu->free(out[1][i]);
+    }
+}
+
 static void test_grouped_case(size_t E, const int *rows, size_t N, size_t K) {
     char what[128];
     size_t R = 0;
@@ -471,6 +502,7 @@ static void test_grouped_case(size_t E, const int *rows, size_t N, size_t K) {
     cpu->grouped_matmul_backward(NULL, dw.c, y.c, x.c, w.c, off.c, E, N, K, Rb);
     gpu->grouped_matmul_backward(NULL, dw.g, y.g, x.g, w.g, off.g, E, N, K, Rb);
     check("  grouped matmul backward dw alone", &dw, E * N * K, FP);
+    check_grouped_chunks(&off, &x, &w, &y, E, R, N, K, Rb);
     Buf *all[] = {&off, &x, &w, &y, &dx, &dw};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) buf_free(all[i]);
 }

@@ -105,6 +105,20 @@ __global__ void grouped_sm90_prepare(typename G::Table *t, const bf16 *a, const 
     }
 }
 
+// Thread blocks of the persistent grid per SM: MOE_GROUPED_WAVES (default 1). CUTLASS hands each
+// block a fixed share of the tiles, so when another kernel holds some SMs (row pushes beside the
+// experts, parallel.exchange_chunks) the blocks that wait for them finish late; with more blocks
+// than SMs the hardware fills SMs as they free up and the wait costs a fraction of a share. An
+// experiment's knob (scripts/gpu_multi.sh chunks), read once.
+static int grouped_waves(void) {
+    static int waves;
+    if (!waves) {
+        const char *v = getenv("MOE_GROUPED_WAVES");
+        waves = v && atoi(v) > 0 ? atoi(v) : 1;
+    }
+    return waves;
+}
+
 // Writes the table, then runs the product. The CUTLASS parameters point at the table (not at its
 // contents), so they are made once per expert count and every later call (or graph replay) only
 // launches; the table of each product type is rewritten in stream order before its use.
@@ -121,7 +135,7 @@ static void grouped_sm90_run(const void *a, const void *b, void *d, const int32_
     if (ready_E != E) {
         cutlass::KernelHardwareInfo hw;
         CUDA_CHECK(cudaGetDevice(&hw.device_id));
-        hw.sm_count = cuda_ctx.sm_count;
+        hw.sm_count = cuda_ctx.sm_count * grouped_waves();
         typename G::SourcePtrs c = nullptr;
         if constexpr (G::accumulate) c = (typename G::SourcePtrs)table->d;
         typename G::Gemm::Arguments args{

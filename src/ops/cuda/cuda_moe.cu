@@ -381,11 +381,12 @@ __device__ __forceinline__ const int32_t *push_block(const PushBlocks &sel, int 
 // spread over every destination: the rows bound for a peer cross NVLink from the start instead of
 // queueing behind the local ones. Each thread block sums the selected blocks' rows into `starts`
 // (shared); a warp finds its first row's block by binary search over them, then walks on (rows at
-// or past R were dropped: zeros go out). The grid is what the caller allows (PushBlocks' ctas), so
-// the copy can run on a few SMs beside other kernels. The stores go straight to the owner's memory;
-// the fence makes them visible to the peer before the next stream-ordered fence completes.
+// or past R were dropped: zeros go out). Unbounded, 4 blocks of 256 threads per SM; bounded to
+// `ctas` blocks (to run beside other kernels), blocks of 1024 threads, so that the few SMs still
+// keep as many loads in flight. The stores go straight to the owner's memory; the fence makes them
+// visible to the peer before the next stream-ordered fence completes.
 #define PUSH_UNROLL 8
-__global__ void push_rows_kernel(void *const *peers, size_t dst_offset, const bf16 *__restrict__ in, PushBlocks sel,
+__global__ void __launch_bounds__(1024) push_rows_kernel(void *const *peers, size_t dst_offset, const bf16 *__restrict__ in, PushBlocks sel,
                                  size_t D, size_t R) {
     __shared__ int32_t starts[CUDA_MAX_EXPERTS + 1]; // (selected blocks + 1) row starts
     int n_sel = (int)(sel.run * sel.runs), lane = threadIdx.x & 31;
@@ -429,10 +430,10 @@ extern "C" void cuda_moe_push_rows(void *const *peers, size_t dst_offset, const 
                                    size_t R, size_t ctas) {
     if (!sel.run || !sel.runs) return;
     MOE_ASSERT(sel.run * sel.runs <= CUDA_MAX_EXPERTS);
-    unsigned grid = cuda_blocks(R, 8), most = (unsigned)cuda_ctx.sm_count * 4; // warps of a block: 8
-    if (ctas && ctas < most) most = (unsigned)ctas;
+    unsigned threads = ctas ? 1024 : 256, grid = cuda_blocks(R, threads / 32); // a warp's worth of rows each
+    unsigned most = ctas ? (unsigned)ctas : (unsigned)cuda_ctx.sm_count * 4;
     if (grid > most) grid = most;
-    push_rows_kernel<<<grid, 256, 0, STREAM>>>(peers, dst_offset, (const bf16 *)in, sel, D, R);
+    push_rows_kernel<<<grid, threads, 0, STREAM>>>(peers, dst_offset, (const bf16 *)in, sel, D, R);
     CUDA_LAUNCH_CHECK();
 }
 
