@@ -672,8 +672,10 @@ static void experts_backward(void *ctx, size_t e0, size_t e1) {
     ops->grouped_matmul_backward(w->dxe, G(m, gu), s->dgu, x->xe, W(m, gu), off, n, 2 * H, D, Rr);
 }
 
-// With chunks of experts (moe_exchange_pipeline) dy is read on the side queue while the experts'
-// backward writes dhact and dgu: those scratch buffers must not alias.
+// With several expert-parallel ranks the combine gradient dy goes straight into the exchange
+// buffer dxp that the expert input gradients come back to: a chunk's dy rows are pushed before its
+// gradients return to the same rows (moe_exchange_pipeline), and the scratch dy shares with dgu
+// would be overwritten by the experts' backward while later chunks' rows still wait to be read.
 static void moe_backward(Model *m, int l, LayerActs *x, void *din, const void *dout,
                          const void *in, bool accumulate, const ForwardArgs *a) {
     const Ops *ops = m->ops;
@@ -688,10 +690,11 @@ static void moe_backward(Model *m, int l, LayerActs *x, void *din, const void *d
                             c->shared_hidden, accumulate);
         accumulate = true;
     }
-    ops->moe_combine_backward(s->dy, s->dtopk_w, dout, x->y, x->slot_pos, x->topk_w, T, K, D);
+    void *dy = ep ? s->dxp : s->dy;
+    ops->moe_combine_backward(dy, s->dtopk_w, dout, x->y, x->slot_pos, x->topk_w, T, K, D);
     ExpertWork w = {.m = m, .l = l, .x = x, .Rr = moe_exchange_received_rows(&m->xchg, T),
                     .dye = ep ? s->dxe : s->dy, .dxe = ep ? s->dxe : s->dxp};
-    moe_exchange_pipeline(&m->xchg, &x->routes, s->dy, w.dye, w.dxe, s->dxp, experts_backward, &w);
+    moe_exchange_pipeline(&m->xchg, &x->routes, dy, w.dye, w.dxe, s->dxp, experts_backward, &w);
     ops->moe_dispatch_backward(din, s->dxp, x->slot_pos, T, K, D, accumulate);
     ops->router_backward(s->dlogits, s->dtopk_w, x->logits, x->scores, x->topk_idx, x->topk_w,
                          x->aux, router_args(m, l, a));

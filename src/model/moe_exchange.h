@@ -83,7 +83,8 @@ void *moe_exchange_rows(MoeExchange *x, const ExchangeRoutes *r, void *rows, voi
 // experts' expert-major order), compute runs chunk by chunk and writes `back` (expert-major), which
 // returns to `out` (dispatch order). With one chunk, or without the direct transport, the three
 // steps run one after the other on the main queue; with one expert-parallel rank `at` must be
-// `rows` and `back` `out`. The buffers must not be written by anything else meanwhile: with
-// chunks, rows and back are read on the side queue while compute runs.
+// `rows` and `back` `out`. rows and out may be one buffer (a chunk's rows leave before its results
+// come back to the same rows). With chunks, rows and back are read on the side queue while compute
+// runs: nothing compute writes may alias them.
 void moe_exchange_pipeline(MoeExchange *x, const ExchangeRoutes *r, void *rows, void *at, void *back, void *out,
                            ExchangeCompute compute, void *ctx);
