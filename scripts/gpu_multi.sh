@@ -131,8 +131,10 @@ fi
 # against each other (deterministic kernels: bitwise), and scale-E64 at ep=2 per chunk count, push
 # bound and CUTLASS grid (MOE_GROUPED_WAVES) against one GPU: a table in $OUT/chunks.md.
 if [ "${1:-}" = chunks ]; then
-    timeout 240 build/test_cuda > "$OUT/test_cuda.log" 2>&1
-    say "CUDA vs CPU: $(tail -1 "$OUT/test_cuda.log")"; grep -i "fail" "$OUT/test_cuda.log" | head
+    for t in dense exchange; do # SwiGLU row ranges; chunked grouped products and pushes
+        timeout 180 build/test_cuda $t > "$OUT/test_cuda_$t.log" 2>&1
+        say "CUDA vs CPU, $t: $(tail -1 "$OUT/test_cuda_$t.log")"; grep -i "fail" "$OUT/test_cuda_$t.log" | head
+    done
     timeout 60 mpirun -np 2 build/bench_exchange 24 2>&1 | tee -a "$OUT/summary.txt"
     one_gpu
     layouts_match "ep2c4 parallel.ep=2 parallel.exchange_chunks=4 train.deterministic=true" \
