@@ -107,6 +107,64 @@ static void register_params(Model *m) {
 
 void *model_alloc(Model *m, size_t bytes) { return pool_alloc(&m->mem, bytes); }
 
+Comm *model_region_group(const Model *m, ParamRegion r) {
+    return r == PARAM_DENSE ? m->par->dp : m->par->edp;
+}
+
+void model_region_shard(const Model *m, ParamRegion r, size_t *begin, size_t *size) {
+    const Comm *g = model_region_group(m, r);
+    *size = m->reg.region_size[r] / (size_t)g->size;
+    *begin = m->reg.region_begin[r] + (size_t)g->rank * *size;
+}
+
+// The part of each region the master weights hold (see Model.master_begin).
+static void init_master(Model *m) {
+    m->master_len = 0;
+    for (int r = 0; r < PARAM_N_REGIONS; r++) {
+        if (m->ops->act_aliases_f32)
+            m->master_begin[r] = m->reg.region_begin[r], m->master_size[r] = m->reg.region_size[r];
+        else
+            model_region_shard(m, (ParamRegion)r, &m->master_begin[r], &m->master_size[r]);
+        m->master_len += m->master_size[r];
+    }
+}
+
+void *model_master(const Model *m, size_t offset) {
+    ParamRegion r = offset >= m->reg.region_begin[PARAM_EXPERT] ? PARAM_EXPERT : PARAM_DENSE;
+    MOE_ASSERT(offset >= m->master_begin[r] && offset <= m->master_begin[r] + m->master_size[r]);
+    size_t before = r == PARAM_EXPERT ? m->master_size[PARAM_DENSE] : 0; // the regions back to back
+    return (char *)m->params + (before + offset - m->master_begin[r]) * m->ops->f32_size;
+}
+
+bool model_master_part(const Model *m, const ParamInfo *p, size_t *a, size_t *b) {
+    ParamRegion r = params_region(p);
+    return params_part(p, m->master_begin[r], m->master_begin[r] + m->master_size[r], a, b);
+}
+
+// full (size x n) on the group's rank 0 = every rank's shard (n) in rank order; the others send.
+static void gather_to_first(Comm *g, const Ops *ops, const void *shard, void *full, size_t n) {
+    if (g->rank != 0) {
+        g->ops->send(g, shard, n, COMM_F32, 0);
+        return;
+    }
+    ops->copy(full, shard, n * ops->f32_size);
+    if (g->ops->group_begin) g->ops->group_begin();
+    for (int j = 1; j < g->size; j++)
+        g->ops->recv(g, (char *)full + (size_t)j * n * ops->f32_size, n, COMM_F32, j);
+    if (g->ops->group_end) g->ops->group_end();
+}
+
+void *model_gather_region(Model *m, ParamRegion r, void *held, size_t n_held, bool *owned) {
+    Comm *g = model_region_group(m, r);
+    const Ops *ops = m->ops;
+    *owned = false;
+    if (n_held == m->reg.region_size[r]) return held;
+    *owned = g->rank == 0;
+    void *full = *owned ? ops->alloc(m->reg.region_size[r] * ops->f32_size) : NULL;
+    gather_to_first(g, ops, held, full, n_held);
+    return full;
+}
+
 void *model_act(const Model *m, void *base, size_t offset) {
     return (char *)base + offset * m->ops->act_size;
 }
@@ -321,7 +379,8 @@ void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel
     m->B = B, m->S = S, m->n_micro = n_micro, m->recompute = recompute;
     register_params(m);
     size_t P = m->reg.total, T = B * S, D = cfg->d_model;
-    m->params = f32_buf(m, P);
+    init_master(m);
+    m->params = f32_buf(m, m->master_len);
     m->params_act = ops->act_aliases_f32 ? m->params : act_buf(m, P);
     m->grads = f32_buf(m, P);
     m->expert_bias = f32_buf(m, (size_t)cfg->n_layers * cfg->n_experts);
@@ -371,25 +430,33 @@ void model_free(Model *m) {
     memset(m, 0, sizeof *m);
 }
 
-// Each tensor computed in place by the backend; what lies between tensors (region padding) is zero.
+// Each tensor's part held in the master weights computed in place by the backend; what lies between
+// tensors (region padding) is zero.
 void model_init_weights(Model *m, unsigned seed) {
     const Ops *ops = m->ops;
-    size_t end = 0; // elements before it are set
+    ops->zero(m->params, m->master_len * ops->f32_size); // region padding stays zero
     for (size_t i = 0; i < m->reg.n; i++) {
         const ParamInfo *p = &m->reg.p[i];
-        ops->zero(model_f32(m, m->params, end), (p->offset - end) * ops->f32_size);
-        ops->init_params(model_f32(m, m->params, p->offset), p->numel, params_init_key(p, seed),
-                         params_init_counter(p), m->cfg.init_std, p->ones);
-        end = p->offset + p->numel;
+        size_t a, b; // the elements of p the master weights hold
+        if (model_master_part(m, p, &a, &b))
+            ops->init_params(model_master(m, a), b - a, params_init_key(p, seed),
+                             params_init_counter(p) + (a - p->offset), m->cfg.init_std, p->ones);
     }
-    ops->zero(model_f32(m, m->params, end), (m->reg.total - end) * ops->f32_size);
     ops->zero(m->grads, m->reg.total * ops->f32_size);
     ops->zero(m->expert_bias, (size_t)m->cfg.n_layers * m->cfg.n_experts * ops->f32_size);
     model_sync_compute_weights(m);
 }
 
 void model_sync_compute_weights(Model *m) {
-    if (!m->ops->act_aliases_f32) m->ops->cast_f32_to_act(m->params_act, m->params, m->reg.total);
+    if (m->ops->act_aliases_f32) return;
+    for (int r = 0; r < PARAM_N_REGIONS; r++) {
+        Comm *g = model_region_group(m, (ParamRegion)r);
+        size_t begin = m->master_begin[r], n = m->master_size[r];
+        m->ops->cast_f32_to_act(model_act(m, m->params_act, begin), model_master(m, begin), n);
+        if (n < m->reg.region_size[r])
+            g->ops->all_gather(g, model_act(m, m->params_act, begin),
+                               model_act(m, m->params_act, m->reg.region_begin[r]), n, COMM_ACT);
+    }
 }
 
 static int32_t *micro_tokens(const Model *m, int micro) { return m->tokens + (size_t)micro * m->B * m->S; }

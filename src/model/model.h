@@ -113,7 +113,12 @@ typedef struct {
     ParamRegistry reg;
     LayerParams *layer;          // (L), valid for held layers
     size_t wte, final_norm, lm_head;
-    void *params;                // f32 (P) master weights
+    void *params;                // f32 (master_len) master weights: each region's [master_begin,
+                                 // + master_size) back to back (model_master addresses them)
+    size_t master_begin[PARAM_N_REGIONS], master_size[PARAM_N_REGIONS], master_len;
+                                 // the part of each region held in params: the whole region when the
+                                 // backend aliases (params == params_act), else this rank's shard
+                                 // of the region's group (ZeRO-1: the compute copy alone is whole)
     void *params_act;            // act (P) compute weights (== params when the backend aliases)
     void *grads;                 // f32 (P)
     void *expert_bias;           // f32 (L, E) loss-free balancing bias (0 for dense layers)
@@ -154,10 +159,26 @@ static inline size_t model_metric_router(const ModelConfig *c, int moe_index) {
 void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel *par, size_t B,
                 size_t S, int n_slots, int n_micro, Recompute recompute);
 void model_free(Model *m);
-// Random initial weights (params_init_values) and zero bias.
+// Random initial weights (params_init_values) and zero bias. Collective over the regions' groups
+// (model_sync_compute_weights).
 void model_init_weights(Model *m, unsigned seed);
-// Refreshes the compute copy after the master weights changed (load).
+// Refreshes the compute copy after the master weights changed (load): each rank casts the part it
+// holds and, where that is a shard, the group all-gathers the copy (collective over both groups).
 void model_sync_compute_weights(Model *m);
+
+// The group of ranks holding a region (dense: the stage's data-parallel ranks; experts: the ranks
+// holding the same experts), and this rank's shard of it: flat [*begin, *begin + *size).
+Comm *model_region_group(const Model *m, ParamRegion r);
+void model_region_shard(const Model *m, ParamRegion r, size_t *begin, size_t *size);
+// The master weight at flat element `offset` (inside the part of its region held here).
+void *model_master(const Model *m, size_t offset);
+// The elements of tensor p the master weights hold: flat [*a, *b); false when none.
+bool model_master_part(const Model *m, const ParamInfo *p, size_t *a, size_t *b);
+// Region r whole on its group's rank 0 for a checkpoint writer (collective over the group), from
+// `held`: the whole region (returned as it is, *owned = false) or this rank's shard (n_held
+// elements, gathered there into a new backend buffer, *owned = true: free with ops->free; NULL on
+// the group's other ranks).
+void *model_gather_region(Model *m, ParamRegion r, void *held, size_t n_held, bool *owned);
 
 void *model_alloc(Model *m, size_t bytes); // backend memory freed with the model
 void *model_act(const Model *m, void *base, size_t offset);  // element offset in an act buffer

@@ -43,6 +43,12 @@ void params_end_region(ParamRegistry *r, ParamRegion region, size_t multiple) {
     r->total = r->region_begin[region] + size;
 }
 
+bool params_part(const ParamInfo *p, size_t lo, size_t hi, size_t *a, size_t *b) {
+    *a = p->offset > lo ? p->offset : lo;
+    *b = p->offset + p->numel < hi ? p->offset + p->numel : hi;
+    return *a < *b;
+}
+
 const ParamInfo *params_find(const ParamRegistry *r, const char *name) {
     for (size_t i = 0; i < r->n; i++)
         if (!strcmp(r->p[i].name, name)) return &r->p[i];

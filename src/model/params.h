@@ -45,6 +45,10 @@ size_t params_add(ParamRegistry *r, const char *name, size_t rows, size_t cols, 
 // it to a multiple of `multiple` elements (so it splits evenly into shards).
 void params_begin_region(ParamRegistry *r, ParamRegion region);
 void params_end_region(ParamRegistry *r, ParamRegion region, size_t multiple);
+// The region a tensor belongs to.
+static inline ParamRegion params_region(const ParamInfo *p) { return p->expert >= 0 ? PARAM_EXPERT : PARAM_DENSE; }
+// The elements of p inside flat [lo, hi): [*a, *b); false when there are none.
+bool params_part(const ParamInfo *p, size_t lo, size_t hi, size_t *a, size_t *b);
 const ParamInfo *params_find(const ParamRegistry *r, const char *name);
 void params_free(ParamRegistry *r);
 

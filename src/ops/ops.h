@@ -263,6 +263,10 @@ typedef struct Ops {
 void ops_fill_random(const Ops *o, void *act, size_t n, uint64_t seed, float scale);
 
 const Ops *ops_cpu(void);
+// The CPU backend with a compute copy of the weights apart from the fp32 master weights, as a GPU
+// backend keeps them (act_aliases_f32 false; the copy is exact): the master weights are then
+// sharded over the data-parallel ranks, so CPU ranks run the GPU's ZeRO-1 layout.
+const Ops *ops_cpu_sharded(void);
 // The CUDA backend (act = bf16) on GPU `device` (modulo the GPUs visible) when the build has it
 // (make CUDA=1), else NULL. The first call picks the GPU for the process.
 const Ops *ops_cuda(int device, bool deterministic);

@@ -39,36 +39,37 @@ static void list_add(TensorList *l, const char *name, const char *suffix, size_t
     x->rows = rows, x->cols = cols, x->data = data;
 }
 
-// Where the values of region r are: the weights, or the full moments gathered for the save.
+// Where the values of each region are for this rank's files: the weights or the AdamW moments
+// (m, v), whole (gathered from the shards where they are sharded).
 typedef struct {
-    void *m[PARAM_N_REGIONS], *v[PARAM_N_REGIONS];
-    bool owned[PARAM_N_REGIONS];
-} Moments;
+    void *w[PARAM_N_REGIONS], *m[PARAM_N_REGIONS], *v[PARAM_N_REGIONS];
+    bool owned[3][PARAM_N_REGIONS]; // w, m, v: gathered into a buffer of their own
+} RegionValues;
 
 // Dense tensors are written by the first data-parallel rank of a stage, a rank's experts by the
 // first rank of its expert-data-parallel group; both are whole tensors.
 static bool writes_region(const Model *m, ParamRegion r) {
-    return m->reg.region_size[r] > 0 && (r == PARAM_DENSE ? m->par->dp : m->par->edp)->rank == 0;
+    return m->reg.region_size[r] > 0 && model_region_group(m, r)->rank == 0;
 }
 
-static void list_param(TensorList *l, Model *m, const ParamInfo *p, const Moments *mo, bool moments) {
+static void list_param(TensorList *l, Model *m, const ParamInfo *p, const RegionValues *rv, bool moments) {
     size_t cols = p->ndim == 2 ? p->shape[1] : 0;
     MOE_ASSERT(p->shape[0] == p->global_rows); // slices are gathered before writing
-    ParamRegion r = p->expert >= 0 ? PARAM_EXPERT : PARAM_DENSE;
+    ParamRegion r = params_region(p);
+    size_t rel = p->offset - m->reg.region_begin[r];
     if (!moments) {
-        list_add(l, p->name, "", p->shape[0], cols, model_f32(m, m->params, p->offset));
+        list_add(l, p->name, "", p->shape[0], cols, model_f32(m, rv->w[r], rel));
         return;
     }
-    size_t rel = p->offset - m->reg.region_begin[r];
-    list_add(l, p->name, ".exp_avg", p->shape[0], cols, model_f32(m, mo->m[r], rel));
-    list_add(l, p->name, ".exp_avg_sq", p->shape[0], cols, model_f32(m, mo->v[r], rel));
+    list_add(l, p->name, ".exp_avg", p->shape[0], cols, model_f32(m, rv->m[r], rel));
+    list_add(l, p->name, ".exp_avg_sq", p->shape[0], cols, model_f32(m, rv->v[r], rel));
 }
 
-static TensorList file_tensors(Model *m, const Moments *mo, bool moments) {
+static TensorList file_tensors(Model *m, const RegionValues *rv, bool moments) {
     TensorList l = {0};
     for (size_t i = 0; i < m->reg.n; i++) {
         const ParamInfo *p = &m->reg.p[i];
-        if (writes_region(m, p->expert >= 0 ? PARAM_EXPERT : PARAM_DENSE)) list_param(&l, m, p, mo, moments);
+        if (writes_region(m, params_region(p))) list_param(&l, m, p, rv, moments);
     }
     const ModelConfig *c = &m->cfg;
     if (!moments && writes_region(m, PARAM_DENSE))
@@ -123,17 +124,42 @@ static void shard_name(char *buf, size_t len, const char *dir, const char *prefi
     snprintf(buf, len, "%s/%s-%05d-of-%05d.safetensors", dir, prefix, k + 1, n);
 }
 
-// This rank's model and optimizer shard files (nothing when it owns no tensors).
-static int write_rank_files(const char *tmp, Model *m, const Moments *mo, int64_t step, MoeErr err) {
+// The values of a pass's file (the weights; or the moments) whole for the writers (collective).
+static void gather_values(RegionValues *rv, const Optimizer *o, Model *m, bool moments) {
+    for (int r = 0; r < PARAM_N_REGIONS; r++) {
+        const OptShard *s = &o->region[r];
+        if (!moments) {
+            rv->w[r] = model_gather_region(m, (ParamRegion)r, model_master(m, m->master_begin[r]),
+                                           m->master_size[r], &rv->owned[0][r]);
+            continue;
+        }
+        rv->m[r] = model_gather_region(m, (ParamRegion)r, s->m, s->shard, &rv->owned[1][r]);
+        rv->v[r] = model_gather_region(m, (ParamRegion)r, s->v, s->shard, &rv->owned[2][r]);
+    }
+}
+
+static void free_values(RegionValues *rv, Model *m) {
+    void **bufs[3] = {rv->w, rv->m, rv->v};
+    for (int k = 0; k < 3; k++)
+        for (int r = 0; r < PARAM_N_REGIONS; r++)
+            if (rv->owned[k][r]) m->ops->free(bufs[k][r]);
+}
+
+// This rank's model and optimizer shard files (nothing when it owns no tensors), one kind at a
+// time: only one kind's gathered regions are held at once.
+static int write_rank_files(const char *tmp, Model *m, const Optimizer *o, int64_t step, MoeErr err) {
     const Layout *lay = &m->par->lay;
     int k = lay->stage * lay->ep + lay->ep_rank, n = lay->pp * lay->ep;
     char path[4300];
     int rc = 0;
-    for (int moments = 0; moments < 2 && !rc; moments++) {
-        TensorList l = file_tensors(m, mo, moments);
+    for (int moments = 0; moments < 2; moments++) {
+        RegionValues rv = {0};
+        gather_values(&rv, o, m, moments);
+        TensorList l = file_tensors(m, &rv, moments);
         shard_name(path, sizeof path, tmp, moments ? "optimizer" : "model", k, n);
-        if (l.n) rc = write_tensor_file(path, m, &l, step, err);
+        if (l.n && !rc) rc = write_tensor_file(path, m, &l, step, err);
         free(l.t);
+        free_values(&rv, m);
     }
     return rc;
 }
@@ -211,23 +237,6 @@ static int publish(const char *run_dir, const char *tmp, const Config *cfg, cons
     return 0;
 }
 
-static void gather_moments(Moments *mo, const Optimizer *o, Model *m) {
-    for (int r = 0; r < PARAM_N_REGIONS; r++)
-        optim_gather_moments(o, m, (ParamRegion)r, &mo->m[r], &mo->v[r], &mo->owned[r]);
-    if (m->ops->act_aliases_f32) return; // else the master weights are fresh only in each shard
-    for (int r = 0; r < PARAM_N_REGIONS; r++) {
-        const OptShard *s = &o->region[r];
-        if (s->group->size > 1)
-            s->group->ops->all_gather(s->group, model_f32(m, m->params, s->shard_begin),
-                                      model_f32(m, m->params, s->begin), s->shard, COMM_F32);
-    }
-}
-
-static void free_moments(Moments *mo, Model *m) {
-    for (int r = 0; r < PARAM_N_REGIONS; r++)
-        if (mo->owned[r]) m->ops->free(mo->m[r]), m->ops->free(mo->v[r]);
-}
-
 int ckpt_save(const char *run_dir, Model *m, const Optimizer *o, const Config *cfg,
               const TrainState *st, int keep, MoeErr err) {
     Comm *w = m->par->world;
@@ -240,10 +249,7 @@ int ckpt_save(const char *run_dir, Model *m, const Optimizer *o, const Config *c
     }
     if (!w->ops->all_ok(w, rc == 0))
         return rc ? -1 : moe_err(err, "rank 0 could not create %s", tmp);
-    Moments mo;
-    gather_moments(&mo, o, m);
-    rc = write_rank_files(tmp, m, &mo, st->step, err);
-    free_moments(&mo, m);
+    rc = write_rank_files(tmp, m, o, st->step, err);
     bool written = w->ops->all_ok(w, rc == 0);
     if (written && w->rank == 0) rc = publish(run_dir, tmp, cfg, st, &m->par->lay, keep, err);
     if (w->rank == 0 && (!written || rc)) fs_remove_tree(tmp);
@@ -346,13 +352,24 @@ static int read_range(StSet *r, Model *m, const char *name, size_t rows, size_t 
 
 static size_t param_cols(const ParamInfo *p) { return p->ndim == 2 ? p->shape[1] : 0; }
 
+// Reads the elements in flat [lo, hi) of tensor p's values (its name + suffix) to `base`, where
+// element lo lives (nothing when p has none there).
+static int read_part(StSet *r, Model *m, const ParamInfo *p, const char *suffix, size_t lo, size_t hi,
+                     void *base, MoeErr err) {
+    size_t a, b;
+    if (!params_part(p, lo, hi, &a, &b)) return 0;
+    size_t cols = param_cols(p), first = p->row_begin * (cols ? cols : 1) + (a - p->offset);
+    char name[PARAM_NAME_LEN + 16];
+    snprintf(name, sizeof name, "%s%s", p->name, suffix);
+    return read_range(r, m, name, p->global_rows, cols, first, b - a, model_f32(m, base, a - lo), err);
+}
+
+// Each rank reads the part of every tensor its master weights hold.
 static int load_weights(StSet *r, Model *m, MoeErr err) {
     for (size_t i = 0; i < m->reg.n; i++) {
         const ParamInfo *p = &m->reg.p[i];
-        size_t cols = param_cols(p);
-        if (read_range(r, m, p->name, p->global_rows, cols, p->row_begin * (cols ? cols : 1),
-                       p->numel, model_f32(m, m->params, p->offset), err))
-            return -1;
+        size_t lo = m->master_begin[params_region(p)], hi = lo + m->master_size[params_region(p)];
+        if (read_part(r, m, p, "", lo, hi, model_master(m, lo), err)) return -1;
     }
     const ModelConfig *c = &m->cfg;
     for (int l = 0; l < c->n_layers; l++) {
@@ -370,17 +387,9 @@ static int load_weights(StSet *r, Model *m, MoeErr err) {
 static int load_moments(StSet *r, Model *m, const Optimizer *o, MoeErr err) {
     for (size_t i = 0; i < m->reg.n; i++) {
         const ParamInfo *p = &m->reg.p[i];
-        const OptShard *s = &o->region[p->expert >= 0 ? PARAM_EXPERT : PARAM_DENSE];
-        size_t a = p->offset > s->shard_begin ? p->offset : s->shard_begin;
-        size_t b = p->offset + p->numel < s->shard_begin + s->shard ? p->offset + p->numel : s->shard_begin + s->shard;
-        if (a >= b) continue;
-        size_t cols = param_cols(p), first = p->row_begin * (cols ? cols : 1) + (a - p->offset);
-        char name[PARAM_NAME_LEN + 16];
-        snprintf(name, sizeof name, "%s.exp_avg", p->name);
-        if (read_range(r, m, name, p->global_rows, cols, first, b - a, model_f32(m, s->m, a - s->shard_begin), err))
-            return -1;
-        snprintf(name, sizeof name, "%s.exp_avg_sq", p->name);
-        if (read_range(r, m, name, p->global_rows, cols, first, b - a, model_f32(m, s->v, a - s->shard_begin), err))
+        const OptShard *s = &o->region[params_region(p)];
+        size_t lo = s->shard_begin, hi = lo + s->shard;
+        if (read_part(r, m, p, ".exp_avg", lo, hi, s->m, err) || read_part(r, m, p, ".exp_avg_sq", lo, hi, s->v, err))
             return -1;
     }
     return 0;
@@ -391,7 +400,7 @@ bool ckpt_has_moments(const char *ckpt_dir) { return st_set_exists(ckpt_dir, "op
 int ckpt_load(const char *ckpt_dir, Model *m, const Optimizer *o, MoeErr err) {
     StSet r;
     if (st_set_open(&r, ckpt_dir, "model", err)) return -1;
-    m->ops->zero(m->params, m->reg.total * m->ops->f32_size); // region padding is zero
+    m->ops->zero(m->params, m->master_len * m->ops->f32_size); // region padding is zero
     int rc = load_weights(&r, m, err);
     st_set_close(&r);
     if (!rc && o) {

@@ -36,8 +36,10 @@ int ckpt_write_state(const char *ckpt_dir, const Config *cfg, const TrainState *
                      MoeErr err);
 // Whether a checkpoint holds AdamW moments (`moe import` writes weights only).
 bool ckpt_has_moments(const char *ckpt_dir);
-// Loads the tensors this rank holds (and, with an optimizer, its moment shards), checking names
-// and shapes. Also reads a single model.safetensors (e.g. converted from Hugging Face).
+// Loads the tensors this rank holds (of each, the part its master weights hold; with an optimizer,
+// its moment shards), checking names and shapes, then refreshes the compute copy (collective over
+// the regions' groups: model_sync_compute_weights). Also reads a single model.safetensors (e.g.
+// converted from Hugging Face).
 int ckpt_load(const char *ckpt_dir, Model *m, const Optimizer *o, MoeErr err);
 
 // Checks a checkpoint directory without loading it (`moe ckpt verify`): each index against its

@@ -84,7 +84,9 @@ static const ConfigKey KEYS[] = {
     INT(train, ckpt_every, "steps between checkpoints (0: only at the end)"),
     INT(train, keep_ckpts, "checkpoints kept (older ones are deleted)"),
     STR(train, out, "run directory: config.json, metrics.jsonl, step-N/ checkpoints"),
-    STR(train, device, "compute backend: cpu or cuda (a build with make CUDA=1)"),
+    STR(train, device, "compute backend: cpu, cuda (a build with make CUDA=1), or cpu-sharded (the CPU with a "
+                       "compute copy of the weights apart from the fp32 master weights, which are then sharded "
+                       "over the data-parallel ranks as on a GPU: tests that layout)"),
     INT(train, threads, "CPU threads (0: all cores; at most 4 per core are used, 4096 at most)"),
     ENUM(train, recompute, RECOMPUTE_NAMES, "activations recomputed in the backward instead of kept: none; "
                                             "selective (QK-norm + RoPE, norm, SwiGLU, router-score outputs and "
@@ -324,8 +326,8 @@ static int check_train(const TrainConfig *t, MoeErr err) {
     if (!(t->weight_decay >= 0) || !(t->clip >= 0))
         return moe_err(err, "train.weight_decay = %g and train.clip = %g must be >= 0",
                        t->weight_decay, t->clip);
-    if (strcmp(t->device, "cpu") && strcmp(t->device, "cuda"))
-        return moe_err(err, "train.device = '%s' is unknown (choices: cpu, cuda)", t->device);
+    if (strcmp(t->device, "cpu") && strcmp(t->device, "cuda") && strcmp(t->device, "cpu-sharded"))
+        return moe_err(err, "train.device = '%s' is unknown (choices: cpu, cuda, cpu-sharded)", t->device);
     if (!t->out[0]) return moe_err(err, "train.out must name a run directory");
     if (t->threads > CONFIG_MAX_THREADS)
         return moe_err(err, "train.threads = %d is more than the %d threads moe.c runs (0: one per core)",

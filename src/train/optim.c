@@ -3,19 +3,14 @@
 
 #include <math.h>
 
-static Comm *region_group(const Model *m, ParamRegion r) {
-    return r == PARAM_DENSE ? m->par->dp : m->par->edp;
-}
-
 void optim_init(Optimizer *o, Model *m) {
     const Ops *ops = m->ops;
     o->state_bytes = o->grad_bytes = 0;
     for (int r = 0; r < PARAM_N_REGIONS; r++) {
         OptShard *s = &o->region[r];
-        s->group = region_group(m, (ParamRegion)r);
+        s->group = model_region_group(m, (ParamRegion)r);
         s->begin = m->reg.region_begin[r], s->size = m->reg.region_size[r];
-        s->shard = s->size / (size_t)s->group->size;
-        s->shard_begin = s->begin + (size_t)s->group->rank * s->shard;
+        model_region_shard(m, (ParamRegion)r, &s->shard_begin, &s->shard);
         s->reduced_from = s->begin + s->size;
         size_t bytes = s->shard * ops->f32_size;
         s->grad = s->group->size > 1 ? model_alloc(m, bytes) : model_f32(m, m->grads, s->begin);
@@ -93,7 +88,7 @@ static void adamw_shard(Model *m, const OptShard *s, const TrainConfig *t, const
                           .weight_decay = r->p[j].decay ? (float)t->weight_decay : 0.0f,
                           .clip = (float)t->clip};
         void *act = ops->act_aliases_f32 ? NULL : model_act(m, m->params_act, a);
-        ops->adamw_update(model_f32(m, m->params, a), act, model_f32(m, s->grad, a - lo),
+        ops->adamw_update(model_master(m, a), act, model_f32(m, s->grad, a - lo),
                           model_f32(m, s->m, a - lo), model_f32(m, s->v, a - lo), b - a, args,
                           m->step_info, norm_sq);
     }
@@ -125,32 +120,4 @@ void optim_step(Optimizer *o, Model *m, const TrainConfig *t, void *metrics) {
                 ops->router_bias_update(model_f32(m, m->expert_bias, (size_t)l * c->n_experts),
                                         model_f32(m, metrics, model_metric_router(c, l - c->n_dense_layers)),
                                         (size_t)c->n_experts, (float)c->bias_gamma);
-}
-
-// full (size x n) on the group's rank 0 = every rank's shard (n) in rank order; the others send.
-static void gather_to_first(Comm *g, const Ops *ops, const void *shard, void *full, size_t n) {
-    if (g->rank != 0) {
-        g->ops->send(g, shard, n, COMM_F32, 0);
-        return;
-    }
-    ops->copy(full, shard, n * ops->f32_size);
-    if (g->ops->group_begin) g->ops->group_begin();
-    for (int j = 1; j < g->size; j++)
-        g->ops->recv(g, (char *)full + (size_t)j * n * ops->f32_size, n, COMM_F32, j);
-    if (g->ops->group_end) g->ops->group_end();
-}
-
-void optim_gather_moments(const Optimizer *o, Model *m, ParamRegion r, void **mom_m, void **mom_v,
-                          bool *owned) {
-    const OptShard *s = &o->region[r];
-    const Ops *ops = m->ops;
-    *owned = s->group->size > 1 && s->group->rank == 0;
-    if (s->group->size == 1) {
-        *mom_m = s->m, *mom_v = s->v;
-        return;
-    }
-    *mom_m = *owned ? ops->alloc(s->size * ops->f32_size) : NULL;
-    *mom_v = *owned ? ops->alloc(s->size * ops->f32_size) : NULL;
-    gather_to_first(s->group, ops, s->m, *mom_m, s->shard);
-    gather_to_first(s->group, ops, s->v, *mom_v, s->shard);
 }

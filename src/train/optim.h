@@ -1,7 +1,9 @@
 // The optimizer: learning-rate schedule, global gradient norm, and AdamW (decoupled weight decay,
 // none on norms and embeddings) sharded ZeRO-1 style: each parameter region (dense, experts) is
 // replicated over a group of ranks; gradients are reduce-scattered over the group, each rank
-// updates its shard with its own moments, and the parameters are all-gathered back. The
+// updates its shard with its own moments and fp32 master weights (where the backend keeps a
+// separate compute copy, the master weights held are that shard alone: Model.master_begin), and
+// the compute weights are all-gathered back. The
 // reduction can run in buckets of whole layers, each started as soon as the backward of the
 // step's last micro-batch is done with them, on the backend's side queue (overlapping the
 // backward of the layers before): a region is laid out in layer order and the backward runs the
@@ -42,8 +44,3 @@ void optim_begin_step(Model *m, const TrainConfig *t, int64_t step);
 // shards, all-gather of the weights, and the loss-free bias
 // update from the step's expert loads (metrics must already hold the totals over all ranks).
 void optim_step(Optimizer *o, Model *m, const TrainConfig *t, void *metrics);
-// The full moments of a region for its checkpoint writer, the group's rank 0 (collective): m, v
-// point to new backend buffers of the region's size there (free with ops->free; *owned = true),
-// to NULL on the group's other ranks, or to the shards themselves when the group is one rank.
-void optim_gather_moments(const Optimizer *o, Model *m, ParamRegion r, void **mom_m, void **mom_v,
-                          bool *owned);

@@ -22,6 +22,7 @@ static void set_threads(int threads) {
 
 const Ops *setup_backend(const Config *cfg) {
     set_threads(cfg->train.threads);
+    if (!strcmp(cfg->train.device, "cpu-sharded")) return ops_cpu_sharded();
     if (strcmp(cfg->train.device, "cuda")) return ops_cpu();
     const Ops *ops = ops_cuda(comm_local_rank(0), cfg->train.deterministic); // one GPU per process on a node
     if (!ops) moe_fatal("train.device = cuda, but this moe was built without CUDA (build with make CUDA=1)");
@@ -85,7 +86,7 @@ void setup_plan_rank(const Config *cfg, int world, int rank, const Ops *ops, Par
 TrainMemory setup_memory_of(const Model *m, const Optimizer *o) {
     double P = (double)m->reg.total, f32 = (double)m->ops->f32_size;
     TrainMemory r = {.params = P, .optimizer = (double)o->state_bytes, .total = (double)m->mem.bytes,
-                     .activations = (double)m->act_bytes, .weights = P * f32,
+                     .activations = (double)m->act_bytes, .weights = (double)m->master_len * f32,
                      .compute_weights = m->ops->act_aliases_f32 ? 0 : P * (double)m->ops->act_size,
                      .grads = P * f32 + (double)o->grad_bytes, .exchange = (double)m->exchange_bytes};
     r.scratch = r.total - r.weights - r.compute_weights - r.grads - r.optimizer - r.activations;

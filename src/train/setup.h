@@ -10,7 +10,7 @@
 #include "model/model.h"
 #include "optim.h"
 
-// The backend named by train.device; sets the CPU thread count.
+// The backend named by train.device (cpu-sharded: ops_cpu_sharded); sets the CPU thread count.
 const Ops *setup_backend(const Config *cfg);
 // Opens a dataset from the data section, exiting with the loader's message on failure.
 void setup_dataset(Dataset *ds, const Config *cfg, const char *spec, bool shuffle);
@@ -27,7 +27,8 @@ typedef struct {
     double params, optimizer, total; // per rank: parameters held, optimizer state bytes, all bytes
     double activations;              // bytes of them for activations (Model.act_bytes, exchange included)
     // All bytes by purpose (with optimizer and activations they add up to total):
-    double weights, compute_weights; // fp32 master weights; their act copy (0 where they are the same)
+    double weights, compute_weights; // fp32 master weights (where there is a copy: this rank's shard);
+                                     // their act copy (0 where they are the same)
     double grads;                    // fp32 gradients, with the optimizer's reduced shards
     double exchange;                 // of activations: the expert exchange's buffers (Model.exchange_bytes)
     double scratch;                  // the rest: gradient scratch, LM-head chunk, tokens, tables, metrics

@@ -496,8 +496,9 @@ static void print_banner(const Trainer *t) {
            "%s sequences of %d tokens per epoch | device %s, %d threads\n",
            p.total / 1e6, p.active / 1e6, c->model.n_layers, c->model.n_experts, c->model.top_k,
            tok, seqs, c->train.seq_len, c->train.device, omp_get_max_threads());
-    printf("layout | %d ranks: pp %d x dp %d (ep %d, expert-dp %d) | rank 0 holds %zu parameters, "
-           "optimizer state %s bytes", l->world, l->pp, l->dp, l->ep, l->edp, t->model.reg.total, opt);
+    printf("layout | %d ranks: pp %d x dp %d (ep %d, expert-dp %d) | rank 0 holds %zu parameters (%zu in its "
+           "fp32 master weights), optimizer state %s bytes", l->world, l->pp, l->dp, l->ep, l->edp,
+           t->model.reg.total, t->model.master_len, opt);
     if (l->dp > 1 && c->parallel.overlap_grad_reduce)
         printf(" | gradients reduced during the backward in buckets of whole layers >= %g MB",
                c->parallel.grad_bucket_mb);

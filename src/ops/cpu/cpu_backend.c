@@ -105,3 +105,11 @@ static const Ops CPU_OPS = {
 };
 
 const Ops *ops_cpu(void) { return &CPU_OPS; }
+
+const Ops *ops_cpu_sharded(void) {
+    static Ops ops;
+    ops = CPU_OPS;
+    ops.name = "cpu-sharded";
+    ops.act_aliases_f32 = false; // act is still `real`: the compute copy is an exact copy
+    return &ops;
+}

@@ -25,7 +25,7 @@ void cpu_sum_squares(void *acc_, const void *x_, size_t n) {
 
 void cpu_adamw_update(void *param_, void *param_act, const void *grad_, void *m_, void *v_,
                       size_t n, AdamWArgs a, const StepInfo *step, const void *grad_norm_sq) {
-    real *p = param_, *m = m_, *v = v_;
+    real *p = param_, *pa = param_act, *m = m_, *v = v_;
     const real *g = grad_;
     double norm = sqrt((double)*(const real *)grad_norm_sq);
     real scale = a.clip > 0 && norm > a.clip ? (real)(a.clip / (norm + 1e-6)) : 1;
@@ -37,6 +37,6 @@ void cpu_adamw_update(void *param_, void *param_act, const void *grad_, void *m_
         m[i] = a.beta1 * m[i] + (1 - a.beta1) * gi;
         v[i] = a.beta2 * v[i] + (1 - a.beta2) * gi * gi;
         p[i] = p[i] * decay - lr * (m[i] / bc1) / (real_sqrt(v[i] / bc2) + a.eps);
+        if (pa) pa[i] = p[i]; // the CPU computes in the master precision: the copy is exact
     }
-    (void)param_act; // the CPU computes in the master precision: nothing to cast
 }
