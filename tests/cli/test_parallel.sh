@@ -47,22 +47,26 @@ layout_matches() { # NAME NP [overrides...]; the run's directory in $layout_out
 # Recomputing activations in the backward (train.recompute) gives the same numbers, bit for bit, as
 # keeping them on the same layout; with expert parallelism, full recompute reruns each MoE layer's
 # expert exchange on every ep rank (direct writes here, send/recv below).
+same_bits() { [ "$(losses "$1"; val_losses "$1")" = "$(losses "$2"; val_losses "$2")" ]; } # REFERENCE_DIR DIR
+first_diffs() { paste <(losses "$1") <(losses "$2") | awk '$1 != $2' | head -3; }
 recompute_bitwise() { # NAME REFERENCE_DIR NP [overrides...]
     local name=$1 ref=$2 np=$3 out="$tmp/recompute-$RANDOM"; shift 3
     if ! train "$np" "$out" "$@"; then bad "$name" "$(tail -5 "$out.log")"; return; fi
-    [ "$(losses "$ref"; val_losses "$ref")" = "$(losses "$out"; val_losses "$out")" ] \
-        && ok "$name: bitwise the losses of train.recompute=none" || bad "$name" "$(paste <(losses "$ref") <(losses "$out") | head -3)"
+    same_bits "$ref" "$out" && ok "$name: bitwise the losses of train.recompute=none" || bad "$name" "$(first_diffs "$ref" "$out")"
 }
 for mode in selective full; do recompute_bitwise "one rank, train.recompute=$mode" "$tmp/single" 1 train.recompute=$mode; done
 layout_matches "dp=2" 2
+dp2=$layout_out
 layout_matches "dp=2 ep=2" 2 parallel.ep=2
 layout_matches "pp=2" 2 parallel.pp=2
 layout_matches "pp=2 x dp=2 ep=2" 4 parallel.pp=2 parallel.ep=2
+pp2dp2=$layout_out
 for mode in selective full; do
     recompute_bitwise "pp=2 x dp=2 ep=2, train.recompute=$mode" "$layout_out" 4 parallel.pp=2 parallel.ep=2 train.recompute=$mode
 done
 layout_matches "dp=4 ep=4" 4 parallel.ep=4
 layout_matches "dp=4 ep=2" 4 parallel.ep=2
+dp4ep2=$layout_out
 layout_matches "dp=4 ep=2, gradients reduced after the backward" 4 parallel.ep=2 parallel.overlap_grad_reduce=false
 layout_matches "dp=4 ep=2, gradient buckets of at least 0.04 MB" 4 parallel.ep=2 parallel.grad_bucket_mb=0.04
 
@@ -181,6 +185,43 @@ resume_matches() { # NAME NP_FIRST "ARGS_FIRST" NP_SECOND "ARGS_SECOND"
 resume_matches "save at pp=2 x dp=2 ep=2, resume on 1 rank" 4 "parallel.pp=2 parallel.ep=2" 1 ""
 resume_matches "save on 1 rank, resume at pp=2 x dp=2 ep=2" 1 "" 4 "parallel.pp=2 parallel.ep=2"
 resume_matches "save at dp=4 ep=4, resume at pp=2 dp=2" 4 "parallel.ep=4" 4 "parallel.pp=2"
+
+# ZeRO-1 done fully: where the compute weights are a copy of their own (a GPU's bf16; on CPU ranks
+# train.device=cpu-sharded), each rank's fp32 master weights are only its shard of each region. The
+# losses and the checkpoint files are bitwise those of whole master weights on the same layout, and
+# checkpoints move between the two, both ways, with bitwise the same continuation.
+master_held() { sed -nE 's/.*holds ([0-9]+) parameters \(([0-9]+) in its fp32 master.*/\1 \2/p' "$1" | head -1; }
+sharded_out="$tmp/none" # the dp=2 run's directory
+sharded_matches() { # NAME REFERENCE_DIR (whole master weights) NP [overrides...]
+    local name=$1 ref=$2 np=$3 out="$tmp/sharded-$RANDOM" f held master held_ref master_ref; shift 3
+    if ! train "$np" "$out" train.device=cpu-sharded "$@"; then bad "$name" "$(tail -5 "$out.log")"; return; fi
+    read -r held master <<<"$(master_held "$out.log")"; read -r held_ref master_ref <<<"$(master_held "$ref.log")"
+    if ! [ "${master:-0}" -gt 0 ] || ! [ "$master" -lt "$held" ] || [ "$master_ref" != "$held_ref" ]; then
+        bad "$name" "rank 0's master weights: $master of $held sharded, $master_ref of $held_ref whole"; return; fi
+    same_bits "$ref" "$out" || { bad "$name" "$(first_diffs "$ref" "$out")"; return; }
+    for f in "$ref"/step-10/*.safetensors; do
+        cmp -s "$f" "$out/step-10/${f##*/}" || { bad "$name" "step-10/${f##*/} differs"; return; }
+    done
+    ok "$name: rank 0's master weights $master of $held; bitwise the losses and checkpoint of whole ones"
+    sharded_out=$out
+}
+sharded_matches "dp=2, sharded fp32 master weights" "$dp2" 2
+want=$(./moe eval --ckpt "$dp2" 2>&1); got=$(./moe eval --ckpt "$sharded_out" 2>&1) # its config's train.device
+grep -q "val loss" <<<"$got" && [ "$got" = "$want" ] && ok "moe eval of that checkpoint on train.device=cpu-sharded: the same loss" \
+    || bad "moe eval of that checkpoint on train.device=cpu-sharded: the same loss" "$got vs $want"
+sharded_matches "dp=4 ep=2 (experts sharded over 2), sharded fp32 master weights" "$dp4ep2" 4 parallel.ep=2
+sharded_matches "pp=2 x dp=2 ep=2, sharded fp32 master weights" "$pp2dp2" 4 parallel.pp=2 parallel.ep=2
+resume_bitwise() { # NAME REFERENCE_DIR NP "ARGS_FIRST" "ARGS_SECOND"
+    local name=$1 ref=$2 np=$3 out="$tmp/reshard-$RANDOM"
+    if ! train "$np" "$out" $4 --stop-at 5 || ! train "$np" "$out" $5; then bad "$name" "$(tail -5 "$out.log")"; return; fi
+    grep -q "resumed from .*step-5" "$out.log" || { bad "$name" "did not resume: $(head -3 "$out.log")"; return; }
+    same_bits "$ref" "$out" && ok "$name: bitwise the uninterrupted run" || bad "$name" "$(first_diffs "$ref" "$out")"
+}
+resume_bitwise "dp=2: save with sharded master weights, resume with whole ones" "$dp2" 2 "train.device=cpu-sharded" ""
+resume_bitwise "dp=4 ep=2: save with whole master weights, resume with sharded ones" "$dp4ep2" 4 "parallel.ep=2" \
+    "parallel.ep=2 train.device=cpu-sharded"
+resume_matches "save sharded at dp=4 ep=2, resume on 1 rank" 4 "parallel.ep=2 train.device=cpu-sharded" 1 ""
+resume_matches "save on 1 rank, resume sharded at pp=2 x dp=2 ep=2" 1 "" 4 "parallel.pp=2 parallel.ep=2 train.device=cpu-sharded"
 
 out=$(./moe eval --ckpt "$tmp/single" 2>&1) && grep -q "val loss" <<<"$out" && ok "one-process eval reads a checkpoint" || bad "one-process eval reads a checkpoint" "$out"
 ls "$tmp"/move-*/step-10/ | grep -q "model-00002-of-00002.safetensors" && ok "pp=2 checkpoint has one file per stage" \
