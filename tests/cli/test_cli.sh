@@ -35,7 +35,7 @@ mkdir -p "$tmp/a_run"
 expect_error "a directory as config" "a_run is a directory, not a config file; to resume the run it holds, pass train.out=" $MOE train "$tmp/a_run"
 expect_error "unknown command suggests" "did you mean 'train'" $MOE trian
 expect_error "unknown option suggests" "did you mean '--data'" $MOE eval --ckpt x --dta y
-expect_error "unknown device" "train.device = 'tpu' is unknown \(choices: cpu, cuda\)" $MOE train train.device=tpu train.out="$tmp/never"
+expect_error "unknown device" "train.device = 'tpu' is unknown \(choices: cpu, cuda, cpu-sharded\)" $MOE train train.device=tpu train.out="$tmp/never"
 # A task of `srun -n 2` in a build (or an srun) that cannot join the tasks: it would train alone.
 expect_error "srun tasks that form no world" "slurm started 2 processes, but they formed a world of 1 rank" \
     env SLURM_PROCID=0 SLURM_NTASKS=2 SLURM_LOCALID=0 SLURM_NNODES=1 timeout 20 $MOE train $TINY train.out="$tmp/never"
