@@ -66,6 +66,30 @@ static void test_fused_layout(void) {
     test_free_parallel(&par);
 }
 
+// Sizing on ops_counting_like(backend) counts what the backend allocates, byte for byte; a compute
+// copy apart from the master weights (ops_cpu_sharded) is one more buffer of every parameter.
+static void test_memory_plan_exact(void) {
+    ModelConfig c = small_model();
+    const Ops *backends[2] = {ops_cpu(), ops_cpu_sharded()};
+    size_t bytes[2], P = 0;
+    for (int i = 0; i < 2; i++) {
+        Parallel par;
+        test_single_parallel(&par, &c);
+        Model real_m, plan_m;
+        model_init(&real_m, &c, backends[i], &par, 2, 4, 1, 1, RECOMPUTE_NONE);
+        model_init(&plan_m, &c, ops_counting_like(backends[i]), &par, 2, 4, 1, 1, RECOMPUTE_NONE);
+        bytes[i] = real_m.mem.bytes, P = real_m.reg.total;
+        CHECK_MSG(plan_m.mem.bytes == real_m.mem.bytes, "%s: plan %zu bytes, allocated %zu", backends[i]->name,
+                  plan_m.mem.bytes, real_m.mem.bytes);
+        CHECK_MSG(real_m.master_len == P, "%s: one process holds every master weight (%zu of %zu)", backends[i]->name,
+                  real_m.master_len, P);
+        model_free(&real_m), model_free(&plan_m);
+        test_free_parallel(&par);
+    }
+    CHECK_MSG(bytes[1] - bytes[0] == P * sizeof(real), "the compute copy takes %zu bytes, not %zu",
+              bytes[1] - bytes[0], P * sizeof(real));
+}
+
 // The same tensor gets the same values whatever else is registered (any layout, any rank).
 static void test_init_independent_of_layout(void) {
     ParamInfo a = {.name = "model.layers.3.mlp.experts.7.up_proj.weight", .numel = 50, .offset = 0};
@@ -402,6 +426,7 @@ const TestCase train_tests[] = {
     {"model_fused_layout_and_counts", test_fused_layout},
     {"model_init_independent_of_layout", test_init_independent_of_layout},
     {"model_init_op_matches_values", test_init_op_matches_values},
+    {"model_memory_plan_exact", test_memory_plan_exact},
     {"model_micro_batch_accumulation", test_micro_batch_accumulation},
     {"model_recompute_bitwise", test_recompute_bitwise},
     {"train_lr_schedule", test_lr_schedule},

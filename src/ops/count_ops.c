@@ -24,3 +24,11 @@ const Ops *ops_counting(bool bf16_activations) {
     bf16 = make_counting(2);
     return bf16_activations ? &bf16 : &fp32;
 }
+
+const Ops *ops_counting_like(const Ops *backend) {
+    static Ops o;
+    o = make_counting(backend->act_size);
+    o.f32_size = backend->f32_size, o.act_aliases_f32 = backend->act_aliases_f32;
+    o.logits_chunk = backend->logits_chunk;
+    return &o;
+}

@@ -276,6 +276,9 @@ const OpsLimits *ops_cuda_limits(void);
 // Sizing only (allocations are counted by the model, no kernels): fp32 activations, or bf16 ones
 // as a GPU backend keeps them.
 const Ops *ops_counting(bool bf16_activations);
+// Sizing only, with backend's element sizes, logits chunk and weight layout (a compute copy apart
+// from the master weights or not): the exact plan of that backend.
+const Ops *ops_counting_like(const Ops *backend);
 
 #ifdef __cplusplus
 }

@@ -130,11 +130,15 @@ json_t *setup_memory_json(const TrainMemory *p) {
 }
 
 TrainMemory setup_memory_plan(const Config *cfg, int world, int rank, bool bf16) {
+    return setup_memory_plan_on(cfg, world, rank, ops_counting(bf16));
+}
+
+TrainMemory setup_memory_plan_on(const Config *cfg, int world, int rank, const Ops *counting) {
     Parallel par;
     Comm groups[4];
     Model m;
     Optimizer o;
-    setup_plan_rank(cfg, world, rank, ops_counting(bf16), &par, groups, &m, &o);
+    setup_plan_rank(cfg, world, rank, counting, &par, groups, &m, &o);
     TrainMemory r = setup_memory_of(&m, &o);
     model_free(&m);
     return r;
@@ -153,7 +157,7 @@ void setup_check_memory(const Config *cfg, const Ops *ops, int world, int rank, 
     MoeErr err;
     if (config_check_sizable(cfg, err)) moe_fatal("%s", err);
     if (!training || avail <= 0) return;
-    double plan = setup_memory_plan(cfg, world, rank, ops->act_size == 2).total;
+    double plan = setup_memory_plan_on(cfg, world, rank, ops_counting_like(ops)).total;
     if (plan > avail)
         moe_fatal("rank %d's memory plan is %.4g GiB (weights, gradients, optimizer state and activations of "
                   "train.micro_batch = %d sequences of train.seq_len = %d), but %.4g GiB are available to the "

@@ -52,6 +52,8 @@ json_t *setup_memory_json(const TrainMemory *p);
 // optimizer on a backend that only counts allocations (bf16: activations as a GPU keeps them).
 // cfg must pass config_check_sizable.
 TrainMemory setup_memory_plan(const Config *cfg, int world, int rank, bool bf16);
+// The same on a given counting backend (ops_counting_like: the plan of a backend at hand).
+TrainMemory setup_memory_plan_on(const Config *cfg, int world, int rank, const Ops *counting);
 
 // Exits with a message giving both numbers when a model is more than the backend can hold, before
 // anything is allocated (Linux grants an allocation past the machine's memory, then kills the

@@ -619,7 +619,7 @@ void train_bench(const Config *cfg, Comm *world, int warmup, int steps, BenchRep
     }
     r->memory_in_use = ops->memory_in_use();
     r->memory_peak = ops->memory_peak ? ops->memory_peak() : 0;
-    r->plan = setup_memory_plan(cfg, t.world->size, t.world->rank, ops->act_size == 2);
+    r->plan = setup_memory_plan_on(cfg, t.world->size, t.world->rank, ops_counting_like(ops));
     r->allocated = setup_memory_of(&t.model, &t.opt);
     StepReport sr = {0};
     report_build(&sr, &t.cfg.model, t.metrics_host, t.cfg.train.micro_batches,
