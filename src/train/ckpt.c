@@ -128,13 +128,13 @@ static void shard_name(char *buf, size_t len, const char *dir, const char *prefi
 static void gather_values(RegionValues *rv, const Optimizer *o, Model *m, bool moments) {
     for (int r = 0; r < PARAM_N_REGIONS; r++) {
         const OptShard *s = &o->region[r];
-        if (!moments) {
+        if (moments) {
+            rv->m[r] = model_gather_region(m, (ParamRegion)r, s->m, s->shard, &rv->owned[1][r]);
+            rv->v[r] = model_gather_region(m, (ParamRegion)r, s->v, s->shard, &rv->owned[2][r]);
+        } else {
             rv->w[r] = model_gather_region(m, (ParamRegion)r, model_master(m, m->master_begin[r]),
                                            m->master_size[r], &rv->owned[0][r]);
-            continue;
         }
-        rv->m[r] = model_gather_region(m, (ParamRegion)r, s->m, s->shard, &rv->owned[1][r]);
-        rv->v[r] = model_gather_region(m, (ParamRegion)r, s->v, s->shard, &rv->owned[2][r]);
     }
 }
 
