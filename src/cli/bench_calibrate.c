@@ -234,7 +234,7 @@ void bench_calibrate(const Config *cfg, Comm *world, const char *device, const c
     double start_rss = runtime_bytes(ops_cpu());
     bench_open(&c.b, cfg);
     c.sink = (CostSink){.kernel = record_work, .push_rows = record_push, .ctx = &c};
-    c.cost = ops_costing(!c.b.o->act_aliases_f32, &c.sink);
+    c.cost = ops_costing(c.b.o->act_size == 2, &c.sink);
     snprintf(c.cal.device, sizeof c.cal.device, "%s", device);
     snprintf(c.cal.backend, sizeof c.cal.backend, "%s", cfg->train.device);
     snprintf(c.cal.source, sizeof c.cal.source, "measured by moe bench --calibrate on the shapes of d_model %d, %d "
@@ -253,10 +253,10 @@ void bench_calibrate(const Config *cfg, Comm *world, const char *device, const c
         calibrate_level_done(&c);
     }
     Comm *w = world->size > 1 && !strcmp(cfg->train.device, "cuda") ? comm_nccl_world(world, c.b.o->stream) : world;
-    if (w->size > 1) measure_comm(&c, w, c.b.o->act_aliases_f32 ? (size_t)8 << 20 : (size_t)256 << 20);
+    if (w->size > 1) measure_comm(&c, w, c.b.o->stream ? (size_t)256 << 20 : (size_t)8 << 20);
     c.cal.runtime_bytes = c.b.o->memory_in_use && c.b.o->memory_in_use() ? runtime_bytes(c.b.o) : start_rss;
     snprintf(c.cal.memory_from, sizeof c.cal.memory_from, "runtime = %s when the calibration started; communicator "
-             "not measured (0)", c.b.o->act_aliases_f32 ? "this process's resident memory" : "device memory in use");
+             "not measured (0)", c.b.o->stream ? "device memory in use" : "this process's resident memory");
     bench_close(&c.b);
     if (w != world) w->ops->free(w);
     MoeErr err;

@@ -164,7 +164,7 @@ static void bench_memory_bound(Bench *b, const Config *cfg) {
 }
 
 static double copy_gbs(Bench *b) {
-    size_t bytes = b->o->act_aliases_f32 ? (size_t)1 << 26 : (size_t)1 << 30;
+    size_t bytes = b->o->stream ? (size_t)1 << 30 : (size_t)1 << 26;
     void *src = bench_zero_buf(b, bytes), *dst = b->o->alloc(bytes);
     double ms = BENCH_TIME_MS(b, 10, b->o->copy(dst, src, bytes));
     BENCH_FREE_ALL(b, src, dst);

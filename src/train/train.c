@@ -579,11 +579,11 @@ void train_run(const Config *cfg, Comm *world, const char *resume, int64_t stop_
 // The backend's matrix-multiply rate on a square bf16 (CPU: fp32) product of random values, from
 // its events.
 double train_matmul_tflops(const Ops *ops) {
-    size_t n = ops->act_aliases_f32 ? 1024 : 8192, bytes = n * n * ops->act_size;
+    size_t n = ops->stream ? 8192 : 1024, bytes = n * n * ops->act_size;
     void *a = ops->alloc(bytes), *b = ops->alloc(bytes), *c = ops->alloc(bytes);
     ops_fill_random(ops, a, n * n, 1, 1.0f), ops_fill_random(ops, b, n * n, 2, 1.0f);
     void *e0 = ops->event_create(), *e1 = ops->event_create();
-    int reps = ops->act_aliases_f32 ? 2 : 10;
+    int reps = ops->stream ? 10 : 2;
     for (int i = 0; i < 3; i++) ops->matmul_forward(c, a, b, n, n, n, false);
     ops->event_record(e0);
     for (int i = 0; i < reps; i++) ops->matmul_forward(c, a, b, n, n, n, false);
