@@ -106,11 +106,224 @@ static void test_block_scales(void) {
     }
 }
 
+
+// ---------------------------------------------------------------- the CPU emulation ops
+
+#define ops (ops_cpu())
+
+// Normal values of scale 1 with outliers: every 37th value x1000, every 101st past E4M3's range.
+static real *rnd_outliers(size_t n, uint64_t seed) {
+    real *x = malloc(n * sizeof(real));
+    for (size_t i = 0; i < n; i++)
+        x[i] = rng_normal(seed, i) * (i % 101 == 5 ? 3e3 : i % 37 == 3 ? 1e3 : 1);
+    return x;
+}
+
+// A quantised value's distance from its source is at most half a step of E4M3 at its magnitude:
+// 2^-4 of it for normal codes, 2^-10 x scale for subnormal ones.
+static bool within_half_step(double x, double back, double scale) {
+    return fabs(back - x) <= fmax(fabs(x) / 16, scale * 0x1p-10);
+}
+
+static const Fp8Scaling SCALINGS[2] = {FP8_SCALE_AMAX, FP8_SCALE_POW2};
+
+static void test_fp8_quantize_rows(void) {
+    size_t R = 5, K = 300, Kb = fp8_blocks(K);
+    real *x = rnd_outliers(R * K, 1), *scales = malloc(Kb * R * sizeof(real));
+    for (size_t k = 128; k < 256; k++) x[2 * K + k] = 0; // row 2's second block is all zeros
+    uint8_t *q = malloc(R * K);
+    for (int h = 0; h < 2; h++) {
+        ops->fp8_quantize_rows(q, scales, x, R, K, SCALINGS[h]);
+        for (size_t r = 0; r < R; r++)
+            for (size_t kb = 0; kb < Kb; kb++) {
+                float amax = 0;
+                for (size_t k = kb * 128; k < K && k < kb * 128 + 128; k++) amax = fmaxf(amax, fabsf((float)x[r * K + k]));
+                double s = scales[kb * R + r];
+                CHECK_MSG(s == fp8_block_scale(amax, SCALINGS[h]), "row %zu block %zu: scale %g", r, kb, s);
+                for (size_t k = kb * 128; k < K && k < kb * 128 + 128; k++)
+                    CHECK_MSG(within_half_step(x[r * K + k], fp8_e4m3_decode(q[r * K + k]) * s, s), "[%zu, %zu]", r, k);
+            }
+        CHECK(scales[1 * R + 2] == 1 && q[2 * K + 130] == 0);
+    }
+    free(x), free(scales), free(q);
+}
+
+// Experts of the grouped tests: 3 rows, none, 167 (a block and a short one), 130.
+static const int32_t OFFSETS[5] = {0, 3, 3, 170, 300};
+#define N_EXPERTS 4
+#define N_ROWS 300
+
+// The rows of the token-major copies back in row layout: (R, C) dequantised.
+static double *deq_cols(const uint8_t *qt, const real *scales, size_t C) {
+    size_t Rt = fp8_expert_cols(N_ROWS, N_EXPERTS);
+    double *x = malloc(N_ROWS * C * sizeof(double));
+    for (size_t e = 0; e < N_EXPERTS; e++) {
+        size_t p = fp8_expert_col((size_t)OFFSETS[e], e);
+        for (size_t i = 0; i < (size_t)(OFFSETS[e + 1] - OFFSETS[e]); i++)
+            for (size_t c = 0; c < C; c++)
+                x[(OFFSETS[e] + i) * C + c] = fp8_e4m3_decode(qt[c * Rt + p + i]) * scales[((p + i) / 128) * C + c];
+    }
+    return x;
+}
+
+static double *deq_rows(const uint8_t *q, const real *scales, size_t R, size_t K) {
+    double *x = malloc(R * K * sizeof(double));
+    for (size_t r = 0; r < R; r++)
+        for (size_t k = 0; k < K; k++) x[r * K + k] = fp8_e4m3_decode(q[r * K + k]) * scales[k / 128 * R + r];
+    return x;
+}
+
+static double *deq_weights(const uint8_t *q, const real *scales, size_t E, size_t N, size_t K) {
+    size_t Nb = fp8_blocks(N), Kb = fp8_blocks(K);
+    double *w = malloc(E * N * K * sizeof(double));
+    for (size_t e = 0; e < E; e++)
+        for (size_t n = 0; n < N; n++)
+            for (size_t k = 0; k < K; k++)
+                w[(e * N + n) * K + k] = fp8_e4m3_decode(q[(e * N + n) * K + k]) * scales[(e * Kb + k / 128) * Nb + n / 128];
+    return w;
+}
+
+static void test_fp8_quantize_cols(void) {
+    size_t C = 20, Rt = fp8_expert_cols(N_ROWS, N_EXPERTS);
+    real *x = rnd_outliers(N_ROWS * C, 2), *scales = malloc(Rt / 128 * C * sizeof(real));
+    for (size_t r = 170; r < 300; r++) x[r * C + 7] = 0; // column 7 of the last expert is all zeros
+    uint8_t *qt = malloc(C * Rt);
+    memset(qt, 0x55, C * Rt);
+    ops->fp8_quantize_cols(qt, scales, x, OFFSETS, N_EXPERTS, N_ROWS, C, FP8_SCALE_AMAX);
+    double *back = deq_cols(qt, scales, C);
+    size_t blocks = 0;
+    for (size_t e = 0; e < N_EXPERTS; e++) {
+        size_t r0 = (size_t)OFFSETS[e], r1 = (size_t)OFFSETS[e + 1], p = fp8_expert_col(r0, e);
+        for (size_t b = r0; b < r1; b += 128, blocks++)
+            for (size_t c = 0; c < C; c++) {
+                float amax = 0;
+                for (size_t r = b; r < r1 && r < b + 128; r++) amax = fmaxf(amax, fabsf((float)x[r * C + c]));
+                double sc = scales[((p + b - r0) / 128) * C + c];
+                CHECK_MSG(sc == fp8_block_scale(amax, FP8_SCALE_AMAX), "expert %zu rows from %zu col %zu", e, b, c);
+                for (size_t r = b; r < r1 && r < b + 128; r++)
+                    CHECK_MSG(within_half_step(x[r * C + c], back[r * C + c], sc), "row %zu col %zu", r, c);
+            }
+    }
+    size_t p3 = fp8_expert_col(170, 3);
+    CHECK(scales[(p3 / 128) * C + 7] == 1 && qt[7 * Rt + p3 + 5] == 0);
+    // Every byte outside the experts' columns is 0 (0x55 poison before), every other scale block 1.
+    size_t zeros = 0, ones = 0, used = (size_t)OFFSETS[N_EXPERTS];
+    for (size_t i = 0; i < C * Rt; i++) zeros += qt[i] == 0 || qt[i] == 0x80;
+    for (size_t i = 0; i < Rt / 128 * C; i++) ones += scales[i] == 1;
+    CHECK_MSG(zeros >= (Rt - used) * C, "padding columns hold zero codes (%zu zeros)", zeros);
+    CHECK_MSG(ones >= (Rt / 128 - blocks) * C, "padding blocks have scale 1 (%zu ones)", ones);
+    free(x), free(scales), free(qt), free(back);
+}
+
+static void test_fp8_quantize_weights(void) {
+    size_t E = 2, N = 200, K = 260, Nb = fp8_blocks(N), Kb = fp8_blocks(K);
+    real *w = rnd_outliers(E * N * K, 3), *s = malloc(E * Nb * Kb * sizeof(real)), *st = malloc(E * Nb * Kb * sizeof(real));
+    for (size_t n = 128; n < 200; n++)
+        for (size_t k = 0; k < 128; k++) w[(1 * N + n) * K + k] = 0; // expert 1's block (1, 0) is all zeros
+    uint8_t *q = malloc(E * N * K), *qt = malloc(E * N * K);
+    ops->fp8_quantize_weights(q, qt, s, st, w, E, N, K, FP8_SCALE_AMAX);
+    double *back = deq_weights(q, s, E, N, K);
+    for (size_t e = 0; e < E; e++)
+        for (size_t n = 0; n < N; n++)
+            for (size_t k = 0; k < K; k++) {
+                size_t i = (e * N + n) * K + k;
+                double sc = s[(e * Kb + k / 128) * Nb + n / 128];
+                CHECK_MSG(within_half_step(w[i], back[i], sc), "w[%zu, %zu, %zu]", e, n, k);
+                CHECK_MSG(qt[(e * K + k) * N + n] == q[i], "transpose at [%zu, %zu, %zu]", e, n, k);
+                CHECK(st[(e * Nb + n / 128) * Kb + k / 128] == sc);
+            }
+    CHECK(s[(1 * Kb + 0) * Nb + 1] == 1);
+    free(w), free(s), free(st), free(q), free(qt), free(back);
+}
+
+// ref (M, N) = sum over k < K of a[i a_m + k a_k] b[j b_n + k b_k], and the sums of |terms|.
+static void ref_product(double *ref, double *abs_sum, const double *a, size_t a_m, size_t a_k, const double *b,
+                        size_t b_n, size_t b_k, size_t M, size_t N, size_t K) {
+    for (size_t i = 0; i < M; i++)
+        for (size_t j = 0; j < N; j++) {
+            double s = 0, t = 0;
+            for (size_t k = 0; k < K; k++) {
+                double v = a[i * a_m + k * a_k] * b[j * b_n + k * b_k];
+                s += v, t += fabs(v);
+            }
+            ref[i * N + j] = s, abs_sum[i * N + j] = t;
+        }
+}
+
+// |got - ref| <= rel x sum |terms| + base for every element of (M, N) with row stride ld.
+static void check_product(const char *what, const real *got, size_t ld, const double *ref, const double *abs_sum,
+                          size_t M, size_t N, double rel, double base) {
+    for (size_t i = 0; i < M; i++)
+        for (size_t j = 0; j < N; j++) {
+            double g = got[i * ld + j] - base, r = ref[i * N + j];
+            if (!(fabs(g - r) <= rel * abs_sum[i * N + j])) {
+                TEST_FAIL("%s [%zu, %zu]: %.9g, expected %.9g (tolerance %.3g)", what, i, j, g, r, rel * abs_sum[i * N + j]);
+                return;
+            }
+        }
+}
+
+// fp32 sums of 128 exact products, each block's sum rounded once more by its scale and once by the
+// accumulator: the emulation is within (128 + Kb + 2) units of 2^-24 of sum |terms| from the exact
+// sum of the dequantised operands.
+static double fp32_block_sum_tol(size_t K) { return (double)(FP8_BLOCK + fp8_blocks(K) + 2) * 0x1p-24; }
+
+static void test_fp8_grouped_products(void) {
+    size_t R = N_ROWS, E = N_EXPERTS, N = 136, K = 260;
+    size_t Kb = fp8_blocks(K), Nb = fp8_blocks(N), Rt = fp8_expert_cols(R, E);
+    real *x = rnd_outliers(R * K, 4), *dy = rnd_outliers(R * N, 5), *w = rnd_outliers(E * N * K, 6);
+    uint8_t *xq = malloc(R * K), *dyq = malloc(R * N), *wq = malloc(E * N * K), *wqt = malloc(E * N * K);
+    uint8_t *xt = malloc(K * Rt), *dyt = malloc(N * Rt);
+    real *xs = malloc(Kb * R * sizeof(real)), *dys = malloc(Nb * R * sizeof(real)), *ws = malloc(E * Kb * Nb * sizeof(real));
+    real *wst = malloc(E * Kb * Nb * sizeof(real)), *xts = malloc(Rt / 128 * K * sizeof(real)), *dyts = malloc(Rt / 128 * N * sizeof(real));
+    ops->fp8_quantize_rows(xq, xs, x, R, K, FP8_SCALE_AMAX);
+    ops->fp8_quantize_rows(dyq, dys, dy, R, N, FP8_SCALE_AMAX);
+    ops->fp8_quantize_weights(wq, wqt, ws, wst, w, E, N, K, FP8_SCALE_AMAX);
+    ops->fp8_quantize_cols(xt, xts, x, OFFSETS, E, R, K, FP8_SCALE_AMAX);
+    ops->fp8_quantize_cols(dyt, dyts, dy, OFFSETS, E, R, N, FP8_SCALE_AMAX);
+    double *X = deq_rows(xq, xs, R, K), *DY = deq_rows(dyq, dys, R, N), *W = deq_weights(wq, ws, E, N, K);
+    double *XT = deq_cols(xt, xts, K), *DYT = deq_cols(dyt, dyts, N);
+    double *ref = malloc(R * (N > K ? N : K) * sizeof(double)), *abs_sum = malloc(R * (N > K ? N : K) * sizeof(double));
+    real *y = malloc(R * N * sizeof(real)), *dx = malloc(R * K * sizeof(real)), *dw = malloc(E * N * K * sizeof(real));
+    ops->fp8_grouped_matmul(y, xq, xs, wq, ws, OFFSETS, E, N, K, R);
+    ops->fp8_grouped_matmul(dx, dyq, dys, wqt, wst, OFFSETS, E, K, N, R);
+    for (size_t i = 0; i < E * N * K; i++) dw[i] = 1.5;
+    ops->fp8_grouped_matmul_wgrad(dw, dyt, dyts, xt, xts, OFFSETS, E, N, K, R);
+    for (size_t e = 0; e < E; e++) {
+        size_t r0 = (size_t)OFFSETS[e], rows = (size_t)(OFFSETS[e + 1] - OFFSETS[e]);
+        ref_product(ref, abs_sum, X + r0 * K, K, 1, W + e * N * K, K, 1, rows, N, K);
+        check_product("forward", y + r0 * N, N, ref, abs_sum, rows, N, fp32_block_sum_tol(K), 0);
+        ref_product(ref, abs_sum, DY + r0 * N, N, 1, W + e * N * K, 1, K, rows, K, N);
+        check_product("input gradient", dx + r0 * K, K, ref, abs_sum, rows, K, fp32_block_sum_tol(N), 0);
+        ref_product(ref, abs_sum, DYT + r0 * N, 1, N, XT + r0 * K, 1, K, N, K, rows);
+        check_product("weight gradient", dw + e * N * K, K, ref, abs_sum, N, K, fp32_block_sum_tol(rows), 1.5);
+        // Against the unquantised operands: each factor within 2^-4 (+ subnormal steps) of its value.
+        double *x64 = malloc(rows * K * sizeof(double)), *w64 = malloc(N * K * sizeof(double));
+        for (size_t i = 0; i < rows * K; i++) x64[i] = x[r0 * K + i];
+        for (size_t i = 0; i < N * K; i++) w64[i] = w[e * N * K + i];
+        ref_product(ref, abs_sum, x64, K, 1, w64, K, 1, rows, N, K);
+        check_product("forward against the unquantised operands", y + r0 * N, N, ref, abs_sum, rows, N, 0.13, 0);
+        free(x64), free(w64);
+    }
+    CHECK(dw[1 * N * K + 17] == 1.5); // the empty expert's gradient is untouched
+    real *yd = malloc(R * N * sizeof(real));
+    ops->fp8_matmul(yd, xq, xs, wq, ws, R, N, K);
+    ref_product(ref, abs_sum, X, K, 1, W, K, 1, R, N, K);
+    check_product("dense", yd, N, ref, abs_sum, R, N, fp32_block_sum_tol(K), 0);
+    free(x), free(dy), free(w), free(xq), free(dyq), free(wq), free(wqt), free(xt), free(dyt), free(xs), free(dys);
+    free(ws), free(wst), free(xts), free(dyts), free(X), free(DY), free(W), free(XT), free(DYT), free(ref), free(abs_sum);
+    free(y), free(dx), free(dw), free(yd);
+}
+
 const TestCase fp8_tests[] = {
     {"fp8_e4m3_every_code", test_e4m3_every_code},
     {"fp8_e4m3_ties_and_nearest", test_e4m3_ties_and_nearest},
     {"fp8_e4m3_saturation_and_nan", test_e4m3_saturation_and_nan},
     {"fp8_e4m3_subnormals", test_e4m3_subnormals},
     {"fp8_block_scales", test_block_scales},
+    {"fp8_quantize_rows", test_fp8_quantize_rows},
+    {"fp8_quantize_cols", test_fp8_quantize_cols},
+    {"fp8_quantize_weights", test_fp8_quantize_weights},
+    {"fp8_grouped_products", test_fp8_grouped_products},
     {NULL, NULL},
 };
