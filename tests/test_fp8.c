@@ -127,31 +127,36 @@ static bool within_half_step(double x, double back, double scale) {
 
 static const Fp8Scaling SCALINGS[2] = {FP8_SCALE_AMAX, FP8_SCALE_POW2};
 
-static void test_fp8_quantize_rows(void) {
-    size_t R = 5, K = 300, Kb = fp8_blocks(K);
-    real *x = rnd_outliers(R * K, 1), *scales = malloc(Kb * R * sizeof(real));
-    for (size_t k = 128; k < 256; k++) x[2 * K + k] = 0; // row 2's second block is all zeros
-    uint8_t *q = malloc(R * K);
-    for (int h = 0; h < 2; h++) {
-        ops->fp8_quantize_rows(q, scales, x, R, K, SCALINGS[h]);
-        for (size_t r = 0; r < R; r++)
-            for (size_t kb = 0; kb < Kb; kb++) {
-                float amax = 0;
-                for (size_t k = kb * 128; k < K && k < kb * 128 + 128; k++) amax = fmaxf(amax, fabsf((float)x[r * K + k]));
-                double s = scales[kb * R + r];
-                CHECK_MSG(s == fp8_block_scale(amax, SCALINGS[h]), "row %zu block %zu: scale %g", r, kb, s);
-                for (size_t k = kb * 128; k < K && k < kb * 128 + 128; k++)
-                    CHECK_MSG(within_half_step(x[r * K + k], fp8_e4m3_decode(q[r * K + k]) * s, s), "[%zu, %zu]", r, k);
-            }
-        CHECK(scales[1 * R + 2] == 1 && q[2 * K + 130] == 0);
-    }
-    free(x), free(scales), free(q);
-}
-
 // Experts of the grouped tests: 3 rows, none, 167 (a block and a short one), 130.
 static const int32_t OFFSETS[5] = {0, 3, 3, 170, 300};
 #define N_EXPERTS 4
 #define N_ROWS 300
+
+
+// Rows in the experts' groups: each expert's scales one packed (Kb, rows) matrix.
+static void test_fp8_quantize_rows(void) {
+    size_t R = N_ROWS, K = 300, Kb = fp8_blocks(K);
+    real *x = rnd_outliers(R * K, 1), *scales = malloc(Kb * R * sizeof(real));
+    for (size_t k = 128; k < 256; k++) x[200 * K + k] = 0; // row 200's second block is all zeros
+    uint8_t *q = malloc(R * K);
+    for (int h = 0; h < 2; h++) {
+        ops->fp8_quantize_rows(q, scales, x, OFFSETS, N_EXPERTS, R, K, SCALINGS[h]);
+        for (size_t e = 0; e < N_EXPERTS; e++) {
+            size_t r0 = (size_t)OFFSETS[e], rows = (size_t)OFFSETS[e + 1] - r0;
+            for (size_t r = r0; r < r0 + rows; r++)
+                for (size_t kb = 0; kb < Kb; kb++) {
+                    float amax = 0;
+                    for (size_t k = kb * 128; k < K && k < kb * 128 + 128; k++) amax = fmaxf(amax, fabsf((float)x[r * K + k]));
+                    double s = scales[Kb * r0 + kb * rows + r - r0];
+                    CHECK_MSG(s == fp8_block_scale(amax, SCALINGS[h]), "row %zu block %zu: scale %g", r, kb, s);
+                    for (size_t k = kb * 128; k < K && k < kb * 128 + 128; k++)
+                        CHECK_MSG(within_half_step(x[r * K + k], fp8_e4m3_decode(q[r * K + k]) * s, s), "[%zu, %zu]", r, k);
+                }
+        }
+        CHECK(scales[Kb * 170 + 1 * 130 + 30] == 1 && q[200 * K + 130] == 0);
+    }
+    free(x), free(scales), free(q);
+}
 
 // The rows of the token-major copies back in row layout: (R, C) dequantised.
 static double *deq_cols(const uint8_t *qt, const real *scales, size_t C) {
@@ -166,10 +171,16 @@ static double *deq_cols(const uint8_t *qt, const real *scales, size_t C) {
     return x;
 }
 
-static double *deq_rows(const uint8_t *q, const real *scales, size_t R, size_t K) {
+// Rows quantised in groups of offsets (NULL: one group of R rows), dequantised: (R, K).
+static double *deq_rows(const uint8_t *q, const real *scales, const int32_t *offsets, size_t E, size_t R, size_t K) {
+    size_t Kb = fp8_blocks(K);
     double *x = malloc(R * K * sizeof(double));
-    for (size_t r = 0; r < R; r++)
-        for (size_t k = 0; k < K; k++) x[r * K + k] = fp8_e4m3_decode(q[r * K + k]) * scales[k / 128 * R + r];
+    for (size_t g = 0; g < (offsets ? E : 1); g++) {
+        size_t r0 = offsets ? (size_t)offsets[g] : 0, rows = offsets ? (size_t)offsets[g + 1] - r0 : R;
+        for (size_t i = 0; i < rows; i++)
+            for (size_t k = 0; k < K; k++)
+                x[(r0 + i) * K + k] = fp8_e4m3_decode(q[(r0 + i) * K + k]) * scales[Kb * r0 + k / 128 * rows + i];
+    }
     return x;
 }
 
@@ -276,12 +287,12 @@ static void test_fp8_grouped_products(void) {
     uint8_t *xt = malloc(K * Rt), *dyt = malloc(N * Rt);
     real *xs = malloc(Kb * R * sizeof(real)), *dys = malloc(Nb * R * sizeof(real)), *ws = malloc(E * Kb * Nb * sizeof(real));
     real *wst = malloc(E * Kb * Nb * sizeof(real)), *xts = malloc(Rt / 128 * K * sizeof(real)), *dyts = malloc(Rt / 128 * N * sizeof(real));
-    ops->fp8_quantize_rows(xq, xs, x, R, K, FP8_SCALE_AMAX);
-    ops->fp8_quantize_rows(dyq, dys, dy, R, N, FP8_SCALE_AMAX);
+    ops->fp8_quantize_rows(xq, xs, x, OFFSETS, E, R, K, FP8_SCALE_AMAX);
+    ops->fp8_quantize_rows(dyq, dys, dy, OFFSETS, E, R, N, FP8_SCALE_AMAX);
     ops->fp8_quantize_weights(wq, wqt, ws, wst, w, E, N, K, FP8_SCALE_AMAX);
     ops->fp8_quantize_cols(xt, xts, x, OFFSETS, E, R, K, FP8_SCALE_AMAX);
     ops->fp8_quantize_cols(dyt, dyts, dy, OFFSETS, E, R, N, FP8_SCALE_AMAX);
-    double *X = deq_rows(xq, xs, R, K), *DY = deq_rows(dyq, dys, R, N), *W = deq_weights(wq, ws, E, N, K);
+    double *X = deq_rows(xq, xs, OFFSETS, E, R, K), *DY = deq_rows(dyq, dys, OFFSETS, E, R, N), *W = deq_weights(wq, ws, E, N, K);
     double *XT = deq_cols(xt, xts, K), *DYT = deq_cols(dyt, dyts, N);
     double *ref = malloc(R * (N > K ? N : K) * sizeof(double)), *abs_sum = malloc(R * (N > K ? N : K) * sizeof(double));
     real *y = malloc(R * N * sizeof(real)), *dx = malloc(R * K * sizeof(real)), *dw = malloc(E * N * K * sizeof(real));
@@ -307,6 +318,9 @@ static void test_fp8_grouped_products(void) {
     }
     CHECK(dw[1 * N * K + 17] == 1.5); // the empty expert's gradient is untouched
     real *yd = malloc(R * N * sizeof(real));
+    ops->fp8_quantize_rows(xq, xs, x, NULL, 0, R, K, FP8_SCALE_AMAX);
+    free(X);
+    X = deq_rows(xq, xs, NULL, 0, R, K);
     ops->fp8_matmul(yd, xq, xs, wq, ws, R, N, K);
     ref_product(ref, abs_sum, X, K, 1, W, K, 1, R, N, K);
     check_product("dense", yd, N, ref, abs_sum, R, N, fp32_block_sum_tol(K), 0);

@@ -254,8 +254,11 @@ typedef struct Ops {
     // 1x128 blocks along K, their token-major copies for the weight gradient, and weights in
     // 128x128 blocks with their transpose for the input gradient. Scales are block-index-major (the
     // row index fastest), as CUTLASS's sm90 kernels read them.
-    // x (R, K) act in 1x128 blocks: q (R, K) e4m3, scales (Kb, R) f32
-    void (*fp8_quantize_rows)(void *q, void *scales, const void *x, size_t R, size_t K, Fp8Scaling how);
+    // x (R, K) act in 1x128 blocks: q (R, K) e4m3; scales f32 per group of rows, the groups of
+    // offsets (E + 1) i32 as grouped_matmul_forward's (NULL: one group of R rows): group g's scales
+    // are (Kb, rows of g) at Kb offsets[g], so each expert's scales are one packed matrix.
+    void (*fp8_quantize_rows)(void *q, void *scales, const void *x, const int32_t *offsets, size_t E,
+                              size_t R, size_t K, Fp8Scaling how);
     // The rows of each expert of x (R, C) act (offsets as grouped_matmul_forward), transposed, in
     // blocks of 128 rows from the expert's first row: qt (C, Rt) e4m3 with Rt = fp8_expert_cols(R, E)
     // and expert e's rows at columns [fp8_expert_col(offsets[e], e), + its rows); scales
@@ -267,8 +270,9 @@ typedef struct Ops {
     void (*fp8_quantize_weights)(void *q, void *qt, void *scales, void *scales_t, const void *w, size_t E,
                                  size_t N, size_t K, Fp8Scaling how);
     // Per expert (offsets as grouped_matmul_forward), out (R, N) act = a (R, K) . b[e] (N, K)^T, a
-    // rows (scales (Kb, R)), b weights (scales (E, Kb, Nb)): the forward (a = x, b = w) and the
-    // input gradient (a = dout, b = the transposed weights and scales, N and K swapped).
+    // rows (fp8_quantize_rows with the same offsets), b weights (scales (E, Kb, Nb)): the forward
+    // (a = x, b = w) and the input gradient (a = dout, b = the transposed weights and scales, N and
+    // K swapped).
     void (*fp8_grouped_matmul)(void *out, const void *a, const void *a_scales, const void *b,
                                const void *b_scales, const int32_t *offsets, size_t E, size_t N,
                                size_t K, size_t R);
@@ -278,7 +282,8 @@ typedef struct Ops {
     void (*fp8_grouped_matmul_wgrad)(void *dw, const void *dout_t, const void *dout_scales,
                                      const void *x_t, const void *x_scales, const int32_t *offsets,
                                      size_t E, size_t N, size_t K, size_t R);
-    // out (M, N) act = a (M, K) . b (N, K)^T: a rows (scales (Kb, M)), b weights (scales (Kb, Nb))
+    // out (M, N) act = a (M, K) . b (N, K)^T: a rows (one group: scales (Kb, M)), b weights
+    // (scales (Kb, Nb))
     void (*fp8_matmul)(void *out, const void *a, const void *a_scales, const void *b,
                        const void *b_scales, size_t M, size_t N, size_t K);
 

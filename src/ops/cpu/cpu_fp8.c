@@ -22,17 +22,22 @@ static float fp8_quantize_block(uint8_t *q, size_t qr, size_t qc, const real *x,
 
 static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
 
-void cpu_fp8_quantize_rows(void *q_, void *scales_, const void *x_, size_t R, size_t K, Fp8Scaling how) {
+void cpu_fp8_quantize_rows(void *q_, void *scales_, const void *x_, const int32_t *offsets, size_t E, size_t R,
+                           size_t K, Fp8Scaling how) {
     uint8_t *q = q_;
     real *scales = scales_;
     const real *x = x_;
+    size_t Kb = fp8_blocks(K);
+    for (size_t g = 0; g < (offsets ? E : 1); g++) {
+        size_t r0 = offsets ? (size_t)offsets[g] : 0, rows = offsets ? (size_t)offsets[g + 1] - r0 : R;
 #pragma omp parallel for schedule(static)
-    for (size_t r = 0; r < R; r++)
-        for (size_t kb = 0; kb < fp8_blocks(K); kb++) {
-            size_t k0 = kb * FP8_BLOCK;
-            scales[kb * R + r] = fp8_quantize_block(q + r * K + k0, 0, 1, x + r * K + k0, 0, 1, 1,
-                                                    min_size(FP8_BLOCK, K - k0), how);
-        }
+        for (size_t i = 0; i < rows; i++)
+            for (size_t kb = 0; kb < Kb; kb++) {
+                size_t at = (r0 + i) * K + kb * FP8_BLOCK;
+                scales[Kb * r0 + kb * rows + i] = fp8_quantize_block(q + at, 0, 1, x + at, 0, 1, 1,
+                                                                     min_size(FP8_BLOCK, K - kb * FP8_BLOCK), how);
+            }
+    }
 }
 
 void cpu_fp8_quantize_cols(void *qt_, void *scales_, const void *x_, const int32_t *offsets, size_t E,
@@ -112,9 +117,9 @@ static void fp8_gemm(real *out, size_t ldo, const Fp8Operand *a, const Fp8Operan
         }
 }
 
-// Rows quantised by fp8_quantize_rows: first row `row0` of a matrix of R rows, K long.
-static Fp8Operand fp8_rows(const void *q, const void *scales, size_t row0, size_t R, size_t K) {
-    return (Fp8Operand){(const uint8_t *)q + row0 * K, K, (const real *)scales + row0, 1, 1, R};
+// The group of `rows` rows from row0 quantised by fp8_quantize_rows, K long.
+static Fp8Operand fp8_rows(const void *q, const void *scales, size_t row0, size_t rows, size_t K) {
+    return (Fp8Operand){(const uint8_t *)q + row0 * K, K, (const real *)scales + fp8_blocks(K) * row0, 1, 1, rows};
 }
 
 // Weights quantised by fp8_quantize_weights: matrix e of (N, K).
@@ -133,7 +138,7 @@ void cpu_fp8_grouped_matmul(void *out, const void *a, const void *a_scales, cons
                             const int32_t *offsets, size_t E, size_t N, size_t K, size_t R) {
     for (size_t e = 0; e < E; e++) {
         size_t r0 = (size_t)offsets[e], rows = (size_t)(offsets[e + 1] - offsets[e]);
-        Fp8Operand A = fp8_rows(a, a_scales, r0, R, K), B = fp8_weights(b, b_scales, e, N, K);
+        Fp8Operand A = fp8_rows(a, a_scales, r0, rows, K), B = fp8_weights(b, b_scales, e, N, K);
         fp8_gemm((real *)out + r0 * N, N, &A, &B, rows, N, K, false);
     }
 }

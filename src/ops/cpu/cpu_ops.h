@@ -72,7 +72,8 @@ void cpu_grouped_matmul_backward(void *dx, void *dw, const void *dout, const voi
 void cpu_router_bias_update(void *bias, const void *loads, size_t E, float gamma);
 
 // FP8 recipe emulation (cpu_fp8.c)
-void cpu_fp8_quantize_rows(void *q, void *scales, const void *x, size_t R, size_t K, Fp8Scaling how);
+void cpu_fp8_quantize_rows(void *q, void *scales, const void *x, const int32_t *offsets, size_t E, size_t R,
+                           size_t K, Fp8Scaling how);
 void cpu_fp8_quantize_cols(void *qt, void *scales, const void *x, const int32_t *offsets, size_t E,
                            size_t R, size_t C, Fp8Scaling how);
 void cpu_fp8_quantize_weights(void *q, void *qt, void *scales, void *scales_t, const void *w, size_t E,
