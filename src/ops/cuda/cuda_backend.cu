@@ -217,6 +217,10 @@ static Ops make_cuda_ops(void) {
     o.grouped_matmul_forward = cuda_grouped_matmul_forward;
     o.grouped_matmul_backward = cuda_grouped_matmul_backward;
     o.router_bias_update = cuda_router_bias_update;
+    o.fp8_quantize_rows = cuda_fp8_quantize_rows, o.fp8_quantize_cols = cuda_fp8_quantize_cols;
+    o.fp8_quantize_weights = cuda_fp8_quantize_weights;
+    o.fp8_grouped_matmul = cuda_fp8_grouped_matmul, o.fp8_grouped_matmul_wgrad = cuda_fp8_grouped_matmul_wgrad;
+    o.fp8_matmul = cuda_fp8_matmul;
     o.cross_entropy = cuda_cross_entropy, o.sum_squares = cuda_sum_squares;
     o.adamw_update = cuda_adamw_update;
     return o;
