@@ -107,7 +107,7 @@ if has kernels; then
             echo "== kernels $c ($k)" >> "$OUT/kernels.txt"; cat runs/kernels_${c}_$k.txt >> "$OUT/kernels.txt"
         done
     done
-    grep -E "attention|grouped up\+gate forward|ceilings|==" "$OUT/kernels.txt" | head -40
+    grep -E "attention|grouped up\+gate forward|fp8 .*(forward|grad)|ceilings|==" "$OUT/kernels.txt" | head -60
 fi
 
 if has bench; then
