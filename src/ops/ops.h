@@ -249,6 +249,7 @@ typedef struct Ops {
     void (*router_bias_update)(void *bias, const void *loads, size_t E, float gamma);
 
     // ---- FP8 products (DeepSeek-V3 recipe, ops/fp8.h and docs/FP8.md; Kb = fp8_blocks(K)) ----
+    // NULL where the backend cannot run them (the CUDA backend off Hopper).
     // Every product is out = a . b^T with both operands K-contiguous (Hopper's FP8 tensor cores
     // read no other layout), so each operand has the copy its product needs: rows of activations in
     // 1x128 blocks along K, their token-major copies for the weight gradient, and weights in
