@@ -543,11 +543,12 @@ static void expert_backward(const Model *m, void *dx, void *dw, const void *dout
         ops->grouped_matmul_backward(dx, dw, dout, x, w, off, El, N, K, Rr);
         return;
     }
+    // every read of dout and x before dx is written
     ops->fp8_quantize_rows(q->rows, q->row_scales, dout, off, El, Rr, N, q->how);
-    ops->fp8_quantize_weights(q->w, q->wt, q->w_scales, q->wt_scales, w, El, N, K, q->how);
-    ops->fp8_grouped_matmul(dx, q->rows, q->row_scales, q->wt, q->wt_scales, off, El, K, N, Rr);
     ops->fp8_quantize_cols(q->dout_t, q->dout_t_scales, dout, off, El, Rr, N, q->how);
     ops->fp8_quantize_cols(q->x_t, q->x_t_scales, x, off, El, Rr, K, q->how);
+    ops->fp8_quantize_weights(q->w, q->wt, q->w_scales, q->wt_scales, w, El, N, K, q->how);
+    ops->fp8_grouped_matmul(dx, q->rows, q->row_scales, q->wt, q->wt_scales, off, El, K, N, Rr);
     ops->fp8_grouped_matmul_wgrad(dw, q->dout_t, q->dout_t_scales, q->x_t, q->x_t_scales, off, El, N, K, Rr);
 }
 
