@@ -30,12 +30,6 @@ FP8_FN uint32_t fp8_float_bits(float x) {
     return u;
 }
 
-FP8_FN float fp8_bits_float(uint32_t u) {
-    float x;
-    memcpy(&x, &u, 4);
-    return x;
-}
-
 // E4M3 (the "fn" variant: no infinities, one NaN per sign) nearest to x, ties to the even code;
 // magnitudes past 448 (infinities too) saturate to +-448, NaN gives FP8_E4M3_NAN.
 FP8_FN uint8_t fp8_e4m3_encode(float x) {
