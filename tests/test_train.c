@@ -251,11 +251,10 @@ static void test_fp8_step(void) {
     real *grads[4], *metrics[4];
     for (int i = 0; i < 4; i++) grads[i] = calloc(P, sizeof(real)), metrics[i] = calloc(len, sizeof(real));
     const Fp8Scaling amax = FP8_SCALE_AMAX, pow2 = FP8_SCALE_POW2;
-    size_t exact = recompute_step(&c, RECOMPUTE_NONE, NULL, grads[0], metrics[0]);
-    size_t fp8 = recompute_step(&c, RECOMPUTE_NONE, &amax, grads[1], metrics[1]);
+    recompute_step(&c, RECOMPUTE_NONE, NULL, grads[0], metrics[0]);
+    recompute_step(&c, RECOMPUTE_NONE, &amax, grads[1], metrics[1]);
     recompute_step(&c, RECOMPUTE_FULL, &amax, grads[2], metrics[2]);
     recompute_step(&c, RECOMPUTE_NONE, &pow2, grads[3], metrics[3]);
-    CHECK_MSG(fp8 > exact, "FP8 operand buffers counted in the activation bytes (%zu, %zu)", fp8, exact);
     CHECK_MSG(memcmp(grads[1] + experts, grads[0] + experts, expert_len * sizeof(real)),
               "FP8 expert gradients equal the exact ones bitwise: the FP8 path did not run");
     CHECK_MSG(!memcmp(grads[2], grads[1], P * sizeof(real)) && !memcmp(metrics[2], metrics[1], len * sizeof(real)),

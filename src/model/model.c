@@ -360,7 +360,7 @@ void model_enable_fp8(Model *m, Fp8Scaling how) {
     size_t Rr = moe_exchange_received_rows(&m->xchg, m->B * m->S), El = (size_t)m->n_experts_local;
     size_t D = c->d_model, H2 = 2 * (size_t)c->expert_hidden, Rt = fp8_expert_cols(Rr, El), f = m->ops->f32_size;
     size_t rows_w = max_size(D, H2), out_w = max_size(H2, D), in_w = max_size(D, H2 / 2);
-    size_t w_blocks = El * fp8_blocks(H2) * fp8_blocks(D), before = m->mem.bytes;
+    size_t w_blocks = El * fp8_blocks(H2) * fp8_blocks(D);
     Fp8Operands *o = m->fp8 = moe_calloc(1, sizeof *o);
     o->how = how;
     o->rows = model_alloc(m, Rr * rows_w), o->row_scales = model_alloc(m, Rr * fp8_blocks(rows_w) * f);
@@ -368,7 +368,6 @@ void model_enable_fp8(Model *m, Fp8Scaling how) {
     o->w_scales = model_alloc(m, w_blocks * f), o->wt_scales = model_alloc(m, w_blocks * f);
     o->dout_t = model_alloc(m, out_w * Rt), o->dout_t_scales = model_alloc(m, Rt / FP8_BLOCK * out_w * f);
     o->x_t = model_alloc(m, in_w * Rt), o->x_t_scales = model_alloc(m, Rt / FP8_BLOCK * in_w * f);
-    m->act_bytes += m->mem.bytes - before;
 }
 
 void model_free(Model *m) {

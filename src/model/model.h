@@ -160,7 +160,8 @@ static inline size_t model_metric_router(const ModelConfig *c, int moe_index) {
 }
 
 // Runs the expert products of every MoE layer in FP8 with the given scaling (train.precision =
-// fp8), allocating their operand buffers (counted in act_bytes). After model_init.
+// fp8), allocating their operand buffers (scratch: nothing in them outlives a product). After
+// model_init.
 void model_enable_fp8(Model *m, Fp8Scaling how);
 
 // Builds the registry of this rank's tensors and allocates parameters, activations for n_slots
