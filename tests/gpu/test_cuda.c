@@ -712,6 +712,13 @@ static void test_fp8_case(size_t E, const int *rows, size_t N, size_t K, Fp8Scal
     gpu->fp8_quantize_cols(dyt.g, dyts.g, dy.g, off.g, E, Rb, N, how);
     check("  token-major copies", &xt, K * Rt, 0, 0), check("  token-major scales", &xts, Rt / FP8_BLOCK * K, 0, 0);
     check("  token-major gradient", &dyt, N * Rt, 0, 0), check("  its scales", &dyts, Rt / FP8_BLOCK * N, 0, 0);
+    // experts 1.. alone, offsets from the second on (a chunk, as parallel.exchange_chunks passes it)
+    size_t Rt1 = fp8_expert_cols(Rb, E - 1);
+    cpu->fp8_quantize_cols(xt.c, xts.c, x.c, (const int32_t *)off.c + 1, E - 1, Rb, K, how);
+    gpu->fp8_quantize_cols(xt.g, xts.g, x.g, (const int32_t *)off.g + 1, E - 1, Rb, K, how);
+    check("  token-major copies of a chunk of experts", &xt, K * Rt1, 0, 0);
+    check("  their scales", &xts, Rt1 / FP8_BLOCK * K, 0, 0);
+    cpu->fp8_quantize_cols(xt.c, xts.c, x.c, off.c, E, Rb, K, how), gpu->fp8_quantize_cols(xt.g, xts.g, x.g, off.g, E, Rb, K, how);
 
     void *axq = abs_codes(&xq), *awq = abs_codes(&wq), *adyq = abs_codes(&dyq), *awqt = abs_codes(&wqt);
     void *axt = abs_codes(&xt), *adyt = abs_codes(&dyt);

@@ -61,7 +61,8 @@ extern "C" void cuda_fp8_quantize_rows(void *q, void *scales, const void *x, con
 }
 
 // The rows of x that land in token-major block b (columns [128 b, 128 b + 128)): first row and
-// count, 0 rows for a block of no expert. Its expert is the last one starting at or before it.
+// count, 0 rows for a block of no expert (past an expert's rows, or before the first expert's when
+// offsets[0] > 0, as for a chunk of experts). Its expert is the last one starting at or before it.
 __device__ void fp8_block_rows(const int32_t *offsets, int E, int64_t b, int64_t *first, int64_t *n) {
     int lo = 0, hi = E - 1;
     while (lo < hi) {
@@ -72,7 +73,7 @@ __device__ void fp8_block_rows(const int32_t *offsets, int E, int64_t b, int64_t
     int64_t into = FP8_BLOCK * b - (int64_t)fp8_expert_col((size_t)offsets[lo], (size_t)lo);
     int64_t rows = offsets[lo + 1] - offsets[lo];
     *first = offsets[lo] + into;
-    *n = into < rows ? min((int64_t)FP8_BLOCK, rows - into) : 0;
+    *n = into >= 0 && into < rows ? min((int64_t)FP8_BLOCK, rows - into) : 0;
 }
 
 // Block (32, 8) per (32 columns, token-major block b): the 128 x 32 tile through shared memory,
