@@ -3,8 +3,9 @@
 # CPU backend, train the default model on GPU and CPU from the same start and compare the curves,
 # move checkpoints between devices, time each kernel alone (library and built-in variants), and
 # benchmark the configs of configs/bench/. Numbers and logs go to $OUT (the device tool brings them
-# back). Stages: all (default) or a list, e.g. "build test kernels". Carry .deps/include (CUTLASS and
-# cuDNN frontend headers from scripts/setup.sh) and .deps/debs (the JSON, xxHash and PCRE2 packages).
+# back). Stages: all (default) or a list, e.g. "build test kernels"; "fp8" (not in the default list)
+# checks and measures the FP8 recipe. Carry .deps/include (CUTLASS and cuDNN frontend headers from
+# scripts/setup.sh) and .deps/debs (the JSON, xxHash and PCRE2 packages).
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 STAGES=${1:-build test curves ckpt kernels bench}
@@ -107,7 +108,22 @@ if has kernels; then
             echo "== kernels $c ($k)" >> "$OUT/kernels.txt"; cat runs/kernels_${c}_$k.txt >> "$OUT/kernels.txt"
         done
     done
-    grep -E "attention|grouped up\+gate forward|ceilings|==" "$OUT/kernels.txt" | head -40
+    grep -E "attention|grouped up\+gate forward|fp8 .*(forward|grad)|ceilings|==" "$OUT/kernels.txt" | head -60
+fi
+
+if has fp8; then
+    # The FP8 recipe (docs/FP8.md): its ops against the CPU emulation, the default model's curve in
+    # fp8 against bf16 on the GPU (same start, 300 steps), scale-E8's step in both precisions.
+    timeout 300 build/test_cuda FP8 2>&1 | tee "$OUT/test_cuda_fp8.log" | tail -20
+    say "FP8 ops, CUDA vs CPU emulation: $(tail -1 "$OUT/test_cuda_fp8.log")"
+    for p in bf16 fp8; do
+        rm -rf runs/curve-$p
+        timeout 200 ./moe train train.device=cuda train.precision=$p train.steps=300 train.out=runs/curve-$p \
+            train.ckpt_every=0 > runs/curve_$p.log 2>&1
+        timeout 240 ./moe bench configs/bench/scale-E8.json train.precision=$p > runs/bench_scale-E8_$p.txt 2>&1
+        cat runs/curve_$p.log >> "$OUT/train.log"; cat runs/bench_scale-E8_$p.txt >> "$OUT/bench.txt"
+        say "train.precision=$p: step-300 loss $(losses runs/curve-$p | tail -1), $(grep -o 'val loss [0-9.]*' runs/curve_$p.log | tail -1); scale-E8 $(grep -E '^throughput' runs/bench_scale-E8_$p.txt | tr -s ' ')"
+    done
 fi
 
 if has bench; then

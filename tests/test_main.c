@@ -8,7 +8,7 @@
 int test_failures;
 
 #define TEST_SUITES(X) X(util_tests) X(safetensors_tests) X(data_tests) X(tokenizer_tests) X(config_tests) \
-    X(gemm_tests) X(ops_tests) X(gradcheck_tests) X(train_tests) X(pipeline_tests) X(plot_tests) X(launch_tests)
+    X(gemm_tests) X(fp8_tests) X(ops_tests) X(gradcheck_tests) X(train_tests) X(pipeline_tests) X(plot_tests) X(launch_tests)
 
 #define DECLARE(s) extern const TestCase s[];
 TEST_SUITES(DECLARE)

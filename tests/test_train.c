@@ -171,14 +171,16 @@ static void test_micro_batch_accumulation(void) {
 }
 
 // One step's forward and backward of two micro-batches in flight (two slots: both forwards, then
-// both backwards, as a pipeline stage runs them) under a recompute mode: the gradients and the
-// metrics (losses, loads, drops) into grads (P) and metrics, the activation bytes returned.
-static size_t recompute_step(const ModelConfig *c, Recompute mode, real *grads, real *metrics) {
+// both backwards, as a pipeline stage runs them) under a recompute mode, the expert products in FP8
+// with scaling *fp8 (NULL: in act precision): the gradients and the metrics (losses, loads, drops)
+// into grads (P) and metrics, the activation bytes returned.
+static size_t recompute_step(const ModelConfig *c, Recompute mode, const Fp8Scaling *fp8, real *grads, real *metrics) {
     size_t B = 2, S = 6, T = B * S;
     Parallel par;
     test_single_parallel(&par, c);
     Model m;
     model_init(&m, c, ops_cpu(), &par, B, S, 2, 2, mode);
+    if (fp8) model_enable_fp8(&m, *fp8);
     model_init_weights(&m, 3);
     for (int i = 0; i < c->n_layers * c->n_experts; i++) ((real *)m.expert_bias)[i] = (real)(0.01 * (i % 5));
     StepInfo info = {.lr = 1e-3f, .step = 1, .seed = 11};
@@ -232,7 +234,7 @@ static void test_recompute_bitwise(void) {
         size_t bytes[3];
         for (int mode = 0; mode < 3; mode++) {
             grads[mode] = calloc(P, sizeof(real)), metrics[mode] = calloc(len, sizeof(real));
-            bytes[mode] = recompute_step(c, (Recompute)mode, grads[mode], metrics[mode]);
+            bytes[mode] = recompute_step(c, (Recompute)mode, NULL, grads[mode], metrics[mode]);
         }
         for (int mode = 1; mode < 3; mode++) {
             const char *what = mode == RECOMPUTE_SELECTIVE ? "selective" : "full";
@@ -248,6 +250,46 @@ static void test_recompute_bitwise(void) {
                       "%s: no slot dropped", names[i]);
         for (int mode = 0; mode < 3; mode++) free(grads[mode]), free(metrics[mode]);
     }
+}
+
+static double rel_l2(const real *got, const real *want, size_t n) {
+    double d = 0, w = 0;
+    for (size_t i = 0; i < n; i++) d += ((double)got[i] - want[i]) * ((double)got[i] - want[i]), w += (double)want[i] * want[i];
+    return sqrt(d / w);
+}
+
+// The expert products in FP8 (the CPU emulation of train.precision = fp8): the loss within 0.1% of
+// exact products' and the expert gradients within 10% relative L2 (E4M3 keeps 4 significant bits:
+// a factor's error is at most 2^-4 of it, about 3.6% rms, a product of two about 5%), yet they
+// differ (the FP8 path ran); a full recompute gives them bitwise (quantisation is a pure function).
+static void test_fp8_step(void) {
+    ModelConfig c = small_model();
+    Model sizing;
+    Parallel par;
+    test_single_parallel(&par, &c);
+    model_init(&sizing, &c, ops_counting(false), &par, 1, 1, 1, 1, RECOMPUTE_NONE);
+    size_t P = sizing.reg.total, len = model_metrics_len(&c), experts = sizing.layer[2].experts_gu;
+    size_t expert_len = sizing.layer[2].experts_down + (size_t)c.n_experts * c.d_model * c.expert_hidden - experts;
+    model_free(&sizing);
+    test_free_parallel(&par);
+    real *grads[4], *metrics[4];
+    for (int i = 0; i < 4; i++) grads[i] = calloc(P, sizeof(real)), metrics[i] = calloc(len, sizeof(real));
+    const Fp8Scaling amax = FP8_SCALE_AMAX, pow2 = FP8_SCALE_POW2;
+    recompute_step(&c, RECOMPUTE_NONE, NULL, grads[0], metrics[0]);
+    recompute_step(&c, RECOMPUTE_NONE, &amax, grads[1], metrics[1]);
+    recompute_step(&c, RECOMPUTE_FULL, &amax, grads[2], metrics[2]);
+    recompute_step(&c, RECOMPUTE_NONE, &pow2, grads[3], metrics[3]);
+    CHECK_MSG(memcmp(grads[1] + experts, grads[0] + experts, expert_len * sizeof(real)),
+              "FP8 expert gradients equal the exact ones bitwise: the FP8 path did not run");
+    CHECK_MSG(!memcmp(grads[2], grads[1], P * sizeof(real)) && !memcmp(metrics[2], metrics[1], len * sizeof(real)),
+              "FP8 with full recompute differs from FP8 keeping everything");
+    for (int i = 1; i < 4; i += 2) {
+        double ce = metrics[i][METRIC_CE], ce0 = metrics[0][METRIC_CE];
+        double g = rel_l2(grads[i] + experts, grads[0] + experts, expert_len);
+        CHECK_MSG(fabs(ce - ce0) <= 1e-3 * fabs(ce0), "FP8 (%s) loss %.6g vs exact %.6g", i == 1 ? "amax" : "pow2", ce, ce0);
+        CHECK_MSG(g < 0.1, "FP8 (%s) expert gradients differ from exact ones by %.3g (relative L2)", i == 1 ? "amax" : "pow2", g);
+    }
+    for (int i = 0; i < 4; i++) free(grads[i]), free(metrics[i]);
 }
 
 static void test_lr_schedule(void) {
@@ -429,6 +471,7 @@ const TestCase train_tests[] = {
     {"model_memory_plan_exact", test_memory_plan_exact},
     {"model_micro_batch_accumulation", test_micro_batch_accumulation},
     {"model_recompute_bitwise", test_recompute_bitwise},
+    {"model_fp8_step", test_fp8_step},
     {"train_lr_schedule", test_lr_schedule},
     {"train_step_report", test_step_report},
     {"train_records_without_nan", test_records_without_nan},

@@ -1,7 +1,9 @@
 // `moe bench --kernels CONFIG`: each component kernel timed alone on the config's shapes (one
 // micro-batch), through the ops interface of the config's device, with the FLOPs or bytes counted
 // here, the rate reached, the ceiling measured in the same run (matrix product on random values,
-// device copy) and the aim the project holds it to. A regression shows as one line.
+// device copy) and the aim the project holds it to. A regression shows as one line. On the GPU the
+// FP8 recipe's products follow their bf16 lines, aimed at 1.6x (experts) and 1.5x (dense) of the
+// bf16 rates just measured, with the quantisation kernels they read.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,6 +88,41 @@ void bench_expert_rows(const char *kind, size_t T, size_t K, size_t E, int32_t *
     free(want), free(capped);
 }
 
+// The FP8 recipe's expert products on the rows of a bf16 case (bf16_ms: its forward, input- and
+// weight-gradient times), aimed at 1.6x the bf16 rates, and the quantisations they read (bytes
+// read and written; scales counted).
+static void bench_grouped_fp8(Bench *b, const char *what, const char *shape, const void *doff, size_t rows, size_t E,
+                              size_t N, size_t Kd, size_t R, const void *x, const void *w, const void *dy,
+                              const double bf16_ms[3]) {
+    const Ops *o = b->o;
+    size_t Kb = fp8_blocks(Kd), Nb = fp8_blocks(N), Rt = fp8_expert_cols(R, E), a = o->act_size, f = o->f32_size;
+    void *xq = o->alloc(R * Kd), *xs = o->alloc(Kb * R * f), *dyq = o->alloc(R * N), *dys = o->alloc(Nb * R * f);
+    void *wq = o->alloc(E * N * Kd), *wqt = o->alloc(E * N * Kd), *ws = o->alloc(E * Kb * Nb * f), *wst = o->alloc(E * Kb * Nb * f);
+    void *xt = o->alloc(Kd * Rt), *xts = o->alloc(Rt / FP8_BLOCK * Kd * f), *dyt = o->alloc(N * Rt);
+    void *dyts = o->alloc(Rt / FP8_BLOCK * N * f), *y = o->alloc(R * N * a), *dx = o->alloc(R * Kd * a);
+    void *dw = bench_zero_buf(b, E * N * Kd * f);
+    char name[64];
+    double flops = 2.0 * rows * N * Kd, ms;
+    ms = BENCH_TIME_MS(b, 10, o->fp8_quantize_rows(xq, xs, x, doff, E, R, Kd, FP8_SCALE_AMAX));
+    report(b, "  fp8 quantise rows (x)", shape, ms, 0, (double)rows * Kd * (a + 1 + (double)f / FP8_BLOCK), 0);
+    ms = BENCH_TIME_MS(b, 10, o->fp8_quantize_cols(xt, xts, x, doff, E, R, Kd, FP8_SCALE_AMAX));
+    report(b, "  fp8 quantise token-major (x)", shape, ms, 0, (double)rows * Kd * a + (double)Rt * Kd * (1 + (double)f / FP8_BLOCK), 0);
+    ms = BENCH_TIME_MS(b, 10, o->fp8_quantize_weights(wq, wqt, ws, wst, w, E, N, Kd, FP8_SCALE_AMAX));
+    report(b, "  fp8 quantise weights (+ transpose)", shape, ms, 0, (double)E * N * Kd * (a + 2), 0);
+    o->fp8_quantize_rows(dyq, dys, dy, doff, E, R, N, FP8_SCALE_AMAX);
+    o->fp8_quantize_cols(dyt, dyts, dy, doff, E, R, N, FP8_SCALE_AMAX);
+    snprintf(name, sizeof name, "fp8 %s forward", what);
+    ms = BENCH_TIME_MS(b, 10, o->fp8_grouped_matmul(y, xq, xs, wq, ws, doff, E, N, Kd, R));
+    report(b, name, shape, ms, flops, 0, 1.6 * flops / (bf16_ms[0] * 1e-3) / 1e12);
+    snprintf(name, sizeof name, "fp8 %s input grad", what);
+    ms = BENCH_TIME_MS(b, 10, o->fp8_grouped_matmul(dx, dyq, dys, wqt, wst, doff, E, Kd, N, R));
+    report(b, name, shape, ms, flops, 0, 1.6 * flops / (bf16_ms[1] * 1e-3) / 1e12);
+    snprintf(name, sizeof name, "fp8 %s weight grad", what);
+    ms = BENCH_TIME_MS(b, 10, o->fp8_grouped_matmul_wgrad(dw, dyt, dyts, xt, xts, doff, E, N, Kd, R));
+    report(b, name, shape, ms, flops, 0, 1.6 * flops / (bf16_ms[2] * 1e-3) / 1e12);
+    BENCH_FREE_ALL(b, xq, xs, dyq, dys, wq, wqt, ws, wst, xt, xts, dyt, dyts, y, dx, dw);
+}
+
 static void bench_grouped_case(Bench *b, const Config *cfg, const char *kind, const char *what, size_t N, size_t Kd) {
     const ModelConfig *c = &cfg->model;
     size_t T = (size_t)cfg->train.micro_batch * cfg->train.seq_len, E = (size_t)c->n_experts;
@@ -94,18 +131,20 @@ static void bench_grouped_case(Bench *b, const Config *cfg, const char *kind, co
     bench_expert_rows(kind, T, (size_t)c->top_k, E, off);
     void *doff = b->o->alloc((E + 1) * sizeof(int32_t));
     b->o->upload(doff, off, (E + 1) * sizeof(int32_t));
-    double flops = 2.0 * off[E] * N * Kd, aim = E <= 8 ? 620 : 580;
+    double flops = 2.0 * off[E] * N * Kd, aim = E <= 8 ? 620 : 580, ms[3];
     void *x = bench_rand_act(b, R * Kd, 21, 1.0f), *w = bench_rand_act(b, E * N * Kd, 22, 0.02f), *dy = bench_rand_act(b, R * N, 23, 1.0f);
     void *y = b->o->alloc(R * N * b->o->act_size), *dx = b->o->alloc(R * Kd * b->o->act_size);
     void *dw = bench_zero_buf(b, E * N * Kd * b->o->f32_size);
     char name[64], shape[64];
     snprintf(shape, sizeof shape, "E%zu %s N%zu K%zu", E, kind, N, Kd);
     snprintf(name, sizeof name, "grouped %s forward", what);
-    report(b, name, shape, BENCH_TIME_MS(b, 10, b->o->grouped_matmul_forward(y, x, w, doff, E, N, Kd, R)), flops, 0, aim);
+    report(b, name, shape, ms[0] = BENCH_TIME_MS(b, 10, b->o->grouped_matmul_forward(y, x, w, doff, E, N, Kd, R)), flops, 0, aim);
     snprintf(name, sizeof name, "grouped %s input grad", what);
-    report(b, name, shape, BENCH_TIME_MS(b, 10, b->o->grouped_matmul_backward(dx, NULL, dy, x, w, doff, E, N, Kd, R)), flops, 0, aim);
+    report(b, name, shape, ms[1] = BENCH_TIME_MS(b, 10, b->o->grouped_matmul_backward(dx, NULL, dy, x, w, doff, E, N, Kd, R)), flops, 0, aim);
     snprintf(name, sizeof name, "grouped %s weight grad", what);
-    report(b, name, shape, BENCH_TIME_MS(b, 10, b->o->grouped_matmul_backward(NULL, dw, dy, x, w, doff, E, N, Kd, R)), flops, 0, aim);
+    report(b, name, shape, ms[2] = BENCH_TIME_MS(b, 10, b->o->grouped_matmul_backward(NULL, dw, dy, x, w, doff, E, N, Kd, R)), flops, 0, aim);
+    // FP8 on the GPU only (the CPU backend's emulation is a reference, not a kernel to time)
+    if (b->aims && b->o->fp8_grouped_matmul) bench_grouped_fp8(b, what, shape, doff, (size_t)off[E], E, N, Kd, R, x, w, dy, ms);
     BENCH_FREE_ALL(b, doff, x, w, dy, y, dx, dw);
     free(off);
 }
@@ -120,16 +159,34 @@ static void bench_grouped(Bench *b, const Config *cfg) {
     }
 }
 
-static void bench_dense_case(Bench *b, const char *name, size_t M, size_t N, size_t K) {
+// The FP8 dense product of x (M, K) and w (N, K) (rows and weights quantised first, timed too),
+// aimed at 1.5x the bf16 forward's rate (bf16_ms).
+static void bench_dense_fp8(Bench *b, const char *shape, const void *x, const void *w, size_t M, size_t N, size_t K,
+                            double bf16_ms) {
+    const Ops *o = b->o;
+    size_t Kb = fp8_blocks(K), Nb = fp8_blocks(N), f = o->f32_size;
+    void *xq = o->alloc(M * K), *xs = o->alloc(Kb * M * f), *wq = o->alloc(N * K), *wqt = o->alloc(N * K);
+    void *ws = o->alloc(Kb * Nb * f), *wst = o->alloc(Kb * Nb * f), *y = o->alloc(M * N * o->act_size);
+    double flops = 2.0 * M * N * K;
+    double q = BENCH_TIME_MS(b, 10, o->fp8_quantize_rows(xq, xs, x, NULL, 1, M, K, FP8_SCALE_AMAX));
+    report(b, "  fp8 quantise rows", shape, q, 0, (double)M * K * (o->act_size + 1 + (double)f / FP8_BLOCK), 0);
+    o->fp8_quantize_weights(wq, wqt, ws, wst, w, 1, N, K, FP8_SCALE_AMAX);
+    double ms = BENCH_TIME_MS(b, 10, o->fp8_matmul(y, xq, xs, wq, ws, M, N, K));
+    report(b, "  fp8 forward", shape, ms, flops, 0, 1.5 * flops / (bf16_ms * 1e-3) / 1e12);
+    BENCH_FREE_ALL(b, xq, xs, wq, wqt, ws, wst, y);
+}
+
+static void bench_dense_case(Bench *b, const char *name, size_t M, size_t N, size_t K, bool fp8) {
     void *x = bench_rand_act(b, M * K, 31, 1.0f), *w = bench_rand_act(b, N * K, 32, 0.02f), *dy = bench_rand_act(b, M * N, 33, 1.0f);
     void *y = b->o->alloc(M * N * b->o->act_size), *dx = b->o->alloc(M * K * b->o->act_size);
     void *dw = bench_zero_buf(b, N * K * b->o->f32_size);
     char shape[64];
     snprintf(shape, sizeof shape, "%zu x %zu x %zu", M, N, K);
-    double flops = 2.0 * M * N * K;
-    report(b, name, shape, BENCH_TIME_MS(b, 10, b->o->matmul_forward(y, x, w, M, N, K, false)), flops, 0, 0);
+    double flops = 2.0 * M * N * K, ms = BENCH_TIME_MS(b, 10, b->o->matmul_forward(y, x, w, M, N, K, false));
+    report(b, name, shape, ms, flops, 0, 0);
     report(b, "  backward (dx and dw)", shape, BENCH_TIME_MS(b, 10, b->o->matmul_backward(dx, dw, dy, x, w, M, N, K, false)),
            2 * flops, 0, 0);
+    if (fp8 && b->aims && b->o->fp8_matmul) bench_dense_fp8(b, shape, x, w, M, N, K, ms);
     BENCH_FREE_ALL(b, x, w, dy, y, dx, dw);
 }
 
@@ -190,9 +247,9 @@ void bench_kernels(const Config *cfg) {
     printf("  %-30s %-26s %12s %16s %6s  %s\n", "kernel", "shape", "time", "rate", "of ceil", "aim");
     bench_attention(&b, cfg);
     bench_grouped(&b, cfg);
-    bench_dense_case(&b, "dense QKV projection", T, model_qkv_width(c), D);
-    bench_dense_case(&b, "dense output projection", T, D, (size_t)c->n_heads * c->head_dim);
-    bench_dense_case(&b, "dense LM head (one chunk)", T < 8192 ? T : 8192, (size_t)c->vocab_size, D);
+    bench_dense_case(&b, "dense QKV projection", T, model_qkv_width(c), D, true);
+    bench_dense_case(&b, "dense output projection", T, D, (size_t)c->n_heads * c->head_dim, true);
+    bench_dense_case(&b, "dense LM head (one chunk)", T < 8192 ? T : 8192, (size_t)c->vocab_size, D, false);
     bench_memory_bound(&b, cfg);
     bench_close(&b);
 }

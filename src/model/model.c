@@ -411,7 +411,26 @@ void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel
     alloc_scratch(m, T);
 }
 
+void model_enable_fp8(Model *m, Fp8Scaling how) {
+    const ModelConfig *c = &m->cfg;
+    if (!m->ops->fp8_grouped_matmul && !m->ops->sizing_only)
+        moe_fatal("train.precision = fp8: the %s backend has no FP8 products here (the CUDA backend's need a "
+                  "Hopper GPU, compute capability 9.0); use train.precision = bf16", m->ops->name);
+    size_t Rr = moe_exchange_received_rows(&m->xchg, m->B * m->S), El = (size_t)m->n_experts_local;
+    size_t D = c->d_model, H2 = 2 * (size_t)c->expert_hidden, Rt = fp8_expert_cols(Rr, El), f = m->ops->f32_size;
+    size_t rows_w = max_size(D, H2), out_w = max_size(H2, D), in_w = max_size(D, H2 / 2);
+    size_t w_blocks = El * fp8_blocks(H2) * fp8_blocks(D);
+    Fp8Operands *o = m->fp8 = moe_calloc(1, sizeof *o);
+    o->how = how;
+    o->rows = model_alloc(m, Rr * rows_w), o->row_scales = model_alloc(m, Rr * fp8_blocks(rows_w) * f);
+    o->w = model_alloc(m, El * H2 * D), o->wt = model_alloc(m, El * H2 * D);
+    o->w_scales = model_alloc(m, w_blocks * f), o->wt_scales = model_alloc(m, w_blocks * f);
+    o->dout_t = model_alloc(m, out_w * Rt), o->dout_t_scales = model_alloc(m, Rt / FP8_BLOCK * out_w * f);
+    o->x_t = model_alloc(m, in_w * Rt), o->x_t_scales = model_alloc(m, Rt / FP8_BLOCK * in_w * f);
+}
+
 void model_free(Model *m) {
+    free(m->fp8);
     moe_exchange_free(&m->xchg);
     pool_free(&m->mem);
     for (int c = 0; c < m->n_chunks; c++) {
@@ -564,6 +583,41 @@ static void dispatch(const Model *m, LayerActs *x, const void *in, void *stats, 
                                  c->n_experts, c->d_model, model_expert_capacity(c, T));
 }
 
+// Per expert, out (Rr, N) = x (Rr, K) . w[e] (N, K)^T: in act precision, or in FP8 (rows and
+// weights quantised first).
+static void expert_forward(const Model *m, void *out, const void *x, const void *w, const int32_t *off, size_t El,
+                           size_t N, size_t K, size_t Rr) {
+    const Ops *ops = m->ops;
+    const Fp8Operands *q = m->fp8;
+    if (!q) {
+        ops->grouped_matmul_forward(out, x, w, off, El, N, K, Rr);
+        return;
+    }
+    ops->fp8_quantize_rows(q->rows, q->row_scales, x, off, El, Rr, K, q->how);
+    ops->fp8_quantize_weights(q->w, q->wt, q->w_scales, q->wt_scales, w, El, N, K, q->how);
+    ops->fp8_grouped_matmul(out, q->rows, q->row_scales, q->w, q->w_scales, off, El, N, K, Rr);
+}
+
+// dx (Rr, K) = dout . w[e]; dw (El, N, K) f32 += dout^T . x per expert: in act precision, or in FP8
+// (the input gradient from quantised rows of dout and the transposed weights, the weight gradient
+// from token-major copies of dout and x).
+static void expert_backward(const Model *m, void *dx, void *dw, const void *dout, const void *x, const void *w,
+                            const int32_t *off, size_t El, size_t N, size_t K, size_t Rr) {
+    const Ops *ops = m->ops;
+    const Fp8Operands *q = m->fp8;
+    if (!q) {
+        ops->grouped_matmul_backward(dx, dw, dout, x, w, off, El, N, K, Rr);
+        return;
+    }
+    // every read of dout and x before dx is written
+    ops->fp8_quantize_rows(q->rows, q->row_scales, dout, off, El, Rr, N, q->how);
+    ops->fp8_quantize_cols(q->dout_t, q->dout_t_scales, dout, off, El, Rr, N, q->how);
+    ops->fp8_quantize_cols(q->x_t, q->x_t_scales, x, off, El, Rr, K, q->how);
+    ops->fp8_quantize_weights(q->w, q->wt, q->w_scales, q->wt_scales, w, El, N, K, q->how);
+    ops->fp8_grouped_matmul(dx, q->rows, q->row_scales, q->wt, q->wt_scales, off, El, K, N, Rr);
+    ops->fp8_grouped_matmul_wgrad(dw, q->dout_t, q->dout_t_scales, q->x_t, q->x_t_scales, off, El, N, K, Rr);
+}
+
 // One MoE call's expert work on chunk [e0, e1) of its local experts (moe_exchange_pipeline): the
 // forward's or the backward's, on the layer's buffers.
 typedef struct {
@@ -586,11 +640,9 @@ static void experts_forward(void *ctx, size_t e0, size_t e1) {
     const LayerParams *p = &m->layer[w->l];
     size_t D = m->cfg.d_model, H = m->cfg.expert_hidden, n = e1 - e0;
     const int32_t *off = chunk_offsets(w, e0);
-    m->ops->grouped_matmul_forward(w->x->gu, w->x->xe, W(m, expert_tensor(p->experts_gu, e0, 2 * H, D)), off, n,
-                                   2 * H, D, w->Rr);
+    expert_forward(m, w->x->gu, w->x->xe, W(m, expert_tensor(p->experts_gu, e0, 2 * H, D)), off, n, 2 * H, D, w->Rr);
     m->ops->swiglu_forward(w->x->hact, w->x->gu, w->Rr, H, off, n);
-    m->ops->grouped_matmul_forward(w->ye, w->x->hact, W(m, expert_tensor(p->experts_down, e0, D, H)), off, n, D, H,
-                                   w->Rr);
+    expert_forward(m, w->ye, w->x->hact, W(m, expert_tensor(p->experts_down, e0, D, H)), off, n, D, H, w->Rr);
 }
 
 static void moe_forward(Model *m, int l, LayerActs *x, const void *in, const ForwardArgs *a) {
@@ -734,9 +786,9 @@ static void experts_backward(void *ctx, size_t e0, size_t e1) {
     size_t down = expert_tensor(p->experts_down, e0, D, H), gu = expert_tensor(p->experts_gu, e0, 2 * H, D);
     const int32_t *off = chunk_offsets(w, e0);
     swiglu_recompute(m, x->hact, x->gu, Rr, H, off, n);
-    ops->grouped_matmul_backward(s->dhact, G(m, down), w->dye, x->hact, W(m, down), off, n, D, H, Rr);
+    expert_backward(m, s->dhact, G(m, down), w->dye, x->hact, W(m, down), off, n, D, H, Rr);
     ops->swiglu_backward(s->dgu, s->dhact, x->gu, Rr, H, off, n);
-    ops->grouped_matmul_backward(w->dxe, G(m, gu), s->dgu, x->xe, W(m, gu), off, n, 2 * H, D, Rr);
+    expert_backward(m, w->dxe, G(m, gu), s->dgu, x->xe, W(m, gu), off, n, 2 * H, D, Rr);
 }
 
 // With several expert-parallel ranks the combine gradient dy goes straight into the exchange

@@ -46,6 +46,18 @@ typedef struct {
     void *sgu, *sact;          // act (T, 2Hs), (T, Hs): shared expert
 } LayerActs;
 
+// The FP8 expert products' operands (model_enable_fp8; docs/FP8.md), shared by every layer and
+// sized for the wider of the two expert products, for Rr received rows over El local experts with
+// Rt = fp8_expert_cols(Rr, El) token-major columns.
+typedef struct {
+    Fp8Scaling how;
+    void *rows, *row_scales;    // e4m3 (Rr, max(D, 2H)), f32: the rows of a forward or input gradient
+    void *w, *wt;               // e4m3 (El, 2H, D) the weights of one product and their transpose
+    void *w_scales, *wt_scales; // f32 (El, blocks of 2H x D)
+    void *dout_t, *dout_t_scales; // e4m3 (max(2H, D), Rt), f32 (Rt / 128, max(2H, D)): token-major output gradient
+    void *x_t, *x_t_scales;       // e4m3 (max(D, H), Rt), f32 (Rt / 128, max(D, H)): token-major input
+} Fp8Operands;
+
 // What one micro-batch in flight keeps in one model chunk (a pipeline stage holds several).
 typedef struct {
     void **resid;              // (n_local + 1) act (T, D): input of each layer of the chunk, then output
@@ -139,6 +151,7 @@ typedef struct {
     size_t logit_rows;           // rows per chunk
     Scratch s;
     MoeExchange xchg;            // how expert rows travel between expert-parallel ranks
+    Fp8Operands *fp8;            // the expert products in FP8 (model_enable_fp8); NULL: in act precision
     MemPool mem;                 // every backend allocation (mem.bytes: their total size)
 } Model;
 
@@ -150,6 +163,11 @@ size_t model_metrics_len(const ModelConfig *c);
 static inline size_t model_metric_router(const ModelConfig *c, int moe_index) {
     return METRIC_ROUTER + (size_t)moe_index * router_stats_len((size_t)c->n_experts);
 }
+
+// Runs the expert products of every MoE layer in FP8 with the given scaling (train.precision =
+// fp8), allocating their operand buffers (scratch: nothing in them outlives a product). After
+// model_init.
+void model_enable_fp8(Model *m, Fp8Scaling how);
 
 // Builds the registry of this rank's tensors and allocates parameters, activations for n_slots
 // micro-batches in flight in each chunk (0: as many as the pipeline schedule of n_micro micro-batches

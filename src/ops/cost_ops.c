@@ -146,6 +146,29 @@ static void cost_grouped_backward(void *dx, void *dw, const void *d, const void 
     if (dx) grouped(KERNEL_GROUPED_DGRAD, E, N, K, R);
     if (dw) grouped(KERNEL_GROUPED_WGRAD, E, N, K, R);
 }
+// FP8 (train.precision = fp8): the quantisations read act values and write a byte each (scales
+// aside); the products are priced at the grouped families' rates (calibrated in bf16) until a
+// calibration of their own exists: the forward and the input gradient share one op.
+static void cost_fp8_rows(void *q, void *s, const void *x, const int32_t *off, size_t E, size_t R, size_t K,
+                          Fp8Scaling h) {
+    bytes(KERNEL_ELEMENTWISE, expert_rows(R) * K * (A + 1));
+}
+static void cost_fp8_cols(void *q, void *s, const void *x, const int32_t *off, size_t E, size_t R, size_t C,
+                          Fp8Scaling h) {
+    bytes(KERNEL_ELEMENTWISE, expert_rows(R) * C * (A + 1));
+}
+static void cost_fp8_weights(void *q, void *qt, void *s, void *st, const void *w, size_t E, size_t N, size_t K,
+                             Fp8Scaling h) {
+    bytes(KERNEL_ELEMENTWISE, (double)E * N * K * (A + 2));
+}
+static void cost_fp8_grouped(void *o, const void *a, const void *as, const void *b, const void *bs,
+                             const int32_t *off, size_t E, size_t N, size_t K, size_t R) {
+    grouped(KERNEL_GROUPED_FWD, E, N, K, R);
+}
+static void cost_fp8_wgrad(void *dw, const void *d, const void *ds, const void *x, const void *xs,
+                           const int32_t *off, size_t E, size_t N, size_t K, size_t R) {
+    grouped(KERNEL_GROUPED_WGRAD, E, N, K, R);
+}
 static void cost_bias_update(void *b, const void *l, size_t E, float g) { bytes(KERNEL_OPTIMIZER, 3.0 * E * F); }
 static void cost_cross_entropy(void *l, void *acc, const int32_t *t, size_t N, size_t V, float ce, float z, bool g) {
     bytes(KERNEL_ELEMENTWISE, (g ? 2.0 : 1.0) * N * V * A);
@@ -175,6 +198,8 @@ const Ops *ops_costing(bool bf16_activations, CostSink *s) {
     o.moe_combine_forward = cost_combine_forward, o.moe_combine_backward = cost_combine_backward;
     o.moe_regroup = cost_regroup, o.moe_exchange_plan = cost_exchange_plan, o.moe_push_rows = cost_push_rows;
     o.grouped_matmul_forward = cost_grouped_forward, o.grouped_matmul_backward = cost_grouped_backward;
+    o.fp8_quantize_rows = cost_fp8_rows, o.fp8_quantize_cols = cost_fp8_cols, o.fp8_quantize_weights = cost_fp8_weights;
+    o.fp8_grouped_matmul = cost_fp8_grouped, o.fp8_grouped_matmul_wgrad = cost_fp8_wgrad;
     o.router_bias_update = cost_bias_update, o.cross_entropy = cost_cross_entropy;
     o.sum_squares = cost_sum_squares, o.adamw_update = cost_adamw;
     return &o;

@@ -7,6 +7,7 @@
 //   f32  fp32 for master weights, gradients, optimizer moments, norms, router and loss math
 //        (the CPU backend: `real` as well)
 //   i32  int32 (token ids, expert indices, offsets, counts)
+//   e4m3 one byte a value, FP8 E4M3 codes of the FP8 recipe (ops/fp8.h; its scales are f32)
 // Weight gradients always accumulate (+=) so micro-batches add up; activation gradients overwrite
 // unless an `accumulate` flag says otherwise. Per-step values that change every step (learning
 // rate, step number, routing-noise key) are read from a StepInfo in backend memory, so a backend
@@ -15,6 +16,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "ops/fp8.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -244,6 +247,46 @@ typedef struct Ops {
                                     size_t K, size_t R);
     // Loss-free balancing: bias[e] += gamma * sign(mean(loads) - loads[e]); bias, loads (E) f32
     void (*router_bias_update)(void *bias, const void *loads, size_t E, float gamma);
+
+    // ---- FP8 products (DeepSeek-V3 recipe, ops/fp8.h and docs/FP8.md; Kb = fp8_blocks(K)) ----
+    // NULL where the backend cannot run them (the CUDA backend off Hopper).
+    // Every product is out = a . b^T with both operands K-contiguous (Hopper's FP8 tensor cores
+    // read no other layout), so each operand has the copy its product needs: rows of activations in
+    // 1x128 blocks along K, their token-major copies for the weight gradient, and weights in
+    // 128x128 blocks with their transpose for the input gradient. Scales are block-index-major (the
+    // row index fastest), as CUTLASS's sm90 kernels read them.
+    // x (R, K) act in 1x128 blocks: q (R, K) e4m3; scales f32 per group of rows, the groups of
+    // offsets (E + 1) i32 as grouped_matmul_forward's (NULL: one group of R rows): group g's scales
+    // are (Kb, rows of g) at Kb offsets[g], so each expert's scales are one packed matrix.
+    void (*fp8_quantize_rows)(void *q, void *scales, const void *x, const int32_t *offsets, size_t E,
+                              size_t R, size_t K, Fp8Scaling how);
+    // The rows of each expert of x (R, C) act (offsets as grouped_matmul_forward), transposed, in
+    // blocks of 128 rows from the expert's first row: qt (C, Rt) e4m3 with Rt = fp8_expert_cols(R, E)
+    // and expert e's rows at columns [fp8_expert_col(offsets[e], e), + its rows); scales
+    // (Rt / 128, C) f32. Columns of no expert are all-zero blocks (codes 0, scale 1).
+    void (*fp8_quantize_cols)(void *qt, void *scales, const void *x, const int32_t *offsets, size_t E,
+                              size_t R, size_t C, Fp8Scaling how);
+    // w (E, N, K) act in 128x128 blocks: q (E, N, K) e4m3 and its transpose qt (E, K, N) e4m3 (the
+    // same codes), scales (E, Kb, Nb) f32 and scales_t (E, Nb, Kb) f32 (those of the transpose).
+    void (*fp8_quantize_weights)(void *q, void *qt, void *scales, void *scales_t, const void *w, size_t E,
+                                 size_t N, size_t K, Fp8Scaling how);
+    // Per expert (offsets as grouped_matmul_forward), out (R, N) act = a (R, K) . b[e] (N, K)^T, a
+    // rows (fp8_quantize_rows with the same offsets), b weights (scales (E, Kb, Nb)): the forward
+    // (a = x, b = w) and the input gradient (a = dout, b = the transposed weights and scales, N and
+    // K swapped).
+    void (*fp8_grouped_matmul)(void *out, const void *a, const void *a_scales, const void *b,
+                               const void *b_scales, const int32_t *offsets, size_t E, size_t N,
+                               size_t K, size_t R);
+    // Per expert, dw[e] (N, K) f32 += dout^T . x over the expert's rows, from their token-major
+    // copies (fp8_quantize_cols of the same offsets): dout_t (N, Rt) e4m3 with scales (Rt / 128, N),
+    // x_t (K, Rt) e4m3 with scales (Rt / 128, K).
+    void (*fp8_grouped_matmul_wgrad)(void *dw, const void *dout_t, const void *dout_scales,
+                                     const void *x_t, const void *x_scales, const int32_t *offsets,
+                                     size_t E, size_t N, size_t K, size_t R);
+    // out (M, N) act = a (M, K) . b (N, K)^T: a rows (one group: scales (Kb, M)), b weights
+    // (scales (Kb, Nb))
+    void (*fp8_matmul)(void *out, const void *a, const void *a_scales, const void *b,
+                       const void *b_scales, size_t M, size_t N, size_t K);
 
     // ---- loss and optimizer ----
     // Cross-entropy of logits (N, V) act against targets (N) i32 (< 0: ignored). Adds the summed

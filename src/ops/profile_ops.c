@@ -100,6 +100,23 @@ WRAP(grouped_matmul_backward, PHASE_EXPERT_GEMM,
      (void *dx, void *dw, const void *d, const void *x, const void *w, const int32_t *off, size_t E, size_t N, size_t K,
       size_t R),
      (dx, dw, d, x, w, off, E, N, K, R))
+WRAP(fp8_quantize_rows, PHASE_EXPERT_GEMM,
+     (void *q, void *s, const void *x, const int32_t *off, size_t E, size_t R, size_t K, Fp8Scaling h),
+     (q, s, x, off, E, R, K, h))
+WRAP(fp8_quantize_cols, PHASE_EXPERT_GEMM,
+     (void *q, void *s, const void *x, const int32_t *off, size_t E, size_t R, size_t C, Fp8Scaling h),
+     (q, s, x, off, E, R, C, h))
+WRAP(fp8_quantize_weights, PHASE_EXPERT_GEMM,
+     (void *q, void *qt, void *s, void *st, const void *w, size_t E, size_t N, size_t K, Fp8Scaling h),
+     (q, qt, s, st, w, E, N, K, h))
+WRAP(fp8_grouped_matmul, PHASE_EXPERT_GEMM,
+     (void *o, const void *a, const void *as, const void *b, const void *bs, const int32_t *off, size_t E, size_t N,
+      size_t K, size_t R),
+     (o, a, as, b, bs, off, E, N, K, R))
+WRAP(fp8_grouped_matmul_wgrad, PHASE_EXPERT_GEMM,
+     (void *dw, const void *d, const void *ds, const void *x, const void *xs, const int32_t *off, size_t E, size_t N,
+      size_t K, size_t R),
+     (dw, d, ds, x, xs, off, E, N, K, R))
 WRAP(router_bias_update, PHASE_OPTIMIZER, (void *b, const void *l, size_t E, float g), (b, l, E, g))
 WRAP(cross_entropy, PHASE_REST,
      (void *l, void *acc, const int32_t *t, size_t N, size_t V, float ce, float z, bool g), (l, acc, t, N, V, ce, z, g))
@@ -121,6 +138,8 @@ const Ops *ops_profiled(const Ops *backend) {
     SET(moe_dispatch_backward), SET(moe_combine_forward), SET(moe_combine_backward), SET(moe_regroup);
     SET(moe_exchange_plan), SET(moe_push_rows);
     SET(grouped_matmul_forward), SET(grouped_matmul_backward), SET(router_bias_update), SET(cross_entropy);
+    SET(fp8_quantize_rows), SET(fp8_quantize_cols), SET(fp8_quantize_weights), SET(fp8_grouped_matmul);
+    SET(fp8_grouped_matmul_wgrad);
     SET(sum_squares), SET(adamw_update);
 #undef SET
     if (!events) {

@@ -28,6 +28,8 @@ static const char *const ROUTER_NAMES[] = {"softmax", "sigmoid", NULL};
 static const char *const SCHED_NAMES[] = {"cosine", "linear", "constant", NULL};
 static const char *const RECOMPUTE_NAMES[] = {"none", "selective", "full", NULL};
 static const char *const EXCHANGE_NAMES[] = {"auto", "direct", "sendrecv", NULL}; // ExchangeMode
+static const char *const PRECISION_NAMES[] = {"bf16", "fp8", NULL};
+static const char *const FP8_RECIPE_NAMES[] = {"blockwise", "blockwise_pow2", NULL};
 
 // One table row per key; the section and field names become the dotted key.
 #define F(sec, fld) .key = #sec "." #fld, .offset = offsetof(Config, sec.fld)
@@ -92,6 +94,11 @@ static const ConfigKey KEYS[] = {
                                             "selective (QK-norm + RoPE, norm, SwiGLU, router-score outputs and "
                                             "dispatched rows); full (only each layer's input kept, the forward "
                                             "rerun in the backward)"),
+    ENUM(train, precision, PRECISION_NAMES, "expert GEMMs in bf16 (fp32 on the CPU) or fp8: E4M3 operands with "
+                                            "fp32 block scales (train.fp8_recipe), emulated by the CPU backend"),
+    ENUM(train, fp8_recipe, FP8_RECIPE_NAMES, "fp8 scaling: blockwise (DeepSeek-V3: 1x128 activation and 128x128 "
+                                              "weight blocks, scale amax / 448) or blockwise_pow2 (power-of-two "
+                                              "scales)"),
     BOOL(train, deterministic, "GPU runs bitwise reproducible: cuDNN's deterministic attention backward "
                                "(every other kernel sums in a fixed order always; the CPU always is)"),
     REAL(train, comm_timeout, "seconds without progress before a rank of a multi-rank run ends "
@@ -368,8 +375,21 @@ static int check_device_limits(const Config *c, MoeErr err) {
     return limits ? model_config_check_limits(&c->model, limits, backend, err) : 0;
 }
 
+// FP8 expert products read E4M3 rows through TMA, which moves 16-byte units: every width they
+// multiply is a multiple of 16.
+static int check_precision(const Config *c, MoeErr err) {
+    const ModelConfig *m = &c->model;
+    if (c->train.precision != PRECISION_FP8 || !model_n_moe_layers(m)) return 0;
+    if (m->d_model % 16 || m->expert_hidden % 16)
+        return moe_err(err, "train.precision = fp8 multiplies E4M3 rows of 16-byte units: model.d_model = %d and "
+                       "model.expert_hidden = %d must be multiples of 16 (or use train.precision = bf16)",
+                       m->d_model, m->expert_hidden);
+    return 0;
+}
+
 int config_validate(Config *c, MoeErr err) {
-    if (model_config_validate(&c->model, err) || check_train(&c->train, err) || check_device_limits(c, err))
+    if (model_config_validate(&c->model, err) || check_train(&c->train, err) || check_device_limits(c, err) ||
+        check_precision(c, err))
         return -1;
     if (c->data.token_bytes != 0 && c->data.token_bytes != 2 && c->data.token_bytes != 4)
         return moe_err(err, "data.token_bytes = %d must be 0 (auto), 2 or 4", c->data.token_bytes);

@@ -73,6 +73,11 @@ void setup_single_process(Parallel *par, const Config *cfg) {
     par->owned_world = par->world; // freed by parallel_free
 }
 
+void setup_precision(Model *m, const Config *cfg) {
+    if (cfg->train.precision == PRECISION_FP8)
+        model_enable_fp8(m, cfg->train.fp8_recipe == FP8_RECIPE_BLOCKWISE_POW2 ? FP8_SCALE_POW2 : FP8_SCALE_AMAX);
+}
+
 void setup_plan_rank(const Config *cfg, int world, int rank, const Ops *ops, Parallel *par, Comm groups[4],
                      Model *m, Optimizer *o) {
     MoeErr err;
@@ -80,6 +85,7 @@ void setup_plan_rank(const Config *cfg, int world, int rank, const Ops *ops, Par
     if (parallel_plan(par, groups, world, rank, &spec, err)) moe_fatal("%s", err);
     model_init(m, &cfg->model, ops, par, (size_t)par->lay.micro_per_rank, (size_t)cfg->train.seq_len, 0,
                cfg->train.micro_batches, cfg->train.recompute);
+    setup_precision(m, cfg);
     optim_init(o, m);
 }
 

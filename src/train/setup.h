@@ -23,6 +23,9 @@ ParallelSpec setup_parallel_spec(const Config *cfg);
 // A one-process layout (every layer and expert here), for the commands that do not train.
 void setup_single_process(Parallel *par, const Config *cfg);
 
+// The expert GEMMs' number format of cfg (train.precision, train.fp8_recipe) on a model just made.
+void setup_precision(Model *m, const Config *cfg);
+
 typedef struct {
     double params, optimizer, total; // per rank: parameters held, optimizer state bytes, all bytes
     double activations;              // bytes of them for activations (Model.act_bytes, exchange included)

@@ -443,6 +443,7 @@ static void trainer_open(Trainer *t, const Config *cfg, Comm *host, const char *
     startup_done(t, STARTUP_PLAN);
     model_init(&t->model, mc, ops, &t->par, (size_t)l->micro_per_rank, (size_t)tc->seq_len, 0, tc->micro_batches,
                tc->recompute);
+    setup_precision(&t->model, &t->cfg);
     optim_init(&t->opt, &t->model);
     ops->sync();
     startup_done(t, STARTUP_ALLOC);

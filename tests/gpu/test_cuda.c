@@ -1,7 +1,9 @@
 // The CUDA backend against the CPU backend (run on a GPU machine: make CUDA=1 build/test_cuda).
 // Every op gets fresh random inputs, the same bf16-rounded values on both backends, outputs
 // poisoned with NaN first, several shapes (odd row counts, tiles cut by the edges, experts with
-// no tokens); the initial weights bit for bit; then whole models: loss and every parameter gradient of small configs of each option.
+// no tokens); the initial weights bit for bit; the FP8 recipe's quantisation bit for bit and its
+// products within the tolerance of their summation orders; then whole models: loss and every
+// parameter gradient of small configs of each option.
 // Prints one line per test and "N passed, N failed".
 #include <math.h>
 #include <stdio.h>
@@ -23,7 +25,7 @@ static int failures, passed, failed;
 
 // ---------------------------------------------------------------- paired buffers
 
-typedef enum { K_ACT, K_F32, K_I32 } Kind;
+typedef enum { K_ACT, K_F32, K_I32, K_U8 } Kind; // K_U8: bytes (FP8 codes)
 
 typedef struct {
     Kind kind;
@@ -48,7 +50,7 @@ static uint16_t bf16_bits(float x) {
     return (uint16_t)(u >> 16);
 }
 
-static size_t elem(const Ops *o, Kind k) { return k == K_ACT ? o->act_size : k == K_F32 ? o->f32_size : 4; }
+static size_t elem(const Ops *o, Kind k) { return k == K_ACT ? o->act_size : k == K_F32 ? o->f32_size : k == K_U8 ? 1 : 4; }
 
 static Buf buf_new(Kind kind, size_t n) {
     Buf b = {kind, n, calloc(n ? n : 1, sizeof(float)), NULL, NULL};
@@ -63,10 +65,14 @@ static void buf_free(Buf *b) {
 
 // Writes b->ref to both backends.
 static void buf_push(Buf *b) {
-    if (b->kind == K_I32) {
-        int32_t *v = malloc(b->n * 4 + 4);
-        for (size_t i = 0; i < b->n; i++) v[i] = (int32_t)b->ref[i];
-        cpu->upload(b->c, v, b->n * 4), gpu->upload(b->g, v, b->n * 4);
+    if (b->kind == K_I32 || b->kind == K_U8) {
+        size_t size = elem(cpu, b->kind);
+        char *v = malloc(b->n * size + 4);
+        for (size_t i = 0; i < b->n; i++) {
+            int32_t x = (int32_t)b->ref[i];
+            memcpy(v + i * size, &x, size); // little-endian: the low byte for K_U8
+        }
+        cpu->upload(b->c, v, b->n * size), gpu->upload(b->g, v, b->n * size);
         free(v);
         return;
     }
@@ -94,14 +100,19 @@ static void buf_values(Buf *b, const float *v) {
 }
 
 static void buf_poison(Buf *b) {
-    for (size_t i = 0; i < b->n; i++) b->ref[i] = b->kind == K_I32 ? -7777777.0f : NAN;
+    for (size_t i = 0; i < b->n; i++) b->ref[i] = b->kind == K_I32 ? -7777777.0f : b->kind == K_U8 ? 0x55 : NAN;
     buf_push(b);
 }
 
 static void fetch(const Ops *o, Kind k, const void *src, size_t n, float *dst) {
     if (k == K_ACT) o->download_act(dst, src, n);
     else if (k == K_F32) o->download_f32(dst, src, n);
-    else {
+    else if (k == K_U8) {
+        uint8_t *v = malloc(n + 4);
+        o->download(v, src, n);
+        for (size_t i = 0; i < n; i++) dst[i] = (float)v[i];
+        free(v);
+    } else {
         int32_t *v = malloc(n * 4 + 4);
         o->download(v, src, n * 4);
         for (size_t i = 0; i < n; i++) dst[i] = (float)v[i];
@@ -109,8 +120,9 @@ static void fetch(const Ops *o, Kind k, const void *src, size_t n, float *dst) {
     }
 }
 
-// GPU result against the CPU result: |g - c| <= atol * max|c| + rtol |c|; NaN only where both are.
-static void check(const char *what, const Buf *b, size_t n, double rtol, double atol) {
+// GPU result against the CPU result: |g - c| <= atol * scale_i + rtol |c|, scale_i = scales[i] or
+// (scales NULL) max|c|; NaN only where both are.
+static void check_scaled(const char *what, const Buf *b, size_t n, double rtol, double atol, const float *scales) {
     float *c = malloc(n * sizeof(float) + 4), *g = malloc(n * sizeof(float) + 4);
     fetch(cpu, b->kind, b->c, n, c);
     fetch(gpu, b->kind, b->g, n, g);
@@ -120,7 +132,7 @@ static void check(const char *what, const Buf *b, size_t n, double rtol, double 
     double worst_ex = -1;
     for (size_t i = 0; i < n; i++) {
         if (isnan(c[i]) && isnan(g[i])) continue;
-        double err = fabs((double)g[i] - c[i]), tol = atol * scale + rtol * fabs(c[i]);
+        double err = fabs((double)g[i] - c[i]), tol = atol * (scales ? scales[i] : scale) + rtol * fabs(c[i]);
         if (!(err <= tol)) {
             bad++;
             double ex = isnan(err) ? INFINITY : err - tol;
@@ -128,8 +140,12 @@ static void check(const char *what, const Buf *b, size_t n, double rtol, double 
         }
     }
     if (bad) FAIL("%s: %zu of %zu differ; worst [%zu]: gpu %.6g, cpu %.6g (rtol %g, atol %g x %.3g)", what, bad, n,
-                  worst, g[worst], c[worst], rtol, atol, scale);
+                  worst, g[worst], c[worst], rtol, atol, scales ? scales[worst] : scale);
     free(c), free(g);
+}
+
+static void check(const char *what, const Buf *b, size_t n, double rtol, double atol) {
+    check_scaled(what, b, n, rtol, atol, NULL);
 }
 
 #define BF 2e-2, 2e-3 // bf16 outputs
@@ -443,6 +459,15 @@ static void test_dispatch_case(size_t T, size_t K, size_t E, size_t D, size_t ca
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) buf_free(all[i]);
 }
 
+// Row offsets (E + 1) of experts with the given row counts, on both backends; *R: their sum.
+static Buf expert_offsets(size_t E, const int *rows, size_t *R) {
+    Buf off = buf_new(K_I32, E + 1);
+    off.ref[0] = 0, *R = 0;
+    for (size_t e = 0; e < E; e++) off.ref[e + 1] = off.ref[e] + (float)rows[e], *R += (size_t)rows[e];
+    buf_push(&off);
+    return off;
+}
+
 // The GPU's grouped products over experts [0, h) and [h, E) in two calls, as parallel.exchange_chunks
 // runs them (offsets and weights from each chunk's first expert), must equal its one call bitwise:
 // y and dx on the rows in use, dw (accumulated from zero) everywhere.
@@ -476,11 +501,8 @@ static void check_grouped_chunks(const Buf *off, const Buf *x, const Buf *w, con
 
 static void test_grouped_case(size_t E, const int *rows, size_t N, size_t K) {
     char what[128];
-    size_t R = 0;
-    Buf off = buf_new(K_I32, E + 1);
-    off.ref[0] = 0;
-    for (size_t e = 0; e < E; e++) off.ref[e + 1] = off.ref[e] + (float)rows[e], R += (size_t)rows[e];
-    buf_push(&off);
+    size_t R;
+    Buf off = expert_offsets(E, rows, &R);
     size_t Rb = R + 13; // buffers larger than the rows in use
     Buf x = buf_new(K_ACT, Rb * K), w = buf_new(K_ACT, E * N * K), y = buf_new(K_ACT, Rb * N);
     Buf dx = buf_new(K_ACT, Rb * K), dw = buf_new(K_F32, E * N * K);
@@ -610,6 +632,150 @@ static void test_moe(void) {
     test_exchange_case(2, 32, 2048, 300, 0, 1, 0); // the benchmark's width, a few thousand rows
     test_exchange_case(2, 32, 2048, 300, 2500, 1, 0);
     test_exchange_case(2, 32, 2048, 300, 0, 4, 24); // four chunks, 24 thread blocks a push
+}
+
+// ---------------------------------------------------------------- FP8 recipe
+
+// Normal values of scale `scale` (rows of `cols`) with outliers past E4M3's range (x1000 every 37th
+// value, x3000 every 101st) and an all-zero block: rows [z0, z1), the first 128 columns.
+static void fp8_inputs(Buf *b, size_t cols, uint64_t seed, double scale, size_t z0, size_t z1) {
+    for (size_t i = 0; i < b->n; i++)
+        b->ref[i] = (float)(scale * rng_normal(seed, i) * (i % 101 == 5 ? 3e3 : i % 37 == 3 ? 1e3 : 1));
+    for (size_t r = z0; r < z1 && (r + 1) * cols <= b->n; r++)
+        for (size_t k = 0; k < cols && k < FP8_BLOCK; k++) b->ref[r * cols + k] = 0;
+    buf_push(b);
+}
+
+// A CPU buffer of the codes of b with their sign bits cleared (|a| for the products' error scale).
+static void *abs_codes(const Buf *b) {
+    uint8_t *v = malloc(b->n + 1);
+    cpu->download(v, b->c, b->n);
+    for (size_t i = 0; i < b->n; i++) v[i] &= 0x7f;
+    void *p = cpu->alloc(b->n + 1);
+    cpu->upload(p, v, b->n);
+    free(v);
+    return p;
+}
+
+static void *cpu_zeroed(size_t n) {
+    void *p = cpu->alloc(n * cpu->f32_size + 4);
+    cpu->zero(p, n * cpu->f32_size);
+    return p;
+}
+
+// n values of a CPU buffer (act and f32 are both float there) on the host; frees the buffer.
+static float *cpu_take(void *p, size_t n) {
+    float *h = malloc(n * sizeof(float) + 4);
+    cpu->download_f32(h, p, n);
+    cpu->free(p);
+    return h;
+}
+
+// The FP8 products' tolerance. Both sides multiply the same E4M3 codes and scales (the quantisation
+// is compared bit for bit first); they differ in summation. The CPU adds 128 exact products in fp32
+// (error <= 127 x 2^-24 of the block's sum of |terms|). Hopper's FP8 tensor cores keep about 14 bits
+// inside a block (the reason for promotion every 128): each product of a k32 step can lose up to
+// 2^-13 of the largest magnitude there, so a block can be off by up to ~2^-8 of its sum of |terms|
+// when one outlier dominates it (typically ~2^-11, the losses being of both signs). So |gpu - cpu|
+// <= 2^-8 x sum |a||b| per output, plus the rounding of a bf16 output (2^-9 of it; 2^-8 allowed) or,
+// for fp32 weight gradients, of the accumulated value. A wrong scale, block or layout is off by the
+// order of the sum itself.
+#define FP8_SUM 0x1p-8
+#define FP8_BF16_OUT 0x1p-8
+#define FP8_F32_OUT 1e-6
+
+static void test_fp8_case(size_t E, const int *rows, size_t N, size_t K, Fp8Scaling how) {
+    char what[160];
+    size_t R;
+    Buf off = expert_offsets(E, rows, &R);
+    size_t Rb = R + 13, Kb = fp8_blocks(K), Nb = fp8_blocks(N), Rt = fp8_expert_cols(Rb, E);
+    Buf x = buf_new(K_ACT, Rb * K), dy = buf_new(K_ACT, Rb * N), w = buf_new(K_ACT, E * N * K);
+    fp8_inputs(&x, K, 80, 1, R / 2, R / 2 + 1), fp8_inputs(&dy, N, 81, 1, 0, R < 200 ? R : 200);
+    fp8_inputs(&w, K, 82, 0.1, 0, N < FP8_BLOCK ? N : FP8_BLOCK);
+    snprintf(what, sizeof what, "fp8 quantise rows E%zu N%zu K%zu rows %zu%s", E, N, K, R, how == FP8_SCALE_POW2 ? " pow2" : "");
+    Buf xq = buf_new(K_U8, Rb * K), xs = buf_new(K_F32, Kb * Rb), dyq = buf_new(K_U8, Rb * N), dys = buf_new(K_F32, Nb * Rb);
+    buf_poison(&xq), buf_poison(&xs), buf_poison(&dyq), buf_poison(&dys);
+    cpu->fp8_quantize_rows(xq.c, xs.c, x.c, off.c, E, Rb, K, how), gpu->fp8_quantize_rows(xq.g, xs.g, x.g, off.g, E, Rb, K, how);
+    cpu->fp8_quantize_rows(dyq.c, dys.c, dy.c, off.c, E, Rb, N, how), gpu->fp8_quantize_rows(dyq.g, dys.g, dy.g, off.g, E, Rb, N, how);
+    check(what, &xq, Rb * K, 0, 0), check("  row scales", &xs, Kb * Rb, 0, 0);
+    check("  gradient rows", &dyq, Rb * N, 0, 0), check("  gradient row scales", &dys, Nb * Rb, 0, 0);
+    Buf wq = buf_new(K_U8, E * N * K), wqt = buf_new(K_U8, E * N * K), ws = buf_new(K_F32, E * Kb * Nb), wst = buf_new(K_F32, E * Kb * Nb);
+    cpu->fp8_quantize_weights(wq.c, wqt.c, ws.c, wst.c, w.c, E, N, K, how);
+    gpu->fp8_quantize_weights(wq.g, wqt.g, ws.g, wst.g, w.g, E, N, K, how);
+    check("  weights", &wq, E * N * K, 0, 0), check("  transposed weights", &wqt, E * N * K, 0, 0);
+    check("  weight scales", &ws, E * Kb * Nb, 0, 0), check("  transposed weight scales", &wst, E * Kb * Nb, 0, 0);
+    Buf xt = buf_new(K_U8, K * Rt), xts = buf_new(K_F32, Rt / FP8_BLOCK * K), dyt = buf_new(K_U8, N * Rt);
+    Buf dyts = buf_new(K_F32, Rt / FP8_BLOCK * N);
+    buf_poison(&xt), buf_poison(&dyt);
+    cpu->fp8_quantize_cols(xt.c, xts.c, x.c, off.c, E, Rb, K, how), gpu->fp8_quantize_cols(xt.g, xts.g, x.g, off.g, E, Rb, K, how);
+    cpu->fp8_quantize_cols(dyt.c, dyts.c, dy.c, off.c, E, Rb, N, how);
+    gpu->fp8_quantize_cols(dyt.g, dyts.g, dy.g, off.g, E, Rb, N, how);
+    check("  token-major copies", &xt, K * Rt, 0, 0), check("  token-major scales", &xts, Rt / FP8_BLOCK * K, 0, 0);
+    check("  token-major gradient", &dyt, N * Rt, 0, 0), check("  its scales", &dyts, Rt / FP8_BLOCK * N, 0, 0);
+    // experts 1.. alone, offsets from the second on (a chunk, as parallel.exchange_chunks passes it)
+    size_t Rt1 = fp8_expert_cols(Rb, E - 1);
+    cpu->fp8_quantize_cols(xt.c, xts.c, x.c, (const int32_t *)off.c + 1, E - 1, Rb, K, how);
+    gpu->fp8_quantize_cols(xt.g, xts.g, x.g, (const int32_t *)off.g + 1, E - 1, Rb, K, how);
+    check("  token-major copies of a chunk of experts", &xt, K * Rt1, 0, 0);
+    check("  their scales", &xts, Rt1 / FP8_BLOCK * K, 0, 0);
+    cpu->fp8_quantize_cols(xt.c, xts.c, x.c, off.c, E, Rb, K, how), gpu->fp8_quantize_cols(xt.g, xts.g, x.g, off.g, E, Rb, K, how);
+
+    void *axq = abs_codes(&xq), *awq = abs_codes(&wq), *adyq = abs_codes(&dyq), *awqt = abs_codes(&wqt);
+    void *axt = abs_codes(&xt), *adyt = abs_codes(&dyt);
+    Buf y = buf_new(K_ACT, Rb * N), dx = buf_new(K_ACT, Rb * K), dw = buf_new(K_F32, E * N * K);
+    buf_poison(&y), buf_poison(&dx), buf_random(&dw, 83, 1);
+    void *sum = cpu_zeroed(Rb * N);
+    cpu->fp8_grouped_matmul(sum, axq, xs.c, awq, ws.c, off.c, E, N, K, Rb);
+    float *S = cpu_take(sum, Rb * N);
+    cpu->fp8_grouped_matmul(y.c, xq.c, xs.c, wq.c, ws.c, off.c, E, N, K, Rb);
+    gpu->fp8_grouped_matmul(y.g, xq.g, xs.g, wq.g, ws.g, off.g, E, N, K, Rb);
+    check_scaled("  fp8 grouped forward", &y, Rb * N, FP8_BF16_OUT, FP8_SUM, S);
+    free(S);
+    sum = cpu_zeroed(Rb * K);
+    cpu->fp8_grouped_matmul(sum, adyq, dys.c, awqt, wst.c, off.c, E, K, N, Rb);
+    S = cpu_take(sum, Rb * K);
+    cpu->fp8_grouped_matmul(dx.c, dyq.c, dys.c, wqt.c, wst.c, off.c, E, K, N, Rb);
+    gpu->fp8_grouped_matmul(dx.g, dyq.g, dys.g, wqt.g, wst.g, off.g, E, K, N, Rb);
+    check_scaled("  fp8 grouped input gradient", &dx, Rb * K, FP8_BF16_OUT, FP8_SUM, S);
+    free(S);
+    sum = cpu_zeroed(E * N * K);
+    cpu->fp8_grouped_matmul_wgrad(sum, adyt, dyts.c, axt, xts.c, off.c, E, N, K, Rb);
+    S = cpu_take(sum, E * N * K);
+    cpu->fp8_grouped_matmul_wgrad(dw.c, dyt.c, dyts.c, xt.c, xts.c, off.c, E, N, K, Rb);
+    gpu->fp8_grouped_matmul_wgrad(dw.g, dyt.g, dyts.g, xt.g, xts.g, off.g, E, N, K, Rb);
+    check_scaled("  fp8 grouped weight gradient (accumulates; empty experts unchanged)", &dw, E * N * K, FP8_F32_OUT,
+                 FP8_SUM, S);
+    free(S);
+    // Dense: all Rb rows as one group, against the first expert's weights.
+    cpu->fp8_quantize_rows(xq.c, xs.c, x.c, NULL, 0, Rb, K, how), gpu->fp8_quantize_rows(xq.g, xs.g, x.g, NULL, 0, Rb, K, how);
+    check("  fp8 quantise rows, one group", &xq, Rb * K, 0, 0), check("  their scales", &xs, Kb * Rb, 0, 0);
+    cpu->free(axq);
+    axq = abs_codes(&xq);
+    sum = cpu_zeroed(Rb * N);
+    cpu->fp8_matmul(sum, axq, xs.c, awq, ws.c, Rb, N, K);
+    S = cpu_take(sum, Rb * N);
+    buf_poison(&y);
+    cpu->fp8_matmul(y.c, xq.c, xs.c, wq.c, ws.c, Rb, N, K), gpu->fp8_matmul(y.g, xq.g, xs.g, wq.g, ws.g, Rb, N, K);
+    check_scaled("  fp8 dense product", &y, Rb * N, FP8_BF16_OUT, FP8_SUM, S);
+    free(S);
+    void *abs_bufs[] = {axq, awq, adyq, awqt, axt, adyt};
+    for (size_t i = 0; i < sizeof abs_bufs / sizeof abs_bufs[0]; i++) cpu->free(abs_bufs[i]);
+    Buf *all[] = {&off, &x, &dy, &w, &xq, &xs, &dyq, &dys, &wq, &wqt, &ws, &wst, &xt, &xts, &dyt, &dyts, &y, &dx, &dw};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) buf_free(all[i]);
+}
+
+// FP8 widths are multiples of 16 (16-byte rows of E4M3 for TMA); tiles and 128-blocks cut on
+// every edge, empty experts and experts of a handful of rows.
+static void test_fp8(void) {
+    if (!gpu->fp8_grouped_matmul) {
+        FAIL("this GPU has no FP8 products (the CUDA backend's need Hopper)");
+        return;
+    }
+    int rows1[5] = {0, 37, 0, 130, 3}, rows2[8] = {500, 1, 0, 257, 64, 129, 0, 2000};
+    int rows3[16] = {3000, 1500, 1000, 750, 600, 500, 1, 0, 333, 300, 2, 250, 0, 7, 200, 129};
+    test_fp8_case(5, rows1, 48, 80, FP8_SCALE_AMAX);
+    test_fp8_case(8, rows2, 256, 272, FP8_SCALE_AMAX);
+    test_fp8_case(16, rows3, 384, 208, FP8_SCALE_POW2);
 }
 
 // ---------------------------------------------------------------- whole models
@@ -798,6 +964,7 @@ int main(int argc, char **argv) {
     Test tests[] = {{"dense ops", test_dense}, {"optimizer ops", test_optimizer}, {"initial weights, bitwise", test_init},
                     {"attention ops", test_attention},
                     {"router and experts ops", test_router}, {"dispatch, combine, grouped matmul, exchange", test_moe},
+                    {"FP8 quantisation and products", test_fp8},
                     {"whole models: loss and every gradient", test_models}};
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
         if (argc > 1 && !strstr(tests[i].name, argv[1])) continue;

@@ -71,6 +71,22 @@ void cpu_grouped_matmul_backward(void *dx, void *dw, const void *dout, const voi
                                  const int32_t *offsets, size_t E, size_t N, size_t K, size_t R);
 void cpu_router_bias_update(void *bias, const void *loads, size_t E, float gamma);
 
+// FP8 recipe emulation (cpu_fp8.c)
+void cpu_fp8_quantize_rows(void *q, void *scales, const void *x, const int32_t *offsets, size_t E, size_t R,
+                           size_t K, Fp8Scaling how);
+void cpu_fp8_quantize_cols(void *qt, void *scales, const void *x, const int32_t *offsets, size_t E,
+                           size_t R, size_t C, Fp8Scaling how);
+void cpu_fp8_quantize_weights(void *q, void *qt, void *scales, void *scales_t, const void *w, size_t E,
+                              size_t N, size_t K, Fp8Scaling how);
+void cpu_fp8_grouped_matmul(void *out, const void *a, const void *a_scales, const void *b,
+                            const void *b_scales, const int32_t *offsets, size_t E, size_t N, size_t K,
+                            size_t R);
+void cpu_fp8_grouped_matmul_wgrad(void *dw, const void *dout_t, const void *dout_scales, const void *x_t,
+                                  const void *x_scales, const int32_t *offsets, size_t E, size_t N,
+                                  size_t K, size_t R);
+void cpu_fp8_matmul(void *out, const void *a, const void *a_scales, const void *b, const void *b_scales,
+                    size_t M, size_t N, size_t K);
+
 // optimizer (cpu_optim.c)
 void cpu_sum_squares(void *acc, const void *x, size_t n);
 void cpu_adamw_update(void *param, void *param_act, const void *grad, void *m, void *v, size_t n,

@@ -17,6 +17,7 @@ static void cuda_choose_kernels(int major) {
     bool all = k && !strcmp(k, "builtin");
     cuda_ctx.builtin_attention = all || (k && strstr(k, "attention=builtin"));
     cuda_ctx.builtin_grouped = all || (k && strstr(k, "grouped=builtin")) || major != 9;
+    cuda_ctx.fp8 = major == 9;
 }
 
 // Device memory in use (every allocation of the process, libraries' and the context's included),
@@ -217,6 +218,12 @@ static Ops make_cuda_ops(void) {
     o.grouped_matmul_forward = cuda_grouped_matmul_forward;
     o.grouped_matmul_backward = cuda_grouped_matmul_backward;
     o.router_bias_update = cuda_router_bias_update;
+    if (cuda_ctx.fp8) {
+        o.fp8_quantize_rows = cuda_fp8_quantize_rows, o.fp8_quantize_cols = cuda_fp8_quantize_cols;
+        o.fp8_quantize_weights = cuda_fp8_quantize_weights;
+        o.fp8_grouped_matmul = cuda_fp8_grouped_matmul, o.fp8_grouped_matmul_wgrad = cuda_fp8_grouped_matmul_wgrad;
+        o.fp8_matmul = cuda_fp8_matmul;
+    }
     o.cross_entropy = cuda_cross_entropy, o.sum_squares = cuda_sum_squares;
     o.adamw_update = cuda_adamw_update;
     return o;

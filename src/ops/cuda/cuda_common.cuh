@@ -31,6 +31,7 @@ typedef struct {
     // Kernel choices (cuda_init, from the device and the MOE_KERNELS environment variable):
     // library kernels (cuDNN attention, CUTLASS sm90 grouped GEMM) or the built-in mma.sync ones.
     bool builtin_attention, builtin_grouped;
+    bool fp8; // the FP8 recipe's products (CUTLASS sm90 kernels) run here: a Hopper GPU
     // train.deterministic: kernels with a faster order-dependent variant take the fixed-order one
     // (cuDNN's attention backward; every other kernel sums in a fixed order always).
     bool deterministic;

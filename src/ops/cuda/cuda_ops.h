@@ -41,6 +41,22 @@ typedef enum { GROUPED_FWD, GROUPED_DGRAD, GROUPED_WGRAD } GroupedOp;
 void cuda_grouped_sm90(GroupedOp op, const void *a, const void *b, void *d, const int32_t *offsets,
                        size_t E, size_t N, size_t K);
 
+// FP8 recipe (ops/fp8.h): quantisation and the dense product (cuda_fp8.cu), the grouped products
+// on CUTLASS's sm90 blockwise-scaled kernels (cuda_grouped_sm90_fp8.cu; Hopper only).
+void cuda_fp8_quantize_rows(void *q, void *scales, const void *x, const int32_t *offsets, size_t E, size_t R,
+                            size_t K, Fp8Scaling how);
+void cuda_fp8_quantize_cols(void *qt, void *scales, const void *x, const int32_t *offsets, size_t E, size_t R,
+                            size_t C, Fp8Scaling how);
+void cuda_fp8_quantize_weights(void *q, void *qt, void *scales, void *scales_t, const void *w, size_t E, size_t N,
+                               size_t K, Fp8Scaling how);
+void cuda_fp8_grouped_matmul(void *out, const void *a, const void *a_scales, const void *b, const void *b_scales,
+                             const int32_t *offsets, size_t E, size_t N, size_t K, size_t R);
+void cuda_fp8_grouped_matmul_wgrad(void *dw, const void *dout_t, const void *dout_scales, const void *x_t,
+                                   const void *x_scales, const int32_t *offsets, size_t E, size_t N, size_t K,
+                                   size_t R);
+void cuda_fp8_matmul(void *out, const void *a, const void *a_scales, const void *b, const void *b_scales, size_t M,
+                     size_t N, size_t K);
+
 // attention (cuda_attention.cu)
 void cuda_qkv_norm_rope_forward(void *qkv, void *rstd, const void *qkv_raw, const void *wq,
                                 const void *wk, const void *rope, AttnDims d, QkNorm mode, float eps);

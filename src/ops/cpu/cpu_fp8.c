@@ -1,0 +1,161 @@
+// The FP8 recipe emulated on the CPU (ops/fp8.h, docs/FP8.md): quantisation to E4M3 codes with
+// fp32 block scales, bit for bit as the CUDA kernels do it, and the products as Hopper runs them:
+// per 128-long block of the reduction, the exact products of two E4M3 values summed in fp32, times
+// the two blocks' scales, added to an fp32 accumulator. The oracle of every FP8 CUDA kernel.
+#include <string.h>
+
+#include "cpu_ops.h"
+
+// ---------------------------------------------------------------- quantisation
+
+// The block x[r xr + c xc] (r < rows, c < cols) to codes q[r qr + c qc] under one scale, returned.
+static float fp8_quantize_block(uint8_t *q, size_t qr, size_t qc, const real *x, size_t xr, size_t xc,
+                                size_t rows, size_t cols, Fp8Scaling how) {
+    float amax = 0;
+    for (size_t r = 0; r < rows; r++)
+        for (size_t c = 0; c < cols; c++) amax = fmaxf(amax, fabsf((float)x[r * xr + c * xc]));
+    float s = fp8_block_scale(amax, how);
+    for (size_t r = 0; r < rows; r++)
+        for (size_t c = 0; c < cols; c++) q[r * qr + c * qc] = fp8_quantize((float)x[r * xr + c * xc], s);
+    return s;
+}
+
+static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
+
+void cpu_fp8_quantize_rows(void *q_, void *scales_, const void *x_, const int32_t *offsets, size_t E, size_t R,
+                           size_t K, Fp8Scaling how) {
+    uint8_t *q = q_;
+    real *scales = scales_;
+    const real *x = x_;
+    size_t Kb = fp8_blocks(K);
+    for (size_t g = 0; g < (offsets ? E : 1); g++) {
+        size_t r0 = offsets ? (size_t)offsets[g] : 0, rows = offsets ? (size_t)offsets[g + 1] - r0 : R;
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < rows; i++)
+            for (size_t kb = 0; kb < Kb; kb++) {
+                size_t at = (r0 + i) * K + kb * FP8_BLOCK;
+                scales[Kb * r0 + kb * rows + i] = fp8_quantize_block(q + at, 0, 1, x + at, 0, 1, 1,
+                                                                     min_size(FP8_BLOCK, K - kb * FP8_BLOCK), how);
+            }
+    }
+}
+
+void cpu_fp8_quantize_cols(void *qt_, void *scales_, const void *x_, const int32_t *offsets, size_t E,
+                           size_t R, size_t C, Fp8Scaling how) {
+    uint8_t *qt = qt_;
+    real *scales = scales_;
+    const real *x = x_;
+    size_t Rt = fp8_expert_cols(R, E);
+    memset(qt, 0, C * Rt);
+    for (size_t i = 0; i < Rt / FP8_BLOCK * C; i++) scales[i] = 1;
+    for (size_t e = 0; e < E; e++) {
+        size_t r0 = (size_t)offsets[e], rows = (size_t)(offsets[e + 1] - offsets[e]), p = fp8_expert_col(r0, e);
+#pragma omp parallel for schedule(static)
+        for (size_t c = 0; c < C; c++)
+            for (size_t j = 0; j < fp8_blocks(rows); j++) {
+                size_t r = j * FP8_BLOCK;
+                scales[(p / FP8_BLOCK + j) * C + c] = fp8_quantize_block(
+                    qt + c * Rt + p + r, 1, 0, x + (r0 + r) * C + c, C, 0, min_size(FP8_BLOCK, rows - r), 1, how);
+            }
+    }
+}
+
+void cpu_fp8_quantize_weights(void *q_, void *qt_, void *scales_, void *scales_t_, const void *w_, size_t E,
+                              size_t N, size_t K, Fp8Scaling how) {
+    uint8_t *q = q_, *qt = qt_;
+    real *scales = scales_, *scales_t = scales_t_;
+    const real *w = w_;
+    size_t Nb = fp8_blocks(N), Kb = fp8_blocks(K);
+#pragma omp parallel for collapse(2) schedule(static)
+    for (size_t e = 0; e < E; e++)
+        for (size_t nb = 0; nb < Nb; nb++)
+            for (size_t kb = 0; kb < Kb; kb++) {
+                size_t n0 = nb * FP8_BLOCK, k0 = kb * FP8_BLOCK, at = e * N * K + n0 * K + k0;
+                float s = fp8_quantize_block(q + at, K, 1, w + at, K, 1, min_size(FP8_BLOCK, N - n0),
+                                             min_size(FP8_BLOCK, K - k0), how);
+                scales[e * Kb * Nb + kb * Nb + nb] = s;
+                scales_t[e * Nb * Kb + nb * Kb + kb] = s;
+            }
+#pragma omp parallel for collapse(2) schedule(static)
+    for (size_t e = 0; e < E; e++)
+        for (size_t k = 0; k < K; k++)
+            for (size_t n = 0; n < N; n++) qt[e * K * N + k * N + n] = q[e * N * K + n * K + k];
+}
+
+// ---------------------------------------------------------------- products
+
+// One operand as the products read it: row i's codes from q + i ld along the reduction; the scale
+// of (row i, reduction block kb) at s[i / rows_per_scale * s_row + kb * s_block].
+typedef struct {
+    const uint8_t *q;
+    size_t ld;
+    const real *s;
+    size_t rows_per_scale, s_row, s_block;
+} Fp8Operand;
+
+static float fp8_scale_of(const Fp8Operand *o, size_t i, size_t kb) {
+    return (float)o->s[i / o->rows_per_scale * o->s_row + kb * o->s_block];
+}
+
+// out[i ldo + j] (= or +=) sum over k < K of a[i, k] b[j, k] (i < M, j < N), promoted per block.
+static void fp8_gemm(real *out, size_t ldo, const Fp8Operand *a, const Fp8Operand *b, size_t M, size_t N,
+                     size_t K, bool accumulate) {
+    float value[256];
+    for (int c = 0; c < 256; c++) value[c] = fp8_e4m3_decode((uint8_t)c);
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < M; i++)
+        for (size_t j = 0; j < N; j++) {
+            const uint8_t *qa = a->q + i * a->ld, *qb = b->q + j * b->ld;
+            float acc = 0;
+            for (size_t k0 = 0; k0 < K; k0 += FP8_BLOCK) {
+                float part = 0; // exact products of E4M3 values (8 significant bits), summed in fp32
+                for (size_t k = k0; k < min_size(k0 + FP8_BLOCK, K); k++) part += value[qa[k]] * value[qb[k]];
+                acc += part * (fp8_scale_of(a, i, k0 / FP8_BLOCK) * fp8_scale_of(b, j, k0 / FP8_BLOCK));
+            }
+            real *o = out + i * ldo + j;
+            *o = accumulate ? *o + (real)acc : (real)acc;
+        }
+}
+
+// The group of `rows` rows from row0 quantised by fp8_quantize_rows, K long.
+static Fp8Operand fp8_rows(const void *q, const void *scales, size_t row0, size_t rows, size_t K) {
+    return (Fp8Operand){(const uint8_t *)q + row0 * K, K, (const real *)scales + fp8_blocks(K) * row0, 1, 1, rows};
+}
+
+// Weights quantised by fp8_quantize_weights: matrix e of (N, K).
+static Fp8Operand fp8_weights(const void *q, const void *scales, size_t e, size_t N, size_t K) {
+    size_t Nb = fp8_blocks(N);
+    return (Fp8Operand){(const uint8_t *)q + e * N * K, K, (const real *)scales + e * fp8_blocks(K) * Nb,
+                        FP8_BLOCK, 1, Nb};
+}
+
+// Token-major copies of fp8_quantize_cols (C, Rt): the columns from p (a multiple of 128).
+static Fp8Operand fp8_token_major(const void *qt, const void *scales, size_t p, size_t Rt, size_t C) {
+    return (Fp8Operand){(const uint8_t *)qt + p, Rt, (const real *)scales + p / FP8_BLOCK * C, 1, 1, C};
+}
+
+void cpu_fp8_grouped_matmul(void *out, const void *a, const void *a_scales, const void *b, const void *b_scales,
+                            const int32_t *offsets, size_t E, size_t N, size_t K, size_t R) {
+    for (size_t e = 0; e < E; e++) {
+        size_t r0 = (size_t)offsets[e], rows = (size_t)(offsets[e + 1] - offsets[e]);
+        Fp8Operand A = fp8_rows(a, a_scales, r0, rows, K), B = fp8_weights(b, b_scales, e, N, K);
+        fp8_gemm((real *)out + r0 * N, N, &A, &B, rows, N, K, false);
+    }
+}
+
+void cpu_fp8_grouped_matmul_wgrad(void *dw, const void *dout_t, const void *dout_scales, const void *x_t,
+                                  const void *x_scales, const int32_t *offsets, size_t E, size_t N, size_t K,
+                                  size_t R) {
+    size_t Rt = fp8_expert_cols(R, E);
+    for (size_t e = 0; e < E; e++) {
+        size_t r0 = (size_t)offsets[e], rows = (size_t)(offsets[e + 1] - offsets[e]), p = fp8_expert_col(r0, e);
+        Fp8Operand A = fp8_token_major(dout_t, dout_scales, p, Rt, N), B = fp8_token_major(x_t, x_scales, p, Rt, K);
+        fp8_gemm((real *)dw + e * N * K, K, &A, &B, N, K, rows, true);
+    }
+}
+
+void cpu_fp8_matmul(void *out, const void *a, const void *a_scales, const void *b, const void *b_scales, size_t M,
+                    size_t N, size_t K) {
+    Fp8Operand A = fp8_rows(a, a_scales, 0, M, K), B = fp8_weights(b, b_scales, 0, N, K);
+    fp8_gemm(out, N, &A, &B, M, N, K, false);
+}

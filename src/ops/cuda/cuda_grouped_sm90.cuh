@@ -1,0 +1,140 @@
+// What the grouped products on CUTLASS's sm90 kernels share (bf16 in cuda_grouped_sm90.cu, FP8 in
+// cuda_grouped_sm90_fp8.cu): the epilogue, the per-expert argument table in device memory that a
+// small kernel fills from the row offsets before each product (no count travels to the host, so a
+// launch can be recorded in a CUDA graph), the order of its slots, and the launch that makes the
+// CUTLASS parameters once per expert count. Each expert gets its own TMA descriptors (CUTLASS
+// rewrites them on the device), so a tile never reads or writes past its expert's rows.
+#pragma once
+#include <stdlib.h>
+
+#include "cuda_common.cuh"
+#include "cuda_ops.h"
+
+#include <cute/tensor.hpp>
+#include <cutlass/cutlass.h>
+#include <cutlass/epilogue/collective/collective_builder.hpp>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/gemm/device/gemm_universal_adapter.h>
+#include <cutlass/gemm/dispatch_policy.hpp>
+#include <cutlass/gemm/group_array_problem_shape.hpp>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
+
+using GroupedSm90Problem = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>; // (M, N, K) per expert
+
+// fp32 accumulators to ElementD row-major, the output read back and added (beta = 1) when
+// ACCUMULATE, on the two consumer warpgroups of the cooperative kernels.
+template <class TileShape, class ClusterShape, class ElementD, bool ACCUMULATE> struct GroupedSm90Epilogue {
+    using ElementC = cute::conditional_t<ACCUMULATE, ElementD, void>;
+    static constexpr bool accumulate = ACCUMULATE;
+    static constexpr int ALIGN_D = 16 / sizeof(ElementD);
+    using Op = typename cutlass::epilogue::collective::CollectiveBuilder<
+        cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+        cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementC, cutlass::layout::RowMajor *,
+        ALIGN_D, ElementD, cutlass::layout::RowMajor *, ALIGN_D, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+        cutlass::epilogue::fusion::LinearCombination<ElementD, float>>::CollectiveOp;
+};
+
+// Per-expert arguments of a grouped kernel, in device memory (slot order: grouped_sm90_slot).
+template <class Kernel> struct GroupedSm90Table {
+    using ElementA = typename Kernel::CollectiveMainloop::ElementA;
+    using ElementB = typename Kernel::CollectiveMainloop::ElementB;
+    using ElementD = typename Kernel::CollectiveEpilogue::ElementD;
+    typename GroupedSm90Problem::UnderlyingProblemShape shape[GROUPED_MAX_E];
+    const ElementA *a[GROUPED_MAX_E];
+    const ElementB *b[GROUPED_MAX_E];
+    ElementD *d[GROUPED_MAX_E];
+    typename Kernel::InternalStrideA sa[GROUPED_MAX_E];
+    typename Kernel::InternalStrideB sb[GROUPED_MAX_E];
+    typename Kernel::InternalStrideD sd[GROUPED_MAX_E];
+};
+
+// A packed stride of one of CUTLASS's (rows, cols, batch) stride types: the one dynamic mode gets
+// the leading dimension `ld`, the others are compile-time 1 and 0.
+template <class Stride> __device__ Stride packed_stride(int64_t ld) {
+    Stride s{};
+    if constexpr (!cute::is_static<decltype(cute::get<0>(s))>::value) cute::get<0>(s) = ld;
+    else cute::get<1>(s) = ld;
+    return s;
+}
+
+// Slot `slot` of a table: the problem (M, N, K) on a (leading dimension lda), b and d.
+template <class Table>
+__device__ void grouped_sm90_set(Table *t, int slot, int M, int N, int K, const void *a, int64_t lda, const void *b,
+                                 int64_t ldb, void *d, int64_t ldd) {
+    t->shape[slot] = {M, N, K};
+    t->a[slot] = (const typename Table::ElementA *)a;
+    t->b[slot] = (const typename Table::ElementB *)b;
+    t->d[slot] = (typename Table::ElementD *)d;
+    t->sa[slot] = packed_stride<cute::remove_reference_t<decltype(t->sa[0])>>(lda);
+    t->sb[slot] = packed_stride<cute::remove_reference_t<decltype(t->sb[0])>>(ldb);
+    t->sd[slot] = packed_stride<cute::remove_reference_t<decltype(t->sd[0])>>(ldd);
+}
+
+// Rows of each expert into shared memory rows_of (E) from offsets (E + 1), by the whole block.
+__device__ inline void grouped_sm90_rows(int32_t *rows_of, const int32_t *offsets, int E) {
+    for (int e = threadIdx.x; e < E; e += blockDim.x) rows_of[e] = offsets[e + 1] - offsets[e];
+    __syncthreads();
+}
+
+// The persistent grid hands out tiles in table order, CTA i taking tiles i, i + grid, ... A weight
+// gradient tile costs its expert's row count, so there (by_rows) the table lists the experts by
+// falling row count (longest first: the tiles of the large experts spread over all CTAs instead of
+// piling onto some when the loads are skewed); the other products' tiles cost the same, in expert
+// order. e's slot is the number of experts before it in that order.
+__device__ inline int grouped_sm90_slot(const int32_t *rows_of, int e, int E, bool by_rows) {
+    if (!by_rows) return e;
+    int slot = 0, rows = rows_of[e];
+    for (int j = 0; j < E; j++) slot += rows_of[j] > rows || (rows_of[j] == rows && j < e);
+    return slot;
+}
+
+// Thread blocks of the persistent grid per SM: MOE_GROUPED_WAVES (default 1). CUTLASS hands each
+// block a fixed share of the tiles, so when another kernel holds some SMs (row pushes beside the
+// experts, parallel.exchange_chunks) the blocks that wait for them finish late; with more blocks
+// than SMs the hardware fills SMs as they free up and the wait costs a fraction of a share. An
+// experiment's knob (scripts/gpu_multi.sh chunks), read once.
+static int grouped_waves(void) {
+    static int waves;
+    if (!waves) {
+        const char *v = getenv("MOE_GROUPED_WAVES");
+        waves = v && atoi(v) > 0 ? atoi(v) : 1;
+    }
+    return waves;
+}
+
+// Writes the table (`prepare(table)` queues the kernel that does), then runs product G. The
+// CUTLASS parameters point at the table (not at its contents), so they are made once per expert
+// count and every later call (or graph replay) only launches; the table of each product type is
+// rewritten in stream order before its use. G provides Epi (its GroupedSm90Epilogue), Gemm, Table
+// and mainloop_arguments(table).
+template <class G, class Prepare> static void grouped_sm90_launch(int E, Prepare prepare) {
+    static typename G::Table *table;
+    static typename G::Gemm gemm;
+    static void *workspace;
+    static int ready_E;
+    if (!table) CUDA_CHECK(cudaMalloc(&table, sizeof *table));
+    prepare(table);
+    CUDA_LAUNCH_CHECK();
+    if (ready_E != E) {
+        cutlass::KernelHardwareInfo hw;
+        CUDA_CHECK(cudaGetDevice(&hw.device_id));
+        hw.sm_count = cuda_ctx.sm_count * grouped_waves();
+        using SourcePtrs = typename G::Epi::ElementC const **; // C, the output read back when accumulating
+        SourcePtrs c = nullptr;
+        if constexpr (G::Epi::accumulate) c = (SourcePtrs)table->d;
+        typename G::Gemm::Arguments args{
+            cutlass::gemm::GemmUniversalMode::kGrouped,
+            {E, table->shape, nullptr},
+            G::mainloop_arguments(table),
+            {{}, c, table->sd, table->d, table->sd},
+            hw};
+        args.epilogue.thread.alpha = 1.0f;
+        args.epilogue.thread.beta = G::Epi::accumulate ? 1.0f : 0.0f;
+        CUTLASS_CHECK(gemm.can_implement(args));
+        if (workspace) CUDA_CHECK(cudaFree(workspace));
+        CUDA_CHECK(cudaMalloc(&workspace, G::Gemm::get_workspace_size(args) + 1));
+        CUTLASS_CHECK(gemm.initialize(args, workspace, cuda_ctx.stream));
+        ready_E = E;
+    }
+    CUTLASS_CHECK(gemm.run(cuda_ctx.stream));
+}

@@ -1,0 +1,100 @@
+// Expert GEMMs in FP8 on Hopper (the DeepSeek-V3 recipe of ops/fp8.h) through CUTLASS's sm90
+// grouped GEMM with blockwise scaling: E4M3 operands, both K-contiguous (the only layout Hopper's
+// FP8 tensor cores read), fp32 scales loaded per tile beside the TMA loads, wgmma partial sums
+// promoted to fp32 accumulators with their scales every 128 along K. Per-expert problems are
+// written on the device from the row offsets (cuda_grouped_sm90.cuh).
+#include "cuda_grouped_sm90.cuh"
+
+using namespace cute;
+
+// One FP8 product type: out = a . b^T with a's scales per row and 128 along K, b's per
+// GRANULARITY_N rows (128: weights in 128x128 blocks; 1: token-major activations) and 128 along K;
+// the scales of each expert are a packed block-major matrix (the row index fastest), as
+// fp8_quantize_rows, _cols and _weights write them. 128 x 128 x 128 tiles on two consumer
+// warpgroups, clusters of 2 along N sharing the A tile through TMA multicast.
+template <int GRANULARITY_N, class ElementD, bool ACCUMULATE> struct GroupedSm90Fp8 {
+    using TileShape = Shape<_128, _128, _128>;
+    using ClusterShape = Shape<_1, _2, _1>;
+    using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, GRANULARITY_N, FP8_BLOCK>;
+    using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
+    using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
+    using Epi = GroupedSm90Epilogue<TileShape, ClusterShape, ElementD, ACCUMULATE>;
+    using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+        cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+        cutlass::float_e4m3_t, cute::tuple<cutlass::layout::RowMajor *, LayoutSFA *>, 16,
+        cutlass::float_e4m3_t, cute::tuple<cutlass::layout::ColumnMajor *, LayoutSFB *>, 16, float, TileShape,
+        ClusterShape,
+        cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epi::Op::SharedStorage))>,
+        cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8BlockScaledAccum>::CollectiveOp;
+    using Kernel = cutlass::gemm::kernel::GemmUniversal<GroupedSm90Problem, Mainloop, typename Epi::Op>;
+    using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+    struct Table : GroupedSm90Table<Kernel> {
+        const float *sfa[GROUPED_MAX_E], *sfb[GROUPED_MAX_E];
+        LayoutSFA lsfa[GROUPED_MAX_E];
+        LayoutSFB lsfb[GROUPED_MAX_E];
+    };
+    static typename Mainloop::Arguments mainloop_arguments(Table *t) {
+        return {t->a, t->sa, t->b, t->sb, t->sfa, t->lsfa, t->sfb, t->lsfb};
+    }
+
+    // Slot `slot` (after grouped_sm90_set): the scales of the problem (M, N, K) at sfa and sfb.
+    __device__ static void set_scales(Table *t, int slot, int M, int N, int K, const float *sfa, const float *sfb) {
+        t->sfa[slot] = sfa, t->sfb[slot] = sfb;
+        t->lsfa[slot] = ScaleConfig::tile_atom_to_shape_SFA(make_shape(M, N, K, 1));
+        t->lsfb[slot] = ScaleConfig::tile_atom_to_shape_SFB(make_shape(M, N, K, 1));
+    }
+};
+
+// out (rows, N) bf16 = a (rows, K) . b[e] (N, K)^T for the rows of each expert (fp8_grouped_matmul).
+using Fp8Rows = GroupedSm90Fp8<FP8_BLOCK, cutlass::bfloat16_t, false>;
+// dw[e] (N, K) f32 += dout_t (N, its columns) . x_t (K, its columns)^T (fp8_grouped_matmul_wgrad).
+using Fp8Wgrad = GroupedSm90Fp8<1, float, true>;
+
+__global__ void grouped_sm90_fp8_prepare_rows(Fp8Rows::Table *t, const uint8_t *a, const float *a_scales,
+                                              const uint8_t *b, const float *b_scales, bf16 *out,
+                                              const int32_t *offsets, int E, int N, int K) {
+    __shared__ int32_t rows_of[GROUPED_MAX_E];
+    grouped_sm90_rows(rows_of, offsets, E);
+    int64_t Kb = (int64_t)fp8_blocks(K), Nb = (int64_t)fp8_blocks(N);
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        int64_t row0 = offsets[e];
+        int rows = rows_of[e];
+        grouped_sm90_set(t, e, rows, N, K, a + row0 * K, K, b + (int64_t)e * N * K, K, out + row0 * N, N);
+        Fp8Rows::set_scales(t, e, rows, N, K, a_scales + Kb * row0, b_scales + e * Kb * Nb);
+    }
+}
+
+// Expert e's columns of the token-major copies start at p = fp8_expert_col(offsets[e], e); its
+// scale blocks at p / 128. Slots by falling row count (grouped_sm90_slot).
+__global__ void grouped_sm90_fp8_prepare_wgrad(Fp8Wgrad::Table *t, const uint8_t *dout_t, const float *dout_scales,
+                                               const uint8_t *x_t, const float *x_scales, float *dw,
+                                               const int32_t *offsets, int E, int N, int K, int64_t Rt) {
+    __shared__ int32_t rows_of[GROUPED_MAX_E];
+    grouped_sm90_rows(rows_of, offsets, E);
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        int64_t p = (int64_t)fp8_expert_col((size_t)offsets[e], (size_t)e);
+        int rows = rows_of[e], slot = grouped_sm90_slot(rows_of, e, E, true), M = rows ? N : 0;
+        grouped_sm90_set(t, slot, M, K, rows, dout_t + p, Rt, x_t + p, Rt, dw + (int64_t)e * N * K, K);
+        Fp8Wgrad::set_scales(t, slot, M, K, rows, dout_scales + p / FP8_BLOCK * N, x_scales + p / FP8_BLOCK * K);
+    }
+}
+
+extern "C" void cuda_fp8_grouped_matmul(void *out, const void *a, const void *a_scales, const void *b,
+                                        const void *b_scales, const int32_t *offsets, size_t E, size_t N, size_t K,
+                                        size_t R) {
+    grouped_sm90_launch<Fp8Rows>((int)E, [&](Fp8Rows::Table *table) {
+        grouped_sm90_fp8_prepare_rows<<<1, 256, 0, cuda_ctx.stream>>>(
+            table, (const uint8_t *)a, (const float *)a_scales, (const uint8_t *)b, (const float *)b_scales,
+            (bf16 *)out, offsets, (int)E, (int)N, (int)K);
+    });
+}
+
+extern "C" void cuda_fp8_grouped_matmul_wgrad(void *dw, const void *dout_t, const void *dout_scales, const void *x_t,
+                                              const void *x_scales, const int32_t *offsets, size_t E, size_t N,
+                                              size_t K, size_t R) {
+    grouped_sm90_launch<Fp8Wgrad>((int)E, [&](Fp8Wgrad::Table *table) {
+        grouped_sm90_fp8_prepare_wgrad<<<1, 256, 0, cuda_ctx.stream>>>(
+            table, (const uint8_t *)dout_t, (const float *)dout_scales, (const uint8_t *)x_t, (const float *)x_scales,
+            (float *)dw, offsets, (int)E, (int)N, (int)K, (int64_t)fp8_expert_cols(R, E));
+    });
+}

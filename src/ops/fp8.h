@@ -1,0 +1,77 @@
+// The FP8 training recipe (DeepSeek-V3, docs/FP8.md), shared by the CPU emulation and the CUDA
+// kernels so both quantise to the same bits: E4M3 rounding (nearest, ties to even, saturating at
+// +-448, NaN kept), the scale of a block from its largest magnitude, and the block geometry (1x128
+// blocks of activations along the reduction dimension, 128x128 blocks of weights, fp32 partial
+// sums promoted every 128 along the reduction). Header-only and free of libc calls but frexpf,
+// ldexpf and rintf, so CUDA code can include it.
+#pragma once
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifdef __CUDACC__
+#define FP8_FN static inline __host__ __device__
+#else
+#define FP8_FN static inline
+#endif
+
+#define FP8_E4M3_MAX 448.0f // largest finite E4M3 value (1.75 x 2^8)
+#define FP8_E4M3_NAN 0x7f   // the code conversions give NaN (S.1111.111 is E4M3's only NaN)
+#define FP8_BLOCK 128       // block edge: scales and accumulator promotion every FP8_BLOCK along K
+
+// How a block's scale is chosen from its largest magnitude amax: amax / 448 (AMAX), or the power of
+// two at or above it (POW2: scaling is exact, dequantisation a shift of the exponent).
+typedef enum { FP8_SCALE_AMAX, FP8_SCALE_POW2 } Fp8Scaling;
+
+FP8_FN uint32_t fp8_float_bits(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return u;
+}
+
+// E4M3 (the "fn" variant: no infinities, one NaN per sign) nearest to x, ties to the even code;
+// magnitudes past 448 (infinities too) saturate to +-448, NaN gives FP8_E4M3_NAN.
+FP8_FN uint8_t fp8_e4m3_encode(float x) {
+    uint32_t u = fp8_float_bits(x);
+    uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
+    float a = fabsf(x);
+    if (a != a) return FP8_E4M3_NAN;
+    if (a >= FP8_E4M3_MAX) return sign | 0x7e;
+    if (a < 0x1p-6f) return sign | (uint8_t)rintf(a * 0x1p9f); // subnormals: multiples of 2^-9 (8: 2^-6)
+    uint32_t b = fp8_float_bits(a);
+    b += 0x7ffffu + ((b >> 20) & 1u); // round the 23-bit mantissa to 3 bits, ties to even
+    uint32_t code = (((b >> 23) - 127 + 7) << 3) | ((b >> 20) & 7u);
+    return sign | (uint8_t)(code > 0x7e ? 0x7e : code);
+}
+
+FP8_FN float fp8_e4m3_decode(uint8_t c) {
+    int e = (c >> 3) & 15, m = c & 7;
+    float a = e == 15 && m == 7 ? NAN : e == 0 ? ldexpf((float)m, -9) : ldexpf((float)(8 + m), e - 10);
+    return c & 0x80 ? -a : a;
+}
+
+// The scale of a block whose largest magnitude is amax: values are stored as e4m3(x / scale) and
+// read as e4m3 x scale. An all-zero block (or one so small that amax / 448 is 0) gets scale 1, so
+// its codes are zeros and no division by zero happens.
+FP8_FN float fp8_block_scale(float amax, Fp8Scaling how) {
+    float s = amax / FP8_E4M3_MAX;
+    if (!(s > 0)) return s != s ? s : 1.0f;
+    if (how == FP8_SCALE_AMAX) return s;
+    int e;
+    float m = frexpf(s, &e); // s = m 2^e, m in [0.5, 1)
+    return ldexpf(1.0f, m == 0.5f ? e - 1 : e);
+}
+
+FP8_FN uint8_t fp8_quantize(float x, float scale) { return fp8_e4m3_encode(x / scale); }
+
+// Blocks along a dimension of n elements (the last one may be short).
+FP8_FN size_t fp8_blocks(size_t n) { return (n + FP8_BLOCK - 1) / FP8_BLOCK; }
+
+// Token-major (transposed) copies of grouped rows, for the weight gradient, whose reduction runs
+// over each expert's rows: expert e's rows start at column fp8_expert_col(offsets[e], e), a
+// multiple of 128, so that its scale blocks start with its first row and every expert's columns
+// start 16-byte aligned; experts never overlap (each starts at least 128 x ceil(rows / 128)
+// columns after the one before). R rows over E experts fit in fp8_expert_cols(R, E) columns.
+FP8_FN size_t fp8_expert_col(size_t offset, size_t e) { return FP8_BLOCK * (offset / FP8_BLOCK + e); }
+FP8_FN size_t fp8_expert_cols(size_t R, size_t E) { return FP8_BLOCK * (fp8_blocks(R) + E); }

@@ -1,0 +1,343 @@
+// The FP8 recipe (ops/fp8.h) and its CPU emulation: E4M3 rounding checked exhaustively against the
+// format's definition in double precision (every code, every midpoint, random values against a
+// brute-force nearest code), saturation, subnormals and block scales; then the quantisation ops
+// (layouts, zero blocks, outliers, values past 448) and the FP8 products against double-precision
+// sums of the dequantised operands.
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/real.h"
+#include "common/rng.h"
+#include "ops/ops.h"
+#include "test.h"
+
+// ---------------------------------------------------------------- E4M3 in double precision
+
+// The value of a code from the format's definition (sign, 4 exponent bits of bias 7, 3 mantissa
+// bits; exponent 0 is subnormal; S.1111.111 is NaN).
+static double e4m3_value(int c) {
+    int e = (c >> 3) & 15, m = c & 7;
+    double a = e == 15 && m == 7 ? NAN : e == 0 ? m * pow(2, -9) : (1 + m / 8.0) * pow(2, e - 7);
+    return c & 0x80 ? -a : a;
+}
+
+// The code nearest to x by scanning every finite code (ties to the even code), saturating.
+static int e4m3_nearest(double x) {
+    int best = 0;
+    double best_d = INFINITY;
+    for (int c = 0; c < 0x7f; c++) {
+        double d = fabs(fabs(x) - e4m3_value(c));
+        if (d < best_d || (d == best_d && c % 2 == 0)) best = c, best_d = d;
+    }
+    return (x < 0 || (x == 0 && signbit(x)) ? 0x80 : 0) | best;
+}
+
+static void test_e4m3_every_code(void) {
+    for (int c = 0; c < 256; c++) {
+        double v = e4m3_value(c);
+        float got = fp8_e4m3_decode((uint8_t)c);
+        if (isnan(v)) {
+            CHECK_MSG(isnan(got) && fp8_e4m3_encode(got) == FP8_E4M3_NAN, "code 0x%02x: NaN", c);
+            continue;
+        }
+        CHECK_MSG(got == v && !signbit(got) == !signbit(v), "code 0x%02x decodes to %g, not %g", c, got, v);
+        CHECK_MSG(fp8_e4m3_encode((float)v) == c, "%g encodes to 0x%02x, not 0x%02x", v,
+                  fp8_e4m3_encode((float)v), c);
+    }
+    CHECK(fp8_e4m3_decode(0x7e) == FP8_E4M3_MAX && fp8_e4m3_decode(0x38) == 1 && fp8_e4m3_decode(0x01) == 0x1p-9);
+}
+
+// Midpoints between neighbouring codes round to the even one; a step either side rounds to the
+// nearer one; random magnitudes over the whole range agree with the brute-force nearest code.
+static void test_e4m3_ties_and_nearest(void) {
+    for (int c = 0; c < 0x7e; c++)
+        for (int sign = 0; sign < 2; sign++) {
+            double lo = e4m3_value(c), hi = e4m3_value(c + 1), mid = (lo + hi) / 2, s = sign ? -1 : 1;
+            int even = c % 2 == 0 ? c : c + 1, bit = sign ? 0x80 : 0;
+            CHECK_MSG(fp8_e4m3_encode((float)(s * mid)) == (bit | even), "tie %g", s * mid);
+            CHECK_MSG(fp8_e4m3_encode(nextafterf((float)(s * mid), 0)) == (bit | c), "below tie %g", s * mid);
+            CHECK_MSG(fp8_e4m3_encode(nextafterf((float)(s * mid), (float)(s * INFINITY))) == (bit | (c + 1)),
+                      "above tie %g", s * mid);
+        }
+    for (uint64_t i = 0; i < 20000; i++) {
+        float x = (float)(ldexp(rng_uniform(7, 2 * i), (int)(rng_uniform(8, 2 * i) * 30) - 14));
+        x = rng_uniform(9, i) < 0.5 ? -x : x;
+        CHECK_MSG(fp8_e4m3_encode(x) == e4m3_nearest(x), "%.9g: 0x%02x, nearest 0x%02x", x, fp8_e4m3_encode(x),
+                  e4m3_nearest(x));
+    }
+}
+
+static void test_e4m3_saturation_and_nan(void) {
+    float big[] = {448, 449, 464, 480, 1e4f, 3e38f, INFINITY};
+    for (size_t i = 0; i < sizeof big / sizeof big[0]; i++) {
+        CHECK_MSG(fp8_e4m3_encode(big[i]) == 0x7e, "%g saturates to 448", big[i]);
+        CHECK_MSG(fp8_e4m3_encode(-big[i]) == 0xfe, "%g saturates to -448", -big[i]);
+    }
+    CHECK(fp8_e4m3_encode(NAN) == FP8_E4M3_NAN && isnan(fp8_e4m3_decode(0xff)));
+    CHECK(fp8_e4m3_encode(447) == 0x7e && fp8_e4m3_encode(431) == 0x7d); // 432: tie of 416 (0x7d) and 448
+}
+
+// Subnormals are the multiples of 2^-9 below 2^-6, rounded to even; past 7.5 x 2^-9 they round up
+// to the smallest normal.
+static void test_e4m3_subnormals(void) {
+    CHECK(fp8_e4m3_encode(0x1p-9f) == 0x01 && fp8_e4m3_encode(-0x1p-9f) == 0x81);
+    CHECK(fp8_e4m3_encode(0x1p-10f) == 0x00);         // tie between 0 and 2^-9: even
+    CHECK(fp8_e4m3_encode(0x1.0001p-10f) == 0x01);
+    CHECK(fp8_e4m3_encode(3 * 0x1p-10f) == 0x02);     // tie between 1 and 2: even
+    CHECK(fp8_e4m3_encode(7.5f * 0x1p-9f) == 0x08);   // tie between 7 and 2^-6: even (0x08)
+    CHECK(fp8_e4m3_encode(1e-30f) == 0x00 && fp8_e4m3_encode(-1e-30f) == 0x80);
+    CHECK(fp8_e4m3_decode(0x07) == 7 * 0x1p-9f && fp8_e4m3_decode(0x08) == 0x1p-6f);
+}
+
+static void test_block_scales(void) {
+    CHECK(fp8_block_scale(0, FP8_SCALE_AMAX) == 1 && fp8_block_scale(0, FP8_SCALE_POW2) == 1);
+    CHECK(fp8_block_scale(1e-44f, FP8_SCALE_AMAX) == 1); // amax / 448 underflows to 0
+    CHECK(fp8_block_scale(448, FP8_SCALE_AMAX) == 1 && fp8_block_scale(896, FP8_SCALE_AMAX) == 2);
+    CHECK(fp8_block_scale(500, FP8_SCALE_POW2) == 2 && fp8_block_scale(1792, FP8_SCALE_POW2) == 4);
+    CHECK(fp8_block_scale(1, FP8_SCALE_POW2) == 0x1p-8f && fp8_block_scale(448, FP8_SCALE_POW2) == 1);
+    // The largest magnitude of a block lands on +-448 (or just below with power-of-two scales).
+    float amaxes[] = {1e-3f, 0.37f, 1, 3.3e3f, 1e30f};
+    for (size_t i = 0; i < sizeof amaxes / sizeof amaxes[0]; i++) {
+        float a = amaxes[i];
+        CHECK_MSG(fp8_quantize(-a, fp8_block_scale(a, FP8_SCALE_AMAX)) == 0xfe, "amax %g", a);
+        float s = fp8_block_scale(a, FP8_SCALE_POW2);
+        double back = fp8_e4m3_decode(fp8_quantize(a, s)) * (double)s;
+        CHECK_MSG(fabs(back - a) <= a / 16 && a / s <= 448 && a / s > 224, "pow2 amax %g: scale %g", a, s);
+    }
+}
+
+
+// ---------------------------------------------------------------- the CPU emulation ops
+
+#define ops (ops_cpu())
+
+// Normal values of scale 1 with outliers: every 37th value x1000, every 101st past E4M3's range.
+static real *rnd_outliers(size_t n, uint64_t seed) {
+    real *x = malloc(n * sizeof(real));
+    for (size_t i = 0; i < n; i++)
+        x[i] = rng_normal(seed, i) * (i % 101 == 5 ? 3e3 : i % 37 == 3 ? 1e3 : 1);
+    return x;
+}
+
+// A quantised value's distance from its source is at most half a step of E4M3 at its magnitude:
+// 2^-4 of it for normal codes, 2^-10 x scale for subnormal ones.
+static bool within_half_step(double x, double back, double scale) {
+    return fabs(back - x) <= fmax(fabs(x) / 16, scale * 0x1p-10);
+}
+
+static const Fp8Scaling SCALINGS[2] = {FP8_SCALE_AMAX, FP8_SCALE_POW2};
+
+// Experts of the grouped tests: 3 rows, none, 167 (a block and a short one), 130.
+static const int32_t OFFSETS[5] = {0, 3, 3, 170, 300};
+#define N_EXPERTS 4
+#define N_ROWS 300
+
+
+// Rows in the experts' groups: each expert's scales one packed (Kb, rows) matrix.
+static void test_fp8_quantize_rows(void) {
+    size_t R = N_ROWS, K = 300, Kb = fp8_blocks(K);
+    real *x = rnd_outliers(R * K, 1), *scales = malloc(Kb * R * sizeof(real));
+    for (size_t k = 128; k < 256; k++) x[200 * K + k] = 0; // row 200's second block is all zeros
+    uint8_t *q = malloc(R * K);
+    for (int h = 0; h < 2; h++) {
+        ops->fp8_quantize_rows(q, scales, x, OFFSETS, N_EXPERTS, R, K, SCALINGS[h]);
+        for (size_t e = 0; e < N_EXPERTS; e++) {
+            size_t r0 = (size_t)OFFSETS[e], rows = (size_t)OFFSETS[e + 1] - r0;
+            for (size_t r = r0; r < r0 + rows; r++)
+                for (size_t kb = 0; kb < Kb; kb++) {
+                    float amax = 0;
+                    for (size_t k = kb * 128; k < K && k < kb * 128 + 128; k++) amax = fmaxf(amax, fabsf((float)x[r * K + k]));
+                    double s = scales[Kb * r0 + kb * rows + r - r0];
+                    CHECK_MSG(s == fp8_block_scale(amax, SCALINGS[h]), "row %zu block %zu: scale %g", r, kb, s);
+                    for (size_t k = kb * 128; k < K && k < kb * 128 + 128; k++)
+                        CHECK_MSG(within_half_step(x[r * K + k], fp8_e4m3_decode(q[r * K + k]) * s, s), "[%zu, %zu]", r, k);
+                }
+        }
+        CHECK(scales[Kb * 170 + 1 * 130 + 30] == 1 && q[200 * K + 130] == 0);
+    }
+    free(x), free(scales), free(q);
+}
+
+// The rows of the token-major copies back in row layout: (R, C) dequantised.
+static double *deq_cols(const uint8_t *qt, const real *scales, size_t C) {
+    size_t Rt = fp8_expert_cols(N_ROWS, N_EXPERTS);
+    double *x = malloc(N_ROWS * C * sizeof(double));
+    for (size_t e = 0; e < N_EXPERTS; e++) {
+        size_t p = fp8_expert_col((size_t)OFFSETS[e], e);
+        for (size_t i = 0; i < (size_t)(OFFSETS[e + 1] - OFFSETS[e]); i++)
+            for (size_t c = 0; c < C; c++)
+                x[(OFFSETS[e] + i) * C + c] = fp8_e4m3_decode(qt[c * Rt + p + i]) * scales[((p + i) / 128) * C + c];
+    }
+    return x;
+}
+
+// Rows quantised in groups of offsets (NULL: one group of R rows), dequantised: (R, K).
+static double *deq_rows(const uint8_t *q, const real *scales, const int32_t *offsets, size_t E, size_t R, size_t K) {
+    size_t Kb = fp8_blocks(K);
+    double *x = malloc(R * K * sizeof(double));
+    for (size_t g = 0; g < (offsets ? E : 1); g++) {
+        size_t r0 = offsets ? (size_t)offsets[g] : 0, rows = offsets ? (size_t)offsets[g + 1] - r0 : R;
+        for (size_t i = 0; i < rows; i++)
+            for (size_t k = 0; k < K; k++)
+                x[(r0 + i) * K + k] = fp8_e4m3_decode(q[(r0 + i) * K + k]) * scales[Kb * r0 + k / 128 * rows + i];
+    }
+    return x;
+}
+
+static double *deq_weights(const uint8_t *q, const real *scales, size_t E, size_t N, size_t K) {
+    size_t Nb = fp8_blocks(N), Kb = fp8_blocks(K);
+    double *w = malloc(E * N * K * sizeof(double));
+    for (size_t e = 0; e < E; e++)
+        for (size_t n = 0; n < N; n++)
+            for (size_t k = 0; k < K; k++)
+                w[(e * N + n) * K + k] = fp8_e4m3_decode(q[(e * N + n) * K + k]) * scales[(e * Kb + k / 128) * Nb + n / 128];
+    return w;
+}
+
+static void test_fp8_quantize_cols(void) {
+    size_t C = 20, Rt = fp8_expert_cols(N_ROWS, N_EXPERTS);
+    real *x = rnd_outliers(N_ROWS * C, 2), *scales = malloc(Rt / 128 * C * sizeof(real));
+    for (size_t r = 170; r < 300; r++) x[r * C + 7] = 0; // column 7 of the last expert is all zeros
+    uint8_t *qt = malloc(C * Rt);
+    memset(qt, 0x55, C * Rt);
+    ops->fp8_quantize_cols(qt, scales, x, OFFSETS, N_EXPERTS, N_ROWS, C, FP8_SCALE_AMAX);
+    double *back = deq_cols(qt, scales, C);
+    size_t blocks = 0;
+    for (size_t e = 0; e < N_EXPERTS; e++) {
+        size_t r0 = (size_t)OFFSETS[e], r1 = (size_t)OFFSETS[e + 1], p = fp8_expert_col(r0, e);
+        for (size_t b = r0; b < r1; b += 128, blocks++)
+            for (size_t c = 0; c < C; c++) {
+                float amax = 0;
+                for (size_t r = b; r < r1 && r < b + 128; r++) amax = fmaxf(amax, fabsf((float)x[r * C + c]));
+                double sc = scales[((p + b - r0) / 128) * C + c];
+                CHECK_MSG(sc == fp8_block_scale(amax, FP8_SCALE_AMAX), "expert %zu rows from %zu col %zu", e, b, c);
+                for (size_t r = b; r < r1 && r < b + 128; r++)
+                    CHECK_MSG(within_half_step(x[r * C + c], back[r * C + c], sc), "row %zu col %zu", r, c);
+            }
+    }
+    size_t p3 = fp8_expert_col(170, 3);
+    CHECK(scales[(p3 / 128) * C + 7] == 1 && qt[7 * Rt + p3 + 5] == 0);
+    // Every byte outside the experts' columns is 0 (0x55 poison before), every other scale block 1.
+    size_t zeros = 0, ones = 0, used = (size_t)OFFSETS[N_EXPERTS];
+    for (size_t i = 0; i < C * Rt; i++) zeros += qt[i] == 0 || qt[i] == 0x80;
+    for (size_t i = 0; i < Rt / 128 * C; i++) ones += scales[i] == 1;
+    CHECK_MSG(zeros >= (Rt - used) * C, "padding columns hold zero codes (%zu zeros)", zeros);
+    CHECK_MSG(ones >= (Rt / 128 - blocks) * C, "padding blocks have scale 1 (%zu ones)", ones);
+    free(x), free(scales), free(qt), free(back);
+}
+
+static void test_fp8_quantize_weights(void) {
+    size_t E = 2, N = 200, K = 260, Nb = fp8_blocks(N), Kb = fp8_blocks(K);
+    real *w = rnd_outliers(E * N * K, 3), *s = malloc(E * Nb * Kb * sizeof(real)), *st = malloc(E * Nb * Kb * sizeof(real));
+    for (size_t n = 128; n < 200; n++)
+        for (size_t k = 0; k < 128; k++) w[(1 * N + n) * K + k] = 0; // expert 1's block (1, 0) is all zeros
+    uint8_t *q = malloc(E * N * K), *qt = malloc(E * N * K);
+    ops->fp8_quantize_weights(q, qt, s, st, w, E, N, K, FP8_SCALE_AMAX);
+    double *back = deq_weights(q, s, E, N, K);
+    for (size_t e = 0; e < E; e++)
+        for (size_t n = 0; n < N; n++)
+            for (size_t k = 0; k < K; k++) {
+                size_t i = (e * N + n) * K + k;
+                double sc = s[(e * Kb + k / 128) * Nb + n / 128];
+                CHECK_MSG(within_half_step(w[i], back[i], sc), "w[%zu, %zu, %zu]", e, n, k);
+                CHECK_MSG(qt[(e * K + k) * N + n] == q[i], "transpose at [%zu, %zu, %zu]", e, n, k);
+                CHECK(st[(e * Nb + n / 128) * Kb + k / 128] == sc);
+            }
+    CHECK(s[(1 * Kb + 0) * Nb + 1] == 1);
+    free(w), free(s), free(st), free(q), free(qt), free(back);
+}
+
+// ref (M, N) = sum over k < K of a[i a_m + k a_k] b[j b_n + k b_k], and the sums of |terms|.
+static void ref_product(double *ref, double *abs_sum, const double *a, size_t a_m, size_t a_k, const double *b,
+                        size_t b_n, size_t b_k, size_t M, size_t N, size_t K) {
+    for (size_t i = 0; i < M; i++)
+        for (size_t j = 0; j < N; j++) {
+            double s = 0, t = 0;
+            for (size_t k = 0; k < K; k++) {
+                double v = a[i * a_m + k * a_k] * b[j * b_n + k * b_k];
+                s += v, t += fabs(v);
+            }
+            ref[i * N + j] = s, abs_sum[i * N + j] = t;
+        }
+}
+
+// |got - ref| <= rel x sum |terms| + base for every element of (M, N) with row stride ld.
+static void check_product(const char *what, const real *got, size_t ld, const double *ref, const double *abs_sum,
+                          size_t M, size_t N, double rel, double base) {
+    for (size_t i = 0; i < M; i++)
+        for (size_t j = 0; j < N; j++) {
+            double g = got[i * ld + j] - base, r = ref[i * N + j];
+            if (!(fabs(g - r) <= rel * abs_sum[i * N + j])) {
+                TEST_FAIL("%s [%zu, %zu]: %.9g, expected %.9g (tolerance %.3g)", what, i, j, g, r, rel * abs_sum[i * N + j]);
+                return;
+            }
+        }
+}
+
+// fp32 sums of 128 exact products, each block's sum rounded once more by its scale and once by the
+// accumulator: the emulation is within (128 + Kb + 2) units of 2^-24 of sum |terms| from the exact
+// sum of the dequantised operands.
+static double fp32_block_sum_tol(size_t K) { return (double)(FP8_BLOCK + fp8_blocks(K) + 2) * 0x1p-24; }
+
+static void test_fp8_grouped_products(void) {
+    size_t R = N_ROWS, E = N_EXPERTS, N = 136, K = 260;
+    size_t Kb = fp8_blocks(K), Nb = fp8_blocks(N), Rt = fp8_expert_cols(R, E);
+    real *x = rnd_outliers(R * K, 4), *dy = rnd_outliers(R * N, 5), *w = rnd_outliers(E * N * K, 6);
+    uint8_t *xq = malloc(R * K), *dyq = malloc(R * N), *wq = malloc(E * N * K), *wqt = malloc(E * N * K);
+    uint8_t *xt = malloc(K * Rt), *dyt = malloc(N * Rt);
+    real *xs = malloc(Kb * R * sizeof(real)), *dys = malloc(Nb * R * sizeof(real)), *ws = malloc(E * Kb * Nb * sizeof(real));
+    real *wst = malloc(E * Kb * Nb * sizeof(real)), *xts = malloc(Rt / 128 * K * sizeof(real)), *dyts = malloc(Rt / 128 * N * sizeof(real));
+    ops->fp8_quantize_rows(xq, xs, x, OFFSETS, E, R, K, FP8_SCALE_AMAX);
+    ops->fp8_quantize_rows(dyq, dys, dy, OFFSETS, E, R, N, FP8_SCALE_AMAX);
+    ops->fp8_quantize_weights(wq, wqt, ws, wst, w, E, N, K, FP8_SCALE_AMAX);
+    ops->fp8_quantize_cols(xt, xts, x, OFFSETS, E, R, K, FP8_SCALE_AMAX);
+    ops->fp8_quantize_cols(dyt, dyts, dy, OFFSETS, E, R, N, FP8_SCALE_AMAX);
+    double *X = deq_rows(xq, xs, OFFSETS, E, R, K), *DY = deq_rows(dyq, dys, OFFSETS, E, R, N), *W = deq_weights(wq, ws, E, N, K);
+    double *XT = deq_cols(xt, xts, K), *DYT = deq_cols(dyt, dyts, N);
+    double *ref = malloc(R * (N > K ? N : K) * sizeof(double)), *abs_sum = malloc(R * (N > K ? N : K) * sizeof(double));
+    real *y = malloc(R * N * sizeof(real)), *dx = malloc(R * K * sizeof(real)), *dw = malloc(E * N * K * sizeof(real));
+    ops->fp8_grouped_matmul(y, xq, xs, wq, ws, OFFSETS, E, N, K, R);
+    ops->fp8_grouped_matmul(dx, dyq, dys, wqt, wst, OFFSETS, E, K, N, R);
+    for (size_t i = 0; i < E * N * K; i++) dw[i] = 1.5;
+    ops->fp8_grouped_matmul_wgrad(dw, dyt, dyts, xt, xts, OFFSETS, E, N, K, R);
+    for (size_t e = 0; e < E; e++) {
+        size_t r0 = (size_t)OFFSETS[e], rows = (size_t)(OFFSETS[e + 1] - OFFSETS[e]);
+        ref_product(ref, abs_sum, X + r0 * K, K, 1, W + e * N * K, K, 1, rows, N, K);
+        check_product("forward", y + r0 * N, N, ref, abs_sum, rows, N, fp32_block_sum_tol(K), 0);
+        ref_product(ref, abs_sum, DY + r0 * N, N, 1, W + e * N * K, 1, K, rows, K, N);
+        check_product("input gradient", dx + r0 * K, K, ref, abs_sum, rows, K, fp32_block_sum_tol(N), 0);
+        ref_product(ref, abs_sum, DYT + r0 * N, 1, N, XT + r0 * K, 1, K, N, K, rows);
+        check_product("weight gradient", dw + e * N * K, K, ref, abs_sum, N, K, fp32_block_sum_tol(rows), 1.5);
+        // Against the unquantised operands: each factor within 2^-4 (+ subnormal steps) of its value.
+        double *x64 = malloc(rows * K * sizeof(double)), *w64 = malloc(N * K * sizeof(double));
+        for (size_t i = 0; i < rows * K; i++) x64[i] = x[r0 * K + i];
+        for (size_t i = 0; i < N * K; i++) w64[i] = w[e * N * K + i];
+        ref_product(ref, abs_sum, x64, K, 1, w64, K, 1, rows, N, K);
+        check_product("forward against the unquantised operands", y + r0 * N, N, ref, abs_sum, rows, N, 0.13, 0);
+        free(x64), free(w64);
+    }
+    CHECK(dw[1 * N * K + 17] == 1.5); // the empty expert's gradient is untouched
+    real *yd = malloc(R * N * sizeof(real));
+    ops->fp8_quantize_rows(xq, xs, x, NULL, 0, R, K, FP8_SCALE_AMAX);
+    free(X);
+    X = deq_rows(xq, xs, NULL, 0, R, K);
+    ops->fp8_matmul(yd, xq, xs, wq, ws, R, N, K);
+    ref_product(ref, abs_sum, X, K, 1, W, K, 1, R, N, K);
+    check_product("dense", yd, N, ref, abs_sum, R, N, fp32_block_sum_tol(K), 0);
+    free(x), free(dy), free(w), free(xq), free(dyq), free(wq), free(wqt), free(xt), free(dyt), free(xs), free(dys);
+    free(ws), free(wst), free(xts), free(dyts), free(X), free(DY), free(W), free(XT), free(DYT), free(ref), free(abs_sum);
+    free(y), free(dx), free(dw), free(yd);
+}
+
+const TestCase fp8_tests[] = {
+    {"fp8_e4m3_every_code", test_e4m3_every_code},
+    {"fp8_e4m3_ties_and_nearest", test_e4m3_ties_and_nearest},
+    {"fp8_e4m3_saturation_and_nan", test_e4m3_saturation_and_nan},
+    {"fp8_e4m3_subnormals", test_e4m3_subnormals},
+    {"fp8_block_scales", test_block_scales},
+    {"fp8_quantize_rows", test_fp8_quantize_rows},
+    {"fp8_quantize_cols", test_fp8_quantize_cols},
+    {"fp8_quantize_weights", test_fp8_quantize_weights},
+    {"fp8_grouped_products", test_fp8_grouped_products},
+    {NULL, NULL},
+};
