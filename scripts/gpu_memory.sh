@@ -7,7 +7,7 @@
 #            configs run side by side on two GPUs when the machine has them
 #   olmoe1   configs/olmoe-1b-7b.json (16 layers) on one GPU with full recompute, 8 x 4096 tokens
 #   olmoe2   the same on two GPUs, ep = 2 (dp = 2 for the dense weights), 8 x 4096 tokens per GPU
-# Rows of markdown tables to $OUT/memory.md: tokens/s, the memory measured and planned.
+# Rows of markdown tables to $OUT/memory.md: tokens/s, the device's peak memory and the plan.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 export OMP_NUM_THREADS=16
@@ -16,8 +16,8 @@ has() { [[ " $PARTS " == *" $1 "* ]]; }
 GPUS=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
 build_cuda
 
-# plan_gib CONFIG [overrides...]: the bf16 whole plan of rank 0, GiB
-plan_gib() { ./moe inspect "$@" | grep -m1 'whole plan, bf16 activations' | grep -oE '[0-9.]+ GiB' | grep -oE '[0-9.]+'; }
+# plan_gib CONFIG [overrides...]: rank 0's plan on the GPU (bf16 activations and compute copy), GiB
+plan_gib() { ./moe inspect "$@" | grep -m1 -E '^ +total ' | grep -oE '[0-9.]+ GiB' | sed -n 2p | grep -oE '[0-9.]+'; }
 
 # largest_micro CONFIG MODE FREE_GIB: the largest micro-batch (a multiple of 4) whose plan fits
 largest_micro() {
@@ -35,7 +35,7 @@ row() {
         echo "| $2 | FAILED: $(grep -m2 -iE 'error|fatal|out of' "$1" | tr '\n' ' ') | | |"
         return
     fi
-    echo "| $2 | $(grep -oE '^throughput +[0-9,]+' "$1" | grep -oE '[0-9,]+$') | $(grep -oE '[0-9.]+ GiB in use' "$1" | grep -oE '^[0-9.]+') GiB | $(grep -oE 'model plan [0-9.]+' "$1" | grep -oE '[0-9.]+$') GiB |"
+    echo "| $2 | $(grep -oE '^throughput +[0-9,]+' "$1" | grep -oE '[0-9,]+$') | $(grep -oE 'peak [0-9.]+ GiB' "$1" | grep -oE '[0-9.]+') GiB | $(grep -oE '^memory +plan [0-9.]+' "$1" | grep -oE '[0-9.]+$') GiB |"
 }
 
 # sweep CONFIG GPU: every mode at its largest micro-batch on one GPU
@@ -53,7 +53,7 @@ sweep() {
 }
 
 {
-    echo "| run | tokens/s | in use | plan |"
+    echo "| run | tokens/s | device peak | plan |"
     echo "|---|---|---|---|"
 } > "$OUT/memory.md"
 if has sweep; then
