@@ -901,6 +901,11 @@ static ModelConfig small_config(void) {
 static void test_init_model(void) {
     ModelConfig c = small_config();
     c.n_dense_layers = 1, c.dense_hidden = 40, c.shared_hidden = 24, c.qk_norm = QK_NORM_HEAD;
+    MoeErr err;
+    if (model_config_validate(&c, err)) { // fills in head_dim, as a run's config load does
+        FAIL("model init: %s", err);
+        return;
+    }
     Parallel pc, pg;
     test_single_parallel(&pc, &c), test_single_parallel(&pg, &c);
     Model mc, mg;
