@@ -35,7 +35,7 @@ bench() {
     printf '| %s | dp=%d ep=%d | %s | %s | %s GiB | %s | %s | %s | %s |\n' "$name" "$GPUS" "$ep" \
         "$(grep -oE 'per rank: [0-9]+ tokens/s' "$log" | grep -oE '[0-9]+')" \
         "$(grep -oE 'per rank: [0-9]+ tokens/s, [0-9.]+ TFLOP/s' "$log" | grep -oE '[0-9.]+ TFLOP' | grep -oE '[0-9.]+')" \
-        "$(grep -oE 'memory +[0-9.]+ GiB' "$log" | grep -oE '[0-9.]+')" \
+        "$(grep -oE 'peak [0-9.]+ GiB' "$log" | grep -oE '[0-9.]+')" \
         "$(phase "$log" 'expert row pushes')" "$(phase "$log" 'routing and permutation')" \
         "$(grep -oE 'load max/mean [0-9.]+' "$log" | grep -oE '[0-9.]+$')" \
         "$(grep -oE '[0-9.]+% of slots dropped' "$log" | grep -oE '^[0-9.]+%')" | tee -a "$OUT/scale.md"

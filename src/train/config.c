@@ -149,7 +149,7 @@ void config_defaults(Config *c) {
 
 void config_reset_placement(Config *c) {
     c->parallel = (ParallelConfig){.pp = 1, .ep = 1, .virtual_stages = 1, .overlap_grad_reduce = true,
-                                   .grad_bucket_mb = 32, .exchange_chunks = 4, .push_ctas = 24};
+                                   .grad_bucket_mb = 32, .exchange_chunks = 1, .push_ctas = 24};
     snprintf(c->train.device, sizeof c->train.device, "cpu");
     c->train.threads = 0;
     c->train.comm_timeout = 600;
