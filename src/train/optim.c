@@ -19,22 +19,15 @@ void optim_init(Optimizer *o, Model *m) {
         ops->zero(s->m, bytes), ops->zero(s->v, bytes);
         o->state_bytes += 2 * bytes;
     }
-    o->norm_sq = model_alloc(m, ops->f32_size);
-    ops->zero(o->norm_sq, ops->f32_size);
 }
 
-// Queues on the side queue the reduce-scatter of the gradients [from, reduced_from) of a region
-// (none over one rank) and the sum of squares of the part of this rank's shard that makes final.
-static void reduce_grads(Optimizer *o, OptShard *s, Model *m, size_t from) {
+// Queues the reduce-scatter of the gradients [from, reduced_from) of a region on the side queue.
+static void reduce_grads(OptShard *s, Model *m, size_t from) {
     const Ops *ops = m->ops;
-    if (from >= s->reduced_from) return;
+    if (s->group->size == 1 || from >= s->reduced_from) return;
     if (ops->side_begin) ops->side_begin();
-    if (s->group->size > 1)
-        comm_reduce_scatter_part(s->group, model_f32(m, m->grads, s->begin), s->grad, s->shard,
-                                 from - s->begin, s->reduced_from - s->begin, COMM_F32);
-    size_t end = s->shard_begin + s->shard;
-    size_t a = from > s->shard_begin ? from : s->shard_begin, b = s->reduced_from < end ? s->reduced_from : end;
-    if (a < b) ops->sum_squares(o->norm_sq, model_f32(m, s->grad, a - s->shard_begin), b - a);
+    comm_reduce_scatter_part(s->group, model_f32(m, m->grads, s->begin), s->grad, s->shard,
+                             from - s->begin, s->reduced_from - s->begin, COMM_F32);
     if (ops->side_end) ops->side_end();
     s->reduced_from = from;
 }
@@ -55,7 +48,7 @@ void optim_grads_ready(Optimizer *o, Model *m, int l, size_t min_bucket) {
     for (int r = 0; r < PARAM_N_REGIONS; r++) {
         OptShard *s = &o->region[r];
         size_t from = layers_from(s, m, l);
-        if (s->reduced_from - from >= min_bucket) reduce_grads(o, s, m, from);
+        if (s->reduced_from - from >= min_bucket) reduce_grads(s, m, from);
     }
 }
 
@@ -104,13 +97,16 @@ static void adamw_shard(Model *m, const OptShard *s, const TrainConfig *t, const
 void optim_step(Optimizer *o, Model *m, const TrainConfig *t, void *metrics) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
-    void *norm_sq = o->norm_sq;
-    for (int r = 0; r < PARAM_N_REGIONS; r++) reduce_grads(o, &o->region[r], m, o->region[r].begin);
+    void *norm_sq = model_f32(m, metrics, METRIC_GRAD_NORM_SQ);
+    for (int r = 0; r < PARAM_N_REGIONS; r++) reduce_grads(&o->region[r], m, o->region[r].begin);
     if (ops->side_join) ops->side_join();
-    for (int r = 0; r < PARAM_N_REGIONS; r++) o->region[r].reduced_from = o->region[r].begin + o->region[r].size;
+    for (int r = 0; r < PARAM_N_REGIONS; r++) {
+        OptShard *s = &o->region[r];
+        s->reduced_from = s->begin + s->size;
+        ops->sum_squares(norm_sq, s->grad, s->shard);
+    }
     Comm *world = m->par->world;
     world->ops->all_reduce_sum(world, norm_sq, 1, COMM_F32); // each element lives in one shard
-    ops->copy(model_f32(m, metrics, METRIC_GRAD_NORM_SQ), norm_sq, ops->f32_size);
     for (int r = 0; r < PARAM_N_REGIONS; r++) {
         OptShard *s = &o->region[r];
         adamw_shard(m, s, t, norm_sq);
@@ -124,5 +120,4 @@ void optim_step(Optimizer *o, Model *m, const TrainConfig *t, void *metrics) {
                 ops->router_bias_update(model_f32(m, m->expert_bias, (size_t)l * c->n_experts),
                                         model_f32(m, metrics, model_metric_router(c, l - c->n_dense_layers)),
                                         (size_t)c->n_experts, (float)c->bias_gamma);
-    ops->zero(norm_sq, ops->f32_size); // the next step's sums start from zero
 }

@@ -25,16 +25,13 @@ typedef struct {
     OptShard region[PARAM_N_REGIONS];
     size_t state_bytes;        // optimizer state of this rank: its shards of the AdamW moments
     size_t grad_bytes;         // its reduced gradient shards of its own (regions over several ranks)
-    void *norm_sq;             // f32 (1) sum of squares of the shards' final gradients, this step so far
 } Optimizer;
 
 // Sets up the shards of m's regions with zero moments (memory freed with the model).
 void optim_init(Optimizer *o, Model *m);
 // After the backward of held layer l for the step's last micro-batch: queues the reduction of
 // the gradients of l and the layers after it that are not queued yet, once they are at least
-// min_bucket elements (a bucket per layer when layers are that large; small ones join), and the
-// sum of squares of what that makes final in this rank's shards (the gradient norm's reads
-// overlap the backward of the layers before, on one rank as on several).
+// min_bucket elements (a bucket per layer when layers are that large; small ones join).
 void optim_grads_ready(Optimizer *o, Model *m, int l, size_t min_bucket);
 // Learning rate of 1-based step `step`: linear warmup, then cosine or linear decay to
 // lr * min_lr_ratio at the last step, or constant.
