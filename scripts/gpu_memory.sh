@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Issue 12's measurements: what each train.recompute mode buys, and the real OLMoE-1B-7B shape.
+# Issue 12's measurements: what each train.recompute mode buys, the planner's validation rows, and the
+# real OLMoE-1B-7B shape.
 #   bash scripts/gpu_memory.sh [PART ...]
-# PART (default: all three, with the GPUs of the machine):
+# PART (default: sweep olmoe1 olmoe2, with the GPUs of the machine):
 #   sweep    for scale-E8 and olmoe-L8 and each mode, the largest micro-batch of 4096-token sequences
-#            whose memory plan fits the GPU (2 GiB kept free), benchmarked; the sweeps of the two
-#            configs run side by side on two GPUs when the machine has them
+#            whose memory plan fits the GPU (2 GiB kept free), benchmarked
+#   rows     the bench configs in each recompute mode at their own micro-batch: the step times and
+#            peaks tests/data/plan-measured.tsv checks `moe plan` against
 #   olmoe1   configs/olmoe-1b-7b.json (16 layers) on one GPU with full recompute, 8 x 4096 tokens
 #   olmoe2   the same on two GPUs, ep = 2 (dp = 2 for the dense weights), 8 x 4096 tokens per GPU
-# Rows of markdown tables to $OUT/memory.md: tokens/s, the device's peak memory and the plan.
+# sweep and rows run their two halves side by side, one on each GPU, when the machine has two.
+# Rows of a markdown table to $OUT/memory.md: tokens/s, step time, the device's peak memory and the plan.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 export OMP_NUM_THREADS=16
@@ -32,47 +35,61 @@ largest_micro() {
 # row LOG NAME: one table row from a bench log
 row() {
     if ! grep -q '^throughput' "$1"; then
-        echo "| $2 | FAILED: $(grep -m2 -iE 'error|fatal|out of' "$1" | tr '\n' ' ') | | |"
+        echo "| $2 | FAILED: $(grep -m2 -iE 'error|fatal|out of' "$1" | tr '\n' ' ') | | | |"
         return
     fi
-    echo "| $2 | $(grep -oE '^throughput +[0-9,]+' "$1" | grep -oE '[0-9,]+$') | $(grep -oE 'peak [0-9.]+ GiB' "$1" | grep -oE '[0-9.]+') GiB | $(grep -oE '^memory +plan [0-9.]+' "$1" | grep -oE '[0-9.]+$') GiB |"
+    echo "| $2 | $(grep -oE '^throughput +[0-9,]+' "$1" | grep -oE '[0-9,]+$') | $(grep -E '^step' "$1" | grep -oE '[0-9.]+ ms' | head -1) | $(grep -oE 'peak [0-9.]+ GiB' "$1" | grep -oE '[0-9.]+') GiB | $(grep -oE '^memory +plan [0-9.]+' "$1" | grep -oE '[0-9.]+$') GiB |"
 }
 
-# sweep CONFIG GPU: every mode at its largest micro-batch on one GPU
+# bench_row GPU NAME SECONDS ARGS...: `moe bench ARGS` on that GPU (its log to $OUT too), one table row
+bench_row() {
+    local gpu=$1 name=$2 limit=$3 log
+    shift 3
+    log=runs/memory-$(echo "$name" | tr ' =/,' '_-__').txt
+    CUDA_VISIBLE_DEVICES=$gpu timeout "$limit" ./moe bench "$@" > "$log" 2>&1
+    cp "$log" "$OUT/"
+    row "$log" "$name"
+}
+
+# sweep GPU CONFIG: every mode at its largest micro-batch on one GPU
 sweep() {
-    local cfg=$1 gpu=$2 free mode mb log
+    local gpu=$1 cfg=$2 free mode mb
     free=$(nvidia-smi -i "$gpu" --query-gpu=memory.free --format=csv,noheader,nounits | awk '{ print $1 / 1024 }')
     for mode in none selective full; do
         mb=$(largest_micro configs/bench/"$cfg".json "$mode" "$free")
-        log=runs/memory-$cfg-$mode.txt
-        CUDA_VISIBLE_DEVICES=$gpu timeout 300 ./moe bench configs/bench/"$cfg".json train.recompute="$mode" \
-            train.micro_batch="$mb" --warmup 2 --steps 4 > "$log" 2>&1
-        cp "$log" "$OUT/"
-        row "$log" "$cfg, $mode, micro-batch $mb"
+        bench_row "$gpu" "$cfg, $mode, micro-batch $mb" 300 configs/bench/"$cfg".json train.recompute="$mode" \
+            train.micro_batch="$mb" --warmup 2 --steps 4
     done
 }
 
+# rows GPU "CONFIG [overrides];...": each run at the config's own micro-batch on one GPU
+rows() {
+    local gpu=$1 run runs
+    IFS=';' read -ra runs <<< "$2"
+    for run in "${runs[@]}"; do bench_row "$gpu" "$run" 200 $run; done
+}
+
+# pair F A B: `F 0 A` and `F 1 B` side by side (one after the other on GPU 0 of a one-GPU machine)
+pair() {
+    local second=$((GPUS >= 2 ? 1 : 0))
+    "$1" 0 "$2" > runs/pair0.md &
+    [ "$second" = 1 ] || wait
+    "$1" "$second" "$3" > runs/pair1.md
+    wait
+    cat runs/pair0.md runs/pair1.md >> "$OUT/memory.md"
+}
+
 {
-    echo "| run | tokens/s | device peak | plan |"
-    echo "|---|---|---|---|"
+    echo "| run | tokens/s | step | device peak | plan |"
+    echo "|---|---|---|---|---|"
 } > "$OUT/memory.md"
-if has sweep; then
-    if [ "$GPUS" -ge 2 ]; then
-        sweep scale-E8 0 > runs/sweep0.md &
-        sweep olmoe-L8 1 > runs/sweep1.md
-        wait
-    else
-        sweep scale-E8 0 > runs/sweep0.md
-        sweep olmoe-L8 0 > runs/sweep1.md
-    fi
-    cat runs/sweep0.md runs/sweep1.md >> "$OUT/memory.md"
-fi
+has sweep && pair sweep scale-E8 olmoe-L8
+has rows && pair rows \
+    "configs/bench/scale-E64.json train.recompute=none;configs/bench/scale-E64.json train.recompute=selective;configs/bench/scale-E64.json train.recompute=full" \
+    "configs/bench/olmoe-L8.json train.recompute=selective;configs/bench/olmoe-L8.json train.recompute=full;configs/bench/scale-E8.json"
 OLMOE="configs/olmoe-1b-7b.json train.micro_batches=1 train.recompute=full"
-if has olmoe1; then
-    CUDA_VISIBLE_DEVICES=0 timeout 400 ./moe bench $OLMOE train.micro_batch=8 --warmup 2 --steps 4 > runs/olmoe1.txt 2>&1
-    cp runs/olmoe1.txt "$OUT/"
-    row runs/olmoe1.txt "OLMoE-1B-7B, 1 GPU, full, 8 x 4096" >> "$OUT/memory.md"
-fi
+has olmoe1 && bench_row 0 "OLMoE-1B-7B, 1 GPU, full, 8 x 4096" 400 $OLMOE train.micro_batch=8 --warmup 2 --steps 4 \
+    >> "$OUT/memory.md"
 if has olmoe2 && [ "$GPUS" -ge 2 ]; then
     timeout 400 mpirun -np 2 ./moe bench $OLMOE train.micro_batch=16 parallel.ep=2 --warmup 2 --steps 4 > runs/olmoe2.txt 2>&1
     cp runs/olmoe2.txt "$OUT/"
