@@ -185,7 +185,7 @@ static void test_swiglu_fd_and_row_range(void) {
     SwiCtx c = {.R = 5, .H = 4, .gu = rnd(40, 11, 2), .out = poisoned(20), .Rw = rnd(20, 12, 1), .rows = rows};
     real *dgu = poisoned(40);
     swiglu_loss(&c);
-    ops->swiglu_backward(dgu, c.Rw, c.gu, 5, 4, rows, 2);
+    ops->swiglu_backward(dgu, c.Rw, c.gu, NULL, 5, 4, rows, 2);
     fd_check("swiglu d gu (used rows)", swiglu_loss, &c, c.gu + 8, 3 * 8, dgu + 8);
     bool untouched = true;
     for (size_t i = 0; i < 20; i++) untouched &= isnan(c.out[i]) == (i < 4 || i >= 16);
@@ -418,7 +418,7 @@ static void test_dispatch_combine_capacity(void) {
         CHECK_CLOSE(out[3 * D + j], 0, 0, 0);
     }
     real *dout = rnd(T * D, 26, 1), *dy = poisoned(4 * D), dw[8];
-    ops->moe_combine_backward(dy, dw, dout, y, slot, w, T, K, D);
+    ops->moe_combine_backward(dy, dw, NULL, dout, y, slot, w, T, K, D);
     CHECK_CLOSE(dw[4], 0, 0, 0);
     CHECK_CLOSE(dw[0], dot(dout, y, D), 1e-12, 1e-12);
     real *dx = rnd(T * D, 27, 1), *dx0 = malloc(T * D * sizeof(real));
@@ -429,6 +429,41 @@ static void test_dispatch_combine_capacity(void) {
         CHECK_CLOSE(dx[3 * D + j], dx0[3 * D + j], 0, 0);
     }
     free(x), free(xp), free(y), free(out), free(dout), free(dy), free(dx), free(dx0);
+}
+
+// One MoE call's backward from the expert rows (one expert-parallel rank: the outputs y are not
+// kept) against the one from y: the combine weights' gradients dout . y = (dout W) . h, the down
+// projection's weight gradient from unweighted rows and weighted h, the gate|up gradient from the
+// weighted SwiGLU backward. Capacity 3 drops a slot of expert 2 (rows past offsets[E] unused).
+static void test_combine_weight_backward(void) {
+    size_t T = 5, K = 2, E = 3, D = 4, H = 3, R = T * K;
+    int32_t idx[10] = {0, 2, 1, 2, 2, 0, 0, 1, 2, 1}, counts[3] = {3, 3, 4}, slot[10], off[4];
+    real *x = rnd(T * D, 40, 1), *xp = poisoned(R * D), stats[6] = {0};
+    ops->moe_dispatch_forward(xp, slot, off, stats, x, idx, counts, T, K, E, D, 3);
+    real *gu = rnd(R * 2 * H, 41, 1), *h = poisoned(R * H), *wd = rnd(E * D * H, 42, 1), *y = poisoned(R * D);
+    ops->swiglu_forward(h, gu, R, H, off, E);
+    ops->grouped_matmul_forward(y, h, wd, off, E, D, H, R);
+    real w[10] = {.5, .5, .3, .7, .2, .8, .6, .4, .9, .1}, *dout = rnd(T * D, 43, 1);
+    real *dy = poisoned(R * D), dw_ref[10], *dwd_ref = calloc(E * D * H, sizeof(real));
+    real *dh = poisoned(R * H), *dgu_ref = poisoned(R * 2 * H);
+    ops->moe_combine_backward(dy, dw_ref, NULL, dout, y, slot, w, T, K, D);
+    ops->grouped_matmul_backward(dh, dwd_ref, dy, h, wd, off, E, D, H, R);
+    ops->swiglu_backward(dgu_ref, dh, gu, NULL, R, H, off, E);
+    real row_w[10], row_dot[10], dw[10], *hw = poisoned(R * H), *dwd = calloc(E * D * H, sizeof(real));
+    real *dgu = poisoned(R * 2 * H);
+    ops->moe_combine_backward(dy, NULL, row_w, dout, NULL, slot, w, T, K, D);
+    ops->grouped_matmul_backward(dh, NULL, dy, NULL, wd, off, E, D, H, R);
+    ops->moe_combine_weight_backward(row_dot, hw, dh, gu, row_w, R, H, off, E);
+    ops->grouped_matmul_backward(NULL, dwd, dy, hw, wd, off, E, D, H, R);
+    ops->swiglu_backward(dgu, dh, gu, row_w, R, H, off, E);
+    ops->moe_slot_values(dw, row_dot, slot, T * K);
+    CHECK_MSG(slot[8] == -1, "slot 8 (the fourth of expert 2) kept at row %d", slot[8]);
+    CHECK_CLOSE(dw_ref[8], 0, 0, 0);
+    test_check_arrays("combine weights' gradients from the rows", dw, dw_ref, T * K, 1e-12, 1e-14);
+    test_check_arrays("down projection's weight gradient from the rows", dwd, dwd_ref, E * D * H, 1e-12, 1e-14);
+    test_check_arrays("gate|up gradient from the rows", dgu, dgu_ref, (size_t)off[E] * 2 * H, 1e-12, 1e-14);
+    free(x), free(xp), free(gu), free(h), free(wd), free(y), free(dout), free(dy), free(dwd_ref), free(dh);
+    free(dgu_ref), free(hw), free(dwd), free(dgu);
 }
 
 typedef struct {
@@ -581,6 +616,7 @@ const TestCase ops_tests[] = {
     T(test_regroup_round_trip),
     T(test_direct_exchange),
     T(test_dispatch_combine_capacity),
+    T(test_combine_weight_backward),
     T(test_grouped_matmul_fd_empty_expert),
     T(test_bias_update_signs),
     T(test_adamw_matches_formula),

@@ -225,7 +225,7 @@ static void alloc_moe_acts(Model *m, LayerActs *a, size_t T) {
     a->counts = layer_i32(m, sh->counts, E), a->offsets = layer_i32(m, sh->offsets, E + 1);
     a->slot_pos = layer_i32(m, sh->slot_pos, T * K);
     a->xp = layer_act(m, sh->xp, R * D);
-    a->y = sh->y ? sh->y : moe_exchange_buf(&m->xchg, R);
+    if (ep) a->y = sh->y ? sh->y : moe_exchange_buf(&m->xchg, R);
     a->xe = !ep ? a->xp : sh->xe ? sh->xe : moe_exchange_buf(&m->xchg, Rr);
     if (ep && sh->routes.offsets) a->routes = sh->routes;
     else if (ep) moe_exchange_routes_init(&m->xchg, &a->routes);
@@ -239,8 +239,8 @@ static void alloc_layer_acts(Model *m, LayerActs *a, size_t T, bool moe, bool de
     const ModelConfig *c = &m->cfg;
     const LayerActs *sh = &m->shared;
     size_t D = c->d_model, C = model_qkv_width(c), Dq = (size_t)c->n_heads * c->head_dim;
-    size_t Rr = moe ? moe_exchange_received_rows(&m->xchg, T) : 0;
-    size_t hidden = max_size(moe ? Rr * c->expert_hidden : 0, dense ? T * c->dense_hidden : 0); // rows x width
+    size_t Rr = moe && !m->expert_hact ? moe_exchange_received_rows(&m->xchg, T) : 0;
+    size_t hidden = max_size(Rr * c->expert_hidden, dense ? T * c->dense_hidden : 0); // rows x width
     a->n1 = layer_act(m, sh->n1, T * D), a->n1_rstd = layer_f32(m, sh->n1_rstd, T);
     a->qkv_raw = layer_act(m, sh->qkv_raw, T * C), a->qkv = layer_act(m, sh->qkv, T * C);
     a->qk_rstd = layer_f32(m, sh->qk_rstd, T * (c->n_heads + c->n_kv_heads));
@@ -248,7 +248,9 @@ static void alloc_layer_acts(Model *m, LayerActs *a, size_t T, bool moe, bool de
     a->ap = layer_act(m, sh->ap, T * D), a->h = layer_act(m, sh->h, T * D);
     a->n2 = layer_act(m, sh->n2, T * D), a->n2_rstd = layer_f32(m, sh->n2_rstd, T);
     a->f = layer_act(m, sh->f, T * D);
-    a->gu = layer_act(m, sh->gu, 2 * hidden), a->hact = layer_act(m, sh->hact, hidden);
+    size_t gu = max_size(moe ? moe_exchange_received_rows(&m->xchg, T) * c->expert_hidden : 0, hidden);
+    a->gu = layer_act(m, sh->gu, 2 * gu);
+    a->hact = hidden ? layer_act(m, sh->hact, hidden) : NULL;
     if (moe) alloc_moe_acts(m, a, T);
 }
 
@@ -284,6 +286,14 @@ static void alloc_selective_shared(Model *m, size_t T) {
     s->xp = act_buf(m, model_routed_rows(c, T) * D);
 }
 
+// With one expert-parallel rank no MoE layer keeps its experts' SwiGLU output (Model.expert_hact):
+// one buffer serves them all, selective recompute's shared SwiGLU buffer where there is one.
+static void alloc_expert_hact(Model *m, size_t T) {
+    if (m->par->ep->size > 1 || n_local_moe_layers(m) == 0) return;
+    size_t n = moe_exchange_received_rows(&m->xchg, T) * m->cfg.expert_hidden;
+    m->expert_hact = m->shared.hact ? m->shared.hact : act_buf(m, n);
+}
+
 // Full recompute: one layer's buffers, for a layer of any kind held here, serve every layer and
 // slot; each layer keeps only its input (SlotActs.resid) and router summary, and its backward
 // reruns its forward into these first. With several expert-parallel ranks the rerun redoes the
@@ -314,6 +324,7 @@ static void alloc_scratch(Model *m, size_t T) {
         s->dy = a, s->dxp = ep ? moe_exchange_buf(&m->xchg, R) : b;
         s->dlogits = act_buf(m, T * c->n_experts), s->dtopk_w = f32_buf(m, T * c->top_k);
         if (ep) s->dxe = moe_exchange_buf(&m->xchg, Rr);
+        else s->row_w = f32_buf(m, Rr), s->row_dot = f32_buf(m, Rr);
     }
 }
 
@@ -363,6 +374,11 @@ static void init_chunks(Model *m, int n_slots, int n_micro) {
     }
 }
 
+static AttnDims attn_dims(const Model *m, size_t B, size_t S) {
+    const ModelConfig *c = &m->cfg;
+    return (AttnDims){B, S, (size_t)c->n_heads, (size_t)c->n_kv_heads, (size_t)c->head_dim};
+}
+
 void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel *par, size_t B,
                 size_t S, int n_slots, int n_micro, Recompute recompute) {
     MoeErr err;
@@ -395,6 +411,7 @@ void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel
     moe_exchange_init(&m->xchg, cfg, ops, par, &m->mem, T, kept_calls);
     m->exchange_bytes = m->mem.bytes - before_acts;
     if (recompute == RECOMPUTE_SELECTIVE) alloc_selective_shared(m, T);
+    alloc_expert_hact(m, T);
     if (recompute == RECOMPUTE_FULL) alloc_full_shared(m, T);
     for (int c = 0; c < m->n_chunks; c++) {
         ModelChunk *k = &m->chunk[c];
@@ -409,6 +426,7 @@ void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel
         m->logits = act_buf(m, m->logit_rows * cfg->vocab_size);
     }
     alloc_scratch(m, T);
+    if (ops->attention_workspace) m->mem.bytes += ops->attention_workspace(attn_dims(m, B, S)); // the library's
 }
 
 void model_enable_fp8(Model *m, Fp8Scaling how) {
@@ -508,11 +526,6 @@ void *model_stage_grad(const Model *m, int chunk, int slot) {
 static void *W(const Model *m, size_t off) { return model_act(m, m->params_act, off); }
 static void *G(const Model *m, size_t off) { return model_f32(m, m->grads, off); }
 
-static AttnDims attn_dims(const Model *m, size_t B, size_t S) {
-    const ModelConfig *c = &m->cfg;
-    return (AttnDims){B, S, (size_t)c->n_heads, (size_t)c->n_kv_heads, (size_t)c->head_dim};
-}
-
 static SlotActs *slot_of(const Model *m, const ForwardArgs *a) { return &m->chunk[a->chunk].slots[a->slot]; }
 
 // Layer l's activations of a micro-batch, and its input and output in the residual stream.
@@ -598,9 +611,9 @@ static void expert_forward(const Model *m, void *out, const void *x, const void 
     ops->fp8_grouped_matmul(out, q->rows, q->row_scales, q->w, q->w_scales, off, El, N, K, Rr);
 }
 
-// dx (Rr, K) = dout . w[e]; dw (El, N, K) f32 += dout^T . x per expert: in act precision, or in FP8
-// (the input gradient from quantised rows of dout and the transposed weights, the weight gradient
-// from token-major copies of dout and x).
+// dx (Rr, K) = dout . w[e]; dw (El, N, K) f32 += dout^T . x per expert (either skipped when NULL):
+// in act precision, or in FP8 (the input gradient from quantised rows of dout and the transposed
+// weights, the weight gradient from token-major copies of dout and x).
 static void expert_backward(const Model *m, void *dx, void *dw, const void *dout, const void *x, const void *w,
                             const int32_t *off, size_t El, size_t N, size_t K, size_t Rr) {
     const Ops *ops = m->ops;
@@ -610,12 +623,16 @@ static void expert_backward(const Model *m, void *dx, void *dw, const void *dout
         return;
     }
     // every read of dout and x before dx is written
-    ops->fp8_quantize_rows(q->rows, q->row_scales, dout, off, El, Rr, N, q->how);
-    ops->fp8_quantize_cols(q->dout_t, q->dout_t_scales, dout, off, El, Rr, N, q->how);
-    ops->fp8_quantize_cols(q->x_t, q->x_t_scales, x, off, El, Rr, K, q->how);
-    ops->fp8_quantize_weights(q->w, q->wt, q->w_scales, q->wt_scales, w, El, N, K, q->how);
-    ops->fp8_grouped_matmul(dx, q->rows, q->row_scales, q->wt, q->wt_scales, off, El, K, N, Rr);
-    ops->fp8_grouped_matmul_wgrad(dw, q->dout_t, q->dout_t_scales, q->x_t, q->x_t_scales, off, El, N, K, Rr);
+    if (dx) ops->fp8_quantize_rows(q->rows, q->row_scales, dout, off, El, Rr, N, q->how);
+    if (dw) {
+        ops->fp8_quantize_cols(q->dout_t, q->dout_t_scales, dout, off, El, Rr, N, q->how);
+        ops->fp8_quantize_cols(q->x_t, q->x_t_scales, x, off, El, Rr, K, q->how);
+    }
+    if (dx) {
+        ops->fp8_quantize_weights(q->w, q->wt, q->w_scales, q->wt_scales, w, El, N, K, q->how);
+        ops->fp8_grouped_matmul(dx, q->rows, q->row_scales, q->wt, q->wt_scales, off, El, K, N, Rr);
+    }
+    if (dw) ops->fp8_grouped_matmul_wgrad(dw, q->dout_t, q->dout_t_scales, q->x_t, q->x_t_scales, off, El, N, K, Rr);
 }
 
 // One MoE call's expert work on chunk [e0, e1) of its local experts (moe_exchange_pipeline): the
@@ -634,15 +651,20 @@ typedef struct {
 static const int32_t *chunk_offsets(const ExpertWork *w, size_t e0) { return expert_offsets(w->m, w->x) + e0; }
 static size_t expert_tensor(size_t off, size_t e0, size_t rows, size_t cols) { return off + e0 * rows * cols; }
 
+// The experts' SwiGLU output: the layer's own with several expert-parallel ranks, else the one
+// buffer every MoE layer shares (Model.expert_hact).
+static void *experts_hact(const Model *m, const LayerActs *x) { return m->expert_hact ? m->expert_hact : x->hact; }
+
 static void experts_forward(void *ctx, size_t e0, size_t e1) {
     const ExpertWork *w = ctx;
     Model *m = w->m;
     const LayerParams *p = &m->layer[w->l];
     size_t D = m->cfg.d_model, H = m->cfg.expert_hidden, n = e1 - e0;
     const int32_t *off = chunk_offsets(w, e0);
+    void *hact = experts_hact(m, w->x);
     expert_forward(m, w->x->gu, w->x->xe, W(m, expert_tensor(p->experts_gu, e0, 2 * H, D)), off, n, 2 * H, D, w->Rr);
-    m->ops->swiglu_forward(w->x->hact, w->x->gu, w->Rr, H, off, n);
-    expert_forward(m, w->ye, w->x->hact, W(m, expert_tensor(p->experts_down, e0, D, H)), off, n, D, H, w->Rr);
+    m->ops->swiglu_forward(hact, w->x->gu, w->Rr, H, off, n);
+    expert_forward(m, w->ye, hact, W(m, expert_tensor(p->experts_down, e0, D, H)), off, n, D, H, w->Rr);
 }
 
 static void moe_forward(Model *m, int l, LayerActs *x, const void *in, const ForwardArgs *a) {
@@ -653,10 +675,11 @@ static void moe_forward(Model *m, int l, LayerActs *x, const void *in, const For
     route(m, l, x, in, a);
     dispatch(m, x, in, stats, T);
     moe_exchange_route(&m->xchg, &x->routes, x->offsets, model_f32(m, stats, router_stat_dropped(E)), T);
+    void *y = x->y ? x->y : m->s.dy; // one expert-parallel rank: not kept (scratch A until the combine)
     ExpertWork w = {.m = m, .l = l, .x = x, .Rr = moe_exchange_received_rows(&m->xchg, T),
-                    .ye = m->par->ep->size > 1 ? m->s.dxe : x->y};
-    moe_exchange_pipeline(&m->xchg, &x->routes, x->xp, x->xe, w.ye, x->y, experts_forward, &w);
-    m->ops->moe_combine_forward(x->f, x->y, x->slot_pos, x->topk_w, T, K, D, false);
+                    .ye = m->par->ep->size > 1 ? m->s.dxe : y};
+    moe_exchange_pipeline(&m->xchg, &x->routes, x->xp, x->xe, w.ye, y, experts_forward, &w);
+    m->ops->moe_combine_forward(x->f, y, x->slot_pos, x->topk_w, T, K, D, false);
     if (c->shared_hidden)
         swiglu_mlp_forward(m, x->f, in, x->sgu, x->sact, p->shared_gu, p->shared_down, T,
                            c->shared_hidden, true);
@@ -761,7 +784,7 @@ static void swiglu_mlp_backward(const Model *m, void *din, const void *dout, con
     size_t D = m->cfg.d_model;
     swiglu_recompute(m, hact, gu, T, H, NULL, 0);
     ops->matmul_backward(m->s.dhact, G(m, down_w), dout, hact, W(m, down_w), T, D, H, false);
-    ops->swiglu_backward(m->s.dgu, m->s.dhact, gu, T, H, NULL, 0);
+    ops->swiglu_backward(m->s.dgu, m->s.dhact, gu, NULL, T, H, NULL, 0);
     ops->matmul_backward(din, G(m, gu_w), m->s.dgu, in, W(m, gu_w), T, 2 * H, D, accumulate);
 }
 
@@ -785,9 +808,15 @@ static void experts_backward(void *ctx, size_t e0, size_t e1) {
     size_t D = m->cfg.d_model, H = m->cfg.expert_hidden, n = e1 - e0, Rr = w->Rr;
     size_t down = expert_tensor(p->experts_down, e0, D, H), gu = expert_tensor(p->experts_gu, e0, 2 * H, D);
     const int32_t *off = chunk_offsets(w, e0);
-    swiglu_recompute(m, x->hact, x->gu, Rr, H, off, n);
-    expert_backward(m, s->dhact, G(m, down), w->dye, x->hact, W(m, down), off, n, D, H, Rr);
-    ops->swiglu_backward(s->dgu, s->dhact, x->gu, Rr, H, off, n);
+    if (m->expert_hact) { // the rows' unweighted gradients: the combine weights' gradients from here
+        expert_backward(m, s->dhact, NULL, w->dye, NULL, W(m, down), off, n, D, H, Rr);
+        ops->moe_combine_weight_backward(s->row_dot, m->expert_hact, s->dhact, x->gu, s->row_w, Rr, H, off, n);
+        expert_backward(m, NULL, G(m, down), w->dye, m->expert_hact, W(m, down), off, n, D, H, Rr);
+    } else {
+        swiglu_recompute(m, x->hact, x->gu, Rr, H, off, n);
+        expert_backward(m, s->dhact, G(m, down), w->dye, x->hact, W(m, down), off, n, D, H, Rr);
+    }
+    ops->swiglu_backward(s->dgu, s->dhact, x->gu, m->expert_hact ? s->row_w : NULL, Rr, H, off, n);
     expert_backward(m, w->dxe, G(m, gu), s->dgu, x->xe, W(m, gu), off, n, 2 * H, D, Rr);
 }
 
@@ -810,10 +839,11 @@ static void moe_backward(Model *m, int l, LayerActs *x, void *din, const void *d
         accumulate = true;
     }
     void *dy = ep ? s->dxp : s->dy;
-    ops->moe_combine_backward(dy, s->dtopk_w, dout, x->y, x->slot_pos, x->topk_w, T, K, D);
+    ops->moe_combine_backward(dy, s->dtopk_w, s->row_w, dout, x->y, x->slot_pos, x->topk_w, T, K, D);
     ExpertWork w = {.m = m, .l = l, .x = x, .Rr = moe_exchange_received_rows(&m->xchg, T),
                     .dye = ep ? s->dxe : s->dy, .dxe = ep ? s->dxe : s->dxp};
     moe_exchange_pipeline(&m->xchg, &x->routes, dy, w.dye, w.dxe, s->dxp, experts_backward, &w);
+    if (!x->y) ops->moe_slot_values(s->dtopk_w, s->row_dot, x->slot_pos, T * K);
     ops->moe_dispatch_backward(din, s->dxp, x->slot_pos, T, K, D, accumulate);
     ops->router_backward(s->dlogits, s->dtopk_w, x->logits, x->scores, x->topk_idx, x->topk_w,
                          x->aux, router_args(m, l, a));

@@ -34,13 +34,15 @@ typedef struct {
     void *n2, *n2_rstd;        // act (T, D), f32 (T): feed-forward-side norm
     void *f;                   // act (T, D) feed-forward output
     void *gu, *hact;           // act: dense (T, 2Hd), (T, Hd); MoE (Rr, 2H), (Rr, H) expert-major
+                               // (MoE hact only with several expert-parallel ranks: Model.expert_hact)
     void *logits, *scores;     // act (T, E), f32 (T, E)
     int32_t *topk_idx;         // (T, K)
     void *topk_w;              // f32 (T, K)
     void *aux;                 // f32 (2E + 1): routed slots, score sums, lse^2 sum (summed over dp)
     int32_t *counts, *offsets; // (E), (E + 1): this rank's routed slots per expert, sorted offsets
     int32_t *slot_pos;         // (T, K)
-    void *xp, *y;              // act (R, D): dispatched rows, their expert outputs (same order)
+    void *xp, *y;              // act (R, D): dispatched rows, their expert outputs (same order; y
+                               // only with several expert-parallel ranks, else scratch A until the combine)
     void *xe;                  // act (Rr, D) rows for this rank's experts, expert-major (== xp)
     ExchangeRoutes routes;     // how this call's rows travel to the experts' ranks and back
     void *sgu, *sact;          // act (T, 2Hs), (T, Hs): shared expert
@@ -77,7 +79,9 @@ typedef struct {
 // Gradient scratch shared by all layers and slots, sized for the largest layer. The largest
 // gradients of a layer's backward take turns in two buffers (A, B), each read by the next step
 // only: feed-forward dy (A) -> dhact (B) -> dgu (A) -> dxp (B, with one expert-parallel rank;
-// with several it is an exchange buffer peers write), attention dqkv (A) -> dqkv_raw (B).
+// with several it is an exchange buffer peers write), attention dqkv (A) -> dqkv_raw (B). With one
+// expert-parallel rank dy (A) is also read by the down projection's weight gradient after dhact
+// (B), and A holds a MoE forward's expert outputs until the combine.
 typedef struct {
     void *dres;               // act (T, D) gradient of the residual stream (stage in/out gradient)
     void *dn;                 // act (T, D)
@@ -88,6 +92,8 @@ typedef struct {
     void *dxe;                // act (Rr, D)
     void *dlogits;            // act (T, E)
     void *dtopk_w;            // f32 (T, K)
+    void *row_w, *row_dot;    // f32 (Rr), one expert-parallel rank: each expert row's combine weight,
+                              // and the gradient of that weight (moe_combine_weight_backward)
     void *dxf;                // act (T, D) gradient of the final-norm output
 } Scratch;
 
@@ -134,6 +140,12 @@ typedef struct {
     void *params_act;            // act (P) compute weights (== params when the backend aliases)
     void *grads;                 // f32 (P)
     void *expert_bias;           // f32 (L, E) loss-free balancing bias (0 for dense layers)
+    void *expert_hact;           // act (Rr, H), one expert-parallel rank (else NULL): the experts' SwiGLU
+                                 // output of the MoE layer running, in the forward, and its rows
+                                 // weighted by their combine weights in the backward. Not kept: the
+                                 // backward takes the combine weights' gradients as (dout W) . h from the
+                                 // kept gate|up rows (moe_combine_weight_backward), so neither h nor
+                                 // the expert outputs y are kept in any train.recompute mode.
     void *rope;                  // f32 (S, hd / 2, 2)
     StepInfo *step_info;         // backend memory, written before each step
     void *metrics_scratch;       // f32 (model_metrics_len) for forwards whose metrics are unused

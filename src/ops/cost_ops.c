@@ -88,8 +88,8 @@ static double swiglu_rows(size_t R, const int32_t *rows, size_t n) {
 static void cost_swiglu_forward(void *o, const void *g, size_t R, size_t H, const int32_t *rows, size_t n) {
     bytes(KERNEL_ELEMENTWISE, 3.0 * swiglu_rows(R, rows, n) * H * A);
 }
-static void cost_swiglu_backward(void *dg, const void *d, const void *g, size_t R, size_t H, const int32_t *rows,
-                                 size_t n) {
+static void cost_swiglu_backward(void *dg, const void *d, const void *g, const void *w, size_t R, size_t H,
+                                 const int32_t *rows, size_t n) {
     bytes(KERNEL_ELEMENTWISE, 5.0 * swiglu_rows(R, rows, n) * H * A);
 }
 static void cost_router_forward(void *s, int32_t *i, void *w, int32_t *c, void *aux, const void *l, const void *b,
@@ -115,10 +115,16 @@ static void cost_combine_forward(void *o, const void *y, const int32_t *p, const
                                  size_t D, bool acc) {
     bytes(KERNEL_ROUTING, (double)(T * K + T) * D * A);
 }
-static void cost_combine_backward(void *dy, void *dw, const void *d, const void *y, const int32_t *p, const void *w,
-                                  size_t T, size_t K, size_t D) {
-    bytes(KERNEL_ROUTING, (double)(2 * T * K + T) * D * A);
+static void cost_combine_backward(void *dy, void *dw, void *rw, const void *d, const void *y, const int32_t *p,
+                                  const void *w, size_t T, size_t K, size_t D) {
+    bytes(KERNEL_ROUTING, (double)((y ? 2 : 1) * T * K + T) * D * A);
 }
+// reads du and gu, writes hw: 4 H per row
+static void cost_combine_weight_backward(void *dot, void *hw, const void *du, const void *g, const void *w, size_t R,
+                                         size_t H, const int32_t *rows, size_t n) {
+    bytes(KERNEL_ROUTING, 4.0 * swiglu_rows(R, rows, n) * H * A);
+}
+static void cost_slot_values(void *dw, const void *d, const int32_t *p, size_t n) { bytes(KERNEL_ROUTING, 12.0 * n); }
 static void cost_regroup(void *o, const void *i, const int32_t *c, size_t ep, size_t El, size_t D, bool f) {
     bytes(KERNEL_ROUTING, 2.0 * (double)sink->routed_rows * D * A);
 }
@@ -196,6 +202,7 @@ const Ops *ops_costing(bool bf16_activations, CostSink *s) {
     o.router_backward = cost_router_backward;
     o.moe_dispatch_forward = cost_dispatch_forward, o.moe_dispatch_backward = cost_dispatch_backward;
     o.moe_combine_forward = cost_combine_forward, o.moe_combine_backward = cost_combine_backward;
+    o.moe_combine_weight_backward = cost_combine_weight_backward, o.moe_slot_values = cost_slot_values;
     o.moe_regroup = cost_regroup, o.moe_exchange_plan = cost_exchange_plan, o.moe_push_rows = cost_push_rows;
     o.grouped_matmul_forward = cost_grouped_forward, o.grouped_matmul_backward = cost_grouped_backward;
     o.fp8_quantize_rows = cost_fp8_rows, o.fp8_quantize_cols = cost_fp8_cols, o.fp8_quantize_weights = cost_fp8_weights;

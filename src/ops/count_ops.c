@@ -30,5 +30,6 @@ const Ops *ops_counting_like(const Ops *backend) {
     o = make_counting(backend->act_size);
     o.f32_size = backend->f32_size, o.act_aliases_f32 = backend->act_aliases_f32;
     o.logits_chunk = backend->logits_chunk;
+    o.attention_workspace = backend->attention_workspace;
     return &o;
 }

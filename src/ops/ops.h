@@ -119,6 +119,9 @@ typedef struct Ops {
     size_t (*memory_in_use)(void); // device bytes in use now (0 when not known)
     size_t (*memory_peak)(void);   // the most bytes in use so far (0 when not known; NULL: no query)
     size_t (*memory_available)(void); // bytes it can still allocate (0 when not known; NULL: no query)
+    // Bytes of library workspace the attention of these dims allocates beside the model's buffers
+    // (cuDNN's, e.g. its backward's fp32 dQ accumulator), so a memory plan can count it (NULL: none).
+    size_t (*attention_workspace)(AttnDims d);
 
     // ---- recording and timing (graph entries NULL where work runs eagerly) ----
     void (*capture_begin)(void);       // queued work from here on is recorded, not run
@@ -179,9 +182,10 @@ typedef struct Ops {
     // row offsets `rows` (backend) when non-NULL, e.g. some experts' rows, else all R) ----
     // out (R, H) act = silu(gate) * up
     void (*swiglu_forward)(void *out, const void *gu, size_t R, size_t H, const int32_t *rows, size_t n);
-    // dgu (R, 2H) act
-    void (*swiglu_backward)(void *dgu, const void *dout, const void *gu, size_t R, size_t H,
-                            const int32_t *rows, size_t n);
+    // dgu (R, 2H) act from dout (R, H) act, each row's gradient scaled by row_w[r] first (row_w
+    // (R) f32, NULL: 1)
+    void (*swiglu_backward)(void *dgu, const void *dout, const void *gu, const void *row_w, size_t R,
+                            size_t H, const int32_t *rows, size_t n);
 
     // ---- mixture of experts ----
     // From logits (T, E) act: scores (T, E) f32 (softmax or sigmoid; real scores even in random
@@ -210,10 +214,23 @@ typedef struct Ops {
     // out (T, D) act (= or +=) sum_k topk_w[t, k] * y[slot_pos[t, k]]
     void (*moe_combine_forward)(void *out, const void *y, const int32_t *slot_pos,
                                 const void *topk_w, size_t T, size_t K, size_t D, bool accumulate);
-    // dy (R, D) act for kept slots; dtopk_w (T, K) f32 (0 for dropped slots)
-    void (*moe_combine_backward)(void *dy, void *dtopk_w, const void *dout, const void *y,
+    // For kept slots: with the expert outputs y (R, D) act, dy (R, D) act = topk_w dout rows and
+    // dtopk_w (T, K) f32 = dout . y (0 for dropped slots). Without them (y NULL: the combine
+    // weights' gradients come from the expert rows, moe_combine_weight_backward), dy = the dout rows
+    // unweighted and row_w (R) f32 = the weight of each row's slot; dtopk_w is not written.
+    void (*moe_combine_backward)(void *dy, void *dtopk_w, void *row_w, const void *dout, const void *y,
                                  const int32_t *slot_pos, const void *topk_w, size_t T, size_t K,
                                  size_t D);
+    // The combine weights' gradients from the expert rows, so the expert outputs need not be kept:
+    // dout . y = dout . (h W^T) = (dout W) . h. Per row r (rows used as swiglu_forward's), with h =
+    // silu(gate) * up again from gu (R, 2H) act and du (R, H) act the down projection's input
+    // gradient of the unweighted rows: row_dot (R) f32 [r] = du[r] . h[r], hw (R, H) act = row_w[r]
+    // h[r] (the down projection's weight-gradient input; row_w (R) f32).
+    void (*moe_combine_weight_backward)(void *row_dot, void *hw, const void *du, const void *gu,
+                                        const void *row_w, size_t R, size_t H, const int32_t *rows,
+                                        size_t n);
+    // dtopk_w (n) f32 [i] = row_dot[slot_pos[i]] (0 for a dropped slot)
+    void (*moe_slot_values)(void *dtopk_w, const void *row_dot, const int32_t *slot_pos, size_t n);
     // Rows grouped by (source rank, local expert) <-> by (local expert, source rank), for the rows
     // an expert-parallel rank receives: counts (ep, El) i32 rows per source and expert; out, in
     // (rows, D) act. to_expert_major false applies the inverse.

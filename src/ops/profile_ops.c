@@ -67,7 +67,8 @@ WRAP(attention_backward, PHASE_ATTENTION,
 WRAP(swiglu_forward, PHASE_REST, (void *o, const void *g, size_t R, size_t H, const int32_t *r, size_t n),
      (o, g, R, H, r, n))
 WRAP(swiglu_backward, PHASE_REST,
-     (void *dg, const void *d, const void *g, size_t R, size_t H, const int32_t *r, size_t n), (dg, d, g, R, H, r, n))
+     (void *dg, const void *d, const void *g, const void *w, size_t R, size_t H, const int32_t *r, size_t n),
+     (dg, d, g, w, R, H, r, n))
 WRAP(router_forward, PHASE_ROUTING,
      (void *s, int32_t *i, void *w, int32_t *c, void *aux, const void *l, const void *b, const StepInfo *st, RouterArgs a),
      (s, i, w, c, aux, l, b, st, a))
@@ -85,8 +86,14 @@ WRAP(moe_combine_forward, PHASE_ROUTING,
      (void *o, const void *y, const int32_t *p, const void *w, size_t T, size_t K, size_t D, bool acc),
      (o, y, p, w, T, K, D, acc))
 WRAP(moe_combine_backward, PHASE_ROUTING,
-     (void *dy, void *dw, const void *d, const void *y, const int32_t *p, const void *w, size_t T, size_t K, size_t D),
-     (dy, dw, d, y, p, w, T, K, D))
+     (void *dy, void *dw, void *rw, const void *d, const void *y, const int32_t *p, const void *w, size_t T, size_t K,
+      size_t D),
+     (dy, dw, rw, d, y, p, w, T, K, D))
+WRAP(moe_combine_weight_backward, PHASE_ROUTING,
+     (void *dot, void *hw, const void *du, const void *g, const void *w, size_t R, size_t H, const int32_t *r,
+      size_t n),
+     (dot, hw, du, g, w, R, H, r, n))
+WRAP(moe_slot_values, PHASE_ROUTING, (void *dw, const void *d, const int32_t *p, size_t n), (dw, d, p, n))
 WRAP(moe_regroup, PHASE_ROUTING, (void *o, const void *i, const int32_t *c, size_t ep, size_t El, size_t D, bool f),
      (o, i, c, ep, El, D, f))
 WRAP(moe_exchange_plan, PHASE_ROUTING,
@@ -136,6 +143,7 @@ const Ops *ops_profiled(const Ops *backend) {
     SET(attention_forward), SET(attention_backward), SET(swiglu_forward), SET(swiglu_backward);
     SET(router_forward), SET(router_aux_loss), SET(router_backward), SET(moe_dispatch_forward);
     SET(moe_dispatch_backward), SET(moe_combine_forward), SET(moe_combine_backward), SET(moe_regroup);
+    SET(moe_combine_weight_backward), SET(moe_slot_values);
     SET(moe_exchange_plan), SET(moe_push_rows);
     SET(grouped_matmul_forward), SET(grouped_matmul_backward), SET(router_bias_update), SET(cross_entropy);
     SET(fp8_quantize_rows), SET(fp8_quantize_cols), SET(fp8_quantize_weights), SET(fp8_grouped_matmul);

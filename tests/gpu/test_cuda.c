@@ -210,6 +210,7 @@ static void test_dense(void) {
 
     size_t H = 24;
     Buf gu = buf_new(K_ACT, R * 2 * H), h = buf_new(K_ACT, R * H), cnt = buf_new(K_I32, 2), dgu = buf_new(K_ACT, R * 2 * H);
+    Buf rw = buf_new(K_F32, R), dot = buf_new(K_F32, R), hw = buf_new(K_ACT, R * H);
     float range[2] = {3, (float)(R - 5)}; // rows [3, R - 5): one expert group's
     buf_values(&cnt, range);
     for (int limited = 0; limited < 2; limited++) {
@@ -217,11 +218,19 @@ static void test_dense(void) {
         buf_random(&gu, 16, 2), buf_poison(&h), buf_poison(&dgu);
         cpu->swiglu_forward(h.c, gu.c, R, H, cc, 1), gpu->swiglu_forward(h.g, gu.g, R, H, cg, 1);
         check(limited ? "swiglu forward (row range; rest untouched)" : "swiglu forward", &h, R * H, BF);
-        buf_random(&h, 17, 1);
-        cpu->swiglu_backward(dgu.c, h.c, gu.c, R, H, cc, 1), gpu->swiglu_backward(dgu.g, h.g, gu.g, R, H, cg, 1);
+        buf_random(&h, 17, 1), buf_random(&rw, 18, 1);
+        cpu->swiglu_backward(dgu.c, h.c, gu.c, NULL, R, H, cc, 1), gpu->swiglu_backward(dgu.g, h.g, gu.g, NULL, R, H, cg, 1);
         check(limited ? "swiglu backward (row range)" : "swiglu backward", &dgu, R * 2 * H, BF);
+        cpu->swiglu_backward(dgu.c, h.c, gu.c, rw.c, R, H, cc, 1), gpu->swiglu_backward(dgu.g, h.g, gu.g, rw.g, R, H, cg, 1);
+        check("swiglu backward, rows weighted", &dgu, R * 2 * H, BF);
+        buf_poison(&dot), buf_poison(&hw);
+        cpu->moe_combine_weight_backward(dot.c, hw.c, h.c, gu.c, rw.c, R, H, cc, 1);
+        gpu->moe_combine_weight_backward(dot.g, hw.g, h.g, gu.g, rw.g, R, H, cg, 1);
+        check(limited ? "combine weight backward, row dots (row range; rest untouched)" : "combine weight backward, row dots",
+              &dot, R, 1e-2, 1e-3);
+        check("combine weight backward, weighted rows", &hw, R * H, BF);
     }
-    buf_free(&gu), buf_free(&h), buf_free(&cnt), buf_free(&dgu);
+    buf_free(&gu), buf_free(&h), buf_free(&cnt), buf_free(&dgu), buf_free(&rw), buf_free(&dot), buf_free(&hw);
 
     size_t N = 37, Vc = 1003;
     Buf logits = buf_new(K_ACT, N * Vc), tg = buf_new(K_I32, N), acc = buf_new(K_F32, 2);
@@ -445,9 +454,17 @@ static void test_dispatch_case(size_t T, size_t K, size_t E, size_t D, size_t ca
         gpu->moe_combine_forward(out.g, y.g, pos.g, w.g, T, K, D, acc);
         check(acc ? "  combine forward +=" : "  combine forward", &out, T * D, BF);
     }
+    Buf rw = buf_new(K_F32, R), dot = buf_new(K_F32, R);
+    buf_poison(&xp), buf_poison(&rw);
+    cpu->moe_combine_backward(xp.c, NULL, rw.c, out.c, NULL, pos.c, w.c, T, K, D);
+    gpu->moe_combine_backward(xp.g, NULL, rw.g, out.g, NULL, pos.g, w.g, T, K, D);
+    check("  combine backward, unweighted rows", &xp, R * D, 0, 0), check("  combine backward, row weights", &rw, R, 0, 0);
+    buf_random(&dot, 55, 1), buf_poison(&dw);
+    cpu->moe_slot_values(dw.c, dot.c, pos.c, T * K), gpu->moe_slot_values(dw.g, dot.g, pos.g, T * K);
+    check("  slot values", &dw, T * K, 0, 0);
     buf_poison(&xp), buf_poison(&dw);
-    cpu->moe_combine_backward(xp.c, dw.c, out.c, y.c, pos.c, w.c, T, K, D);
-    gpu->moe_combine_backward(xp.g, dw.g, out.g, y.g, pos.g, w.g, T, K, D);
+    cpu->moe_combine_backward(xp.c, dw.c, NULL, out.c, y.c, pos.c, w.c, T, K, D);
+    gpu->moe_combine_backward(xp.g, dw.g, NULL, out.g, y.g, pos.g, w.g, T, K, D);
     check("  combine backward rows", &xp, R * D, BF), check("  combine backward weights", &dw, T * K, 1e-2, 1e-3);
     for (int acc = 0; acc < 2; acc++) {
         if (acc) buf_random(&x, 54, 1); else buf_poison(&x);
@@ -455,7 +472,7 @@ static void test_dispatch_case(size_t T, size_t K, size_t E, size_t D, size_t ca
         gpu->moe_dispatch_backward(x.g, xp.g, pos.g, T, K, D, acc);
         check(acc ? "  dispatch backward +=" : "  dispatch backward", &x, T * D, BF);
     }
-    Buf *all[] = {&idx, &counts, &x, &xp, &pos, &off, &stats, &w, &y, &out, &dw};
+    Buf *all[] = {&idx, &counts, &x, &xp, &pos, &off, &stats, &w, &y, &out, &dw, &rw, &dot};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) buf_free(all[i]);
 }
 

@@ -130,20 +130,39 @@ void cpu_swiglu_forward(void *out_, const void *gu_, size_t R, size_t H, const i
         }
 }
 
-void cpu_swiglu_backward(void *dgu_, const void *dout_, const void *gu_, size_t R, size_t H,
-                         const int32_t *rows, size_t n) {
+void cpu_swiglu_backward(void *dgu_, const void *dout_, const void *gu_, const void *row_w_, size_t R,
+                         size_t H, const int32_t *rows, size_t n) {
     real *dgu = dgu_;
-    const real *dout = dout_, *gu = gu_;
+    const real *dout = dout_, *gu = gu_, *row_w = row_w_;
     size_t first, end;
     rows_used(R, rows, n, &first, &end);
 #pragma omp parallel for schedule(static)
     for (size_t r = first; r < end; r++)
         for (size_t j = 0; j < H; j++) {
             real g = gu[r * 2 * H + j], u = gu[r * 2 * H + H + j], d = dout[r * H + j];
+            if (row_w) d *= row_w[r];
             real s = sigmoid(g);
             dgu[r * 2 * H + j] = d * u * s * (1 + g * (1 - s));
             dgu[r * 2 * H + H + j] = d * g * s;
         }
+}
+
+void cpu_moe_combine_weight_backward(void *row_dot_, void *hw_, const void *du_, const void *gu_,
+                                     const void *row_w_, size_t R, size_t H, const int32_t *rows, size_t n) {
+    real *row_dot = row_dot_, *hw = hw_;
+    const real *du = du_, *gu = gu_, *row_w = row_w_;
+    size_t first, end;
+    rows_used(R, rows, n, &first, &end);
+#pragma omp parallel for schedule(static)
+    for (size_t r = first; r < end; r++) {
+        double dot = 0;
+        for (size_t j = 0; j < H; j++) {
+            real g = gu[r * 2 * H + j], u = gu[r * 2 * H + H + j], h = g * sigmoid(g) * u;
+            dot += (double)du[r * H + j] * h;
+            hw[r * H + j] = row_w[r] * h;
+        }
+        row_dot[r] = (real)dot;
+    }
 }
 
 // One row: returns the loss and writes lse; with grad, turns the row into its gradient.

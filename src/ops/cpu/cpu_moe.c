@@ -194,26 +194,33 @@ void cpu_moe_combine_forward(void *out, const void *y, const int32_t *slot_pos,
     sum_slot_rows(out, y, slot_pos, topk_w, T, K, D, accumulate);
 }
 
-void cpu_moe_combine_backward(void *dy_, void *dtopk_w_, const void *dout_, const void *y_,
+void cpu_moe_combine_backward(void *dy_, void *dtopk_w_, void *row_w_, const void *dout_, const void *y_,
                               const int32_t *slot_pos, const void *topk_w_, size_t T, size_t K,
                               size_t D) {
-    real *dy = dy_, *dw = dtopk_w_;
+    real *dy = dy_, *dw = dtopk_w_, *row_w = row_w_;
     const real *dout = dout_, *y = y_, *w = topk_w_;
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < T * K; i++) {
         int32_t pos = slot_pos[i];
         const real *g = dout + (i / K) * D;
         if (pos < 0) {
-            dw[i] = 0;
-            continue;
+            if (y) dw[i] = 0;
+        } else if (!y) {
+            memcpy(dy + (size_t)pos * D, g, D * sizeof(real));
+            row_w[pos] = w[i];
+        } else {
+            real *d = dy + (size_t)pos * D;
+            double acc = 0;
+            for (size_t j = 0; j < D; j++) acc += (double)g[j] * y[(size_t)pos * D + j], d[j] = w[i] * g[j];
+            dw[i] = (real)acc;
         }
-        double acc = 0;
-        for (size_t j = 0; j < D; j++) {
-            acc += (double)g[j] * y[(size_t)pos * D + j];
-            dy[(size_t)pos * D + j] = w[i] * g[j];
-        }
-        dw[i] = (real)acc;
     }
+}
+
+void cpu_moe_slot_values(void *dtopk_w_, const void *row_dot_, const int32_t *slot_pos, size_t n) {
+    real *dw = dtopk_w_;
+    const real *row_dot = row_dot_;
+    for (size_t i = 0; i < n; i++) dw[i] = slot_pos[i] < 0 ? 0 : row_dot[slot_pos[i]];
 }
 
 // Rows arrive grouped by source rank, each source's rows by local expert; experts want their rows

@@ -604,6 +604,14 @@ extern "C" void cuda_attention_forward(void *out, void *lse, const void *qkv, At
 #undef FWD
 }
 
+// The scratch of the call that runs at these dims: cuDNN's workspace, or the built-in backward's
+// fp32 dQ and row sums (attention_backward_hd).
+extern "C" size_t cuda_attention_workspace(AttnDims d) {
+    size_t T = d.B * d.S, bytes;
+    if (!cuda_ctx.builtin_attention && cuda_attention_workspace_cudnn(d, cuda_ctx.deterministic, &bytes)) return bytes;
+    return (T * d.Hq * d.hd + T * d.Hq) * sizeof(float);
+}
+
 extern "C" void cuda_attention_backward(void *dqkv, const void *dout, const void *qkv, const void *out,
                                         const void *lse, AttnDims d) {
     if (!d.B || !d.S) return;

@@ -140,3 +140,9 @@ extern "C" bool cuda_attention_backward_cudnn(void *dqkv, const void *dout, cons
         {UID_DQ, dq},             {UID_DK, dq + k_col},        {UID_DV, dq + v_col}};
     return sdpa_run(sdpa_plan(d, true, deterministic), ptrs);
 }
+
+extern "C" bool cuda_attention_workspace_cudnn(AttnDims d, bool deterministic, size_t *bytes) {
+    const SdpaPlan *f = sdpa_plan(d, false, false), *b = sdpa_plan(d, true, deterministic);
+    *bytes = (size_t)(f->workspace > b->workspace ? f->workspace : b->workspace);
+    return f->graph && b->graph;
+}

@@ -208,11 +208,13 @@ static Ops make_cuda_ops(void) {
     o.qkv_norm_rope_forward = cuda_qkv_norm_rope_forward;
     o.qkv_norm_rope_backward = cuda_qkv_norm_rope_backward;
     o.attention_forward = cuda_attention_forward, o.attention_backward = cuda_attention_backward;
+    o.attention_workspace = cuda_attention_workspace;
     o.swiglu_forward = cuda_swiglu_forward, o.swiglu_backward = cuda_swiglu_backward;
     o.router_forward = cuda_router_forward, o.router_aux_loss = cuda_router_aux_loss;
     o.router_backward = cuda_router_backward;
     o.moe_dispatch_forward = cuda_moe_dispatch_forward, o.moe_dispatch_backward = cuda_moe_dispatch_backward;
     o.moe_combine_forward = cuda_moe_combine_forward, o.moe_combine_backward = cuda_moe_combine_backward;
+    o.moe_combine_weight_backward = cuda_moe_combine_weight_backward, o.moe_slot_values = cuda_moe_slot_values;
     o.moe_regroup = cuda_moe_regroup, o.moe_exchange_plan = cuda_moe_exchange_plan;
     o.moe_push_rows = cuda_moe_push_rows;
     o.grouped_matmul_forward = cuda_grouped_matmul_forward;

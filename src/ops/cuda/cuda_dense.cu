@@ -283,15 +283,16 @@ __global__ void swiglu_forward_kernel(bf16 *out, const bf16 *gu, size_t R, size_
     }
 }
 
-__global__ void swiglu_backward_kernel(bf16 *dgu, const bf16 *dout, const bf16 *gu, size_t R, size_t H,
-                                       const int32_t *rows, size_t n) {
+__global__ void swiglu_backward_kernel(bf16 *dgu, const bf16 *dout, const bf16 *gu, const float *row_w, size_t R,
+                                       size_t H, const int32_t *rows, size_t n) {
     size_t first, n8;
     groups_used(R, H, rows, n, &first, &n8);
     for (size_t i = first + (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n8; i += (size_t)gridDim.x * blockDim.x) {
         size_t r = (8 * i) / H, j = (8 * i) % H;
-        float g[8], u[8], d[8], dg[8], du[8];
+        float g[8], u[8], d[8], dg[8], du[8], w = row_w ? row_w[r] : 1.0f;
         load8(g, gu + r * 2 * H + j), load8(u, gu + r * 2 * H + H + j), load8(d, dout + 8 * i);
         for (int k = 0; k < 8; k++) {
+            d[k] *= w;
             float s = 1.0f / (1.0f + __expf(-g[k]));
             dg[k] = d[k] * u[k] * s * (1.0f + g[k] * (1.0f - s));
             du[k] = d[k] * g[k] * s;
@@ -306,11 +307,11 @@ extern "C" void cuda_swiglu_forward(void *out, const void *gu, size_t R, size_t 
     CUDA_LAUNCH_CHECK();
 }
 
-extern "C" void cuda_swiglu_backward(void *dgu, const void *dout, const void *gu, size_t R, size_t H,
-                                     const int32_t *rows, size_t n) {
+extern "C" void cuda_swiglu_backward(void *dgu, const void *dout, const void *gu, const void *row_w, size_t R,
+                                     size_t H, const int32_t *rows, size_t n) {
     if (!R) return;
-    swiglu_backward_kernel<<<cuda_blocks(R * H / 8, 256 * 2), 256, 0, STREAM>>>((bf16 *)dgu, (const bf16 *)dout,
-                                                                              (const bf16 *)gu, R, H, rows, n);
+    swiglu_backward_kernel<<<cuda_blocks(R * H / 8, 256 * 2), 256, 0, STREAM>>>(
+        (bf16 *)dgu, (const bf16 *)dout, (const bf16 *)gu, (const float *)row_w, R, H, rows, n);
     CUDA_LAUNCH_CHECK();
 }
 

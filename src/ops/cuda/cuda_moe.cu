@@ -285,38 +285,90 @@ extern "C" void cuda_moe_combine_forward(void *out, const void *y, const int32_t
     CUDA_LAUNCH_CHECK();
 }
 
-// A warp per slot: dy[pos] = w dout[t]; dw = dout[t] . y[pos] (0 for a dropped slot).
-__global__ void combine_backward_kernel(bf16 *__restrict__ dy, float *dtopk_w, const bf16 *__restrict__ dout,
-                                        const bf16 *__restrict__ y, const int32_t *slot_pos, const float *topk_w,
-                                        size_t n, int K, size_t D) {
+// A warp per slot: dy[pos] = w dout[t]; dw = dout[t] . y[pos] (0 for a dropped slot). Without y:
+// dy[pos] = dout[t] and row_w[pos] = w.
+__global__ void combine_backward_kernel(bf16 *__restrict__ dy, float *dtopk_w, float *row_w,
+                                        const bf16 *__restrict__ dout, const bf16 *__restrict__ y,
+                                        const int32_t *slot_pos, const float *topk_w, size_t n, int K, size_t D) {
     size_t i = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x & 31;
     if (i >= n) return;
     int pos = slot_pos[i];
     if (pos < 0) {
-        if (lane == 0) dtopk_w[i] = 0;
+        if (lane == 0 && y) dtopk_w[i] = 0;
         return;
     }
-    const bf16 *g = dout + (i / K) * D, *yr = y + (size_t)pos * D;
+    const bf16 *g = dout + (i / K) * D;
     float w = topk_w[i], dot = 0;
+    if (!y) {
+        w = 1.0f;
+        if (lane == 0) row_w[pos] = topk_w[i];
+    }
 #pragma unroll 4
     for (size_t j = 8 * lane; j < D; j += 256) {
         float gv[8], yv[8];
-        load8(gv, g + j), load8(yv, yr + j);
-        for (int q = 0; q < 8; q++) dot += gv[q] * yv[q], gv[q] *= w;
+        load8(gv, g + j);
+        if (y) load8(yv, y + (size_t)pos * D + j);
+        for (int q = 0; q < 8; q++) dot += y ? gv[q] * yv[q] : 0.0f, gv[q] *= w;
         store8(dy + (size_t)pos * D + j, gv);
     }
     dot = warp_sum(dot);
-    if (lane == 0) dtopk_w[i] = dot;
+    if (lane == 0 && y) dtopk_w[i] = dot;
 }
 
-extern "C" void cuda_moe_combine_backward(void *dy, void *dtopk_w, const void *dout, const void *y,
+extern "C" void cuda_moe_combine_backward(void *dy, void *dtopk_w, void *row_w, const void *dout, const void *y,
                                           const int32_t *slot_pos, const void *topk_w, size_t T, size_t K, size_t D) {
     size_t n = T * K;
     if (!n) return;
-    combine_backward_kernel<<<cuda_blocks(n, 8), 256, 0, STREAM>>>((bf16 *)dy, (float *)dtopk_w, (const bf16 *)dout,
-                                                                   (const bf16 *)y, slot_pos, (const float *)topk_w,
-                                                                   n, (int)K, D);
+    combine_backward_kernel<<<cuda_blocks(n, 8), 256, 0, STREAM>>>((bf16 *)dy, (float *)dtopk_w, (float *)row_w,
+                                                                   (const bf16 *)dout, (const bf16 *)y, slot_pos,
+                                                                   (const float *)topk_w, n, (int)K, D);
+    CUDA_LAUNCH_CHECK();
+}
+
+// A warp per row of [rows[0], rows[n]) (all R when rows is NULL): h = silu(gate) up again,
+// row_dot = du . h summed in a fixed order, hw = row_w h.
+__global__ void combine_weight_backward_kernel(float *row_dot, bf16 *__restrict__ hw, const bf16 *__restrict__ du,
+                                               const bf16 *__restrict__ gu, const float *row_w, size_t R, size_t H,
+                                               const int32_t *rows, size_t n) {
+    size_t hi = rows ? (size_t)rows[n] : R, lo = rows ? (size_t)rows[0] : 0;
+    hi = hi < R ? hi : R;
+    int lane = threadIdx.x & 31;
+    size_t warps = (size_t)gridDim.x * (blockDim.x / 32);
+    for (size_t r = lo + (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; r < hi; r += warps) {
+        float w = row_w[r], dot = 0;
+        for (size_t j = 8 * lane; j < H; j += 256) {
+            float g[8], u[8], d[8];
+            load8(g, gu + r * 2 * H + j), load8(u, gu + r * 2 * H + H + j), load8(d, du + r * H + j);
+            for (int q = 0; q < 8; q++) {
+                float h = g[q] / (1.0f + __expf(-g[q])) * u[q];
+                dot += d[q] * h, g[q] = w * h;
+            }
+            store8(hw + r * H + j, g);
+        }
+        dot = warp_sum(dot);
+        if (lane == 0) row_dot[r] = dot;
+    }
+}
+
+extern "C" void cuda_moe_combine_weight_backward(void *row_dot, void *hw, const void *du, const void *gu,
+                                                 const void *row_w, size_t R, size_t H, const int32_t *rows,
+                                                 size_t n) {
+    if (!R) return;
+    combine_weight_backward_kernel<<<cuda_blocks(R, 8 * 4), 256, 0, STREAM>>>(
+        (float *)row_dot, (bf16 *)hw, (const bf16 *)du, (const bf16 *)gu, (const float *)row_w, R, H, rows, n);
+    CUDA_LAUNCH_CHECK();
+}
+
+__global__ void slot_values_kernel(float *dtopk_w, const float *row_dot, const int32_t *slot_pos, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dtopk_w[i] = slot_pos[i] < 0 ? 0.0f : row_dot[slot_pos[i]];
+}
+
+extern "C" void cuda_moe_slot_values(void *dtopk_w, const void *row_dot, const int32_t *slot_pos, size_t n) {
+    if (!n) return;
+    slot_values_kernel<<<(unsigned)((n + 255) / 256), 256, 0, STREAM>>>((float *)dtopk_w, (const float *)row_dot,
+                                                                         slot_pos, n);
     CUDA_LAUNCH_CHECK();
 }
 

@@ -15,7 +15,7 @@ void cuda_rmsnorm_backward(void *dx, void *dw, const void *dout, const void *x, 
                            const void *rstd, size_t R, size_t W, bool accumulate_dx);
 void cuda_add(void *out, const void *a, const void *b, size_t n);
 void cuda_swiglu_forward(void *out, const void *gu, size_t R, size_t H, const int32_t *rows, size_t n);
-void cuda_swiglu_backward(void *dgu, const void *dout, const void *gu, size_t R, size_t H,
+void cuda_swiglu_backward(void *dgu, const void *dout, const void *gu, const void *row_w, size_t R, size_t H,
                           const int32_t *rows, size_t n);
 void cuda_cross_entropy(void *logits, void *loss_acc, const int32_t *targets, size_t N, size_t V,
                         float ce_scale, float z_scale, bool want_grad);
@@ -66,8 +66,12 @@ void cuda_qkv_norm_rope_backward(void *dqkv_raw, void *dwq, void *dwk, const voi
 void cuda_attention_forward(void *out, void *lse, const void *qkv, AttnDims d);
 void cuda_attention_backward(void *dqkv, const void *dout, const void *qkv, const void *out,
                              const void *lse, AttnDims d);
+size_t cuda_attention_workspace(AttnDims d);
 // The same through cuDNN (cuda_attention_cudnn.cu); false when cuDNN has no engine for the shape.
 bool cuda_attention_forward_cudnn(void *out, void *lse, const void *qkv, AttnDims d);
+// *bytes: the larger of the forward's and the backward's cuDNN workspace at these dims; false when
+// cuDNN has no engine for one of them.
+bool cuda_attention_workspace_cudnn(AttnDims d, bool deterministic, size_t *bytes);
 bool cuda_attention_backward_cudnn(void *dqkv, const void *dout, const void *qkv, const void *out,
                                    const void *lse, AttnDims d, bool deterministic);
 
@@ -84,8 +88,11 @@ void cuda_moe_dispatch_backward(void *dx, const void *dxp, const int32_t *slot_p
                                 size_t K, size_t D, bool accumulate_dx);
 void cuda_moe_combine_forward(void *out, const void *y, const int32_t *slot_pos, const void *topk_w,
                               size_t T, size_t K, size_t D, bool accumulate);
-void cuda_moe_combine_backward(void *dy, void *dtopk_w, const void *dout, const void *y,
+void cuda_moe_combine_backward(void *dy, void *dtopk_w, void *row_w, const void *dout, const void *y,
                                const int32_t *slot_pos, const void *topk_w, size_t T, size_t K, size_t D);
+void cuda_moe_combine_weight_backward(void *row_dot, void *hw, const void *du, const void *gu, const void *row_w,
+                                      size_t R, size_t H, const int32_t *rows, size_t n);
+void cuda_moe_slot_values(void *dtopk_w, const void *row_dot, const int32_t *slot_pos, size_t n);
 void cuda_moe_exchange_plan(int32_t *plan, const int32_t *all_offsets, size_t n, size_t El, size_t rank,
                             size_t cap, void *dropped);
 void cuda_moe_push_rows(void *const *peers, size_t dst_offset, const void *in, PushBlocks sel, size_t D, size_t R,
