@@ -4,7 +4,7 @@
 # move checkpoints between devices, time each kernel alone (library and built-in variants), and
 # benchmark the configs of configs/bench/. Numbers and logs go to $OUT (the device tool brings them
 # back). Stages: all (default) or a list, e.g. "build test kernels"; "fp8" (not in the default list)
-# checks and measures the FP8 recipe. Carry .deps/include (CUTLASS and cuDNN frontend headers from
+# checks and measures the FP8 recipe, "fp8loss" (neither) trains 2,000 steps in bf16 and in fp8. Carry .deps/include (CUTLASS and cuDNN frontend headers from
 # scripts/setup.sh) and .deps/debs (the JSON, xxHash and PCRE2 packages).
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
@@ -124,6 +124,32 @@ if has fp8; then
         cat runs/curve_$p.log >> "$OUT/train.log"; cat runs/bench_scale-E8_$p.txt >> "$OUT/bench.txt"
         say "train.precision=$p: step-300 loss $(losses runs/curve-$p | tail -1), $(grep -o 'val loss [0-9.]*' runs/curve_$p.log | tail -1); scale-E8 $(grep -E '^throughput' runs/bench_scale-E8_$p.txt | tr -s ' ')"
     done
+fi
+
+if has fp8loss; then
+    # Issue 13's loss check: the scale-E8 shape (vocab 257, the bundled bytes) 2,000 steps in bf16 and
+    # in fp8 from the same initial weights (side by side on two GPUs when there are two). Sequences of
+    # 1024, 4 a step, so 2,000 steps read the corpus about 8 times.
+    gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
+    LOSS_RUN="configs/bench/scale-E8.json model.vocab_size=257 train.seq_len=1024 train.micro_batch=4 train.steps=2000
+              train.warmup=200 train.eval_every=200 train.ckpt_every=0"
+    for p in bf16 fp8; do
+        rm -rf runs/loss-$p
+        gpu=$([ "$p" = fp8 ] && [ "$gpus" -ge 2 ] && echo 1 || echo 0)
+        CUDA_VISIBLE_DEVICES=$gpu timeout 560 ./moe train $LOSS_RUN train.precision=$p train.out=runs/loss-$p \
+            > runs/loss_$p.log 2>&1 &
+        [ "$gpus" -ge 2 ] || wait
+    done
+    wait
+    cat runs/loss_bf16.log runs/loss_fp8.log >> "$OUT/train.log"
+    paste <(losses runs/loss-bf16) <(losses runs/loss-fp8) > "$OUT/fp8_loss.tsv"
+    awk '{ b[NR] = $1; f[NR] = $2; sb += $1; sf += $2
+           if (NR > 20) { sb -= b[NR - 20]; sf -= f[NR - 20] }
+           if (NR >= 20 && NR > 200) { d = (sf - sb) / sb; if (d < 0) d = -d; if (d > w) { w = d; at = NR } }
+           if (NR % 200 == 0) printf "step %4d: 20-step average bf16 %.4f, fp8 %.4f (%+.2f%%)\n", NR, sb / 20, sf / 20, 100 * (sf - sb) / sb }
+         END { printf "after warm-up (step > 200) the 20-step averages differ by at most %.2f%% (step %d)\n", 100 * w, at }' \
+        "$OUT/fp8_loss.tsv" | tee -a "$OUT/summary.txt"
+    for p in bf16 fp8; do say "$p validation: $(grep -o 'val loss [0-9.]*' runs/loss_$p.log | tr '\n' ' ')"; done
 fi
 
 if has bench; then
