@@ -32,18 +32,20 @@ bench() {
         say "$name FAILED: $(grep -m3 -iE 'error|fatal|out of' "$log")"
         return
     fi
-    printf '| %s | dp=%d ep=%d | %s | %s | %s GiB | %s | %s | %s | %s |\n' "$name" "$GPUS" "$ep" \
+    printf '| %s | dp=%d ep=%d | %s | %s | %s GiB | %s | %s | %s | %s | %s |\n' "$name" "$GPUS" "$ep" \
         "$(grep -oE 'per rank: [0-9]+ tokens/s' "$log" | grep -oE '[0-9]+')" \
         "$(grep -oE 'per rank: [0-9]+ tokens/s, [0-9.]+ TFLOP/s' "$log" | grep -oE '[0-9.]+ TFLOP' | grep -oE '[0-9.]+')" \
         "$(grep -oE 'peak [0-9.]+ GiB' "$log" | grep -oE '[0-9.]+')" \
         "$(phase "$log" 'expert row pushes')" "$(phase "$log" 'routing and permutation')" \
         "$(grep -oE 'load max/mean [0-9.]+' "$log" | grep -oE '[0-9.]+$')" \
-        "$(grep -oE '[0-9.]+% of slots dropped' "$log" | grep -oE '^[0-9.]+%')" | tee -a "$OUT/scale.md"
+        "$(grep -oE '[0-9.]+% of slots dropped' "$log" | grep -oE '^[0-9.]+%')" \
+        "$(awk '$1 == 0 && $2 == "each" { w = $5 } $1 == 0 && $2 == "one" { a = $5 } /^graph alone/ { g = $3 }
+                END { print w " / " a " / " g }' "$log")" | tee -a "$OUT/scale.md"
 }
 
 {
-    echo "| run | layout | tokens/s per GPU | TFLOP/s per GPU | memory per GPU | row pushes (share of kernel time) | routing and permutation | load max/mean | dropped |"
-    echo "|---|---|---|---|---|---|---|---|---|"
+    echo "| run | layout | tokens/s per GPU | TFLOP/s per GPU | memory per GPU | row pushes (share of kernel time) | routing and permutation | load max/mean | dropped | step ms: waited / ahead / graph alone (rank 0) |"
+    echo "|---|---|---|---|---|---|---|---|---|---|"
 } > "$OUT/scale.md"
 for run in $RUNS; do
     case $run in

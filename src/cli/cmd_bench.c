@@ -17,10 +17,12 @@ static const CliSpec SPEC = {
     .summary = "Trains the config's model on random token ids (like the PyTorch baseline) and\n"
                "reports tokens/s, model TFLOP/s (docs/MODEL.md accounting: causal attention at half,\n"
                "training = 3 x forward, no recompute counted), MFU against 989 TFLOP/s (H200 dense\n"
-               "bf16 datasheet) and against the measured matrix-product rate, memory, and a\n"
-               "per-phase breakdown of one more step with every kernel timed. With --kernels, times\n"
-               "each component kernel alone on the config's shapes instead (attention, grouped\n"
-               "GEMMs with balanced, Zipf and sparse expert loads, dense GEMMs, memory-bound kernels)\n"
+               "bf16 datasheet) and against the measured matrix-product rate, memory, where each\n"
+               "rank's step time goes (the timed steps run twice: each waiting for the step before's\n"
+               "metrics, and each queued before them; train.launch_ahead picks the one reported as the\n"
+               "step), and a per-phase breakdown of one more step with every kernel timed. With\n"
+               "--kernels, times each component kernel alone on the config's shapes instead (attention,\n"
+               "grouped GEMMs with balanced, Zipf and sparse expert loads, dense GEMMs, memory-bound kernels)\n"
                "against ceilings measured in the same run. MOE_KERNELS=builtin (or attention=builtin,\n"
                "grouped=builtin) selects the built-in CUDA kernels instead of cuDNN's and CUTLASS's.\n"
                "With --calibrate, measures the rate of every kernel family at three sizes of the config's\n"
@@ -63,6 +65,47 @@ static void print_memory(const BenchReport *r, json_t *record) {
     json_object_set_new(record, "memory", m);
 }
 
+static json_t *step_times_json(const StepTimes *m) {
+    return json_pack("{s:f, s:f, s:f, s:f, s:f}", "step_ms", m->step_ms, "stage_ms", m->stage_ms, "launch_ms",
+                     m->launch_ms, "wait_ms", m->wait_ms, "device_ms", m->device_ms);
+}
+
+// Where the timed steps' time went, rank by rank, both ways of queuing them; and what the recorded
+// step holds.
+static void print_host_part(const BenchReport *r, json_t *record) {
+    static const char *const MODES[2] = {"each step waited", "one step ahead"};
+    static const char *const KEYS[2] = {"waited", "ahead"};
+    printf("host part    ms a step, timed both ways (train.launch_ahead picks the step line's): each step's metrics\n"
+           "             waited for before the next is queued, or the next queued first. stage: batches, StepInfo,\n"
+           "             uploads queued; launch: the step's work queued (a graph launch); wait: for its metrics;\n"
+           "             device: the step's work from start to end (events); idle: step - device\n");
+    printf("  %4s  %-18s %9s %8s %8s %9s %9s %8s\n", "rank", "steps", "step", "stage", "launch", "wait", "device",
+           "idle");
+    json_t *modes = json_object();
+    for (int k = 0; k < 2; k++) {
+        json_t *ranks = json_array();
+        for (int j = 0; j < r->n_times; j++) {
+            const StepTimes *m = &r->times[k][j];
+            printf("  %4d  %-18s %9.2f %8.2f %8.2f %9.2f %9.2f %8.2f\n", j, MODES[k], m->step_ms, m->stage_ms,
+                   m->launch_ms, m->wait_ms, m->device_ms, m->step_ms - m->device_ms);
+            json_array_append_new(ranks, step_times_json(m));
+        }
+        json_object_set_new(modes, KEYS[k], ranks);
+    }
+    json_object_set_new(record, "steps_by_rank", modes);
+    const GraphCounts *g = &r->graph_nodes;
+    if (r->graph)
+        printf("graph        recorded (second warm-up step) and instantiated in %.2f s: %zu nodes (%zu kernels, %zu "
+               "memcpy, %zu memset, %zu host, %zu event record/wait, %zu other)\n", r->capture_s, g->nodes, g->kernels,
+               g->memcpys, g->memsets, g->hosts, g->events, g->other);
+    printf("NCCL         %zu operations a step (collectives, sends and receives queued or recorded)\n", r->nccl_calls);
+    json_object_set_new(record, "graph_nodes", json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i}", "nodes",
+                        (json_int_t)g->nodes, "kernels", (json_int_t)g->kernels, "memcpy", (json_int_t)g->memcpys,
+                        "memset", (json_int_t)g->memsets, "host", (json_int_t)g->hosts, "event",
+                        (json_int_t)g->events, "other", (json_int_t)g->other));
+    json_object_set_new(record, "nccl_calls_per_step", json_integer((json_int_t)r->nccl_calls));
+}
+
 // Prints the report and fills `record` with its numbers (--json).
 static void print_report(const Config *cfg, const BenchReport *r, json_t *record) {
     const ModelConfig *c = &cfg->model;
@@ -75,8 +118,10 @@ static void print_report(const Config *cfg, const BenchReport *r, json_t *record
     printf("model        %.3fB total / %.3fB active parameters, %.4g GFLOP/token training "
            "(3 x forward; causal attention at half)\n", p.total / 1e9, p.active / 1e9, flops_tok / 1e9);
     printf("device       %s, matrix product %.1f TFLOP/s measured\n", cfg->train.device, r->matmul_tflops);
-    printf("step         %.2f ms (mean of timed steps, %s), %.0f tokens on %d rank(s)\n", r->ms_per_step,
-           r->graph ? "replayed graph" : "run as queued", tokens, r->ranks);
+    printf("step         %.2f ms (mean of timed steps, %s, %s), %.0f tokens on %d rank(s)\n", r->ms_per_step,
+           r->graph ? "replayed graph" : "run as queued",
+           r->launch_ahead ? "each queued before the previous one's metrics are read" : "each after the previous "
+           "one's metrics", tokens, r->ranks);
     if (r->graph)
         printf("graph alone  %.2f ms a replay, back to back (the host's part of a step: %.2f ms)\n", r->graph_only_ms,
                r->ms_per_step - r->graph_only_ms);
@@ -85,15 +130,16 @@ static void print_report(const Config *cfg, const BenchReport *r, json_t *record
     double per_rank = tflops / r->ranks;
     printf("MFU          %.1f%% of 989 TFLOP/s, %.1f%% of the measured %.1f TFLOP/s (per rank)\n",
            100 * per_rank / 989, 100 * per_rank / r->matmul_tflops, r->matmul_tflops);
-    json_t *numbers = json_pack("{s:s, s:i, s:f, s:f, s:b, s:f, s:f, s:f, s:f, s:f}", "device", cfg->train.device,
-                                "ranks", r->ranks, "tokens_per_step", tokens, "ms_per_step", r->ms_per_step, "graph",
-                                r->graph, "graph_only_ms", r->graph_only_ms, "tokens_per_s", tokens / sec,
-                                "model_tflops", tflops, "mfu", per_rank / 989, "matmul_tflops", r->matmul_tflops);
+    json_t *numbers = json_pack("{s:s, s:i, s:f, s:f, s:b, s:b, s:f, s:f, s:f, s:f, s:f}", "device",
+                                cfg->train.device, "ranks", r->ranks, "tokens_per_step", tokens, "ms_per_step",
+                                r->ms_per_step, "launch_ahead", r->launch_ahead, "graph", r->graph, "graph_only_ms",
+                                r->graph_only_ms, "tokens_per_s", tokens / sec, "model_tflops", tflops, "mfu",
+                                per_rank / 989, "matmul_tflops", r->matmul_tflops);
     json_object_update(record, numbers);
     json_decref(numbers);
     print_memory(r, record);
     train_report_startup(r->startup, 1, record);
-    if (r->graph) printf("graph        recorded (second warm-up step) and instantiated in %.2f s\n", r->capture_s);
+    print_host_part(r, record);
     json_object_set_new(record, "graph_capture_s", json_real(r->capture_s));
     double total = 0;
     for (int i = 0; i < PROFILE_N_PHASES; i++) total += r->phase_ms[i];

@@ -30,6 +30,16 @@ typedef struct {
 static ncclComm_t nc(Comm *c) { return ((NcclImpl *)c->impl)->nccl; }
 static cudaStream_t stream(Comm *c) { return (cudaStream_t)((NcclImpl *)c->impl)->stream(); }
 
+static size_t n_queued; // NCCL operations this process has queued (comm_nccl_queued)
+
+// The stream of one NCCL operation, counted.
+static cudaStream_t op_stream(Comm *c) {
+    n_queued++;
+    return stream(c);
+}
+
+size_t comm_nccl_queued(void) { return n_queued; }
+
 // bf16 act, fp32 and int32 elements
 static ncclDataType_t dtype(CommType t) {
     return t == COMM_ACT ? ncclBfloat16 : t == COMM_F32 ? ncclFloat32 : ncclInt32;
@@ -37,22 +47,22 @@ static ncclDataType_t dtype(CommType t) {
 
 
 static void nccl_all_reduce_sum(Comm *c, void *buf, size_t n, CommType t) {
-    if (n) NCCL_CHECK(ncclAllReduce(buf, buf, n, dtype(t), ncclSum, nc(c), stream(c)));
+    if (n) NCCL_CHECK(ncclAllReduce(buf, buf, n, dtype(t), ncclSum, nc(c), op_stream(c)));
 }
 
 static void nccl_reduce_scatter_sum(Comm *c, const void *send, void *recv, size_t n, CommType t) {
-    if (n) NCCL_CHECK(ncclReduceScatter(send, recv, n, dtype(t), ncclSum, nc(c), stream(c)));
+    if (n) NCCL_CHECK(ncclReduceScatter(send, recv, n, dtype(t), ncclSum, nc(c), op_stream(c)));
 }
 
 static void nccl_reduce_sum(Comm *c, const void *send, void *recv, size_t n, CommType t, int root) {
-    if (n) NCCL_CHECK(ncclReduce(send, recv, n, dtype(t), ncclSum, root, nc(c), stream(c)));
+    if (n) NCCL_CHECK(ncclReduce(send, recv, n, dtype(t), ncclSum, root, nc(c), op_stream(c)));
 }
 
 static void nccl_group_begin(void) { NCCL_CHECK(ncclGroupStart()); }
 static void nccl_group_end(void) { NCCL_CHECK(ncclGroupEnd()); }
 
 static void nccl_all_gather(Comm *c, const void *send, void *recv, size_t n, CommType t) {
-    if (n) NCCL_CHECK(ncclAllGather(send, recv, n, dtype(t), nc(c), stream(c)));
+    if (n) NCCL_CHECK(ncclAllGather(send, recv, n, dtype(t), nc(c), op_stream(c)));
 }
 
 // Per-peer sends and receives in one group: NCCL's all-to-all with uneven counts.
@@ -62,20 +72,20 @@ static void nccl_all_to_all_v(Comm *c, const void *send, const size_t *send_coun
     NCCL_CHECK(ncclGroupStart());
     for (int j = 0; j < c->size; j++) {
         if (send_counts[j])
-            NCCL_CHECK(ncclSend((const char *)send + so * es, send_counts[j], dtype(t), j, nc(c), stream(c)));
+            NCCL_CHECK(ncclSend((const char *)send + so * es, send_counts[j], dtype(t), j, nc(c), op_stream(c)));
         if (recv_counts[j])
-            NCCL_CHECK(ncclRecv((char *)recv + ro * es, recv_counts[j], dtype(t), j, nc(c), stream(c)));
+            NCCL_CHECK(ncclRecv((char *)recv + ro * es, recv_counts[j], dtype(t), j, nc(c), op_stream(c)));
         so += send_counts[j], ro += recv_counts[j];
     }
     NCCL_CHECK(ncclGroupEnd());
 }
 
 static void nccl_send(Comm *c, const void *buf, size_t n, CommType t, int peer) {
-    if (n) NCCL_CHECK(ncclSend(buf, n, dtype(t), peer, nc(c), stream(c)));
+    if (n) NCCL_CHECK(ncclSend(buf, n, dtype(t), peer, nc(c), op_stream(c)));
 }
 
 static void nccl_recv(Comm *c, void *buf, size_t n, CommType t, int peer) {
-    if (n) NCCL_CHECK(ncclRecv(buf, n, dtype(t), peer, nc(c), stream(c)));
+    if (n) NCCL_CHECK(ncclRecv(buf, n, dtype(t), peer, nc(c), op_stream(c)));
 }
 
 static void nccl_sendrecv(Comm *c, const void *send, size_t n_send, int to, void *recv, size_t n_recv,
@@ -91,7 +101,7 @@ static bool nccl_all_ok(Comm *c, bool ok) {
     NcclImpl *im = c->impl;
     int v = ok ? 1 : 0;
     CUDA_CHECK(cudaMemcpyAsync(im->flag, &v, sizeof v, cudaMemcpyHostToDevice, stream(c)));
-    NCCL_CHECK(ncclAllReduce(im->flag, im->flag, 1, ncclInt32, ncclMin, im->nccl, stream(c)));
+    NCCL_CHECK(ncclAllReduce(im->flag, im->flag, 1, ncclInt32, ncclMin, im->nccl, op_stream(c)));
     CUDA_CHECK(cudaMemcpyAsync(&v, im->flag, sizeof v, cudaMemcpyDeviceToHost, stream(c)));
     CUDA_CHECK(cudaStreamSynchronize(stream(c)));
     return v == 1;
@@ -106,7 +116,7 @@ static void nccl_barrier(Comm *c) { nccl_all_ok(c, true); }
 static void nccl_fence(Comm *c) {
     NcclImpl *im = c->impl;
     if (im->fence_table) comm_cuda_fence(stream(c), im->fence_table, c->rank, c->size, im->epoch);
-    else NCCL_CHECK(ncclAllReduce(im->fence, im->fence, 1, ncclInt32, ncclMax, im->nccl, stream(c)));
+    else NCCL_CHECK(ncclAllReduce(im->fence, im->fence, 1, ncclInt32, ncclMax, im->nccl, op_stream(c)));
 }
 
 // What a rank publishes for peer memory: its IPC handle and a hash of its host name (IPC handles

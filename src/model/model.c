@@ -499,16 +499,29 @@ void model_sync_compute_weights(Model *m) {
 static int32_t *micro_tokens(const Model *m, int micro) { return m->tokens + (size_t)micro * m->B * m->S; }
 static int32_t *micro_targets(const Model *m, int micro) { return m->targets + (size_t)micro * m->B * m->S; }
 
-void model_set_batch(Model *m, int micro, const int32_t *seqs, size_t B, size_t S) {
-    MOE_ASSERT(B <= m->B && S <= m->S && micro < m->n_micro);
-    int32_t *in = moe_malloc(2 * B * S * sizeof(int32_t)), *tg = in + B * S;
+void model_split_batch(const int32_t *seqs, size_t B, size_t S, int32_t *split) {
     for (size_t b = 0; b < B; b++) {
-        memcpy(in + b * S, seqs + b * (S + 1), S * sizeof(int32_t));
-        memcpy(tg + b * S, seqs + b * (S + 1) + 1, S * sizeof(int32_t));
+        memcpy(split + b * S, seqs + b * (S + 1), S * sizeof(int32_t));
+        memcpy(split + (B + b) * S, seqs + b * (S + 1) + 1, S * sizeof(int32_t));
     }
-    m->ops->upload(micro_tokens(m, micro), in, B * S * sizeof(int32_t));
-    m->ops->upload(micro_targets(m, micro), tg, B * S * sizeof(int32_t));
-    free(in);
+}
+
+static void upload_batch(Model *m, int micro, const int32_t *split, size_t B, size_t S,
+                         void (*upload)(void *dst, const void *host_src, size_t bytes)) {
+    MOE_ASSERT(B <= m->B && S <= m->S && micro < m->n_micro);
+    upload(micro_tokens(m, micro), split, B * S * sizeof(int32_t));
+    upload(micro_targets(m, micro), split + B * S, B * S * sizeof(int32_t));
+}
+
+void model_queue_batch(Model *m, int micro, const int32_t *split, size_t B, size_t S) {
+    upload_batch(m, micro, split, B, S, m->ops->upload_queued);
+}
+
+void model_set_batch(Model *m, int micro, const int32_t *seqs, size_t B, size_t S) {
+    int32_t *split = moe_malloc(2 * B * S * sizeof(int32_t));
+    model_split_batch(seqs, B, S, split);
+    upload_batch(m, micro, split, B, S, m->ops->upload);
+    free(split);
 }
 
 void *model_stage_input(const Model *m, int chunk, int slot) { return m->chunk[chunk].slots[slot].resid[0]; }

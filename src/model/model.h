@@ -216,6 +216,11 @@ void *model_f32(const Model *m, void *base, size_t offset);  // element offset i
 
 // Uploads B sequences of S + 1 tokens (inputs and shifted targets) as batch `micro` of the step.
 void model_set_batch(Model *m, int micro, const int32_t *seqs, size_t B, size_t S);
+// The same in two parts, for a host that runs ahead of the queued work: the sequences split into
+// host memory `split` (2 B S: the inputs, then the targets), then its upload queued (returns at
+// once; `split`, from Ops.host_alloc, must stay as it is until the queue has passed the upload).
+void model_split_batch(const int32_t *seqs, size_t B, size_t S, int32_t *split);
+void model_queue_batch(Model *m, int micro, const int32_t *split, size_t B, size_t S);
 // A chunk's input (its first layer's; filled by the previous virtual stage) and output of a slot,
 // and where the gradient of that output is received (or left by the loss).
 void *model_stage_input(const Model *m, int chunk, int slot);

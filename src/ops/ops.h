@@ -92,6 +92,11 @@ typedef struct {
     size_t head_dims[4];   // model.head_dim is one of these
 } OpsLimits;
 
+// What a recorded graph holds (a CUDA graph's nodes by type).
+typedef struct {
+    size_t nodes, kernels, memcpys, memsets, hosts, events, other; // events: records and waits
+} GraphCounts;
+
 typedef struct Ops {
     const char *name;
     const OpsLimits *limits;      // NULL: whatever the model can express
@@ -110,6 +115,13 @@ typedef struct Ops {
     void (*upload_f32)(void *dst, const float *host_src, size_t n);   // host float -> f32 buffer
     void (*download_f32)(float *host_dst, const void *src, size_t n); // f32 buffer -> host float
     void (*download_act)(float *host_dst, const void *src, size_t n); // act buffer -> host float
+    // Transfers queued in order with the work, for a host that runs ahead of it: they return at
+    // once, so their host memory (from host_alloc: pinned on a GPU) must stay as it is (upload) or
+    // go unread (download) until the queue has passed them (event_wait on an event after them).
+    void *(*host_alloc)(size_t bytes);
+    void (*host_free)(void *p);
+    void (*upload_queued)(void *dst, const void *host_src, size_t bytes);
+    void (*download_f32_queued)(float *host_dst, const void *src, size_t n);
     void (*cast_f32_to_act)(void *dst, const void *src, size_t n);
     // dst (n) f32 = the initial values of elements [counter_begin, counter_begin + n) of a tensor
     // keyed by key: rng_init_value(key, i, std) (common/rng.h), or 1 when `ones`; bitwise the same
@@ -128,9 +140,11 @@ typedef struct Ops {
     void *(*capture_end)(void);        // the recorded work as a replayable graph
     void (*graph_launch)(void *graph); // queues one replay
     void (*graph_free)(void *graph);   // after its replays finish (NCCL work in it holds its comms)
+    void (*graph_count)(const void *graph, GraphCounts *out); // its nodes (NULL: not known)
     void *(*event_create)(void);
     void (*event_record)(void *event); // marks this point of the queued work
     float (*event_elapsed_ms)(void *start, void *end); // waits for end
+    void (*event_wait)(void *event);                   // until the queued work passes it
     void (*event_free)(void *event);
     // A second queue for communication that overlaps the main one (NULL: everything runs in order).
     void (*side_begin)(void); // work queued from here runs on the side queue, after the main's so far

@@ -103,6 +103,8 @@ static const ConfigKey KEYS[] = {
                                "(every other kernel sums in a fixed order always; the CPU always is)"),
     REAL(train, comm_timeout, "seconds without progress before a rank of a multi-rank run ends "
                               "the job (a peer died or hangs; 0: wait forever)"),
+    BOOL(train, launch_ahead, "queue each step before the previous step's metrics are read, so the host's part "
+                              "(batch, uploads, graph launch) overlaps the device's work (same results)"),
     STR(data, train, "training tokens: a file, a comma list, or a mix file (.txt/.mix)"),
     STR(data, val, "validation tokens (empty: no validation)"),
     INT(data, token_bytes, "2 or 4 bytes per token in headerless files (0: from vocab_size)"),
@@ -153,6 +155,7 @@ void config_reset_placement(Config *c) {
     snprintf(c->train.device, sizeof c->train.device, "cpu");
     c->train.threads = 0;
     c->train.comm_timeout = 600;
+    c->train.launch_ahead = true;
 }
 
 static const ConfigKey *find_key(const char *key) {

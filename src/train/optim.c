@@ -63,10 +63,9 @@ double optim_lr(const TrainConfig *t, int64_t step) {
 }
 
 // StepInfo.step (int32 on the device) only corrects AdamW's bias, which is 1 long before 2^31.
-void optim_begin_step(Model *m, const TrainConfig *t, int64_t step) {
-    StepInfo info = {.lr = (float)optim_lr(t, step), .step = step < INT32_MAX ? (int32_t)step : INT32_MAX,
-                     .seed = rng_hash64((uint64_t)t->seed, (uint64_t)step)};
-    m->ops->upload(m->step_info, &info, sizeof info);
+StepInfo optim_step_info(const TrainConfig *t, int64_t step) {
+    return (StepInfo){.lr = (float)optim_lr(t, step), .step = step < INT32_MAX ? (int32_t)step : INT32_MAX,
+                      .seed = rng_hash64((uint64_t)t->seed, (uint64_t)step)};
 }
 
 // AdamW over the shard, one call per run of adjacent tensors with the same weight decay (the

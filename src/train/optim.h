@@ -36,9 +36,9 @@ void optim_grads_ready(Optimizer *o, Model *m, int l, size_t min_bucket);
 // Learning rate of 1-based step `step`: linear warmup, then cosine or linear decay to
 // lr * min_lr_ratio at the last step, or constant.
 double optim_lr(const TrainConfig *t, int64_t step);
-// Writes this step's StepInfo (lr, step, routing-noise seed) to backend memory; call before the
+// The StepInfo of step `step` (lr, step, routing-noise seed), for Model.step_info before the
 // step's forwards.
-void optim_begin_step(Model *m, const TrainConfig *t, int64_t step);
+StepInfo optim_step_info(const TrainConfig *t, int64_t step);
 // Reduce-scatter of the gradients not queued yet (all of them unless optim_grads_ready ran),
 // global gradient norm into metrics[METRIC_GRAD_NORM_SQ] (over every rank), clipped AdamW on the
 // shards, all-gather of the weights, and the loss-free bias

@@ -1,7 +1,8 @@
 // The training loop (see train.h). One step runs the stage's 1F1B pipeline schedule over the
 // step's micro-batches (forward, backward and the transfers between stages; a single stage is
 // the plain forward/backward loop), sums the metrics over all ranks, then runs one optimizer
-// update. Only rank 0 prints and writes logs.
+// update. The host queues a step's work, then (train.launch_ahead) the next step's, and only then
+// waits for the first one's metrics. Only rank 0 prints and writes logs.
 #include "train.h"
 
 #include <inttypes.h>
@@ -42,6 +43,17 @@ static const char *const STARTUP_NAMES[STARTUP_N] = {"backend", "config + plan",
 static const char *const STARTUP_KEYS[STARTUP_N] = {"backend_s", "config_plan_s", "allocation_s", "init_s",
                                                     "first_step_s"};
 
+// A step on its way: the host memory its queued uploads read and its metrics come back to (two
+// slots: step N + 1 is queued while step N's metrics are still on their way), and events around
+// its work on the backend.
+typedef struct {
+    int32_t *batches;   // (micro_batches, 2 B S) host (Ops.host_alloc): each micro-batch's inputs, targets
+    StepInfo *info;     // host (Ops.host_alloc)
+    float *metrics;     // (model_metrics_len) host (Ops.host_alloc): the step's totals once `done` is passed
+    void *began, *done; // events: before its work; after its metrics' download
+    double comm_wait;   // seconds of the step spent in pipeline transfers
+} StepSlot;
+
 typedef struct {
     Config cfg;
     Parallel par;
@@ -50,12 +62,17 @@ typedef struct {
     Dataset train, val;
     bool has_val, root;
     TrainState state;
-    void *metrics;        // f32 (model_metrics_len) backend accumulators of the current step
-    float *metrics_host;  // host copy
+    void *metrics;        // f32 (model_metrics_len) backend accumulators of the step queued last
+    const float *metrics_host; // the latest finished step's metrics (in its slot)
+    StepSlot slot[2];     // step s in slot[s % 2]
+    int64_t queued;       // the latest step queued (state.step, or one more while a step runs ahead)
+    StepTimes times;      // where the steps' time went, summed since the last reset (but whole steps)
+    size_t nccl_calls;    // NCCL operations of the latest step that queued its work itself (not a replay)
+    double device_s;      // the latest finished step's work on the backend, start to end
     int32_t *seqs;        // (B, S + 1) host batch of this rank
     PipeAction *sched;    // this stage's actions for one step
     size_t n_sched;
-    double comm_wait;     // seconds of the step spent in pipeline transfers
+    double comm_wait;     // seconds of the step being queued spent in pipeline transfers
     bool synthetic;       // benchmark: random token ids, no files written
     Comm *host, *world;   // the ranks as started, and as this run talks (an NCCL world on GPUs)
     int64_t first_step;   // the step this process started from
@@ -166,16 +183,24 @@ static void random_batch(int32_t *seqs, size_t n, uint64_t first, size_t vocab) 
     for (size_t i = 0; i < n; i++) seqs[i] = (int32_t)(rng_hash64(first, i) % vocab);
 }
 
-// Host work before a step: its batches read and uploaded, its StepInfo written.
-static void stage_step(Trainer *t, int64_t step) {
+// Sequences of a step over all data-parallel ranks.
+static uint64_t step_sequences(const TrainConfig *tc) { return (uint64_t)tc->micro_batches * tc->micro_batch; }
+
+// Host work before a step: its batches read, its StepInfo written, both into the step's slot and
+// their uploads queued (behind the work of the step before, which may still be running).
+static void stage_step(Trainer *t, StepSlot *s, int64_t step) {
     Model *m = &t->model;
+    uint64_t position = t->state.data_position + (uint64_t)(step - 1 - t->state.step) * step_sequences(&t->cfg.train);
     for (int micro = 0; micro < m->n_micro; micro++) {
-        uint64_t first = t->state.data_position + first_sequence(m, micro);
+        uint64_t first = position + first_sequence(m, micro);
+        int32_t *split = s->batches + (size_t)micro * 2 * m->B * m->S;
         if (t->synthetic) random_batch(t->seqs, m->B * (m->S + 1), first, (size_t)m->cfg.vocab_size);
         else read_batch(&t->train, first, m->B, t->seqs, m->S);
-        model_set_batch(m, micro, t->seqs, m->B, m->S);
+        model_split_batch(t->seqs, m->B, m->S, split);
+        model_queue_batch(m, micro, split, m->B, m->S);
     }
-    optim_begin_step(m, &t->cfg.train, step);
+    *s->info = optim_step_info(&t->cfg.train, step);
+    m->ops->upload_queued(m->step_info, s->info, sizeof *s->info);
 }
 
 // One transfer of an action: the buffer it reads or fills and the rank it faces.
@@ -220,7 +245,7 @@ static void run_action(Trainer *t, const PipeAction *act) {
 static void compute_step(Trainer *t) {
     Model *m = &t->model;
     const Ops *ops = m->ops;
-    size_t len = model_metrics_len(&t->cfg.model);
+    size_t len = model_metrics_len(&t->cfg.model), nccl = comm_nccl_queued();
     ops->zero(m->grads, m->reg.total * ops->f32_size);
     ops->zero(t->metrics, len * ops->f32_size);
     t->comm_wait = 0;
@@ -228,6 +253,7 @@ static void compute_step(Trainer *t) {
     Comm *w = m->par->world;
     w->ops->all_reduce_sum(w, t->metrics, len, COMM_F32);
     optim_step(&t->opt, m, &t->cfg.train, t->metrics);
+    t->nccl_calls = comm_nccl_queued() - nccl;
 }
 
 // Recording needs a backend that records and a step without host waits. The first step runs
@@ -243,28 +269,63 @@ static bool replay_step(const Trainer *t, int64_t step) {
 
 static void startup_done(Trainer *t, StartupPhase p) { t->startup[p] = moe_process_seconds(); }
 
-// One optimizer step; leaves the step's metrics (totals over all ranks) on the host.
-static void train_step(Trainer *t) {
-    Model *m = &t->model;
-    const Ops *ops = m->ops;
-    int64_t step = t->state.step + 1;
-    stage_step(t, step);
+// The device part of step `step`: queued as it runs, or recorded (once) and replayed.
+static void launch_step(Trainer *t, int64_t step) {
+    const Ops *ops = t->model.ops;
     if (!replay_step(t, step)) {
         compute_step(t);
-    } else {
-        if (!t->graph) {
-            double t0 = moe_time_sec();
-            ops->capture_begin();
-            compute_step(t);
-            t->graph = ops->capture_end();
-            t->capture_s = moe_time_sec() - t0;
-        }
-        ops->graph_launch(t->graph);
+        return;
     }
-    ops->download_f32(t->metrics_host, t->metrics, model_metrics_len(&t->cfg.model));
+    if (!t->graph) {
+        double t0 = moe_time_sec();
+        ops->capture_begin();
+        compute_step(t);
+        t->graph = ops->capture_end();
+        t->capture_s = moe_time_sec() - t0;
+    }
+    ops->graph_launch(t->graph);
+}
+
+// Queues the step after the latest queued one: its host part, its work, its metrics' download.
+static void queue_step(Trainer *t) {
+    const Ops *ops = t->model.ops;
+    int64_t step = ++t->queued;
+    StepSlot *s = &t->slot[step % 2];
+    double t0 = moe_time_sec();
+    stage_step(t, s, step);
+    double t1 = moe_time_sec();
+    ops->event_record(s->began);
+    launch_step(t, step);
+    s->comm_wait = t->comm_wait;
+    ops->download_f32_queued(s->metrics, t->metrics, model_metrics_len(&t->cfg.model));
+    ops->event_record(s->done);
+    t->times.stage_ms += 1e3 * (t1 - t0);
+    t->times.launch_ms += 1e3 * (moe_time_sec() - t1);
+}
+
+// Waits for the oldest queued step's metrics: it becomes the trainer's state.
+static void finish_step(Trainer *t) {
+    const Ops *ops = t->model.ops;
+    int64_t step = t->state.step + 1;
+    StepSlot *s = &t->slot[step % 2];
+    double t0 = moe_time_sec();
+    ops->event_wait(s->done);
+    t->times.wait_ms += 1e3 * (moe_time_sec() - t0);
+    t->device_s = ops->event_elapsed_ms(s->began, s->done) / 1e3;
+    t->times.device_ms += 1e3 * t->device_s;
+    t->metrics_host = s->metrics;
     t->state.step = step;
-    t->state.data_position += (uint64_t)t->cfg.train.micro_batches * t->cfg.train.micro_batch;
+    t->state.data_position += step_sequences(&t->cfg.train);
     if (step == t->first_step) startup_done(t, STARTUP_STEP);
+}
+
+// One optimizer step; leaves its metrics (totals over all ranks) on the host. With `ahead`, the
+// step after it is queued before they are waited for, unless that step records the graph: its
+// recording (seconds) is its own, in the startup and the capture's report.
+static void train_step(Trainer *t, bool ahead) {
+    if (t->queued == t->state.step) queue_step(t);
+    if (ahead && (t->graph || !replay_step(t, t->queued + 1))) queue_step(t);
+    finish_step(t);
 }
 
 static void save_checkpoint(Trainer *t) {
@@ -324,7 +385,7 @@ static void report_step(Trainer *t, double seconds) {
     double now = moe_time_sec();
     r.elapsed_s = now - t->start;
     r.eta_s = clock_eta(&t->clock, now, t->last_step - t->state.step);
-    r.pipeline_wait = t->par.lay.pp > 1 ? t->comm_wait / seconds : 0;
+    r.pipeline_wait = t->par.lay.pp > 1 ? t->slot[t->state.step % 2].comm_wait / seconds : 0;
     if (!report_finite(&r)) {
         char last[4200] = "none";
         ckpt_latest(tc->out, last, sizeof last);
@@ -418,6 +479,19 @@ static void check_launch(const Comm *world) {
                   e.launcher, e.world, world->size);
 }
 
+static void slot_open(StepSlot *s, const Model *m, size_t n_metrics) {
+    const Ops *ops = m->ops;
+    s->batches = ops->host_alloc((size_t)m->n_micro * 2 * m->B * m->S * sizeof(int32_t));
+    s->info = ops->host_alloc(sizeof(StepInfo));
+    s->metrics = ops->host_alloc(n_metrics * sizeof(float));
+    s->began = ops->event_create(), s->done = ops->event_create();
+}
+
+static void slot_close(StepSlot *s, const Ops *ops) {
+    ops->host_free(s->batches), ops->host_free(s->info), ops->host_free(s->metrics);
+    ops->event_free(s->began), ops->event_free(s->done);
+}
+
 static void trainer_open(Trainer *t, const Config *cfg, Comm *host, const char *resume, int64_t stop_at,
                          bool synthetic) {
     MoeErr err;
@@ -466,7 +540,8 @@ static void trainer_open(Trainer *t, const Config *cfg, Comm *host, const char *
     if (t->root && !synthetic) open_log(t, resume != NULL);
     size_t len = model_metrics_len(mc);
     t->metrics = model_alloc(&t->model, len * ops->f32_size);
-    t->metrics_host = moe_malloc(len * sizeof(float));
+    for (int i = 0; i < 2; i++) slot_open(&t->slot[i], &t->model, len);
+    t->queued = t->state.step;
     t->seqs = moe_malloc((size_t)l->micro_per_rank * (tc->seq_len + 1) * sizeof(int32_t));
     t->sched = moe_malloc(pipeline_max_actions(l->v, tc->micro_batches) * sizeof(PipeAction));
     t->n_sched = pipeline_schedule(l->pp, l->v, l->stage, tc->micro_batches, t->sched);
@@ -475,7 +550,7 @@ static void trainer_open(Trainer *t, const Config *cfg, Comm *host, const char *
 static void trainer_close(Trainer *t) {
     if (t->graph) t->model.ops->graph_free(t->graph); // before the communicators its NCCL work uses
     metrics_log_close(&t->log);
-    free(t->metrics_host);
+    for (int i = 0; i < 2; i++) slot_close(&t->slot[i], t->model.ops);
     free(t->seqs);
     free(t->sched);
     model_free(&t->model);
@@ -545,6 +620,18 @@ static void print_summary(const Trainer *t) {
     printf("pictures of the run: ./moe plot %s\n", tc->out);
 }
 
+// After step s: a validation loss; a checkpoint (the run's last step has one). Both need the
+// weights of step s, so no step is queued ahead of one that has them.
+static bool eval_due(const Trainer *t, int64_t s) {
+    const TrainConfig *tc = &t->cfg.train;
+    return t->has_val && (s % tc->eval_every == 0 || s == tc->steps);
+}
+
+static bool ckpt_due(const Trainer *t, int64_t s) {
+    const TrainConfig *tc = &t->cfg.train;
+    return (tc->ckpt_every > 0 && s % tc->ckpt_every == 0) || s == t->last_step;
+}
+
 void train_run(const Config *cfg, Comm *world, const char *resume, int64_t stop_at) {
     Trainer t;
     trainer_open(&t, cfg, world, resume, stop_at, false);
@@ -557,16 +644,18 @@ void train_run(const Config *cfg, Comm *world, const char *resume, int64_t stop_
     t.last_step = stop_at > 0 && stop_at < tc->steps ? stop_at : tc->steps;
     while (t.state.step < t.last_step) {
         double t0 = moe_time_sec();
+        int64_t s = t.state.step + 1;
         clock_step_begins(&t.clock, t0);
-        watchdog_beat(t.watchdog, t.state.step + 1, "training step");
-        train_step(&t);
-        if (t.root) report_step(&t, moe_time_sec() - t0);
-        int64_t s = t.state.step;
-        if (t.has_val && (s % tc->eval_every == 0 || s == tc->steps)) {
+        watchdog_beat(t.watchdog, s, "training step");
+        train_step(&t, tc->launch_ahead && !eval_due(&t, s) && !ckpt_due(&t, s));
+        // At least its work's time: a backend that runs work as it is queued ran this step's in the
+        // loop before when it was queued ahead.
+        if (t.root) report_step(&t, fmax(moe_time_sec() - t0, t.device_s));
+        if (eval_due(&t, s)) {
             watchdog_beat(t.watchdog, s, "evaluation");
             run_eval(&t);
         }
-        if ((tc->ckpt_every > 0 && s % tc->ckpt_every == 0) || s == t.last_step) {
+        if (ckpt_due(&t, s)) {
             watchdog_beat(t.watchdog, s, "checkpoint");
             save_checkpoint(&t);
         }
@@ -595,23 +684,67 @@ double train_matmul_tflops(const Ops *ops) {
     return 2.0 * n * n * (double)n / (ms * 1e-3) / 1e12;
 }
 
+// Per-step means of `steps` steps timed from here: each step's metrics waited for before the next
+// is queued, or (ahead) the next queued first. Whole steps from the backend's events.
+static StepTimes time_steps(Trainer *t, int steps, bool ahead) {
+    const Ops *ops = t->model.ops;
+    void *e0 = ops->event_create(), *e1 = ops->event_create();
+    int64_t end = t->state.step + steps;
+    ops->sync();
+    memset(&t->times, 0, sizeof t->times);
+    ops->event_record(e0);
+    while (t->state.step < end) train_step(t, ahead && t->state.step + 1 < end);
+    ops->event_record(e1);
+    StepTimes m = t->times;
+    m.step_ms = ops->event_elapsed_ms(e0, e1);
+    ops->event_free(e0), ops->event_free(e1);
+    m.stage_ms /= steps, m.launch_ms /= steps, m.wait_ms /= steps, m.device_ms /= steps, m.step_ms /= steps;
+    return m;
+}
+
+// Every rank's timings (both ways) for rank 0's report, as whole microseconds: int32 travels alike
+// through every host communicator. Only this rank's where the host communicator is not the world
+// (`moe train --nproc`).
+static void gather_times(const Trainer *t, const StepTimes mine[2], BenchReport *r) {
+    enum { FIELDS = 5 };
+    Comm *c = t->host->size == t->world->size ? t->host : NULL;
+    size_t n = c ? (size_t)c->size : 1;
+    int32_t us[2 * FIELDS], *all = moe_malloc(n * sizeof us);
+    for (int k = 0; k < 2; k++) {
+        const double v[FIELDS] = {mine[k].step_ms, mine[k].stage_ms, mine[k].launch_ms, mine[k].wait_ms,
+                                  mine[k].device_ms};
+        for (int f = 0; f < FIELDS; f++) us[k * FIELDS + f] = (int32_t)lround(1e3 * v[f]);
+    }
+    if (c) c->ops->all_gather(c, us, all, 2 * FIELDS, COMM_I32);
+    else memcpy(all, us, sizeof us);
+    r->n_times = n < BENCH_RANKS ? (int)n : BENCH_RANKS;
+    for (int j = 0; j < r->n_times; j++)
+        for (int k = 0; k < 2; k++) {
+            const int32_t *u = all + (size_t)j * 2 * FIELDS + k * FIELDS;
+            r->times[k][j] = (StepTimes){.step_ms = u[0] / 1e3, .stage_ms = u[1] / 1e3, .launch_ms = u[2] / 1e3,
+                                         .wait_ms = u[3] / 1e3, .device_ms = u[4] / 1e3};
+        }
+    free(all);
+}
+
 void train_bench(const Config *cfg, Comm *world, int warmup, int steps, BenchReport *r) {
     Trainer t;
     trainer_open(&t, cfg, world, NULL, 0, true);
     const Ops *ops = t.model.ops;
     memset(r, 0, sizeof *r);
-    for (int i = 0; i < warmup; i++) train_step(&t);
+    for (int i = 0; i < warmup; i++) train_step(&t, false);
     memcpy(r->startup, t.startup, sizeof r->startup);
     r->capture_s = t.capture_s;
     r->matmul_tflops = train_matmul_tflops(ops);
-    void *e0 = ops->event_create(), *e1 = ops->event_create();
-    ops->sync();
-    ops->event_record(e0);
-    for (int i = 0; i < steps; i++) train_step(&t);
-    ops->event_record(e1);
-    r->ms_per_step = ops->event_elapsed_ms(e0, e1) / steps;
+    StepTimes mine[2] = {time_steps(&t, steps, false), time_steps(&t, steps, true)};
+    gather_times(&t, mine, r);
+    r->launch_ahead = cfg->train.launch_ahead;
+    r->ms_per_step = mine[r->launch_ahead].step_ms;
+    r->nccl_calls = t.nccl_calls;
     r->graph = t.graph != NULL;
+    void *e0 = ops->event_create(), *e1 = ops->event_create();
     if (r->graph) { // the same graph replayed back to back: the step without the host's part
+        if (ops->graph_count) ops->graph_count(t.graph, &r->graph_nodes);
         ops->event_record(e0);
         for (int i = 0; i < steps; i++) ops->graph_launch(t.graph);
         ops->event_record(e1);
@@ -632,7 +765,7 @@ void train_bench(const Config *cfg, Comm *world, int warmup, int steps, BenchRep
     t.model.ops = ops_profiled(ops); // one more step, every kernel timed (run as queued)
     ops->sync();
     ops->event_record(e0);
-    train_step(&t);
+    train_step(&t, false);
     ops->event_record(e1);
     r->profiled_ms = ops->event_elapsed_ms(e0, e1);
     ops->event_free(e0), ops->event_free(e1);

@@ -30,9 +30,26 @@ typedef enum { STARTUP_BACKEND, STARTUP_PLAN, STARTUP_ALLOC, STARTUP_INIT, START
 // and adds it to a JSON record as "startup": {"backend_s", ..., "first_step_s", "total_s"}.
 void train_report_startup(const double end[STARTUP_N], int64_t step, json_t *record);
 
+// Where the time of training steps went (summed over steps, or their means): the host's
+// milliseconds preparing each (batches read, StepInfo, their uploads queued), queuing its work (a
+// graph launch; or every kernel and communication, as a step that is not replayed queues them) and
+// waiting for its metrics; the backend's from the start of its work to its metrics' download
+// (events); whole steps (train_bench, events).
+typedef struct {
+    double stage_ms, launch_ms, wait_ms, device_ms, step_ms;
+} StepTimes;
+
+#define BENCH_RANKS 8 // ranks whose step timings a benchmark reports
+
 typedef struct {
     double matmul_tflops;  // the backend's square matrix-product rate (bf16 8192^3 on a GPU)
-    double ms_per_step;    // mean over the timed steps (CUDA events on a GPU)
+    double ms_per_step;    // mean over the timed steps (CUDA events on a GPU), queued as train.launch_ahead says
+    bool launch_ahead;     // ms_per_step is that of steps queued one ahead
+    StepTimes times[2][BENCH_RANKS]; // timed steps of the first ranks: [0] each step's metrics waited for
+                                     // before the next is queued, [1] the next queued first
+    int n_times;           // ranks in times
+    GraphCounts graph_nodes; // the recorded step's nodes (zero: no graph, or not known)
+    size_t nccl_calls;     // NCCL operations a step queues or records
     double loss;           // CE of the last timed step (sanity)
     double load_imbalance; // the last timed step's worst MoE layer: max / mean expert load
     double drop_rate;      // the last timed step: dropped / routed slots, mean over MoE layers

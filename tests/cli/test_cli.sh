@@ -142,6 +142,18 @@ run train.steps=20 train.ckpt_every=10 train.out="$tmp/threads_many" train.threa
 cmp -s "$tmp/straight/step-20/$MF" "$tmp/threads1/step-20/$MF" &&
     ok "1 thread and all threads give identical weights" || bad "1 thread and all threads give identical weights" "files differ"
 
+# train.launch_ahead (on in every run above): step N + 1 is queued before step N's metrics are read,
+# except past an evaluation or a checkpoint. Waiting for them first gives the same records (but for
+# their clocks) and checkpoint files, with both mid-run.
+same_files() { local a=$1 b=$2 f; shift 2; for f; do cmp -s "$a/$f" "$b/$f" || return 1; done; } # DIR DIR FILE...
+records() { sed -E 's/"(tokens_per_sec|elapsed_s)":[^,]*,//g; s/,"startup":\{[^}]*\}//' "$1/metrics.jsonl"; }
+run train.steps=20 train.ckpt_every=10 train.eval_every=7 train.out="$tmp/ahead" &&
+run train.steps=20 train.ckpt_every=10 train.eval_every=7 train.out="$tmp/waited" train.launch_ahead=false
+if [ "$(records "$tmp/ahead")" = "$(records "$tmp/waited")" ] && [ "$(grep -c val_loss "$tmp/ahead/metrics.jsonl")" = 3 ] &&
+   same_files "$tmp/ahead" "$tmp/waited" step-10/$MF step-10/$OF step-20/$MF step-20/$OF; then
+    ok "launching ahead: the same records and checkpoints"
+else bad "launching ahead: the same records and checkpoints" "$(diff <(records "$tmp/ahead") <(records "$tmp/waited") | head -4)"; fi
+
 ls -d "$tmp"/straight/step-* | wc -l | grep -qx 2 && ok "keeps the last N checkpoints" || bad "keeps the last N checkpoints" "$(ls "$tmp/straight")"
 run train.steps=20 train.out="$tmp/straight" && grep -q "already at step 20" "$tmp/last.log" &&
     ok "finished run: nothing to do" || bad "finished run: nothing to do" "$(cat "$tmp/last.log")"

@@ -49,10 +49,13 @@ layout_matches() { # NAME NP [overrides...]; the run's directory in $layout_out
 # expert exchange on every ep rank (direct writes here, send/recv below).
 same_bits() { [ "$(losses "$1"; val_losses "$1")" = "$(losses "$2"; val_losses "$2")" ]; } # REFERENCE_DIR DIR
 first_diffs() { paste <(losses "$1") <(losses "$2") | awk '$1 != $2' | head -3; }
-recompute_bitwise() { # NAME REFERENCE_DIR NP [overrides...]
-    local name=$1 ref=$2 np=$3 out="$tmp/recompute-$RANDOM"; shift 3
+bitwise_as() { # NAME REFERENCE_DIR REFERENCE_NAME NP [overrides...]
+    local name=$1 ref=$2 what=$3 np=$4 out="$tmp/bitwise-$RANDOM"; shift 4
     if ! train "$np" "$out" "$@"; then bad "$name" "$(tail -5 "$out.log")"; return; fi
-    same_bits "$ref" "$out" && ok "$name: bitwise the losses of train.recompute=none" || bad "$name" "$(first_diffs "$ref" "$out")"
+    same_bits "$ref" "$out" && ok "$name: bitwise the losses of $what" || bad "$name" "$(first_diffs "$ref" "$out")"
+}
+recompute_bitwise() { # NAME REFERENCE_DIR NP [overrides...]
+    bitwise_as "$1" "$2" train.recompute=none "${@:3}"
 }
 for mode in selective full; do recompute_bitwise "one rank, train.recompute=$mode" "$tmp/single" 1 train.recompute=$mode; done
 layout_matches "dp=2" 2
@@ -64,6 +67,11 @@ pp2dp2=$layout_out
 for mode in selective full; do
     recompute_bitwise "pp=2 x dp=2 ep=2, train.recompute=$mode" "$layout_out" 4 parallel.pp=2 parallel.ep=2 train.recompute=$mode
 done
+# Every run above queues each step before the previous one's metrics are read (train.launch_ahead);
+# waiting for them first changes nothing, on one rank and across stages and expert ranks.
+bitwise_as "one rank, train.launch_ahead=false" "$tmp/single" "launching ahead" 1 train.launch_ahead=false
+bitwise_as "pp=2 x dp=2 ep=2, train.launch_ahead=false" "$pp2dp2" "launching ahead" 4 parallel.pp=2 parallel.ep=2 \
+    train.launch_ahead=false
 layout_matches "dp=4 ep=4" 4 parallel.ep=4
 layout_matches "dp=4 ep=2" 4 parallel.ep=2
 dp4ep2=$layout_out

@@ -42,6 +42,7 @@ static void cpu_event_record(void *e) { *(double *)e = moe_time_sec(); }
 static float cpu_event_elapsed_ms(void *a, void *b) {
     return (float)(1e3 * (*(double *)b - *(double *)a));
 }
+static void cpu_event_wait(void *e) {}
 static void cpu_event_free(void *e) { free(e); }
 
 static void cpu_cast_f32_to_act(void *dst, const void *src, size_t n) {
@@ -63,6 +64,10 @@ static const Ops CPU_OPS = {
     .upload_f32 = cpu_upload_f32,
     .download_f32 = cpu_download_f32,
     .download_act = cpu_download_f32,
+    .host_alloc = cpu_alloc,
+    .host_free = cpu_free,
+    .upload_queued = cpu_copy,
+    .download_f32_queued = cpu_download_f32,
     .cast_f32_to_act = cpu_cast_f32_to_act,
     .init_params = cpu_init_params,
     .sync = cpu_sync,
@@ -72,6 +77,7 @@ static const Ops CPU_OPS = {
     .event_create = cpu_event_create,
     .event_record = cpu_event_record,
     .event_elapsed_ms = cpu_event_elapsed_ms,
+    .event_wait = cpu_event_wait,
     .event_free = cpu_event_free,
     .embedding_forward = cpu_embedding_forward,
     .embedding_backward = cpu_embedding_backward,

@@ -1,6 +1,6 @@
-// The CUDA backend: device memory and work on one main stream (plus a side stream for
-// communication that overlaps it), graph capture and events, and the table of CUDA kernels behind
-// the ops interface (act = bf16, f32 = float).
+// The CUDA backend: device memory (and pinned host memory for transfers queued with the work) and
+// work on one main stream (plus a side stream for communication that overlaps it), graph capture
+// and events, and the table of CUDA kernels behind the ops interface (act = bf16, f32 = float).
 #include <stdlib.h>
 #include <string.h>
 
@@ -96,6 +96,23 @@ static void cuda_download(void *dst, const void *src, size_t bytes) {
     CUDA_CHECK(cudaStreamSynchronize(cuda_ctx.stream));
 }
 
+// Queued transfers: pinned host memory, so that the copies run in the stream's order without a wait.
+static void *cuda_host_alloc(size_t bytes) {
+    void *p = NULL;
+    CUDA_CHECK(cudaMallocHost(&p, bytes ? bytes : 1));
+    return p;
+}
+
+static void cuda_host_free(void *p) { CUDA_CHECK(cudaFreeHost(p)); }
+
+static void cuda_upload_queued(void *dst, const void *src, size_t bytes) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cuda_ctx.stream));
+}
+
+static void cuda_download_f32_queued(float *dst, const void *src, size_t n) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToHost, cuda_ctx.stream));
+}
+
 static void cuda_upload_f32(void *dst, const float *src, size_t n) { cuda_upload(dst, src, n * sizeof(float)); }
 static void cuda_download_f32(float *dst, const void *src, size_t n) { cuda_download(dst, src, n * sizeof(float)); }
 
@@ -118,23 +135,53 @@ static void cuda_capture_begin(void) {
     CUDA_CHECK(cudaStreamBeginCapture(cuda_ctx.stream, cudaStreamCaptureModeThreadLocal));
 }
 
+// A recorded step: the instantiated graph, and what it holds, counted before the graph is dropped.
+typedef struct {
+    cudaGraphExec_t exec;
+    GraphCounts counts;
+} CudaGraph;
+
+static void cuda_count_nodes(cudaGraph_t graph, GraphCounts *c) {
+    size_t n = 0;
+    CUDA_CHECK(cudaGraphGetNodes(graph, NULL, &n));
+    cudaGraphNode_t *nodes = (cudaGraphNode_t *)moe_malloc((n ? n : 1) * sizeof(cudaGraphNode_t));
+    CUDA_CHECK(cudaGraphGetNodes(graph, nodes, &n));
+    memset(c, 0, sizeof *c);
+    c->nodes = n;
+    for (size_t i = 0; i < n; i++) {
+        cudaGraphNodeType type;
+        CUDA_CHECK(cudaGraphNodeGetType(nodes[i], &type));
+        if (type == cudaGraphNodeTypeKernel) c->kernels++;
+        else if (type == cudaGraphNodeTypeMemcpy) c->memcpys++;
+        else if (type == cudaGraphNodeTypeMemset) c->memsets++;
+        else if (type == cudaGraphNodeTypeHost) c->hosts++;
+        else if (type == cudaGraphNodeTypeEventRecord || type == cudaGraphNodeTypeWaitEvent) c->events++;
+        else c->other++;
+    }
+    free(nodes);
+}
+
 static void *cuda_capture_end(void) {
     cudaGraph_t graph;
-    cudaGraphExec_t exec;
+    CudaGraph *g = (CudaGraph *)moe_malloc(sizeof(CudaGraph));
     CUDA_CHECK(cudaStreamEndCapture(cuda_ctx.stream, &graph));
-    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    cuda_count_nodes(graph, &g->counts);
+    CUDA_CHECK(cudaGraphInstantiate(&g->exec, graph, 0));
     CUDA_CHECK(cudaGraphDestroy(graph));
-    return exec;
+    return g;
 }
 
 static void cuda_graph_free(void *graph) {
     CUDA_CHECK(cudaStreamSynchronize(cuda_ctx.stream));
-    CUDA_CHECK(cudaGraphExecDestroy((cudaGraphExec_t)graph));
+    CUDA_CHECK(cudaGraphExecDestroy(((CudaGraph *)graph)->exec));
+    free(graph);
 }
 
 static void cuda_graph_launch(void *graph) {
-    CUDA_CHECK(cudaGraphLaunch((cudaGraphExec_t)graph, cuda_ctx.stream));
+    CUDA_CHECK(cudaGraphLaunch(((CudaGraph *)graph)->exec, cuda_ctx.stream));
 }
+
+static void cuda_graph_count(const void *graph, GraphCounts *out) { *out = ((const CudaGraph *)graph)->counts; }
 
 static void *cuda_event_create(void) {
     cudaEvent_t e;
@@ -150,6 +197,8 @@ static float cuda_event_elapsed_ms(void *a, void *b) {
     CUDA_CHECK(cudaEventElapsedTime(&ms, (cudaEvent_t)a, (cudaEvent_t)b));
     return ms;
 }
+
+static void cuda_event_wait(void *e) { CUDA_CHECK(cudaEventSynchronize((cudaEvent_t)e)); }
 
 static void cuda_event_free(void *e) { CUDA_CHECK(cudaEventDestroy((cudaEvent_t)e)); }
 
@@ -193,12 +242,14 @@ static Ops make_cuda_ops(void) {
     o.alloc = cuda_alloc, o.free = cuda_free, o.zero = cuda_zero, o.copy = cuda_copy;
     o.upload = cuda_upload, o.download = cuda_download;
     o.upload_f32 = cuda_upload_f32, o.download_f32 = cuda_download_f32, o.download_act = cuda_download_act;
+    o.host_alloc = cuda_host_alloc, o.host_free = cuda_host_free;
+    o.upload_queued = cuda_upload_queued, o.download_f32_queued = cuda_download_f32_queued;
     o.cast_f32_to_act = cuda_cast_f32_to_act, o.init_params = cuda_init_params, o.sync = cuda_sync, o.memory_in_use = cuda_memory_in_use;
     o.memory_available = cuda_memory_available, o.memory_peak = cuda_memory_peak;
     o.capture_begin = cuda_capture_begin, o.capture_end = cuda_capture_end, o.graph_launch = cuda_graph_launch;
-    o.graph_free = cuda_graph_free;
+    o.graph_free = cuda_graph_free, o.graph_count = cuda_graph_count;
     o.event_create = cuda_event_create, o.event_record = cuda_event_record;
-    o.event_elapsed_ms = cuda_event_elapsed_ms, o.event_free = cuda_event_free;
+    o.event_elapsed_ms = cuda_event_elapsed_ms, o.event_wait = cuda_event_wait, o.event_free = cuda_event_free;
     o.side_begin = cuda_side_begin, o.side_end = cuda_side_end, o.side_join = cuda_side_join;
     o.stream = cuda_stream;
     o.embedding_forward = cuda_embedding_forward, o.embedding_backward = cuda_embedding_backward;
