@@ -109,8 +109,8 @@ if grep -qE "^throughput +[0-9,]+ tokens/s" <<<"$out" && grep -qE "^  expert GEM
 else bad "moe bench reports throughput, phases, expert load" "$out"; fi
 # Its memory table: the plan (a counting backend) is what the run allocated, row by row (the run adds
 # its metrics buffer), the rows add up to the total, and the JSON record holds them and the startup.
-rows=$(grep -E "^  (fp32 master|compute weights|gradients|optimizer state|activations kept|expert exchange|workspace|total)" <<<"$out")
-if [ "$(wc -l <<<"$rows")" = 8 ] &&
+rows=$(grep -E "^  (fp32 master|compute weights|FP8 expert weights|gradients|optimizer state|activations kept|expert exchange|workspace|total)" <<<"$out")
+if [ "$(wc -l <<<"$rows")" = 9 ] &&
    awk '{ p = $(NF-3); a = $(NF-1); if ((p - a)^2 > (0.01 * p)^2) bad = 1; if ($1 == "total") t = p; else s += p }
         END { exit bad || !(t > 0) || (s - t)^2 > (1e-3 * t)^2 }' <<<"$rows" &&
    grep -qE '"total": [1-9][0-9]*' "$tmp/bench.json" && grep -qE '"first_step_s": [0-9.e-]+' "$tmp/bench.json"; then
