@@ -257,7 +257,8 @@ typedef struct Ops {
     // row index fastest), as CUTLASS's sm90 kernels read them.
     // x (R, K) act in 1x128 blocks: q (R, K) e4m3; scales f32 per group of rows, the groups of
     // offsets (E + 1) i32 as grouped_matmul_forward's (NULL: one group of R rows): group g's scales
-    // are (Kb, rows of g) at Kb offsets[g], so each expert's scales are one packed matrix.
+    // are (Kb, rows of g) at Kb offsets[g], so each expert's scales are one packed matrix. Rows of no
+    // group (before offsets[0] or from offsets[E] on) are left as they are.
     void (*fp8_quantize_rows)(void *q, void *scales, const void *x, const int32_t *offsets, size_t E,
                               size_t R, size_t K, Fp8Scaling how);
     // The rows of each expert of x (R, C) act (offsets as grouped_matmul_forward), transposed, in
