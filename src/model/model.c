@@ -624,9 +624,10 @@ static Fp8Weights fp8_weights_at(const Model *m, size_t w, size_t N, size_t K) {
 }
 
 // Per expert, out (Rr, N) = x (Rr, K) . w[e] (N, K)^T with the compute weights at offset w: in act
-// precision, or in FP8 (the rows quantised first, the weights' FP8 copy).
-static void expert_forward(const Model *m, void *out, const void *x, size_t w, const int32_t *off, size_t El,
-                           size_t N, size_t K, size_t Rr) {
+// precision, or in FP8 from the weights' FP8 copy and x's rows, quantised here unless the kernel
+// that wrote x wrote them too (x_quantised: expert_swiglu).
+static void expert_forward(const Model *m, void *out, const void *x, bool x_quantised, size_t w, const int32_t *off,
+                           size_t El, size_t N, size_t K, size_t Rr) {
     const Ops *ops = m->ops;
     const Fp8Operands *q = m->fp8;
     if (!q) {
@@ -634,8 +635,17 @@ static void expert_forward(const Model *m, void *out, const void *x, size_t w, c
         return;
     }
     Fp8Weights wq = fp8_weights_at(m, w, N, K);
-    ops->fp8_quantize_rows(q->rows, q->row_scales, x, off, El, Rr, K, q->how);
+    if (!x_quantised) ops->fp8_quantize_rows(q->rows, q->row_scales, x, off, El, Rr, K, q->how);
     ops->fp8_grouped_matmul(out, q->rows, q->row_scales, wq.q, wq.scales, off, El, N, K, Rr);
+}
+
+// The experts' SwiGLU, hact (Rr, H) from gu (Rr, 2H), and in FP8 hact's quantised rows in the same
+// pass: the down projection's operand (expert_forward with x_quantised).
+static void expert_swiglu(const Model *m, void *hact, const void *gu, const int32_t *off, size_t El, size_t H,
+                          size_t Rr) {
+    const Fp8Operands *q = m->fp8;
+    if (q) m->ops->swiglu_forward_fp8(hact, q->rows, q->row_scales, gu, off, El, Rr, H, q->how);
+    else m->ops->swiglu_forward(hact, gu, Rr, H, off, El);
 }
 
 // dx (Rr, K) = dout . w[e]; dw (El, N, K) f32 += dout^T . x per expert, with the compute weights at
@@ -680,9 +690,9 @@ static void experts_forward(void *ctx, size_t e0, size_t e1) {
     const LayerParams *p = &m->layer[w->l];
     size_t D = m->cfg.d_model, H = m->cfg.expert_hidden, n = e1 - e0;
     const int32_t *off = chunk_offsets(w, e0);
-    expert_forward(m, w->x->gu, w->x->xe, expert_tensor(p->experts_gu, e0, 2 * H, D), off, n, 2 * H, D, w->Rr);
-    m->ops->swiglu_forward(w->x->hact, w->x->gu, w->Rr, H, off, n);
-    expert_forward(m, w->ye, w->x->hact, expert_tensor(p->experts_down, e0, D, H), off, n, D, H, w->Rr);
+    expert_forward(m, w->x->gu, w->x->xe, false, expert_tensor(p->experts_gu, e0, 2 * H, D), off, n, 2 * H, D, w->Rr);
+    expert_swiglu(m, w->x->hact, w->x->gu, off, n, H, w->Rr);
+    expert_forward(m, w->ye, w->x->hact, true, expert_tensor(p->experts_down, e0, D, H), off, n, D, H, w->Rr);
 }
 
 static void moe_forward(Model *m, int l, LayerActs *x, const void *in, const ForwardArgs *a) {

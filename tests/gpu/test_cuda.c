@@ -790,6 +790,37 @@ static void test_fp8_weights_case(size_t E, size_t N, size_t K, size_t shift, Fp
     buf_free(&w), buf_free(&q), buf_free(&qt), buf_free(&sc), buf_free(&sct);
 }
 
+// SwiGLU with its output's rows quantised in the same pass, on the rows of experts [first, E) (from
+// the second: a chunk of experts), outputs poisoned: its output bit for bit the plain SwiGLU's on
+// the GPU (and the CPU's within bf16 rounding), its codes and scales bit for bit the CPU's
+// quantisation of that output; rows of no expert of the call stay as they were.
+static void test_swiglu_fp8_case(size_t E, const int *rows, size_t H, size_t first, Fp8Scaling how) {
+    char what[128];
+    size_t R;
+    Buf off = expert_offsets(E, rows, &R);
+    size_t Rb = R + 5, n = Rb * H, Hb = fp8_blocks(H);
+    Buf gu = buf_new(K_ACT, Rb * 2 * H), h = buf_new(K_ACT, n), plain = buf_new(K_ACT, n), q = buf_new(K_U8, n);
+    Buf sc = buf_new(K_F32, Hb * Rb);
+    fp8_inputs(&gu, 2 * H, 85, 2, R / 2, R / 2 + 1); // a zero gate block: a zero block of output
+    buf_poison(&h), buf_poison(&plain), buf_poison(&q), buf_poison(&sc);
+    const int32_t *oc = (const int32_t *)off.c + first, *og = (const int32_t *)off.g + first;
+    gpu->swiglu_forward_fp8(h.g, q.g, sc.g, gu.g, og, E - first, Rb, H, how);
+    gpu->swiglu_forward(plain.g, gu.g, Rb, H, og, E - first);
+    cpu->swiglu_forward(h.c, gu.c, Rb, H, oc, E - first);
+    snprintf(what, sizeof what, "swiglu forward with fp8 rows E%zu H%zu from expert %zu%s", E, H, first,
+             how == FP8_SCALE_POW2 ? " pow2" : "");
+    check(what, &h, n, BF);
+    float *fused = malloc(n * sizeof(float)), *alone = malloc(n * sizeof(float));
+    gpu->download_act(fused, h.g, n), gpu->download_act(alone, plain.g, n);
+    if (memcmp(fused, alone, n * sizeof(float))) FAIL("  its output is not the plain swiglu forward's, bit for bit");
+    cpu->upload_f32(h.c, fused, n); // the GPU's bf16 output, quantised by the CPU
+    cpu->fp8_quantize_rows(q.c, sc.c, h.c, oc, E - first, Rb, H, how);
+    check("  codes", &q, n, 0, 0), check("  scales", &sc, Hb * Rb, 0, 0);
+    free(fused), free(alone);
+    Buf *all[] = {&off, &gu, &h, &plain, &q, &sc};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) buf_free(all[i]);
+}
+
 // FP8 widths are multiples of 16 (16-byte rows of E4M3 for TMA); tiles and 128-blocks cut on
 // every edge, empty experts and experts of a handful of rows.
 static void test_fp8(void) {
@@ -806,6 +837,9 @@ static void test_fp8(void) {
     test_fp8_weights_case(3, 200, 260, 0, FP8_SCALE_AMAX);
     test_fp8_weights_case(2, 144, 400, 3, FP8_SCALE_POW2);
     test_fp8_weights_case(1, 16, 48, 0, FP8_SCALE_AMAX);
+    test_swiglu_fp8_case(5, rows1, 48, 0, FP8_SCALE_AMAX);
+    test_swiglu_fp8_case(8, rows2, 264, 1, FP8_SCALE_AMAX);
+    test_swiglu_fp8_case(5, rows1, 30, 2, FP8_SCALE_POW2); // H % 4 != 0: value by value
 }
 
 // ---------------------------------------------------------------- whole models

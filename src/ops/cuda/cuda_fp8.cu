@@ -1,7 +1,7 @@
 // FP8 quantisation on the GPU (the recipe of ops/fp8.h, bit for bit as the CPU emulation does it):
-// bf16 rows in 1x128 blocks, the token-major per-expert copies the weight gradient reads, weights in
-// 128x128 blocks with their transpose; and the dense FP8 product, run as a grouped one of one group
-// (cuda_grouped_sm90_fp8.cu).
+// bf16 rows in 1x128 blocks (alone, or fused with the SwiGLU that produces them), the token-major
+// per-expert copies the weight gradient reads, weights in 128x128 blocks with their transpose; and
+// the dense FP8 product, run as a grouped one of one group (cuda_grouped_sm90_fp8.cu).
 #include "cuda_common.cuh"
 #include "cuda_ops.h"
 
@@ -23,33 +23,67 @@ __device__ bool fp8_row_group(const int32_t *offsets, int E, int64_t R, int64_t 
     return true;
 }
 
-// One warp per (row, 128-block): 4 values a lane, 8-byte loads and 4-byte stores when K % 4 == 0.
-__global__ void fp8_quantize_rows_kernel(uint8_t *q, float *scales, const bf16 *x, const int32_t *offsets, int E,
-                                         int64_t R, int K, Fp8Scaling how) {
+// The 1x128 block of a row that a warp quantises (a warp per (row, block)): the row r, its group's
+// first row r0 and row count, the block kb, the lane's first column k and element at; vec: whole
+// 4-value pieces (K % 4 == 0), moved 8 bytes (bf16) or 4 (codes) at a time.
+typedef struct {
+    int64_t r, r0, rows, kb, k, at;
+    bool vec;
+} Fp8RowBlock;
+
+// This warp's block of R rows of K among offsets (as fp8_row_group); false: the row is in no group.
+__device__ bool fp8_row_block(const int32_t *offsets, int E, int64_t R, int K, Fp8RowBlock *b) {
     int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5, Kb = (int64_t)fp8_blocks((size_t)K);
-    int lane = threadIdx.x & 31;
-    int64_t r = warp / Kb, kb = warp % Kb, r0, rows;
-    if (r >= R || !fp8_row_group(offsets, E, R, r, &r0, &rows)) return; // the whole warp leaves
-    int64_t k = kb * FP8_BLOCK + 4 * lane, at = r * K + k;
-    bool vec = (K & 3) == 0 && k < K;
-    float v[4], amax = 0;
+    b->r = warp / Kb, b->kb = warp % Kb;
+    b->k = b->kb * FP8_BLOCK + 4 * (threadIdx.x & 31), b->at = b->r * K + b->k;
+    b->vec = (K & 3) == 0 && b->k < K;
+    return b->r < R && fp8_row_group(offsets, E, R, b->r, &b->r0, &b->rows);
+}
+
+// The lane's 4 values from p (n of them in the row; the rest 0), and back as bf16.
+__device__ __forceinline__ void fp8_load4(float v[4], const bf16 *p, int64_t n, bool vec) {
     if (vec) {
-        uint2 u = *reinterpret_cast<const uint2 *>(x + at);
+        uint2 u = *reinterpret_cast<const uint2 *>(p);
         const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
         float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
         v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
     } else {
-        for (int i = 0; i < 4; i++) v[i] = k + i < K ? bf(x[at + i]) : 0.0f;
+        for (int i = 0; i < 4; i++) v[i] = i < n ? bf(p[i]) : 0.0f;
     }
+}
+
+__device__ __forceinline__ void fp8_store4(bf16 *p, const float v[4], int64_t n, bool vec) {
+    if (vec) {
+        __nv_bfloat162 h[2] = {__floats2bfloat162_rn(v[0], v[1]), __floats2bfloat162_rn(v[2], v[3])};
+        *reinterpret_cast<uint2 *>(p) = *reinterpret_cast<const uint2 *>(h);
+    } else {
+        for (int i = 0; i < 4 && i < n; i++) p[i] = to_bf(v[i]);
+    }
+}
+
+// The block's scale from the warp's values (4 a lane) and their codes into q and scales, laid out
+// as fp8_quantize_rows writes them.
+__device__ void fp8_store_row_block(uint8_t *q, float *scales, const Fp8RowBlock *b, const float v[4], int K,
+                                    Fp8Scaling how) {
+    float amax = 0;
     for (int i = 0; i < 4; i++) amax = fmaxf(amax, fabsf(v[i]));
     float s = fp8_block_scale(warp_max(amax), how);
     uint32_t codes = 0;
     for (int i = 0; i < 4; i++) codes |= (uint32_t)fp8_quantize(v[i], s) << (8 * i);
-    if (vec) *reinterpret_cast<uint32_t *>(q + at) = codes;
+    if (b->vec) *reinterpret_cast<uint32_t *>(q + b->at) = codes;
     else
         for (int i = 0; i < 4; i++)
-            if (k + i < K) q[at + i] = (uint8_t)(codes >> (8 * i));
-    if (lane == 0) scales[Kb * r0 + kb * rows + (r - r0)] = s;
+            if (b->k + i < K) q[b->at + i] = (uint8_t)(codes >> (8 * i));
+    if ((threadIdx.x & 31) == 0) scales[(int64_t)fp8_blocks((size_t)K) * b->r0 + b->kb * b->rows + (b->r - b->r0)] = s;
+}
+
+__global__ void fp8_quantize_rows_kernel(uint8_t *q, float *scales, const bf16 *x, const int32_t *offsets, int E,
+                                         int64_t R, int K, Fp8Scaling how) {
+    Fp8RowBlock b;
+    if (!fp8_row_block(offsets, E, R, K, &b)) return; // the whole warp leaves
+    float v[4];
+    fp8_load4(v, x + b.at, K - b.k, b.vec);
+    fp8_store_row_block(q, scales, &b, v, K, how);
 }
 
 extern "C" void cuda_fp8_quantize_rows(void *q, void *scales, const void *x, const int32_t *offsets, size_t E, size_t R,
@@ -57,6 +91,30 @@ extern "C" void cuda_fp8_quantize_rows(void *q, void *scales, const void *x, con
     size_t warps = R * fp8_blocks(K);
     fp8_quantize_rows_kernel<<<cuda_blocks(warps * 32, 256), 256, 0, cuda_ctx.stream>>>(
         (uint8_t *)q, (float *)scales, (const bf16 *)x, offsets, (int)E, (int64_t)R, (int)K, how);
+    CUDA_LAUNCH_CHECK();
+}
+
+// SwiGLU with its output's quantised rows in the same pass (a warp per (row, 128-block), as the
+// quantisation alone): the values rounded to bf16 as stored, then quantised, so that the codes are
+// those of fp8_quantize_rows on the stored output.
+__global__ void swiglu_forward_fp8_kernel(bf16 *out, uint8_t *q, float *scales, const bf16 *gu,
+                                          const int32_t *offsets, int E, int64_t R, int H, Fp8Scaling how) {
+    Fp8RowBlock b;
+    if (!fp8_row_block(offsets, E, R, H, &b)) return;
+    float g[4], u[4], v[4];
+    const bf16 *gate = gu + b.r * 2 * H + b.k;
+    fp8_load4(g, gate, H - b.k, b.vec), fp8_load4(u, gate + H, H - b.k, b.vec);
+    for (int i = 0; i < 4; i++) v[i] = bf(to_bf(swiglu_value(g[i], u[i])));
+    fp8_store4(out + b.at, v, H - b.k, b.vec);
+    fp8_store_row_block(q, scales, &b, v, H, how);
+}
+
+extern "C" void cuda_swiglu_forward_fp8(void *out, void *q, void *scales, const void *gu, const int32_t *offsets,
+                                        size_t E, size_t R, size_t H, Fp8Scaling how) {
+    if (!R) return;
+    size_t warps = R * fp8_blocks(H);
+    swiglu_forward_fp8_kernel<<<cuda_blocks(warps * 32, 256), 256, 0, cuda_ctx.stream>>>(
+        (bf16 *)out, (uint8_t *)q, (float *)scales, (const bf16 *)gu, offsets, (int)E, (int64_t)R, (int)H, how);
     CUDA_LAUNCH_CHECK();
 }
 
