@@ -292,6 +292,79 @@ static void test_fp8_step(void) {
     for (int i = 0; i < 4; i++) free(grads[i]), free(metrics[i]);
 }
 
+// The codes and scales of m's FP8 expert weights (both layouts) that differ from a fresh
+// quantisation of its compute weights.
+static size_t fp8_stale_values(const Model *m) {
+    size_t stale = 0;
+    for (size_t i = 0; i < m->fp8->n_weights; i++) {
+        const Fp8Weights *t = &m->fp8->weights[i];
+        size_t n = t->El * t->N * t->K, blocks = t->El * fp8_blocks(t->N) * fp8_blocks(t->K);
+        uint8_t *q = malloc(n), *qt = malloc(n);
+        real *s = malloc(blocks * sizeof(real)), *st = malloc(blocks * sizeof(real));
+        m->ops->fp8_quantize_weights(q, qt, s, st, model_act(m, m->params_act, t->off), t->El, t->N, t->K, m->fp8->how);
+        for (size_t j = 0; j < n; j++) stale += (q[j] != ((uint8_t *)t->q)[j]) + (qt[j] != ((uint8_t *)t->qt)[j]);
+        for (size_t j = 0; j < blocks; j++)
+            stale += (s[j] != ((real *)t->scales)[j]) + (st[j] != ((real *)t->scales_t)[j]);
+        free(q), free(qt), free(s), free(st);
+    }
+    return stale;
+}
+
+// The FP8 copies of the expert weights follow the compute weights: after initialisation, after each
+// of three training steps (whose updates change the codes) and after new weights are set, they are
+// bit for bit what quantising the compute weights gives then.
+static void test_fp8_weight_copies(void) {
+    ModelConfig c = small_model();
+    Config cfg;
+    config_defaults(&cfg);
+    cfg.model = c, cfg.train.lr = 1e-2, cfg.train.warmup = 0;
+    size_t B = 2, S = 6, T = B * S;
+    Parallel par;
+    test_single_parallel(&par, &c);
+    Model m;
+    Optimizer o;
+    model_init(&m, &c, ops_cpu(), &par, B, S, 1, 1, RECOMPUTE_NONE);
+    model_enable_fp8(&m, FP8_SCALE_AMAX);
+    optim_init(&o, &m);
+    model_init_weights(&m, 3);
+    CHECK_MSG(m.fp8->n_weights == 4, "%zu FP8 expert tensors, not 2 per MoE layer", m.fp8->n_weights);
+    Model plan; // the memory plan counts them: per MoE layer both layouts of gate|up and down, and scales
+    Optimizer plan_o;
+    model_init(&plan, &c, ops_counting_like(ops_cpu()), &par, B, S, 1, 1, RECOMPUTE_NONE);
+    model_enable_fp8(&plan, FP8_SCALE_AMAX);
+    optim_init(&plan_o, &plan);
+    size_t E = (size_t)c.n_experts, D = (size_t)c.d_model, H = (size_t)c.expert_hidden;
+    size_t want = 2 * 2 * (E * 2 * H * D + E * D * H + 2 * E * sizeof(real)); // one 128x128 block each here
+    CHECK_MSG(plan.mem.bytes == m.mem.bytes && m.fp8->weight_bytes == want, "plan %zu bytes, allocated %zu; FP8 "
+              "weights %zu bytes, not %zu", plan.mem.bytes, m.mem.bytes, m.fp8->weight_bytes, want);
+    model_free(&plan);
+    CHECK_MSG(fp8_stale_values(&m) == 0, "FP8 weights stale after initialisation");
+    size_t n0 = m.fp8->weights[0].El * m.fp8->weights[0].N * m.fp8->weights[0].K;
+    uint8_t *before = malloc(n0);
+    real *metrics = calloc(model_metrics_len(&c), sizeof(real));
+    int32_t seqs[2 * 7];
+    for (int step = 1; step <= 3; step++) {
+        for (int i = 0; i < 2 * 7; i++) seqs[i] = (int32_t)(rng_hash64((uint64_t)step, (uint64_t)i) % 17);
+        ForwardArgs a = {.B = B, .S = S, .train = true, .scales = {.ce = 1.0f / T}, .metrics = metrics};
+        memcpy(before, m.fp8->weights[0].q, n0);
+        memset(m.grads, 0, m.reg.total * sizeof(real));
+        memset(metrics, 0, model_metrics_len(&c) * sizeof(real));
+        StepInfo info = optim_step_info(&cfg.train, step);
+        m.ops->upload(m.step_info, &info, sizeof info);
+        model_set_batch(&m, 0, seqs, B, S);
+        model_forward(&m, &a);
+        model_backward(&m, &a);
+        optim_step(&o, &m, &cfg.train, metrics);
+        CHECK_MSG(memcmp(before, m.fp8->weights[0].q, n0), "step %d changed no FP8 code of the first experts", step);
+        CHECK_MSG(fp8_stale_values(&m) == 0, "FP8 weights stale after step %d", step);
+    }
+    model_init_weights(&m, 4);
+    CHECK_MSG(fp8_stale_values(&m) == 0, "FP8 weights stale after new weights were set");
+    free(before), free(metrics);
+    model_free(&m);
+    test_free_parallel(&par);
+}
+
 static void test_lr_schedule(void) {
     TrainConfig t = {.steps = 110, .lr = 1.0, .min_lr_ratio = 0.1, .warmup = 10, .schedule = SCHED_COSINE};
     CHECK_CLOSE(optim_lr(&t, 1), 1.0 / 11, 1e-12, 0);
@@ -472,6 +545,7 @@ const TestCase train_tests[] = {
     {"model_micro_batch_accumulation", test_micro_batch_accumulation},
     {"model_recompute_bitwise", test_recompute_bitwise},
     {"model_fp8_step", test_fp8_step},
+    {"model_fp8_weight_copies", test_fp8_weight_copies},
     {"train_lr_schedule", test_lr_schedule},
     {"train_step_report", test_step_report},
     {"train_records_without_nan", test_records_without_nan},

@@ -429,6 +429,14 @@ void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel
     if (ops->attention_workspace) m->mem.bytes += ops->attention_workspace(attn_dims(m, B, S)); // the library's
 }
 
+// The FP8 copies of the expert weight tensor at offset `off` of the compute weights, (El, N, K).
+static Fp8Weights alloc_fp8_weights(Model *m, size_t off, size_t El, size_t N, size_t K) {
+    size_t scale_bytes = El * fp8_blocks(N) * fp8_blocks(K) * m->ops->f32_size;
+    return (Fp8Weights){.off = off, .El = El, .N = N, .K = K, .q = model_alloc(m, El * N * K),
+                        .qt = model_alloc(m, El * N * K), .scales = model_alloc(m, scale_bytes),
+                        .scales_t = model_alloc(m, scale_bytes)};
+}
+
 void model_enable_fp8(Model *m, Fp8Scaling how) {
     const ModelConfig *c = &m->cfg;
     if (!m->ops->fp8_grouped_matmul && !m->ops->sizing_only)
@@ -437,17 +445,33 @@ void model_enable_fp8(Model *m, Fp8Scaling how) {
     size_t Rr = moe_exchange_received_rows(&m->xchg, m->B * m->S), El = (size_t)m->n_experts_local;
     size_t D = c->d_model, H2 = 2 * (size_t)c->expert_hidden, Rt = fp8_expert_cols(Rr, El), f = m->ops->f32_size;
     size_t rows_w = max_size(D, H2), out_w = max_size(H2, D), in_w = max_size(D, H2 / 2);
-    size_t w_blocks = El * fp8_blocks(H2) * fp8_blocks(D);
     Fp8Operands *o = m->fp8 = moe_calloc(1, sizeof *o);
     o->how = how;
+    o->weights = moe_calloc(2 * (size_t)n_local_moe_layers(m), sizeof *o->weights);
+    size_t before = m->mem.bytes;
+    for (int l = 0; l < c->n_layers; l++)
+        if (model_holds_layer(m, l) && model_layer_is_moe(c, l)) {
+            o->weights[o->n_weights++] = alloc_fp8_weights(m, m->layer[l].experts_gu, El, H2, D);
+            o->weights[o->n_weights++] = alloc_fp8_weights(m, m->layer[l].experts_down, El, D, H2 / 2);
+        }
+    o->weight_bytes = m->mem.bytes - before;
     o->rows = model_alloc(m, Rr * rows_w), o->row_scales = model_alloc(m, Rr * fp8_blocks(rows_w) * f);
-    o->w = model_alloc(m, El * H2 * D), o->wt = model_alloc(m, El * H2 * D);
-    o->w_scales = model_alloc(m, w_blocks * f), o->wt_scales = model_alloc(m, w_blocks * f);
     o->dout_t = model_alloc(m, out_w * Rt), o->dout_t_scales = model_alloc(m, Rt / FP8_BLOCK * out_w * f);
     o->x_t = model_alloc(m, in_w * Rt), o->x_t_scales = model_alloc(m, Rt / FP8_BLOCK * in_w * f);
+    if (!m->ops->sizing_only) model_quantize_expert_weights(m);
+}
+
+void model_quantize_expert_weights(Model *m) {
+    const Fp8Operands *o = m->fp8;
+    for (size_t i = 0; o && i < o->n_weights; i++) {
+        const Fp8Weights *t = &o->weights[i];
+        m->ops->fp8_quantize_weights(t->q, t->qt, t->scales, t->scales_t, model_act(m, m->params_act, t->off), t->El,
+                                     t->N, t->K, o->how);
+    }
 }
 
 void model_free(Model *m) {
+    if (m->fp8) free(m->fp8->weights);
     free(m->fp8);
     moe_exchange_free(&m->xchg);
     pool_free(&m->mem);
@@ -485,8 +509,7 @@ void model_init_weights(Model *m, unsigned seed) {
 }
 
 void model_sync_compute_weights(Model *m) {
-    if (m->ops->act_aliases_f32) return;
-    for (int r = 0; r < PARAM_N_REGIONS; r++) {
+    for (int r = 0; r < PARAM_N_REGIONS && !m->ops->act_aliases_f32; r++) {
         Comm *g = model_region_group(m, (ParamRegion)r);
         size_t begin = m->master_begin[r], n = m->master_size[r];
         m->ops->cast_f32_to_act(model_act(m, m->params_act, begin), model_master(m, begin), n);
@@ -494,6 +517,7 @@ void model_sync_compute_weights(Model *m) {
             g->ops->all_gather(g, model_act(m, m->params_act, begin),
                                model_act(m, m->params_act, m->reg.region_begin[r]), n, COMM_ACT);
     }
+    model_quantize_expert_weights(m);
 }
 
 static int32_t *micro_tokens(const Model *m, int micro) { return m->tokens + (size_t)micro * m->B * m->S; }
@@ -609,42 +633,66 @@ static void dispatch(const Model *m, LayerActs *x, const void *in, void *stats, 
                                  c->n_experts, c->d_model, model_expert_capacity(c, T));
 }
 
-// Per expert, out (Rr, N) = x (Rr, K) . w[e] (N, K)^T: in act precision, or in FP8 (rows and
-// weights quantised first).
-static void expert_forward(const Model *m, void *out, const void *x, const void *w, const int32_t *off, size_t El,
-                           size_t N, size_t K, size_t Rr) {
+// Experts [e0, ...) of an FP8 copy of expert weights (model_enable_fp8): those whose compute
+// weights (N, K each) start at offset w.
+static Fp8Weights fp8_weights_at(const Model *m, size_t w, size_t N, size_t K) {
+    const Fp8Operands *o = m->fp8;
+    for (size_t i = 0; i < o->n_weights; i++) {
+        const Fp8Weights *t = &o->weights[i];
+        if (w < t->off || w >= t->off + t->El * t->N * t->K) continue;
+        MOE_ASSERT(t->N == N && t->K == K && (w - t->off) % (N * K) == 0);
+        size_t e0 = (w - t->off) / (N * K), s = e0 * fp8_blocks(N) * fp8_blocks(K) * m->ops->f32_size;
+        return (Fp8Weights){.off = w, .El = t->El - e0, .N = N, .K = K, .q = (char *)t->q + e0 * N * K,
+                            .qt = (char *)t->qt + e0 * N * K, .scales = (char *)t->scales + s,
+                            .scales_t = (char *)t->scales_t + s};
+    }
+    moe_fatal("%s:%d: no FP8 copy of the expert weights at offset %zu", __FILE__, __LINE__, w);
+}
+
+// Per expert, out (Rr, N) = x (Rr, K) . w[e] (N, K)^T with the compute weights at offset w: in act
+// precision, or in FP8 from the weights' FP8 copy and x's rows, quantised here unless the kernel
+// that wrote x wrote them too (x_quantised: expert_swiglu).
+static void expert_forward(const Model *m, void *out, const void *x, bool x_quantised, size_t w, const int32_t *off,
+                           size_t El, size_t N, size_t K, size_t Rr) {
     const Ops *ops = m->ops;
     const Fp8Operands *q = m->fp8;
     if (!q) {
-        ops->grouped_matmul_forward(out, x, w, off, El, N, K, Rr);
+        ops->grouped_matmul_forward(out, x, W(m, w), off, El, N, K, Rr);
         return;
     }
-    ops->fp8_quantize_rows(q->rows, q->row_scales, x, off, El, Rr, K, q->how);
-    ops->fp8_quantize_weights(q->w, q->wt, q->w_scales, q->wt_scales, w, El, N, K, q->how);
-    ops->fp8_grouped_matmul(out, q->rows, q->row_scales, q->w, q->w_scales, off, El, N, K, Rr);
+    Fp8Weights wq = fp8_weights_at(m, w, N, K);
+    if (!x_quantised) ops->fp8_quantize_rows(q->rows, q->row_scales, x, off, El, Rr, K, q->how);
+    ops->fp8_grouped_matmul(out, q->rows, q->row_scales, wq.q, wq.scales, off, El, N, K, Rr);
 }
 
-// dx (Rr, K) = dout . w[e]; dw (El, N, K) f32 += dout^T . x per expert (either skipped when NULL):
-// in act precision, or in FP8 (the input gradient from quantised rows of dout and the transposed
-// weights, the weight gradient from token-major copies of dout and x).
-static void expert_backward(const Model *m, void *dx, void *dw, const void *dout, const void *x, const void *w,
+// The experts' SwiGLU, hact (Rr, H) from gu (Rr, 2H), and in FP8 hact's quantised rows in the same
+// pass: the down projection's operand (expert_forward with x_quantised).
+static void expert_swiglu(const Model *m, void *hact, const void *gu, const int32_t *off, size_t El, size_t H,
+                          size_t Rr) {
+    const Fp8Operands *q = m->fp8;
+    if (q) m->ops->swiglu_forward_fp8(hact, q->rows, q->row_scales, gu, off, El, Rr, H, q->how);
+    else m->ops->swiglu_forward(hact, gu, Rr, H, off, El);
+}
+
+// dx (Rr, K) = dout . w[e]; dw (El, N, K) f32 += dout^T . x per expert (either skipped when NULL),
+// with the compute weights at offset w: in act precision, or in FP8 (the input gradient from quantised rows of dout and the
+// weights' transposed FP8 copy, the weight gradient from token-major copies of dout and x).
+static void expert_backward(const Model *m, void *dx, void *dw, const void *dout, const void *x, size_t w,
                             const int32_t *off, size_t El, size_t N, size_t K, size_t Rr) {
     const Ops *ops = m->ops;
     const Fp8Operands *q = m->fp8;
     if (!q) {
-        ops->grouped_matmul_backward(dx, dw, dout, x, w, off, El, N, K, Rr);
+        ops->grouped_matmul_backward(dx, dw, dout, x, W(m, w), off, El, N, K, Rr);
         return;
     }
+    Fp8Weights wq = fp8_weights_at(m, w, N, K);
     // every read of dout and x before dx is written
     if (dx) ops->fp8_quantize_rows(q->rows, q->row_scales, dout, off, El, Rr, N, q->how);
     if (dw) {
         ops->fp8_quantize_cols(q->dout_t, q->dout_t_scales, dout, off, El, Rr, N, q->how);
         ops->fp8_quantize_cols(q->x_t, q->x_t_scales, x, off, El, Rr, K, q->how);
     }
-    if (dx) {
-        ops->fp8_quantize_weights(q->w, q->wt, q->w_scales, q->wt_scales, w, El, N, K, q->how);
-        ops->fp8_grouped_matmul(dx, q->rows, q->row_scales, q->wt, q->wt_scales, off, El, K, N, Rr);
-    }
+    if (dx) ops->fp8_grouped_matmul(dx, q->rows, q->row_scales, wq.qt, wq.scales_t, off, El, K, N, Rr);
     if (dw) ops->fp8_grouped_matmul_wgrad(dw, q->dout_t, q->dout_t_scales, q->x_t, q->x_t_scales, off, El, N, K, Rr);
 }
 
@@ -675,9 +723,9 @@ static void experts_forward(void *ctx, size_t e0, size_t e1) {
     size_t D = m->cfg.d_model, H = m->cfg.expert_hidden, n = e1 - e0;
     const int32_t *off = chunk_offsets(w, e0);
     void *hact = experts_hact(m, w->x);
-    expert_forward(m, w->x->gu, w->x->xe, W(m, expert_tensor(p->experts_gu, e0, 2 * H, D)), off, n, 2 * H, D, w->Rr);
-    m->ops->swiglu_forward(hact, w->x->gu, w->Rr, H, off, n);
-    expert_forward(m, w->ye, hact, W(m, expert_tensor(p->experts_down, e0, D, H)), off, n, D, H, w->Rr);
+    expert_forward(m, w->x->gu, w->x->xe, false, expert_tensor(p->experts_gu, e0, 2 * H, D), off, n, 2 * H, D, w->Rr);
+    expert_swiglu(m, hact, w->x->gu, off, n, H, w->Rr);
+    expert_forward(m, w->ye, hact, true, expert_tensor(p->experts_down, e0, D, H), off, n, D, H, w->Rr);
 }
 
 static void moe_forward(Model *m, int l, LayerActs *x, const void *in, const ForwardArgs *a) {
@@ -822,15 +870,15 @@ static void experts_backward(void *ctx, size_t e0, size_t e1) {
     size_t down = expert_tensor(p->experts_down, e0, D, H), gu = expert_tensor(p->experts_gu, e0, 2 * H, D);
     const int32_t *off = chunk_offsets(w, e0);
     if (m->expert_hact) { // the rows' unweighted gradients: the combine weights' gradients from here
-        expert_backward(m, s->dhact, NULL, w->dye, NULL, W(m, down), off, n, D, H, Rr);
+        expert_backward(m, s->dhact, NULL, w->dye, NULL, down, off, n, D, H, Rr);
         ops->moe_combine_weight_backward(s->row_dot, m->expert_hact, s->dhact, x->gu, s->row_w, Rr, H, off, n);
-        expert_backward(m, NULL, G(m, down), w->dye, m->expert_hact, W(m, down), off, n, D, H, Rr);
+        expert_backward(m, NULL, G(m, down), w->dye, m->expert_hact, down, off, n, D, H, Rr);
     } else {
         swiglu_recompute(m, x->hact, x->gu, Rr, H, off, n);
-        expert_backward(m, s->dhact, G(m, down), w->dye, x->hact, W(m, down), off, n, D, H, Rr);
+        expert_backward(m, s->dhact, G(m, down), w->dye, x->hact, down, off, n, D, H, Rr);
     }
     ops->swiglu_backward(s->dgu, s->dhact, x->gu, m->expert_hact ? s->row_w : NULL, Rr, H, off, n);
-    expert_backward(m, w->dxe, G(m, gu), s->dgu, x->xe, W(m, gu), off, n, 2 * H, D, Rr);
+    expert_backward(m, w->dxe, G(m, gu), s->dgu, x->xe, gu, off, n, 2 * H, D, Rr);
 }
 
 // With several expert-parallel ranks the combine gradient dy goes straight into the exchange

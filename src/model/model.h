@@ -48,14 +48,25 @@ typedef struct {
     void *sgu, *sact;          // act (T, 2Hs), (T, Hs): shared expert
 } LayerActs;
 
-// The FP8 expert products' operands (model_enable_fp8; docs/FP8.md), shared by every layer and
-// sized for the wider of the two expert products, for Rr received rows over El local experts with
-// Rt = fp8_expert_cols(Rr, El) token-major columns.
+// One weight tensor of this rank's experts kept in FP8: a copy of the compute weights (El, N, K) at
+// flat offset `off`, in both layouts its products read, refreshed whenever the compute weights
+// change (model_quantize_expert_weights).
+typedef struct {
+    size_t off, El, N, K;
+    void *q, *qt;              // e4m3 (El, N, K): the forward's; (El, K, N): the input gradient's
+    void *scales, *scales_t;   // f32 (El, Kb, Nb), (El, Nb, Kb)
+} Fp8Weights;
+
+// The FP8 expert products' operands (model_enable_fp8; docs/FP8.md): the expert weights of every
+// MoE layer held here, kept from one change of the compute weights to the next, and the activation
+// operands, scratch shared by every layer and sized for the wider of the two expert products, for
+// Rr received rows over El local experts with Rt = fp8_expert_cols(Rr, El) token-major columns.
 typedef struct {
     Fp8Scaling how;
+    Fp8Weights *weights;        // (n_weights): per MoE layer held, gate|up (El, 2H, D) then down (El, D, H)
+    size_t n_weights;
+    size_t weight_bytes;        // the bytes of their codes and scales (of Model.mem)
     void *rows, *row_scales;    // e4m3 (Rr, max(D, 2H)), f32: the rows of a forward or input gradient
-    void *w, *wt;               // e4m3 (El, 2H, D) the weights of one product and their transpose
-    void *w_scales, *wt_scales; // f32 (El, blocks of 2H x D)
     void *dout_t, *dout_t_scales; // e4m3 (max(2H, D), Rt), f32 (Rt / 128, max(2H, D)): token-major output gradient
     void *x_t, *x_t_scales;       // e4m3 (max(D, H), Rt), f32 (Rt / 128, max(D, H)): token-major input
 } Fp8Operands;
@@ -177,9 +188,14 @@ static inline size_t model_metric_router(const ModelConfig *c, int moe_index) {
 }
 
 // Runs the expert products of every MoE layer in FP8 with the given scaling (train.precision =
-// fp8), allocating their operand buffers (scratch: nothing in them outlives a product). After
-// model_init.
+// fp8), allocating their operand buffers: the FP8 copies of the expert weights, quantised here from
+// the compute weights as they are, and scratch for the activations (nothing in it outlives a
+// product). After model_init.
 void model_enable_fp8(Model *m, Fp8Scaling how);
+// Quantises the FP8 copies of the expert weights again from the compute weights (nothing when the
+// expert products are not in FP8). Whatever changes the compute weights calls it once they are
+// final: model_sync_compute_weights (initialisation, checkpoint loads) and the optimizer step.
+void model_quantize_expert_weights(Model *m);
 
 // Builds the registry of this rank's tensors and allocates parameters, activations for n_slots
 // micro-batches in flight in each chunk (0: as many as the pipeline schedule of n_micro micro-batches

@@ -288,9 +288,15 @@ typedef struct Ops {
     // row index fastest), as CUTLASS's sm90 kernels read them.
     // x (R, K) act in 1x128 blocks: q (R, K) e4m3; scales f32 per group of rows, the groups of
     // offsets (E + 1) i32 as grouped_matmul_forward's (NULL: one group of R rows): group g's scales
-    // are (Kb, rows of g) at Kb offsets[g], so each expert's scales are one packed matrix.
+    // are (Kb, rows of g) at Kb offsets[g], so each expert's scales are one packed matrix. Rows of no
+    // group (before offsets[0] or from offsets[E] on) are left as they are.
     void (*fp8_quantize_rows)(void *q, void *scales, const void *x, const int32_t *offsets, size_t E,
                               size_t R, size_t K, Fp8Scaling how);
+    // SwiGLU and the quantised rows of its output in one pass: out (R, H) act as swiglu_forward on
+    // the rows of offsets (E + 1) i32 (NULL: all R), and q, scales bit for bit as fp8_quantize_rows
+    // (q, scales, out, offsets, E, R, H, how) then writes them.
+    void (*swiglu_forward_fp8)(void *out, void *q, void *scales, const void *gu, const int32_t *offsets,
+                               size_t E, size_t R, size_t H, Fp8Scaling how);
     // The rows of each expert of x (R, C) act (offsets as grouped_matmul_forward), transposed, in
     // blocks of 128 rows from the expert's first row: qt (C, Rt) e4m3 with Rt = fp8_expert_cols(R, E)
     // and expert e's rows at columns [fp8_expert_col(offsets[e], e), + its rows); scales

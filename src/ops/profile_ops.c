@@ -110,6 +110,10 @@ WRAP(grouped_matmul_backward, PHASE_EXPERT_GEMM,
 WRAP(fp8_quantize_rows, PHASE_EXPERT_GEMM,
      (void *q, void *s, const void *x, const int32_t *off, size_t E, size_t R, size_t K, Fp8Scaling h),
      (q, s, x, off, E, R, K, h))
+// the SwiGLU's phase, which now also quantises its output (the quantisation alone: expert GEMMs)
+WRAP(swiglu_forward_fp8, PHASE_REST,
+     (void *o, void *q, void *s, const void *g, const int32_t *off, size_t E, size_t R, size_t H, Fp8Scaling h),
+     (o, q, s, g, off, E, R, H, h))
 WRAP(fp8_quantize_cols, PHASE_EXPERT_GEMM,
      (void *q, void *s, const void *x, const int32_t *off, size_t E, size_t R, size_t C, Fp8Scaling h),
      (q, s, x, off, E, R, C, h))
@@ -146,8 +150,8 @@ const Ops *ops_profiled(const Ops *backend) {
     SET(moe_combine_weight_backward), SET(moe_slot_values);
     SET(moe_exchange_plan), SET(moe_push_rows);
     SET(grouped_matmul_forward), SET(grouped_matmul_backward), SET(router_bias_update), SET(cross_entropy);
-    SET(fp8_quantize_rows), SET(fp8_quantize_cols), SET(fp8_quantize_weights), SET(fp8_grouped_matmul);
-    SET(fp8_grouped_matmul_wgrad);
+    SET(fp8_quantize_rows), SET(swiglu_forward_fp8), SET(fp8_quantize_cols), SET(fp8_quantize_weights);
+    SET(fp8_grouped_matmul), SET(fp8_grouped_matmul_wgrad);
     SET(sum_squares), SET(adamw_update);
 #undef SET
     if (!events) {

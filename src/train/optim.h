@@ -41,6 +41,7 @@ double optim_lr(const TrainConfig *t, int64_t step);
 StepInfo optim_step_info(const TrainConfig *t, int64_t step);
 // Reduce-scatter of the gradients not queued yet (all of them unless optim_grads_ready ran),
 // global gradient norm into metrics[METRIC_GRAD_NORM_SQ] (over every rank), clipped AdamW on the
-// shards, all-gather of the weights, and the loss-free bias
-// update from the step's expert loads (metrics must already hold the totals over all ranks).
+// shards, all-gather of the weights (then their FP8 copies, under train.precision = fp8), and the
+// loss-free bias update from the step's expert loads (metrics must already hold the totals over all
+// ranks).
 void optim_step(Optimizer *o, Model *m, const TrainConfig *t, void *metrics);

@@ -94,22 +94,23 @@ TrainMemory setup_memory_of(const Model *m, const Optimizer *o) {
     TrainMemory r = {.params = P, .optimizer = (double)o->state_bytes, .total = (double)m->mem.bytes,
                      .activations = (double)m->act_bytes, .weights = (double)m->master_len * f32,
                      .compute_weights = m->ops->act_aliases_f32 ? 0 : P * (double)m->ops->act_size,
+                     .fp8_weights = m->fp8 ? (double)m->fp8->weight_bytes : 0,
                      .grads = P * f32 + (double)o->grad_bytes, .exchange = (double)m->exchange_bytes};
-    r.scratch = r.total - r.weights - r.compute_weights - r.grads - r.optimizer - r.activations;
+    r.scratch = r.total - r.weights - r.compute_weights - r.fp8_weights - r.grads - r.optimizer - r.activations;
     return r;
 }
 
 // The rows of a memory table (setup_print_memory, setup_memory_json): titles, keys and bytes.
-enum { MEMORY_ROWS = 8 };
+enum { MEMORY_ROWS = 9 };
 static const char *const MEMORY_TITLES[MEMORY_ROWS] = {
-    "fp32 master weights", "compute weights (act copy)", "gradients (fp32)", "optimizer state (AdamW m, v)",
-    "activations kept", "expert exchange buffers", "workspace and scratch", "total"};
-static const char *const MEMORY_KEYS[MEMORY_ROWS] = {"weights", "compute_weights", "grads", "optimizer",
+    "fp32 master weights", "compute weights (act copy)", "FP8 expert weights", "gradients (fp32)",
+    "optimizer state (AdamW m, v)", "activations kept", "expert exchange buffers", "workspace and scratch", "total"};
+static const char *const MEMORY_KEYS[MEMORY_ROWS] = {"weights", "compute_weights", "fp8_weights", "grads", "optimizer",
                                                      "activations", "exchange", "scratch", "total"};
 
 static void memory_rows(const TrainMemory *p, double v[MEMORY_ROWS]) {
-    double rows[MEMORY_ROWS] = {p->weights, p->compute_weights, p->grads, p->optimizer, p->activations - p->exchange,
-                                p->exchange, p->scratch, p->total};
+    double rows[MEMORY_ROWS] = {p->weights, p->compute_weights, p->fp8_weights, p->grads, p->optimizer,
+                                p->activations - p->exchange, p->exchange, p->scratch, p->total};
     memcpy(v, rows, sizeof rows);
 }
 

@@ -32,6 +32,7 @@ typedef struct {
     // All bytes by purpose (with optimizer and activations they add up to total):
     double weights, compute_weights; // fp32 master weights (where there is a copy: this rank's shard);
                                      // their act copy (0 where they are the same)
+    double fp8_weights;              // FP8 copies of the expert weights (train.precision = fp8; else 0)
     double grads;                    // fp32 gradients, with the optimizer's reduced shards
     double exchange;                 // of activations: the expert exchange's buffers (Model.exchange_bytes)
     double scratch;                  // the rest: gradient scratch, LM-head chunk, tokens, tables, metrics
@@ -47,8 +48,8 @@ TrainMemory setup_memory_of(const Model *m, const Optimizer *o);
 // A table of a rank's memory by purpose in GiB, one column per plan (heads: their titles), each line
 // led by `indent`; the activations line shows those kept, the exchange's buffers on a line of theirs.
 void setup_print_memory(const char *indent, const TrainMemory *plans, const char *const *heads, int n);
-// The same rows as a JSON object of bytes: weights, compute_weights, grads, optimizer, activations
-// (kept), exchange, scratch, total.
+// The same rows as a JSON object of bytes: weights, compute_weights, fp8_weights, grads, optimizer,
+// activations (kept), exchange, scratch, total.
 json_t *setup_memory_json(const TrainMemory *p);
 
 // Rank `rank`'s memory for training cfg on `world` ranks, measured by sizing its model and

@@ -99,6 +99,13 @@ if run train.steps=30 train.precision=fp8 train.out="$tmp/fp8" && run train.step
         ok "fp8 training (CPU emulation): step-30 loss $a vs $b exact"
     else bad "fp8 training (CPU emulation) near exact" "fp8 $a, exact $b"; fi
 else bad "fp8 training runs" "$(tail -5 "$tmp/last.log")"; fi
+# A resumed fp8 run quantises its FP8 expert weights from the loaded ones (stale copies: other losses).
+fp8_run() { run train.steps=8 train.ckpt_every=4 train.eval_every=0 train.log_every=1 train.precision=fp8 "$@"; }
+fp8_run train.out="$tmp/fp8_straight" && fp8_run train.out="$tmp/fp8_resumed" --stop-at 4 &&
+    fp8_run train.out="$tmp/fp8_resumed"
+if grep -q "resumed from" "$tmp/last.log" && [ "$(losses "$tmp/fp8_straight")" = "$(losses "$tmp/fp8_resumed")" ]; then
+    ok "fp8: 8 steps == 4 + resume + 4 (losses)"
+else bad "fp8: 8 steps == 4 + resume + 4 (losses)" "$(diff <(losses "$tmp/fp8_straight") <(losses "$tmp/fp8_resumed") | head -5)"; fi
 
 # moe bench on the CPU: the report's parts are there, with numbers, and random routing is even.
 bench_cpu="model.vocab_size=300 model.d_model=32 model.n_layers=2 model.n_heads=2 model.n_kv_heads=2
@@ -109,8 +116,8 @@ if grep -qE "^throughput +[0-9,]+ tokens/s" <<<"$out" && grep -qE "^  expert GEM
 else bad "moe bench reports throughput, phases, expert load" "$out"; fi
 # Its memory table: the plan (a counting backend) is what the run allocated, row by row (the run adds
 # its metrics buffer), the rows add up to the total, and the JSON record holds them and the startup.
-rows=$(grep -E "^  (fp32 master|compute weights|gradients|optimizer state|activations kept|expert exchange|workspace|total)" <<<"$out")
-if [ "$(wc -l <<<"$rows")" = 8 ] &&
+rows=$(grep -E "^  (fp32 master|compute weights|FP8 expert weights|gradients|optimizer state|activations kept|expert exchange|workspace|total)" <<<"$out")
+if [ "$(wc -l <<<"$rows")" = 9 ] &&
    awk '{ p = $(NF-3); a = $(NF-1); if ((p - a)^2 > (0.01 * p)^2) bad = 1; if ($1 == "total") t = p; else s += p }
         END { exit bad || !(t > 0) || (s - t)^2 > (1e-3 * t)^2 }' <<<"$rows" &&
    grep -qE '"total": [1-9][0-9]*' "$tmp/bench.json" && grep -qE '"first_step_s": [0-9.e-]+' "$tmp/bench.json"; then

@@ -709,9 +709,14 @@ static void test_fp8_case(size_t E, const int *rows, size_t N, size_t K, Fp8Scal
     Buf x = buf_new(K_ACT, Rb * K), dy = buf_new(K_ACT, Rb * N), w = buf_new(K_ACT, E * N * K);
     fp8_inputs(&x, K, 80, 1, R / 2, R / 2 + 1), fp8_inputs(&dy, N, 81, 1, 0, R < 200 ? R : 200);
     fp8_inputs(&w, K, 82, 0.1, 0, N < FP8_BLOCK ? N : FP8_BLOCK);
-    snprintf(what, sizeof what, "fp8 quantise rows E%zu N%zu K%zu rows %zu%s", E, N, K, R, how == FP8_SCALE_POW2 ? " pow2" : "");
     Buf xq = buf_new(K_U8, Rb * K), xs = buf_new(K_F32, Kb * Rb), dyq = buf_new(K_U8, Rb * N), dys = buf_new(K_F32, Nb * Rb);
     buf_poison(&xq), buf_poison(&xs), buf_poison(&dyq), buf_poison(&dys);
+    // experts 1.. alone, as a chunk of experts: the rows of the others stay as they were
+    cpu->fp8_quantize_rows(xq.c, xs.c, x.c, (const int32_t *)off.c + 1, E - 1, Rb, K, how);
+    gpu->fp8_quantize_rows(xq.g, xs.g, x.g, (const int32_t *)off.g + 1, E - 1, Rb, K, how);
+    snprintf(what, sizeof what, "fp8 quantise rows of experts 1.. E%zu K%zu", E, K);
+    check(what, &xq, Rb * K, 0, 0), check("  their scales", &xs, Kb * Rb, 0, 0);
+    snprintf(what, sizeof what, "fp8 quantise rows E%zu N%zu K%zu rows %zu%s", E, N, K, R, how == FP8_SCALE_POW2 ? " pow2" : "");
     cpu->fp8_quantize_rows(xq.c, xs.c, x.c, off.c, E, Rb, K, how), gpu->fp8_quantize_rows(xq.g, xs.g, x.g, off.g, E, Rb, K, how);
     cpu->fp8_quantize_rows(dyq.c, dys.c, dy.c, off.c, E, Rb, N, how), gpu->fp8_quantize_rows(dyq.g, dys.g, dy.g, off.g, E, Rb, N, how);
     check(what, &xq, Rb * K, 0, 0), check("  row scales", &xs, Kb * Rb, 0, 0);
@@ -781,6 +786,58 @@ static void test_fp8_case(size_t E, const int *rows, size_t N, size_t K, Fp8Scal
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) buf_free(all[i]);
 }
 
+// The weights' quantisation bit for bit, outputs poisoned: N and K cut on every edge of a 128x128
+// block, multiples of 16 (16-byte pieces, whole or wholly outside) or not, and buffers `shift` bytes
+// or values past 16-byte alignment (value-by-value loads and stores).
+static void test_fp8_weights_case(size_t E, size_t N, size_t K, size_t shift, Fp8Scaling how) {
+    char what[128];
+    size_t n = E * N * K + shift, blocks = E * fp8_blocks(N) * fp8_blocks(K);
+    Buf w = buf_new(K_ACT, n), q = buf_new(K_U8, n), qt = buf_new(K_U8, n), sc = buf_new(K_F32, blocks);
+    Buf sct = buf_new(K_F32, blocks);
+    fp8_inputs(&w, K, 84, 0.1, 0, N < FP8_BLOCK ? N : FP8_BLOCK); // an all-zero block (unshifted)
+    buf_poison(&q), buf_poison(&qt), buf_poison(&sc), buf_poison(&sct);
+    cpu->fp8_quantize_weights((char *)q.c + shift, (char *)qt.c + shift, sc.c, sct.c, (char *)w.c + shift * cpu->act_size,
+                              E, N, K, how);
+    gpu->fp8_quantize_weights((char *)q.g + shift, (char *)qt.g + shift, sc.g, sct.g, (char *)w.g + shift * gpu->act_size,
+                              E, N, K, how);
+    snprintf(what, sizeof what, "fp8 quantise weights E%zu N%zu K%zu%s%s", E, N, K, shift ? " unaligned" : "",
+             how == FP8_SCALE_POW2 ? " pow2" : "");
+    check(what, &q, n, 0, 0), check("  transposed", &qt, n, 0, 0);
+    check("  scales", &sc, blocks, 0, 0), check("  transposed scales", &sct, blocks, 0, 0);
+    buf_free(&w), buf_free(&q), buf_free(&qt), buf_free(&sc), buf_free(&sct);
+}
+
+// SwiGLU with its output's rows quantised in the same pass, on the rows of experts [first, E) (from
+// the second: a chunk of experts), outputs poisoned: its output bit for bit the plain SwiGLU's on
+// the GPU (and the CPU's within bf16 rounding), its codes and scales bit for bit the CPU's
+// quantisation of that output; rows of no expert of the call stay as they were.
+static void test_swiglu_fp8_case(size_t E, const int *rows, size_t H, size_t first, Fp8Scaling how) {
+    char what[128];
+    size_t R;
+    Buf off = expert_offsets(E, rows, &R);
+    size_t Rb = R + 5, n = Rb * H, Hb = fp8_blocks(H);
+    Buf gu = buf_new(K_ACT, Rb * 2 * H), h = buf_new(K_ACT, n), plain = buf_new(K_ACT, n), q = buf_new(K_U8, n);
+    Buf sc = buf_new(K_F32, Hb * Rb);
+    fp8_inputs(&gu, 2 * H, 85, 2, R / 2, R / 2 + 1); // a zero gate block: a zero block of output
+    buf_poison(&h), buf_poison(&plain), buf_poison(&q), buf_poison(&sc);
+    const int32_t *oc = (const int32_t *)off.c + first, *og = (const int32_t *)off.g + first;
+    gpu->swiglu_forward_fp8(h.g, q.g, sc.g, gu.g, og, E - first, Rb, H, how);
+    gpu->swiglu_forward(plain.g, gu.g, Rb, H, og, E - first);
+    cpu->swiglu_forward(h.c, gu.c, Rb, H, oc, E - first);
+    snprintf(what, sizeof what, "swiglu forward with fp8 rows E%zu H%zu from expert %zu%s", E, H, first,
+             how == FP8_SCALE_POW2 ? " pow2" : "");
+    check(what, &h, n, BF);
+    float *fused = malloc(n * sizeof(float)), *alone = malloc(n * sizeof(float));
+    gpu->download_act(fused, h.g, n), gpu->download_act(alone, plain.g, n);
+    if (memcmp(fused, alone, n * sizeof(float))) FAIL("  its output is not the plain swiglu forward's, bit for bit");
+    cpu->upload_f32(h.c, fused, n); // the GPU's bf16 output, quantised by the CPU
+    cpu->fp8_quantize_rows(q.c, sc.c, h.c, oc, E - first, Rb, H, how);
+    check("  codes", &q, n, 0, 0), check("  scales", &sc, Hb * Rb, 0, 0);
+    free(fused), free(alone);
+    Buf *all[] = {&off, &gu, &h, &plain, &q, &sc};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) buf_free(all[i]);
+}
+
 // FP8 widths are multiples of 16 (16-byte rows of E4M3 for TMA); tiles and 128-blocks cut on
 // every edge, empty experts and experts of a handful of rows.
 static void test_fp8(void) {
@@ -793,6 +850,13 @@ static void test_fp8(void) {
     test_fp8_case(5, rows1, 48, 80, FP8_SCALE_AMAX);
     test_fp8_case(8, rows2, 256, 272, FP8_SCALE_AMAX);
     test_fp8_case(16, rows3, 384, 208, FP8_SCALE_POW2);
+    test_fp8_weights_case(2, 256, 272, 0, FP8_SCALE_AMAX);
+    test_fp8_weights_case(3, 200, 260, 0, FP8_SCALE_AMAX);
+    test_fp8_weights_case(2, 144, 400, 3, FP8_SCALE_POW2);
+    test_fp8_weights_case(1, 16, 48, 0, FP8_SCALE_AMAX);
+    test_swiglu_fp8_case(5, rows1, 48, 0, FP8_SCALE_AMAX);
+    test_swiglu_fp8_case(8, rows2, 264, 1, FP8_SCALE_AMAX);
+    test_swiglu_fp8_case(5, rows1, 30, 2, FP8_SCALE_POW2); // H % 4 != 0: value by value
 }
 
 // ---------------------------------------------------------------- whole models

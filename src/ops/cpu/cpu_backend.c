@@ -108,6 +108,7 @@ static const Ops CPU_OPS = {
     .grouped_matmul_backward = cpu_grouped_matmul_backward,
     .router_bias_update = cpu_router_bias_update,
     .fp8_quantize_rows = cpu_fp8_quantize_rows,
+    .swiglu_forward_fp8 = cpu_swiglu_forward_fp8,
     .fp8_quantize_cols = cpu_fp8_quantize_cols,
     .fp8_quantize_weights = cpu_fp8_quantize_weights,
     .fp8_grouped_matmul = cpu_fp8_grouped_matmul,

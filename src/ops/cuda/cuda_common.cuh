@@ -84,6 +84,10 @@ __device__ __forceinline__ float block_max(float v, float *scratch) {
     return block_reduce<warp_max>(v, scratch, -INFINITY);
 }
 
+// SwiGLU of one gate and up value, silu(g) u: every kernel that computes it (cuda_dense.cu, the
+// fused FP8 one of cuda_fp8.cu) gets the same bits.
+__device__ __forceinline__ float swiglu_value(float g, float u) { return g / (1.0f + __expf(-g)) * u; }
+
 // 8 bf16 values (16 bytes) to and from fp32: the unit of the memory-bound kernels' loads.
 __device__ __forceinline__ void unpack8(float v[8], uint4 u) {
     const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);

@@ -278,7 +278,7 @@ __global__ void swiglu_forward_kernel(bf16 *out, const bf16 *gu, size_t R, size_
         size_t r = (8 * i) / H, j = (8 * i) % H;
         float g[8], u[8];
         load8(g, gu + r * 2 * H + j), load8(u, gu + r * 2 * H + H + j);
-        for (int k = 0; k < 8; k++) g[k] = g[k] / (1.0f + __expf(-g[k])) * u[k];
+        for (int k = 0; k < 8; k++) g[k] = swiglu_value(g[k], u[k]);
         store8(out + 8 * i, g);
     }
 }

@@ -45,6 +45,8 @@ void cuda_grouped_sm90(GroupedOp op, const void *a, const void *b, void *d, cons
 // on CUTLASS's sm90 blockwise-scaled kernels (cuda_grouped_sm90_fp8.cu; Hopper only).
 void cuda_fp8_quantize_rows(void *q, void *scales, const void *x, const int32_t *offsets, size_t E, size_t R,
                             size_t K, Fp8Scaling how);
+void cuda_swiglu_forward_fp8(void *out, void *q, void *scales, const void *gu, const int32_t *offsets, size_t E,
+                             size_t R, size_t H, Fp8Scaling how);
 void cuda_fp8_quantize_cols(void *qt, void *scales, const void *x, const int32_t *offsets, size_t E, size_t R,
                             size_t C, Fp8Scaling how);
 void cuda_fp8_quantize_weights(void *q, void *qt, void *scales, void *scales_t, const void *w, size_t E, size_t N,
