@@ -267,12 +267,13 @@ run train.steps=15 train.ckpt_every=5 train.out="$tmp/crash" && grep -q "resumed
     [ -z "$(ls -a "$tmp/crash" | grep '^\.tmp')" ] && ok "next run resumes from the whole checkpoint" \
     || bad "next run resumes from the whole checkpoint" "$(tail -3 "$tmp/last.log")"
 
-# A full disk while logging: the run stops naming metrics.jsonl (the last record cut mid-line); the
+# A full disk while logging: the run stops naming metrics.jsonl (the last record usually cut mid-line:
+# where the limit falls depends on the records' lengths, which carry timings); the
 # resume keeps whole records up to its checkpoint's step only, so every step is logged once, every
 # line is JSON, and the losses are those of a run never stopped.
 run train.steps=20 train.ckpt_every=10 train.out="$tmp/logfull" --stop-at 5
 out=$( trap '' XFSZ; ulimit -f 4; $MOE train $TINY train.steps=20 train.ckpt_every=10 train.out="$tmp/logfull" 2>&1 >/dev/null ); rc=$?
-if [ $rc -ne 0 ] && grep -q "metrics.jsonl: cannot write the metrics log" <<<"$out" && [ -n "$(tail -c 1 "$tmp/logfull/metrics.jsonl")" ]; then
+if [ $rc -ne 0 ] && grep -q "metrics.jsonl: cannot write the metrics log" <<<"$out"; then
     ok "full disk while logging: stops with a message"
 else bad "full disk while logging: stops with a message" "rc $rc: $out"; fi
 run train.steps=20 train.ckpt_every=10 train.out="$tmp/logfull"
