@@ -807,6 +807,31 @@ static void test_fp8_weights_case(size_t E, size_t N, size_t K, size_t shift, Fp
     buf_free(&w), buf_free(&q), buf_free(&qt), buf_free(&sc), buf_free(&sct);
 }
 
+// The activations' quantisation bit for bit where the products never take it but the kernels must:
+// widths not multiples of 8 and buffers `shift` values or bytes past 16-byte alignment (value-by-value
+// loads and stores), rows and token-major copies, outputs poisoned.
+static void test_fp8_acts_case(size_t E, const int *rows, size_t K, size_t shift, Fp8Scaling how) {
+    char what[128];
+    size_t R;
+    Buf off = expert_offsets(E, rows, &R);
+    size_t Rb = R + 3, Kb = fp8_blocks(K), Rt = fp8_expert_cols(Rb, E), n = Rb * K + shift, nt = K * Rt + shift;
+    Buf x = buf_new(K_ACT, n), q = buf_new(K_U8, n), s = buf_new(K_F32, Kb * Rb), qt = buf_new(K_U8, nt);
+    Buf st = buf_new(K_F32, Rt / FP8_BLOCK * K);
+    fp8_inputs(&x, K, 86, 1, R / 2, R / 2 + 1);
+    buf_poison(&q), buf_poison(&s), buf_poison(&qt), buf_poison(&st);
+    const void *xc = (char *)x.c + shift * cpu->act_size, *xg = (char *)x.g + shift * gpu->act_size;
+    cpu->fp8_quantize_rows((char *)q.c + shift, s.c, xc, off.c, E, Rb, K, how);
+    gpu->fp8_quantize_rows((char *)q.g + shift, s.g, xg, off.g, E, Rb, K, how);
+    cpu->fp8_quantize_cols((char *)qt.c + shift, st.c, xc, off.c, E, Rb, K, how);
+    gpu->fp8_quantize_cols((char *)qt.g + shift, st.g, xg, off.g, E, Rb, K, how);
+    snprintf(what, sizeof what, "fp8 quantise activations E%zu K%zu%s%s", E, K, shift ? " unaligned" : "",
+             how == FP8_SCALE_POW2 ? " pow2" : "");
+    check(what, &q, n, 0, 0), check("  row scales", &s, Kb * Rb, 0, 0);
+    check("  token-major copies", &qt, nt, 0, 0), check("  their scales", &st, Rt / FP8_BLOCK * K, 0, 0);
+    Buf *all[] = {&off, &x, &q, &s, &qt, &st};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) buf_free(all[i]);
+}
+
 // SwiGLU with its output's rows quantised in the same pass, on the rows of experts [first, E) (from
 // the second: a chunk of experts), outputs poisoned: its output bit for bit the plain SwiGLU's on
 // the GPU (and the CPU's within bf16 rounding), its codes and scales bit for bit the CPU's
@@ -854,6 +879,9 @@ static void test_fp8(void) {
     test_fp8_weights_case(3, 200, 260, 0, FP8_SCALE_AMAX);
     test_fp8_weights_case(2, 144, 400, 3, FP8_SCALE_POW2);
     test_fp8_weights_case(1, 16, 48, 0, FP8_SCALE_AMAX);
+    test_fp8_acts_case(5, rows1, 100, 0, FP8_SCALE_AMAX);
+    test_fp8_acts_case(8, rows2, 264, 3, FP8_SCALE_AMAX);
+    test_fp8_acts_case(5, rows1, 300, 1, FP8_SCALE_POW2);
     test_swiglu_fp8_case(5, rows1, 48, 0, FP8_SCALE_AMAX);
     test_swiglu_fp8_case(8, rows2, 264, 1, FP8_SCALE_AMAX);
     test_swiglu_fp8_case(5, rows1, 208, 2, FP8_SCALE_POW2); // a short last 128-block (widths are multiples of 16)

@@ -77,20 +77,82 @@ __device__ void fp8_store_row_block(uint8_t *q, float *scales, const Fp8RowBlock
     if ((threadIdx.x & 31) == 0) scales[(int64_t)fp8_blocks((size_t)K) * b->r0 + b->kb * b->rows + (b->r - b->r0)] = s;
 }
 
-__global__ void fp8_quantize_rows_kernel(uint8_t *q, float *scales, const bf16 *x, const int32_t *offsets, int E,
-                                         int64_t R, int K, Fp8Scaling how) {
-    Fp8RowBlock b;
-    if (!fp8_row_block(offsets, E, R, K, &b)) return; // the whole warp leaves
-    float v[4];
-    fp8_load4(v, x + b.at, K - b.k, b.vec);
-    fp8_store_row_block(q, scales, &b, v, K, how);
+static bool aligned16(const void *p) { return (uintptr_t)p % 16 == 0; }
+
+// 8 values of a row from p as packed bf16 (n of them in the row, the rest 0): one 16-byte load
+// (vec: the piece whole or wholly outside, and aligned) or value by value.
+__device__ __forceinline__ uint4 fp8_load_piece(const bf16 *p, int64_t n, bool vec) {
+    if (vec) return n > 0 ? *reinterpret_cast<const uint4 *>(p) : make_uint4(0, 0, 0, 0);
+    uint32_t w[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        if (i < n) w[i / 2] |= (uint32_t)__bfloat16_as_ushort(p[i]) << (16 * (i % 2));
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// The 8 codes of values v, value i under scale s[step i], packed as they lie in memory.
+__device__ __forceinline__ uint2 fp8_codes8(const float v[8], const float *s, int step) {
+    uint32_t w[2] = {0, 0};
+    for (int i = 0; i < 8; i++) w[i / 4] |= (uint32_t)fp8_quantize(v[i], s[step * i]) << (8 * (i % 4));
+    return make_uint2(w[0], w[1]);
+}
+
+// The rows' kernel: a half-warp per 1x128 block, a 16-byte piece (8 values) a lane; a warp covers
+// FP8_R_PAIRS pairs of consecutive blocks (in row-major (row, block) order, so each load of the warp
+// reads 512 contiguous bytes) and issues all their loads before the first amax, so that a thread
+// has FP8_R_PAIRS x 16 bytes in flight. The block's amax by 4 shuffles within the half-warp, its
+// codes 8 bytes a lane; its group (a binary search of offsets) only matters for the stores.
+#define FP8_R_THREADS 256
+#define FP8_R_PAIRS 4
+
+// Lane's piece raw of block kb of row r: its scale and codes into q and scales, unless the row is
+// in no group (the whole half-warp computes the amax first, as the shuffles need).
+__device__ void fp8_store_row_piece(uint8_t *q, float *scales, const int32_t *offsets, int E, int64_t R, int K,
+                                    int64_t r, int64_t kb, uint4 raw, bool vec, Fp8Scaling how) {
+    float v[8], amax = 0;
+    unpack8(v, raw);
+    for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(v[i]));
+    for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    int64_t r0, rows, k = kb * FP8_BLOCK + 8 * (threadIdx.x & 15);
+    if (r >= R || !fp8_row_group(offsets, E, R, r, &r0, &rows)) return;
+    float s = fp8_block_scale(amax, how);
+    uint2 codes = fp8_codes8(v, &s, 0);
+    uint8_t *dst = q + r * K + k;
+    if (vec && k < K) *reinterpret_cast<uint2 *>(dst) = codes;
+    else
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            if (k + i < K) dst[i] = (uint8_t)((i < 4 ? codes.x : codes.y) >> (8 * (i % 4)));
+    if ((threadIdx.x & 15) == 0) scales[(int64_t)fp8_blocks((size_t)K) * r0 + kb * rows + (r - r0)] = s;
+}
+
+// vec: K a multiple of 8, x 16-byte and q 8-byte aligned (every piece whole or wholly outside).
+__global__ void __launch_bounds__(FP8_R_THREADS)
+fp8_quantize_rows_kernel(uint8_t *q, float *scales, const bf16 *x, const int32_t *offsets, int E, int64_t R, int K,
+                         bool vec, Fp8Scaling how) {
+    int64_t Kb = (int64_t)fp8_blocks((size_t)K), warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int64_t block = warp * 2 * FP8_R_PAIRS + ((threadIdx.x >> 4) & 1), r = block / Kb, kb = block % Kb;
+    int64_t rs[FP8_R_PAIRS], kbs[FP8_R_PAIRS];
+    uint4 raw[FP8_R_PAIRS];
+#pragma unroll
+    for (int j = 0; j < FP8_R_PAIRS; j++) {
+        int64_t k = kb * FP8_BLOCK + 8 * (threadIdx.x & 15);
+        raw[j] = r < R ? fp8_load_piece(x + r * K + k, K - k, vec) : make_uint4(0, 0, 0, 0);
+        rs[j] = r, kbs[j] = kb;
+        for (kb += 2; kb >= Kb; kb -= Kb) r++;
+    }
+#pragma unroll
+    for (int j = 0; j < FP8_R_PAIRS; j++)
+        fp8_store_row_piece(q, scales, offsets, E, R, K, rs[j], kbs[j], raw[j], vec, how);
 }
 
 extern "C" void cuda_fp8_quantize_rows(void *q, void *scales, const void *x, const int32_t *offsets, size_t E, size_t R,
                                        size_t K, Fp8Scaling how) {
-    size_t warps = R * fp8_blocks(K);
-    fp8_quantize_rows_kernel<<<cuda_blocks(warps * 32, 256), 256, 0, cuda_ctx.stream>>>(
-        (uint8_t *)q, (float *)scales, (const bf16 *)x, offsets, (int)E, (int64_t)R, (int)K, how);
+    if (!R || !K) return;
+    bool vec = K % 8 == 0 && aligned16(x) && (uintptr_t)q % 8 == 0;
+    size_t warps = (R * fp8_blocks(K) + 2 * FP8_R_PAIRS - 1) / (2 * FP8_R_PAIRS);
+    fp8_quantize_rows_kernel<<<cuda_blocks(warps * 32, FP8_R_THREADS), FP8_R_THREADS, 0, cuda_ctx.stream>>>(
+        (uint8_t *)q, (float *)scales, (const bf16 *)x, offsets, (int)E, (int64_t)R, (int)K, vec, how);
     CUDA_LAUNCH_CHECK();
 }
 
@@ -134,48 +196,6 @@ __device__ void fp8_block_rows(const int32_t *offsets, int E, int64_t b, int64_t
     *n = into >= 0 && into < rows ? min((int64_t)FP8_BLOCK, rows - into) : 0;
 }
 
-// Block (32, 8) per (32 columns, token-major block b): the 128 x 32 tile through shared memory,
-// a column's amax over the tile, 4 codes a thread written along the token dimension.
-__global__ void fp8_quantize_cols_kernel(uint8_t *qt, float *scales, const bf16 *x, const int32_t *offsets, int E,
-                                         int64_t C, int64_t Rt, Fp8Scaling how) {
-    __shared__ float tile[FP8_BLOCK][33], part[8][32], scale[32];
-    int tx = threadIdx.x, ty = threadIdx.y;
-    int64_t c0 = (int64_t)blockIdx.x * 32, b = blockIdx.y, first, n;
-    fp8_block_rows(offsets, E, b, &first, &n);
-    float amax = 0;
-    for (int i = ty; i < FP8_BLOCK; i += 8) {
-        tile[i][tx] = i < n && c0 + tx < C ? bf(x[(first + i) * C + c0 + tx]) : 0.0f;
-        amax = fmaxf(amax, fabsf(tile[i][tx]));
-    }
-    part[ty][tx] = amax;
-    __syncthreads();
-    if (ty == 0) {
-        for (int j = 1; j < 8; j++) amax = fmaxf(amax, part[j][tx]);
-        scale[tx] = fp8_block_scale(amax, how);
-        if (c0 + tx < C) scales[b * C + c0 + tx] = scale[tx];
-    }
-    __syncthreads();
-    for (int cl = ty; cl < 32 && c0 + cl < C; cl += 8) {
-        uint32_t codes = 0;
-        for (int i = 0; i < 4; i++) codes |= (uint32_t)fp8_quantize(tile[4 * tx + i][cl], scale[cl]) << (8 * i);
-        *reinterpret_cast<uint32_t *>(qt + (c0 + cl) * Rt + FP8_BLOCK * b + 4 * tx) = codes;
-    }
-}
-
-extern "C" void cuda_fp8_quantize_cols(void *qt, void *scales, const void *x, const int32_t *offsets, size_t E,
-                                       size_t R, size_t C, Fp8Scaling how) {
-    size_t Rt = fp8_expert_cols(R, E);
-    dim3 grid((unsigned)((C + 31) / 32), (unsigned)(Rt / FP8_BLOCK)), block(32, 8);
-    fp8_quantize_cols_kernel<<<grid, block, 0, cuda_ctx.stream>>>((uint8_t *)qt, (float *)scales, (const bf16 *)x,
-                                                                  offsets, (int)E, (int64_t)C, (int64_t)Rt, how);
-    CUDA_LAUNCH_CHECK();
-}
-
-// The weights' kernel: a block of FP8_W_THREADS threads per 128x128 block, each thread holding
-// FP8_W_PIECES pieces of 16 consecutive values of a row.
-#define FP8_W_THREADS 256
-#define FP8_W_PIECES (FP8_BLOCK * FP8_BLOCK / 16 / FP8_W_THREADS)
-
 // The 16-byte chunk where the codes of row i's chunk c lie in the shared tile: XOR-ed with the row's
 // 16-row group, so that neither the row-major writes nor the transposed reads share a bank.
 __device__ __forceinline__ int fp8_tile_chunk(int i, int c) { return c ^ ((i >> 4) & 7); }
@@ -188,6 +208,112 @@ __device__ __forceinline__ void fp8_transpose4(uint32_t &a, uint32_t &b, uint32_
     a = __byte_perm(t0, t2, 0x5410), b = __byte_perm(t0, t2, 0x7632);
     c = __byte_perm(t1, t3, 0x5410), d = __byte_perm(t1, t3, 0x7632);
 }
+
+// Thread t's share (of 256) of the transpose of a 128x128 tile of codes (swizzled as
+// fp8_tile_chunk): columns [4 (t / 8), + 4) of rows [16 (t % 8), + 16) read as 16 words, transposed
+// in registers, stored as 4 rows of 16 bytes of dst (tile column j at dst + j ld), for the tile's
+// first cols columns and rows rows. vec: 16-byte stores (dst, ld and rows multiples of 16).
+__device__ __forceinline__ void fp8_store_transposed(const uint4 (*tile)[FP8_BLOCK / 16], uint8_t *dst, int64_t ld,
+                                                     int64_t cols, int64_t rows, bool vec) {
+    int kq = threadIdx.x / 8, r = threadIdx.x % 8;
+    uint32_t col[16];
+#pragma unroll
+    for (int ii = 0; ii < 16; ii++) {
+        int i = 16 * r + ii;
+        col[ii] = reinterpret_cast<const uint32_t *>(&tile[i][fp8_tile_chunk(i, kq / 4)])[kq % 4];
+    }
+    dst += 4 * kq * ld + 16 * r;
+    if (vec) {
+#pragma unroll
+        for (int g = 0; g < 4; g++) fp8_transpose4(col[4 * g], col[4 * g + 1], col[4 * g + 2], col[4 * g + 3]);
+#pragma unroll
+        for (int m = 0; m < 4; m++)
+            if (16 * r < rows && 4 * kq + m < cols)
+                *reinterpret_cast<uint4 *>(dst + m * ld) = make_uint4(col[m], col[4 + m], col[8 + m], col[12 + m]);
+    } else {
+#pragma unroll
+        for (int m = 0; m < 4; m++)
+#pragma unroll
+            for (int ii = 0; ii < 16; ii++)
+                if (4 * kq + m < cols && 16 * r + ii < rows) dst[m * ld + ii] = (uint8_t)(col[ii] >> (8 * m));
+    }
+}
+
+// The token-major copies' kernel: a block of FP8_C_THREADS threads per (128 columns, token-major
+// block b). Thread t loads FP8_C_PIECES 16-byte pieces, all issued before any arithmetic: columns
+// [8 (t % 16), + 8) of rows t / 16 + 16 p, so it holds 8 columns of 8 rows and keeps their maxima
+// in registers; the columns' amax then by one shuffle (lanes l and l + 16 share columns) and a
+// shared row of partial maxima per warp. Codes go to a 128x128 shared tile (8 bytes a piece,
+// swizzled as the weights' so that neither side has bank conflicts) and out, transposed, in
+// 16-byte stores along the token dimension: 128 contiguous bytes per column and 8 lanes.
+#define FP8_C_THREADS 256
+#define FP8_C_PIECES (FP8_BLOCK * FP8_BLOCK / 8 / FP8_C_THREADS)
+
+// The columns' scales of the block into scale (shared) and scales (the block's row of them), from
+// each thread's maxima of its 8 columns.
+__device__ void fp8_column_scales(float *scale, float *scales, float amax[8], int64_t cols, Fp8Scaling how) {
+    __shared__ float part[FP8_C_THREADS / 32][FP8_BLOCK];
+    int t = threadIdx.x, c8 = t % 16;
+    for (int j = 0; j < 8; j++) amax[j] = fmaxf(amax[j], __shfl_xor_sync(0xffffffffu, amax[j], 16));
+    if (t % 32 < 16)
+        for (int j = 0; j < 8; j++) part[t / 32][8 * c8 + j] = amax[j];
+    __syncthreads();
+    if (t < FP8_BLOCK) {
+        float m = 0;
+        for (int w = 0; w < FP8_C_THREADS / 32; w++) m = fmaxf(m, part[w][t]);
+        scale[t] = fp8_block_scale(m, how);
+        if (t < cols) scales[t] = scale[t];
+    }
+    __syncthreads();
+}
+
+// vec: C a multiple of 8, x and qt 16-byte aligned.
+__global__ void __launch_bounds__(FP8_C_THREADS, 3)
+fp8_quantize_cols_kernel(uint8_t *qt, float *scales, const bf16 *x, const int32_t *offsets, int E, int64_t C,
+                         int64_t Rt, bool vec, Fp8Scaling how) {
+    __shared__ uint4 tile[FP8_BLOCK][FP8_BLOCK / 16];
+    __shared__ float scale[FP8_BLOCK];
+    int t = threadIdx.x, c8 = t % 16;
+    int64_t c0 = (int64_t)blockIdx.x * FP8_BLOCK, c = c0 + 8 * c8, b = blockIdx.y, first, n;
+    fp8_block_rows(offsets, E, b, &first, &n);
+    uint4 raw[FP8_C_PIECES];
+#pragma unroll
+    for (int p = 0; p < FP8_C_PIECES; p++) {
+        int i = t / 16 + 16 * p;
+        raw[p] = i < n ? fp8_load_piece(x + (first + i) * C + c, C - c, vec) : make_uint4(0, 0, 0, 0);
+    }
+    float amax[8] = {0, 0, 0, 0, 0, 0, 0, 0}, v[8];
+#pragma unroll
+    for (int p = 0; p < FP8_C_PIECES; p++) {
+        unpack8(v, raw[p]);
+        for (int j = 0; j < 8; j++) amax[j] = fmaxf(amax[j], fabsf(v[j]));
+    }
+    fp8_column_scales(scale, scales + b * C + c0, amax, C - c0, how);
+#pragma unroll
+    for (int p = 0; p < FP8_C_PIECES; p++) {
+        int i = t / 16 + 16 * p;
+        unpack8(v, raw[p]);
+        reinterpret_cast<uint2 *>(&tile[i][fp8_tile_chunk(i, c8 / 2)])[c8 % 2] = fp8_codes8(v, scale + 8 * c8, 1);
+    }
+    __syncthreads();
+    fp8_store_transposed(tile, qt + c0 * Rt + FP8_BLOCK * b, Rt, C - c0, FP8_BLOCK, vec);
+}
+
+extern "C" void cuda_fp8_quantize_cols(void *qt, void *scales, const void *x, const int32_t *offsets, size_t E,
+                                       size_t R, size_t C, Fp8Scaling how) {
+    if (!C) return;
+    size_t Rt = fp8_expert_cols(R, E);
+    bool vec = C % 8 == 0 && aligned16(x) && aligned16(qt);
+    dim3 grid((unsigned)fp8_blocks(C), (unsigned)(Rt / FP8_BLOCK));
+    fp8_quantize_cols_kernel<<<grid, FP8_C_THREADS, 0, cuda_ctx.stream>>>(
+        (uint8_t *)qt, (float *)scales, (const bf16 *)x, offsets, (int)E, (int64_t)C, (int64_t)Rt, vec, how);
+    CUDA_LAUNCH_CHECK();
+}
+
+// The weights' kernel: a block of FP8_W_THREADS threads per 128x128 block, each thread holding
+// FP8_W_PIECES pieces of 16 consecutive values of a row.
+#define FP8_W_THREADS 256
+#define FP8_W_PIECES (FP8_BLOCK * FP8_BLOCK / 16 / FP8_W_THREADS)
 
 // One block per 128x128 block (kb, nb) of weight matrix e. Its values stay in registers (16-byte
 // loads) from the amax to the codes, which go to q in 16-byte stores and, through the shared tile,
@@ -232,33 +358,9 @@ fp8_quantize_weights_kernel(uint8_t *q, uint8_t *qt, float *scales, float *scale
                 if (n < N && k + j < K) dst[j] = (uint8_t)(word[j / 4] >> (8 * (j % 4)));
     }
     __syncthreads();
-    int kq = threadIdx.x / 8, r = threadIdx.x % 8; // columns [4 kq, + 4) of rows [16 r, + 16)
-    int64_t n = n0 + 16 * r;
-    uint32_t col[16];
-#pragma unroll
-    for (int ii = 0; ii < 16; ii++) {
-        int i = 16 * r + ii;
-        col[ii] = reinterpret_cast<const uint32_t *>(&tile[i][fp8_tile_chunk(i, kq / 4)])[kq % 4];
-    }
-    uint8_t *dst = qt + e * K * N + (k0 + 4 * kq) * N + n;
-    if (vec) {
-#pragma unroll
-        for (int g = 0; g < 4; g++) fp8_transpose4(col[4 * g], col[4 * g + 1], col[4 * g + 2], col[4 * g + 3]);
-#pragma unroll
-        for (int m = 0; m < 4; m++)
-            if (n < N && k0 + 4 * kq + m < K)
-                *reinterpret_cast<uint4 *>(dst + m * N) = make_uint4(col[m], col[4 + m], col[8 + m], col[12 + m]);
-    } else {
-#pragma unroll
-        for (int m = 0; m < 4; m++)
-#pragma unroll
-            for (int ii = 0; ii < 16; ii++)
-                if (k0 + 4 * kq + m < K && n + ii < N) dst[m * N + ii] = (uint8_t)(col[ii] >> (8 * m));
-    }
+    fp8_store_transposed(tile, qt + e * K * N + k0 * N + n0, N, K - k0, N - n0, vec);
     if (threadIdx.x == 0) scales[(e * Kb + kb) * Nb + nb] = s, scales_t[(e * Nb + nb) * Kb + kb] = s;
 }
-
-static bool aligned16(const void *p) { return (uintptr_t)p % 16 == 0; }
 
 extern "C" void cuda_fp8_quantize_weights(void *q, void *qt, void *scales, void *scales_t, const void *w, size_t E,
                                           size_t N, size_t K, Fp8Scaling how) {
