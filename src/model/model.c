@@ -239,8 +239,8 @@ static void alloc_layer_acts(Model *m, LayerActs *a, size_t T, bool moe, bool de
     const ModelConfig *c = &m->cfg;
     const LayerActs *sh = &m->shared;
     size_t D = c->d_model, C = model_qkv_width(c), Dq = (size_t)c->n_heads * c->head_dim;
-    size_t Rr = moe && !m->expert_hact ? moe_exchange_received_rows(&m->xchg, T) : 0;
-    size_t hidden = max_size(Rr * c->expert_hidden, dense ? T * c->dense_hidden : 0); // rows x width
+    size_t expert = moe ? moe_exchange_received_rows(&m->xchg, T) * c->expert_hidden : 0; // rows x width
+    size_t hidden = max_size(m->expert_hact ? 0 : expert, dense ? T * c->dense_hidden : 0); // hact's, if kept
     a->n1 = layer_act(m, sh->n1, T * D), a->n1_rstd = layer_f32(m, sh->n1_rstd, T);
     a->qkv_raw = layer_act(m, sh->qkv_raw, T * C), a->qkv = layer_act(m, sh->qkv, T * C);
     a->qk_rstd = layer_f32(m, sh->qk_rstd, T * (c->n_heads + c->n_kv_heads));
@@ -248,8 +248,7 @@ static void alloc_layer_acts(Model *m, LayerActs *a, size_t T, bool moe, bool de
     a->ap = layer_act(m, sh->ap, T * D), a->h = layer_act(m, sh->h, T * D);
     a->n2 = layer_act(m, sh->n2, T * D), a->n2_rstd = layer_f32(m, sh->n2_rstd, T);
     a->f = layer_act(m, sh->f, T * D);
-    size_t gu = max_size(moe ? moe_exchange_received_rows(&m->xchg, T) * c->expert_hidden : 0, hidden);
-    a->gu = layer_act(m, sh->gu, 2 * gu);
+    a->gu = layer_act(m, sh->gu, 2 * max_size(expert, hidden));
     a->hact = hidden ? layer_act(m, sh->hact, hidden) : NULL;
     if (moe) alloc_moe_acts(m, a, T);
 }
@@ -675,8 +674,9 @@ static void expert_swiglu(const Model *m, void *hact, const void *gu, const int3
 }
 
 // dx (Rr, K) = dout . w[e]; dw (El, N, K) f32 += dout^T . x per expert (either skipped when NULL),
-// with the compute weights at offset w: in act precision, or in FP8 (the input gradient from quantised rows of dout and the
-// weights' transposed FP8 copy, the weight gradient from token-major copies of dout and x).
+// with the compute weights at offset w: in act precision, or in FP8 (the input gradient from
+// quantised rows of dout and the weights' transposed FP8 copy, the weight gradient from token-major
+// copies of dout and x).
 static void expert_backward(const Model *m, void *dx, void *dw, const void *dout, const void *x, size_t w,
                             const int32_t *off, size_t El, size_t N, size_t K, size_t Rr) {
     const Ops *ops = m->ops;

@@ -116,6 +116,7 @@ static void rows_used(size_t R, const int32_t *rows, size_t n, size_t *first, si
 }
 
 static real sigmoid(real x) { return 1 / (1 + real_exp(-x)); }
+static real swiglu_value(real g, real u) { return g * sigmoid(g) * u; }
 
 void cpu_swiglu_forward(void *out_, const void *gu_, size_t R, size_t H, const int32_t *rows, size_t n) {
     real *out = out_;
@@ -126,7 +127,7 @@ void cpu_swiglu_forward(void *out_, const void *gu_, size_t R, size_t H, const i
     for (size_t r = first; r < end; r++)
         for (size_t j = 0; j < H; j++) {
             real g = gu[r * 2 * H + j], u = gu[r * 2 * H + H + j];
-            out[r * H + j] = g * sigmoid(g) * u;
+            out[r * H + j] = swiglu_value(g, u);
         }
 }
 
@@ -157,7 +158,7 @@ void cpu_moe_combine_weight_backward(void *row_dot_, void *hw_, const void *du_,
     for (size_t r = first; r < end; r++) {
         double dot = 0;
         for (size_t j = 0; j < H; j++) {
-            real g = gu[r * 2 * H + j], u = gu[r * 2 * H + H + j], h = g * sigmoid(g) * u;
+            real h = swiglu_value(gu[r * 2 * H + j], gu[r * 2 * H + H + j]);
             dot += (double)du[r * H + j] * h;
             hw[r * H + j] = row_w[r] * h;
         }

@@ -85,7 +85,7 @@ __device__ __forceinline__ float block_max(float v, float *scratch) {
 }
 
 // SwiGLU of one gate and up value, silu(g) u: every kernel that computes it (cuda_dense.cu, the
-// fused FP8 one of cuda_fp8.cu) gets the same bits.
+// fused FP8 one of cuda_fp8.cu, the combine weights' backward of cuda_moe.cu) gets the same bits.
 __device__ __forceinline__ float swiglu_value(float g, float u) { return g / (1.0f + __expf(-g)) * u; }
 
 // 8 bf16 values (16 bytes) to and from fp32: the unit of the memory-bound kernels' loads.

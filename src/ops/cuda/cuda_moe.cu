@@ -341,7 +341,7 @@ __global__ void combine_weight_backward_kernel(float *row_dot, bf16 *__restrict_
             float g[8], u[8], d[8];
             load8(g, gu + r * 2 * H + j), load8(u, gu + r * 2 * H + H + j), load8(d, du + r * H + j);
             for (int q = 0; q < 8; q++) {
-                float h = g[q] / (1.0f + __expf(-g[q])) * u[q];
+                float h = swiglu_value(g[q], u[q]);
                 dot += d[q] * h, g[q] = w * h;
             }
             store8(hw + r * H + j, g);
