@@ -14,6 +14,7 @@
 #include "dist/parallel.h"
 #include "model/model.h"
 #include "ops/exchange_plan.h"
+#include "ops/cuda/cuda_ops.h"
 #include "ops/ops.h"
 #include "../test_model.h"
 
@@ -870,6 +871,11 @@ static void test_fp8(void) {
         FAIL("this GPU has no FP8 products (the CUDA backend's need Hopper)");
         return;
     }
+    uint32_t first = 0;
+    uint64_t bad = cuda_fp8_encoder_mismatches(&first);
+    if (bad) FAIL("the GPU's E4M3 conversion differs from the recipe's on %llu fp32 inputs, first 0x%08x",
+                  (unsigned long long)bad, first);
+    else printf("    the GPU's E4M3 conversion gives the recipe's code for every fp32 input\n");
     int rows1[5] = {0, 37, 0, 130, 3}, rows2[8] = {500, 1, 0, 257, 64, 129, 0, 2000};
     int rows3[16] = {3000, 1500, 1000, 750, 600, 500, 1, 0, 333, 300, 2, 250, 0, 7, 200, 129};
     test_fp8_case(5, rows1, 48, 80, FP8_SCALE_AMAX);

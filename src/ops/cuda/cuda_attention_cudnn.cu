@@ -3,7 +3,9 @@
 // and dQ, dK, dV written in place into the packed gradient rows (strided tensors, no copies); the
 // forward keeps each row's log-sum-exp (cuDNN's softmax "stats", natural log of the scaled scores,
 // the same quantity as the CPU backend's lse). One graph per shape and direction is built on first
-// use (before any step is recorded) and executed with the tensors' addresses afterwards.
+// use (before any step is recorded) and executed with the tensors' addresses afterwards, on the
+// fastest of the engine configurations cuDNN's heuristics offer, timed then on scratch tensors of
+// the shape (the heuristics' first choice under train.deterministic, so that two runs pick alike).
 #include <cudnn_frontend.h>
 
 #include <math.h>
@@ -20,6 +22,7 @@ typedef struct {
     AttnDims d;
     bool backward, deterministic;
     std::shared_ptr<fe::graph::Graph> graph; // NULL: cuDNN cannot run this shape
+    int64_t plan;                            // the engine configuration executed: an index among graph's plans
     int64_t workspace;
 } SdpaPlan;
 
@@ -81,13 +84,77 @@ static std::shared_ptr<fe::graph::Graph> sdpa_build(AttnDims d, bool backward, b
     std::string why;
     bool ok = fe_ok(g->validate(), &why) && fe_ok(g->build_operation_graph(sdpa_handle), &why) &&
               fe_ok(g->create_execution_plans({fe::HeurMode_t::A}), &why) && fe_ok(g->check_support(sdpa_handle), &why) &&
-              fe_ok(g->build_plans(sdpa_handle), &why) && fe_ok(g->get_workspace_size(*ws), &why);
+              fe_ok(g->build_plans(sdpa_handle, fe::BuildPlanPolicy_t::ALL), &why) && fe_ok(g->get_workspace_size(*ws), &why);
     if (!ok) {
         fprintf(stderr, "note: cuDNN attention %s (B %zu, S %zu, heads %zu/%zu, hd %zu) not available: %s; using the "
                         "built-in kernel\n", backward ? "backward" : "forward", d.B, d.S, d.Hq, d.Hkv, d.hd, why.c_str());
         return nullptr;
     }
     return g;
+}
+
+// Plan i's time on the tensors of ptrs: the best of 3 runs after a warm-up, in ms (infinite when it fails).
+static float sdpa_time_plan(fe::graph::Graph &g, std::unordered_map<int64_t, void *> &ptrs, void *ws, int64_t i) {
+    cudaEvent_t t[2];
+    CUDA_CHECK(cudaEventCreate(&t[0]));
+    CUDA_CHECK(cudaEventCreate(&t[1]));
+    float best = INFINITY;
+    for (int run = 0; run < 4; run++) {
+        CUDA_CHECK(cudaEventRecord(t[0], cuda_ctx.stream));
+        bool ok = g.execute_plan_at_index(sdpa_handle, ptrs, ws, i).is_good();
+        CUDA_CHECK(cudaEventRecord(t[1], cuda_ctx.stream));
+        CUDA_CHECK(cudaEventSynchronize(t[1]));
+        float ms;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, t[0], t[1]));
+        if (!ok) break;
+        if (run > 0 && ms < best) best = ms;
+    }
+    CUDA_CHECK(cudaEventDestroy(t[0]));
+    CUDA_CHECK(cudaEventDestroy(t[1]));
+    return best;
+}
+
+// Sets p->plan to the fastest of its graph's plans, timed on scratch tensors of its shape (filled
+// with small values), and p->workspace to that plan's. Keeps plan 0 (the heuristics' first) under
+// train.deterministic, with a single plan, or when the scratch does not fit in device memory.
+static void sdpa_choose(SdpaPlan *p) {
+    fe::graph::Graph &g = *p->graph;
+    int64_t n = g.get_execution_plan_count(), ws = 0;
+    p->plan = 0;
+    if (p->deterministic || n < 2) return;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t w = 0;
+        if (g.get_workspace_size_plan_at_index(i, w).is_good() && w > ws) ws = w;
+    }
+    AttnDims d = p->d;
+    size_t T = d.B * d.S, C = (d.Hq + 2 * d.Hkv) * d.hd, Dq = d.Hq * d.hd;
+    size_t sizes[] = {T * C * 2, T * Dq * 2, d.B * d.Hq * d.S * 4, T * Dq * 2, T * C * 2, (size_t)ws}, total = 0;
+    for (size_t b : sizes) total += (b + 255) / 256 * 256;
+    char *buf;
+    if (cudaMalloc(&buf, total) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return;
+    }
+    CUDA_CHECK(cudaMemsetAsync(buf, 0x3c, total, cuda_ctx.stream)); // bf16 0.0115, fp32 0.0115: no overflow
+    void *at[6];
+    for (int i = 0, off = 0; i < 6; off += (int)((sizes[i] + 255) / 256 * 256), i++) at[i] = buf + off;
+    bf16 *q = (bf16 *)at[0], *dq = (bf16 *)at[4];
+    size_t k_col = d.Hq * d.hd, v_col = (d.Hq + d.Hkv) * d.hd;
+    std::unordered_map<int64_t, void *> ptrs = {{UID_Q, q}, {UID_K, q + k_col}, {UID_V, q + v_col}, {UID_O, at[1]},
+                                                {UID_STATS, at[2]}};
+    if (p->backward) ptrs.insert({{UID_DO, at[3]}, {UID_DQ, dq}, {UID_DK, dq + k_col}, {UID_DV, dq + v_col}});
+    CUDNN_CHECK(cudnnSetStream(sdpa_handle, cuda_ctx.stream));
+    float first = sdpa_time_plan(g, ptrs, at[5], 0), best = first;
+    for (int64_t i = 1; i < n; i++) {
+        float ms = sdpa_time_plan(g, ptrs, at[5], i);
+        if (ms < best) best = ms, p->plan = i;
+    }
+    CUDA_CHECK(cudaFree(buf));
+    int64_t w = 0;
+    if (g.get_workspace_size_plan_at_index(p->plan, w).is_good()) p->workspace = w;
+    fprintf(stderr, "note: cuDNN attention %s (B %zu, S %zu, heads %zu/%zu, hd %zu): plan %lld of %lld, %.3f ms "
+                    "(the heuristics' first %.3f ms)\n", p->backward ? "backward" : "forward", d.B, d.S, d.Hq, d.Hkv,
+            d.hd, (long long)p->plan, (long long)n, best, first);
 }
 
 static const SdpaPlan *sdpa_plan(AttnDims d, bool backward, bool deterministic) {
@@ -101,6 +168,7 @@ static const SdpaPlan *sdpa_plan(AttnDims d, bool backward, bool deterministic) 
     SdpaPlan *p = &sdpa_cache[sdpa_cached < SDPA_CACHE ? sdpa_cached++ : SDPA_CACHE - 1];
     p->d = d, p->backward = backward, p->deterministic = deterministic, p->workspace = 0;
     p->graph = sdpa_build(d, backward, deterministic, &p->workspace);
+    if (p->graph) sdpa_choose(p);
     return p;
 }
 
@@ -114,7 +182,7 @@ static void *sdpa_workspace(int64_t bytes) {
 static bool sdpa_run(const SdpaPlan *p, std::unordered_map<int64_t, void *> &ptrs) {
     if (!p->graph) return false;
     CUDNN_CHECK(cudnnSetStream(sdpa_handle, cuda_ctx.stream));
-    fe::error_t err = p->graph->execute(sdpa_handle, ptrs, sdpa_workspace(p->workspace));
+    fe::error_t err = p->graph->execute_plan_at_index(sdpa_handle, ptrs, sdpa_workspace(p->workspace), p->plan);
     if (!err.is_good()) moe_fatal("cuDNN attention failed: %s", err.get_message().c_str());
     return true;
 }

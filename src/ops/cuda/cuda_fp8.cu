@@ -384,3 +384,35 @@ extern "C" void cuda_fp8_matmul(void *out, const void *a, const void *a_scales, 
     CUDA_LAUNCH_CHECK();
     cuda_fp8_grouped_matmul(out, a, a_scales, b, b_scales, offsets, 1, N, K, M);
 }
+
+// Every fp32 bit pattern through fp8_e4m3_encode (the hardware conversion here) and
+// fp8_e4m3_encode_exact: the count that differ and the first such pattern.
+__global__ void fp8_encoder_check_kernel(unsigned long long *bad, uint32_t *first) {
+    uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    unsigned long long n = 0;
+    for (uint64_t u = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; u < (1ull << 32); u += stride) {
+        float x = __uint_as_float((uint32_t)u);
+        if (fp8_e4m3_encode(x) != fp8_e4m3_encode_exact(x)) {
+            if (!n) atomicMin(first, (uint32_t)u);
+            n++;
+        }
+    }
+    if (n) atomicAdd(bad, n);
+}
+
+extern "C" uint64_t cuda_fp8_encoder_mismatches(uint32_t *first) {
+    unsigned long long *bad;
+    uint32_t *lowest;
+    CUDA_CHECK(cudaMalloc(&bad, sizeof *bad + sizeof *lowest));
+    lowest = (uint32_t *)(bad + 1);
+    CUDA_CHECK(cudaMemset(bad, 0, sizeof *bad));
+    CUDA_CHECK(cudaMemset(lowest, 0xff, sizeof *lowest));
+    fp8_encoder_check_kernel<<<4096, 256, 0, cuda_ctx.stream>>>(bad, lowest);
+    CUDA_LAUNCH_CHECK();
+    unsigned long long n;
+    CUDA_CHECK(cudaMemcpyAsync(&n, bad, sizeof n, cudaMemcpyDeviceToHost, cuda_ctx.stream));
+    CUDA_CHECK(cudaMemcpyAsync(first, lowest, sizeof *first, cudaMemcpyDeviceToHost, cuda_ctx.stream));
+    CUDA_CHECK(cudaStreamSynchronize(cuda_ctx.stream));
+    CUDA_CHECK(cudaFree(bad));
+    return n;
+}
