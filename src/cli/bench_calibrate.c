@@ -26,7 +26,8 @@ typedef struct {
     CostSink sink;
     KernelFamily family;
     double work, size; // of the call being reported
-    int reps;
+    int reps;          // timed calls at least
+    double sustain_ms; // and as many more as fill this much time back to back (the clocks of a busy GPU)
     LevelSum level[KERNEL_N_FAMILIES];
     Calib cal;
 } Calibration;
@@ -55,11 +56,20 @@ static void calibrate_level_done(Calibration *c) {
     }
 }
 
-// Times `call` (an expression using `o`) on the backend, then reports it on the costing backend.
+// Repetitions of a call of est_ms that fill c->sustain_ms (at least c->reps, at most 5000).
+static int sustained_reps(const Calibration *c, double est_ms) {
+    double n = est_ms > 0 ? ceil(c->sustain_ms / est_ms) : c->reps;
+    return n < c->reps ? c->reps : n > 5000 ? 5000 : (int)n;
+}
+
+// Times `call` (an expression using `o`) on the backend, repeated back to back for c->sustain_ms
+// (a GPU in a training step runs at the clocks of sustained load, not those of a short burst),
+// then reports it on the costing backend.
 #define CALIBRATE(c, call)                                                                       \
     do {                                                                                         \
         const Ops *o = (c)->b.o;                                                                 \
-        double ms_ = BENCH_TIME_MS(&(c)->b, (c)->reps, call);                                    \
+        double ms_ = (c)->sustain_ms > 0 ? BENCH_TIME_MS(&(c)->b, 2, call) : 0;                  \
+        ms_ = BENCH_TIME_MS(&(c)->b, sustained_reps(c, ms_), call);                              \
         o = (c)->cost;                                                                           \
         call;                                                                                    \
         calibrate_record(c, ms_);                                                                \
@@ -230,7 +240,8 @@ static void print_calibration(const Calib *c, const char *out) {
 }
 
 void bench_calibrate(const Config *cfg, Comm *world, const char *device, const char *out) {
-    Calibration c = {.reps = strcmp(cfg->train.device, "cuda") ? 2 : 10};
+    bool gpu = !strcmp(cfg->train.device, "cuda");
+    Calibration c = {.reps = gpu ? 10 : 2, .sustain_ms = gpu ? 200 : 0};
     double start_rss = runtime_bytes(ops_cpu());
     bench_open(&c.b, cfg);
     c.sink = (CostSink){.kernel = record_work, .push_rows = record_push, .ctx = &c};
