@@ -38,11 +38,9 @@ static void report(const Bench *b, const char *name, const char *shape, double m
            100 * rate / ceiling, aim_s);
 }
 
-static void bench_attention(Bench *b, const Config *cfg) {
-    const ModelConfig *c = &cfg->model;
-    AttnDims d = {(size_t)cfg->train.micro_batch, (size_t)cfg->train.seq_len, (size_t)c->n_heads,
-                  (size_t)c->n_kv_heads, (size_t)c->head_dim};
-    size_t T = d.B * d.S, C = model_qkv_width(c), Dq = d.Hq * d.hd;
+// Causal attention of shape d, forward and backward; aimed (issue targets for hd 128) when aims.
+static void bench_attention_case(Bench *b, AttnDims d, bool aims) {
+    size_t T = d.B * d.S, C = (d.Hq + 2 * d.Hkv) * d.hd, Dq = d.Hq * d.hd;
     void *qkv = bench_rand_act(b, T * C, 11, 1.0f), *dout = bench_rand_act(b, T * Dq, 12, 1.0f);
     void *out = b->o->alloc(T * Dq * b->o->act_size), *dqkv = b->o->alloc(T * C * b->o->act_size);
     void *lse = b->o->alloc(d.B * d.Hq * d.S * b->o->f32_size);
@@ -51,10 +49,21 @@ static void bench_attention(Bench *b, const Config *cfg) {
     snprintf(shape, sizeof shape, "B%zu S%zu H%zu/%zu hd%zu", d.B, d.S, d.Hq, d.Hkv, d.hd);
     double f = BENCH_TIME_MS(b, 10, b->o->attention_forward(out, lse, qkv, d));
     double g = BENCH_TIME_MS(b, 10, b->o->attention_backward(dqkv, dout, qkv, out, lse, d));
-    report(b, "attention forward", shape, f, fwd, 0, 550);
-    report(b, "attention backward (2.5x fwd)", shape, g, 2.5 * fwd, 0, 430);
-    report(b, "attention forward+backward", shape, f + g, 3.5 * fwd, 0, 470);
+    report(b, "attention forward", shape, f, fwd, 0, aims ? 550 : 0);
+    report(b, "attention backward (2.5x fwd)", shape, g, 2.5 * fwd, 0, aims ? 430 : 0);
+    report(b, "attention forward+backward", shape, f + g, 3.5 * fwd, 0, aims ? 470 : 0);
     BENCH_FREE_ALL(b, qkv, dout, out, dqkv, lse);
+}
+
+// The config's attention, then the same tokens and width with grouped-query heads (a quarter of
+// the KV heads) and with heads of 64 (twice as many), where the config has neither.
+static void bench_attention(Bench *b, const Config *cfg) {
+    const ModelConfig *c = &cfg->model;
+    AttnDims d = {(size_t)cfg->train.micro_batch, (size_t)cfg->train.seq_len, (size_t)c->n_heads,
+                  (size_t)c->n_kv_heads, (size_t)c->head_dim};
+    bench_attention_case(b, d, d.hd == 128);
+    if (d.Hkv == d.Hq && d.Hq % 4 == 0) bench_attention_case(b, (AttnDims){d.B, d.S, d.Hq, d.Hq / 4, d.hd}, false);
+    if (d.hd == 128) bench_attention_case(b, (AttnDims){d.B, d.S, 2 * d.Hq, 2 * d.Hkv, 64}, false);
 }
 
 // Expert loads (bench.h): Zipf shares capped at T, as top-k picks distinct experts.
