@@ -140,7 +140,7 @@ static void test_fp8_quantize_rows(void) {
     for (size_t k = 128; k < 256; k++) x[200 * K + k] = 0; // row 200's second block is all zeros
     uint8_t *q = malloc(R * K);
     for (int h = 0; h < 2; h++) {
-        ops->fp8_quantize_rows(q, scales, x, OFFSETS, N_EXPERTS, R, K, SCALINGS[h]);
+        ops->fp8_quantize_rows(q, scales, x, OFFSETS, N_EXPERTS, R, K, SCALINGS[h], NULL);
         for (size_t e = 0; e < N_EXPERTS; e++) {
             size_t r0 = (size_t)OFFSETS[e], rows = (size_t)OFFSETS[e + 1] - r0;
             for (size_t r = r0; r < r0 + rows; r++)
@@ -200,7 +200,7 @@ static void test_fp8_quantize_cols(void) {
     for (size_t r = 170; r < 300; r++) x[r * C + 7] = 0; // column 7 of the last expert is all zeros
     uint8_t *qt = malloc(C * Rt);
     memset(qt, 0x55, C * Rt);
-    ops->fp8_quantize_cols(qt, scales, x, OFFSETS, N_EXPERTS, N_ROWS, C, FP8_SCALE_AMAX);
+    ops->fp8_quantize_cols(qt, scales, x, OFFSETS, N_EXPERTS, N_ROWS, C, FP8_SCALE_AMAX, NULL);
     double *back = deq_cols(qt, scales, C);
     size_t blocks = 0;
     for (size_t e = 0; e < N_EXPERTS; e++) {
@@ -232,7 +232,7 @@ static void test_fp8_quantize_weights(void) {
     for (size_t n = 128; n < 200; n++)
         for (size_t k = 0; k < 128; k++) w[(1 * N + n) * K + k] = 0; // expert 1's block (1, 0) is all zeros
     uint8_t *q = malloc(E * N * K), *qt = malloc(E * N * K);
-    ops->fp8_quantize_weights(q, qt, s, st, w, E, N, K, FP8_SCALE_AMAX);
+    ops->fp8_quantize_weights(q, qt, s, st, w, E, N, K, FP8_SCALE_AMAX, NULL);
     double *back = deq_weights(q, s, E, N, K);
     for (size_t e = 0; e < E; e++)
         for (size_t n = 0; n < N; n++)
@@ -287,11 +287,11 @@ static void test_fp8_grouped_products(void) {
     uint8_t *xt = malloc(K * Rt), *dyt = malloc(N * Rt);
     real *xs = malloc(Kb * R * sizeof(real)), *dys = malloc(Nb * R * sizeof(real)), *ws = malloc(E * Kb * Nb * sizeof(real));
     real *wst = malloc(E * Kb * Nb * sizeof(real)), *xts = malloc(Rt / 128 * K * sizeof(real)), *dyts = malloc(Rt / 128 * N * sizeof(real));
-    ops->fp8_quantize_rows(xq, xs, x, OFFSETS, E, R, K, FP8_SCALE_AMAX);
-    ops->fp8_quantize_rows(dyq, dys, dy, OFFSETS, E, R, N, FP8_SCALE_AMAX);
-    ops->fp8_quantize_weights(wq, wqt, ws, wst, w, E, N, K, FP8_SCALE_AMAX);
-    ops->fp8_quantize_cols(xt, xts, x, OFFSETS, E, R, K, FP8_SCALE_AMAX);
-    ops->fp8_quantize_cols(dyt, dyts, dy, OFFSETS, E, R, N, FP8_SCALE_AMAX);
+    ops->fp8_quantize_rows(xq, xs, x, OFFSETS, E, R, K, FP8_SCALE_AMAX, NULL);
+    ops->fp8_quantize_rows(dyq, dys, dy, OFFSETS, E, R, N, FP8_SCALE_AMAX, NULL);
+    ops->fp8_quantize_weights(wq, wqt, ws, wst, w, E, N, K, FP8_SCALE_AMAX, NULL);
+    ops->fp8_quantize_cols(xt, xts, x, OFFSETS, E, R, K, FP8_SCALE_AMAX, NULL);
+    ops->fp8_quantize_cols(dyt, dyts, dy, OFFSETS, E, R, N, FP8_SCALE_AMAX, NULL);
     double *X = deq_rows(xq, xs, OFFSETS, E, R, K), *DY = deq_rows(dyq, dys, OFFSETS, E, R, N), *W = deq_weights(wq, ws, E, N, K);
     double *XT = deq_cols(xt, xts, K), *DYT = deq_cols(dyt, dyts, N);
     double *ref = malloc(R * (N > K ? N : K) * sizeof(double)), *abs_sum = malloc(R * (N > K ? N : K) * sizeof(double));
@@ -318,7 +318,7 @@ static void test_fp8_grouped_products(void) {
     }
     CHECK(dw[1 * N * K + 17] == 1.5); // the empty expert's gradient is untouched
     real *yd = malloc(R * N * sizeof(real));
-    ops->fp8_quantize_rows(xq, xs, x, NULL, 0, R, K, FP8_SCALE_AMAX);
+    ops->fp8_quantize_rows(xq, xs, x, NULL, 0, R, K, FP8_SCALE_AMAX, NULL);
     free(X);
     X = deq_rows(xq, xs, NULL, 0, R, K);
     ops->fp8_matmul(yd, xq, xs, wq, ws, R, N, K);
@@ -327,6 +327,103 @@ static void test_fp8_grouped_products(void) {
     free(x), free(dy), free(w), free(xq), free(dyq), free(wq), free(wqt), free(xt), free(dyt), free(xs), free(dys);
     free(ws), free(wst), free(xts), free(dyts), free(X), free(DY), free(W), free(XT), free(DYT), free(ref), free(abs_sum);
     free(y), free(dx), free(dw), free(yd);
+}
+
+// ---------------------------------------------------------------- overflow and underflow counters
+
+static void expect_counts(const char *what, const uint64_t n[FP8_COUNTS], uint64_t values, uint64_t flushed,
+                          uint64_t saturated, uint64_t nan) {
+    CHECK_MSG(n[FP8_COUNT_VALUES] == values && n[FP8_COUNT_FLUSHED] == flushed && n[FP8_COUNT_SATURATED] == saturated &&
+                  n[FP8_COUNT_NAN] == nan,
+              "%s: values %llu, flushed %llu, saturated %llu, NaN %llu; expected %llu, %llu, %llu, %llu", what,
+              (unsigned long long)n[FP8_COUNT_VALUES], (unsigned long long)n[FP8_COUNT_FLUSHED],
+              (unsigned long long)n[FP8_COUNT_SATURATED], (unsigned long long)n[FP8_COUNT_NAN],
+              (unsigned long long)values, (unsigned long long)flushed, (unsigned long long)saturated,
+              (unsigned long long)nan);
+}
+
+// Rows of 200 (a block and a short one) crafted for known counts. Row 0: a block scaled 1 by its
+// 448 holding ten values of 2^-11 and one of 2^-10 (a tie: to the even code, 0) that flush, one
+// just above 2^-10 that does not, a zero; its short block (72 values) holds an infinity: the block's
+// scale is infinite (AMAX), so the infinity saturates and the 71 others flush. Row 1: a NaN and a
+// -0 (neither flushed), then five -2^-11 beside -448. Row 2: a block of amax 2^-140, whose scale
+// (2^-149, subnormal) lost bits: 512 and 470 scale past 464 and saturate, 460 (code 448, its
+// nearest) and 256 do not. Row 3: ones.
+static real *crafted_rows(size_t K) {
+    real *x = malloc(4 * K * sizeof(real));
+    for (size_t i = 0; i < 4 * K; i++) x[i] = i / K == 2 ? 0 : 1;
+    x[0] = 448;
+    for (int i = 1; i <= 10; i++) x[i] = 0x1p-11f;
+    x[11] = 0x1p-10f, x[12] = nextafterf(0x1p-10f, 1), x[13] = 0, x[133] = INFINITY;
+    x[K + 3] = NAN, x[K + 4] = -0.0f, x[K + 128] = -448;
+    for (size_t i = 129; i <= 133; i++) x[K + i] = -0x1p-11f;
+    x[2 * K] = 512 * 0x1p-149f, x[2 * K + 1] = 470 * 0x1p-149f, x[2 * K + 2] = 460 * 0x1p-149f;
+    x[2 * K + 3] = 256 * 0x1p-149f;
+    return x;
+}
+
+static void test_fp8_counts_rows(void) {
+    size_t K = 200;
+    real *x = crafted_rows(K), *scales = malloc(4 * fp8_blocks(K) * sizeof(real));
+    uint8_t *q = malloc(4 * K);
+    uint64_t n[FP8_COUNTS] = {0}, pow2[FP8_COUNTS] = {0}, last3[FP8_COUNTS] = {0};
+    static const int32_t LAST3[2] = {1, 4};
+    ops->fp8_quantize_rows(q, scales, x, NULL, 0, 4, K, FP8_SCALE_AMAX, n);
+    expect_counts("rows, amax scales", n, 4 * K, 11 + 71 + 5, 1 + 2, 1);
+    CHECK(q[2 * K] == 0x7e && q[2 * K + 2] == 0x7e && q[133] == FP8_E4M3_NAN && q[K + 3] == FP8_E4M3_NAN);
+    ops->fp8_quantize_rows(q, scales, x, NULL, 0, 4, K, FP8_SCALE_POW2, pow2); // the same scales but row 1's first
+    expect_counts("rows, power-of-two scales", pow2, 4 * K, 87, 3, 1);
+    ops->fp8_quantize_rows(q, scales, x, LAST3, 1, 4, K, FP8_SCALE_AMAX, last3); // rows 1-3: no infinity
+    expect_counts("rows 1-3 as a group", last3, 3 * K, 5, 2, 1);
+    ops->fp8_quantize_rows(q, scales, x, NULL, 0, 4, K, FP8_SCALE_AMAX, n); // counters add up
+    expect_counts("rows twice", n, 8 * K, 2 * 87, 2 * 3, 2);
+    free(x), free(scales), free(q);
+}
+
+// Token-major copies: column 0 of the one nonempty expert (130 rows: blocks of 128 and 2) holds
+// 448 and twenty values of 2^-11 in its first block; column 1 a NaN. Padding columns count nothing.
+static void test_fp8_counts_cols(void) {
+    static const int32_t OFF[3] = {0, 0, 130};
+    size_t R = 130, C = 2, Rt = fp8_expert_cols(R, 2);
+    real *x = malloc(R * C * sizeof(real)), *scales = malloc(Rt / 128 * C * sizeof(real));
+    for (size_t i = 0; i < R * C; i++) x[i] = 1;
+    x[0] = 448, x[5 * C + 1] = NAN;
+    for (size_t r = 1; r <= 20; r++) x[r * C] = 0x1p-11f;
+    uint8_t *qt = malloc(C * Rt);
+    uint64_t n[FP8_COUNTS] = {0};
+    ops->fp8_quantize_cols(qt, scales, x, OFF, 2, R, C, FP8_SCALE_AMAX, n);
+    expect_counts("token-major copies", n, R * C, 20, 0, 1);
+    free(x), free(scales), free(qt);
+}
+
+// Weights (130, 130): block (0, 0) holds 448 and ten values of 2^-11; block (1, 1), 2 x 2 values,
+// an infinity (saturated) and three ones (flushed under its infinite scale).
+static void test_fp8_counts_weights(void) {
+    size_t N = 130, K = 130;
+    real *w = malloc(N * K * sizeof(real)), *s = malloc(4 * sizeof(real)), *st = malloc(4 * sizeof(real));
+    for (size_t i = 0; i < N * K; i++) w[i] = 1;
+    w[0] = 448, w[129 * K + 129] = -INFINITY;
+    for (size_t k = 0; k < 10; k++) w[K + k] = 0x1p-11f;
+    uint8_t *q = malloc(N * K), *qt = malloc(N * K);
+    uint64_t n[FP8_COUNTS] = {0};
+    ops->fp8_quantize_weights(q, qt, s, st, w, 1, N, K, FP8_SCALE_AMAX, n);
+    expect_counts("weights", n, N * K, 13, 1, 0);
+    free(w), free(s), free(st), free(q), free(qt);
+}
+
+// The fused SwiGLU counts what quantising its output counts.
+static void test_fp8_counts_swiglu(void) {
+    size_t R = 50, H = 200;
+    real *gu = rnd_outliers(R * 2 * H, 7), *h = malloc(R * H * sizeof(real)), *s = malloc(R * 2 * sizeof(real));
+    uint8_t *q = malloc(R * H);
+    uint64_t fused[FP8_COUNTS] = {0}, rows[FP8_COUNTS] = {0};
+    ops->swiglu_forward_fp8(h, q, s, gu, NULL, 0, R, H, FP8_SCALE_AMAX, fused);
+    ops->fp8_quantize_rows(q, s, h, NULL, 0, R, H, FP8_SCALE_AMAX, rows);
+    expect_counts("fused SwiGLU", fused, rows[FP8_COUNT_VALUES], rows[FP8_COUNT_FLUSHED], rows[FP8_COUNT_SATURATED],
+                  rows[FP8_COUNT_NAN]);
+    CHECK_MSG(fused[FP8_COUNT_VALUES] == R * H && fused[FP8_COUNT_FLUSHED] > 0, "%llu flushed",
+              (unsigned long long)fused[FP8_COUNT_FLUSHED]);
+    free(gu), free(h), free(s), free(q);
 }
 
 const TestCase fp8_tests[] = {
@@ -339,5 +436,9 @@ const TestCase fp8_tests[] = {
     {"fp8_quantize_cols", test_fp8_quantize_cols},
     {"fp8_quantize_weights", test_fp8_quantize_weights},
     {"fp8_grouped_products", test_fp8_grouped_products},
+    {"fp8_counts_rows", test_fp8_counts_rows},
+    {"fp8_counts_cols", test_fp8_counts_cols},
+    {"fp8_counts_weights", test_fp8_counts_weights},
+    {"fp8_counts_swiglu", test_fp8_counts_swiglu},
     {NULL, NULL},
 };

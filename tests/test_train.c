@@ -301,7 +301,8 @@ static size_t fp8_stale_values(const Model *m) {
         size_t n = t->El * t->N * t->K, blocks = t->El * fp8_blocks(t->N) * fp8_blocks(t->K);
         uint8_t *q = malloc(n), *qt = malloc(n);
         real *s = malloc(blocks * sizeof(real)), *st = malloc(blocks * sizeof(real));
-        m->ops->fp8_quantize_weights(q, qt, s, st, model_act(m, m->params_act, t->off), t->El, t->N, t->K, m->fp8->how);
+        m->ops->fp8_quantize_weights(q, qt, s, st, model_act(m, m->params_act, t->off), t->El, t->N, t->K, m->fp8->how,
+                                     NULL);
         for (size_t j = 0; j < n; j++) stale += (q[j] != ((uint8_t *)t->q)[j]) + (qt[j] != ((uint8_t *)t->qt)[j]);
         for (size_t j = 0; j < blocks; j++)
             stale += (s[j] != ((real *)t->scales)[j]) + (st[j] != ((real *)t->scales_t)[j]);

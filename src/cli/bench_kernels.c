@@ -99,8 +99,8 @@ void bench_expert_rows(const char *kind, size_t T, size_t K, size_t E, int32_t *
 
 // The FP8 recipe's expert products on the rows of a bf16 case (bf16_ms: its forward, input- and
 // weight-gradient times), aimed at 1.6x the bf16 rates, and the quantisations they read (bytes
-// read and written; scales counted). The weights' (both layouts: once a step, for every expert
-// weight) is aimed at 2 TB/s, half the copy rate.
+// read and written; scales counted), counting what they flush and saturate as training does. The
+// weights' (both layouts: once a step, for every expert weight) is aimed at 2 TB/s, half the copy rate.
 static void bench_grouped_fp8(Bench *b, const char *what, const char *shape, const void *doff, size_t rows, size_t E,
                               size_t N, size_t Kd, size_t R, const void *x, const void *w, const void *dy,
                               const double bf16_ms[3]) {
@@ -111,17 +111,18 @@ static void bench_grouped_fp8(Bench *b, const char *what, const char *shape, con
     void *xt = o->alloc(Kd * Rt), *xts = o->alloc(Rt / FP8_BLOCK * Kd * f), *dyt = o->alloc(N * Rt);
     void *dyts = o->alloc(Rt / FP8_BLOCK * N * f), *y = o->alloc(R * N * a), *dx = o->alloc(R * Kd * a);
     void *dw = bench_zero_buf(b, E * N * Kd * f);
+    uint64_t *n = bench_zero_buf(b, FP8_COUNTS * sizeof(uint64_t));
     char name[64];
     double flops = 2.0 * rows * N * Kd, ms;
-    ms = BENCH_TIME_MS(b, 10, o->fp8_quantize_rows(xq, xs, x, doff, E, R, Kd, FP8_SCALE_AMAX));
+    ms = BENCH_TIME_MS(b, 10, o->fp8_quantize_rows(xq, xs, x, doff, E, R, Kd, FP8_SCALE_AMAX, n));
     report(b, "  fp8 quantise rows (x)", shape, ms, 0, (double)rows * Kd * (a + 1 + (double)f / FP8_BLOCK), 0);
-    ms = BENCH_TIME_MS(b, 10, o->fp8_quantize_cols(xt, xts, x, doff, E, R, Kd, FP8_SCALE_AMAX));
+    ms = BENCH_TIME_MS(b, 10, o->fp8_quantize_cols(xt, xts, x, doff, E, R, Kd, FP8_SCALE_AMAX, n));
     report(b, "  fp8 quantise token-major (x)", shape, ms, 0, (double)rows * Kd * a + (double)Rt * Kd * (1 + (double)f / FP8_BLOCK), 0);
-    ms = BENCH_TIME_MS(b, 10, o->fp8_quantize_weights(wq, wqt, ws, wst, w, E, N, Kd, FP8_SCALE_AMAX));
+    ms = BENCH_TIME_MS(b, 10, o->fp8_quantize_weights(wq, wqt, ws, wst, w, E, N, Kd, FP8_SCALE_AMAX, n));
     report(b, "  fp8 quantise weights (2 layouts)", shape, ms, 0, (double)E * N * Kd * (a + 2) + 2.0 * E * Kb * Nb * f,
            2000);
-    o->fp8_quantize_rows(dyq, dys, dy, doff, E, R, N, FP8_SCALE_AMAX);
-    o->fp8_quantize_cols(dyt, dyts, dy, doff, E, R, N, FP8_SCALE_AMAX);
+    o->fp8_quantize_rows(dyq, dys, dy, doff, E, R, N, FP8_SCALE_AMAX, n);
+    o->fp8_quantize_cols(dyt, dyts, dy, doff, E, R, N, FP8_SCALE_AMAX, n);
     snprintf(name, sizeof name, "fp8 %s forward", what);
     ms = BENCH_TIME_MS(b, 10, o->fp8_grouped_matmul(y, xq, xs, wq, ws, doff, E, N, Kd, R));
     report(b, name, shape, ms, flops, 0, 1.6 * flops / (bf16_ms[0] * 1e-3) / 1e12);
@@ -131,7 +132,7 @@ static void bench_grouped_fp8(Bench *b, const char *what, const char *shape, con
     snprintf(name, sizeof name, "fp8 %s weight grad", what);
     ms = BENCH_TIME_MS(b, 10, o->fp8_grouped_matmul_wgrad(dw, dyt, dyts, xt, xts, doff, E, N, Kd, R));
     report(b, name, shape, ms, flops, 0, 1.6 * flops / (bf16_ms[2] * 1e-3) / 1e12);
-    BENCH_FREE_ALL(b, xq, xs, dyq, dys, wq, wqt, ws, wst, xt, xts, dyt, dyts, y, dx, dw);
+    BENCH_FREE_ALL(b, xq, xs, dyq, dys, wq, wqt, ws, wst, xt, xts, dyt, dyts, y, dx, dw, n);
 }
 
 static void bench_grouped_case(Bench *b, const Config *cfg, const char *kind, const char *what, size_t N, size_t Kd) {
@@ -179,9 +180,9 @@ static void bench_dense_fp8(Bench *b, const char *shape, const void *x, const vo
     void *xq = o->alloc(M * K), *xs = o->alloc(Kb * M * f), *wq = o->alloc(N * K), *wqt = o->alloc(N * K);
     void *ws = o->alloc(Kb * Nb * f), *wst = o->alloc(Kb * Nb * f), *y = o->alloc(M * N * o->act_size);
     double flops = 2.0 * M * N * K;
-    double q = BENCH_TIME_MS(b, 10, o->fp8_quantize_rows(xq, xs, x, NULL, 1, M, K, FP8_SCALE_AMAX));
+    double q = BENCH_TIME_MS(b, 10, o->fp8_quantize_rows(xq, xs, x, NULL, 1, M, K, FP8_SCALE_AMAX, NULL));
     report(b, "  fp8 quantise rows", shape, q, 0, (double)M * K * (o->act_size + 1 + (double)f / FP8_BLOCK), 0);
-    o->fp8_quantize_weights(wq, wqt, ws, wst, w, 1, N, K, FP8_SCALE_AMAX);
+    o->fp8_quantize_weights(wq, wqt, ws, wst, w, 1, N, K, FP8_SCALE_AMAX, NULL);
     double ms = BENCH_TIME_MS(b, 10, o->fp8_matmul(y, xq, xs, wq, ws, M, N, K));
     report(b, "  fp8 forward", shape, ms, flops, 0, 1.5 * flops / (bf16_ms * 1e-3) / 1e12);
     BENCH_FREE_ALL(b, xq, xs, wq, wqt, ws, wst, y);
@@ -217,10 +218,11 @@ static void bench_memory_bound(Bench *b, const Config *cfg) {
     report(b, "swiglu forward", shape, BENCH_TIME_MS(b, 10, o->swiglu_forward(y, x, R, H, NULL, 0)), 0, 3.0 * R * H * a, 0);
     if (b->aims && o->swiglu_forward_fp8) { // FP8: with the rows of its output quantised in the same pass
         void *q = o->alloc(R * H), *qs = o->alloc(fp8_blocks(H) * R * f);
+        void *n = bench_zero_buf(b, FP8_COUNTS * sizeof(uint64_t)); // counted, as in training
         report(b, "  with fp8 rows (fused)", shape,
-               BENCH_TIME_MS(b, 10, o->swiglu_forward_fp8(y, q, qs, x, NULL, 1, R, H, FP8_SCALE_AMAX)), 0,
+               BENCH_TIME_MS(b, 10, o->swiglu_forward_fp8(y, q, qs, x, NULL, 1, R, H, FP8_SCALE_AMAX, n)), 0,
                R * H * (3.0 * a + 1 + (double)f / FP8_BLOCK), 0);
-        BENCH_FREE_ALL(b, q, qs);
+        BENCH_FREE_ALL(b, q, qs, n);
     }
     BENCH_FREE_ALL(b, x, y, w, rstd);
     ParamCounts p = model_param_counts(c);

@@ -8,8 +8,8 @@
 
 #include "common/util.h"
 
-// Element kinds, as in ops.h: act and f32 buffers of the backend, and int32.
-typedef enum { COMM_ACT, COMM_F32, COMM_I32 } CommType;
+// Element kinds, as in ops.h: act and f32 buffers of the backend, int32 and uint64.
+typedef enum { COMM_ACT, COMM_F32, COMM_I32, COMM_U64, COMM_TYPES } CommType;
 
 typedef struct Comm Comm;
 
@@ -66,7 +66,7 @@ typedef struct {
 struct Comm {
     const CommOps *ops;
     int rank, size;
-    size_t elem_bytes[3]; // bytes of one element of each CommType
+    size_t elem_bytes[COMM_TYPES]; // bytes of one element of each CommType
     void *impl;
 };
 

@@ -44,4 +44,5 @@ void comm_costing(Comm *c, CommCost *cost, size_t act_bytes) {
     c->ops = &COST_OPS;
     c->impl = cost;
     c->elem_bytes[COMM_ACT] = act_bytes, c->elem_bytes[COMM_F32] = 4, c->elem_bytes[COMM_I32] = 4;
+    c->elem_bytes[COMM_U64] = 8;
 }

@@ -47,6 +47,7 @@ static void comm_mpi_abort(void) { MPI_Abort(MPI_COMM_WORLD, 1); }
 
 static MPI_Datatype comm_mpi_type(const MpiComm *m, CommType t) {
     if (t == COMM_I32) return MPI_INT32_T;
+    if (t == COMM_U64) return MPI_UINT64_T;
     MOE_ASSERT(t == COMM_ACT || t == COMM_F32);
     return m->elem_size == sizeof(double) ? MPI_DOUBLE : MPI_FLOAT;
 }
@@ -95,7 +96,8 @@ static Comm *comm_mpi_wrap(MPI_Comm comm, size_t elem_size, size_t chunk) {
     MpiComm *m = moe_malloc(sizeof *m);
     *m = (MpiComm){.comm = comm, .elem_size = elem_size, .chunk = chunk};
     Comm *c = moe_malloc(sizeof *c);
-    *c = (Comm){.ops = &comm_mpi_ops, .elem_bytes = {elem_size, elem_size, sizeof(int32_t)}, .impl = m};
+    *c = (Comm){.ops = &comm_mpi_ops, .elem_bytes = {elem_size, elem_size, sizeof(int32_t), sizeof(uint64_t)},
+               .impl = m};
     MPI_CHECK(MPI_Comm_rank(comm, &c->rank));
     MPI_CHECK(MPI_Comm_size(comm, &c->size));
     return c;

@@ -40,9 +40,9 @@ static cudaStream_t op_stream(Comm *c) {
 
 size_t comm_nccl_queued(void) { return n_queued; }
 
-// bf16 act, fp32 and int32 elements
+// bf16 act, fp32, int32 and uint64 elements
 static ncclDataType_t dtype(CommType t) {
-    return t == COMM_ACT ? ncclBfloat16 : t == COMM_F32 ? ncclFloat32 : ncclInt32;
+    return t == COMM_ACT ? ncclBfloat16 : t == COMM_F32 ? ncclFloat32 : t == COMM_I32 ? ncclInt32 : ncclUint64;
 }
 
 
@@ -250,7 +250,7 @@ static Comm *wrap(ncclComm_t comm, CommStreamFn stream) {
     NCCL_CHECK(ncclCommUserRank(comm, &c->rank));
     NCCL_CHECK(ncclCommCount(comm, &c->size));
     c->ops = &NCCL_OPS;
-    c->elem_bytes[COMM_ACT] = 2, c->elem_bytes[COMM_F32] = 4, c->elem_bytes[COMM_I32] = 4;
+    c->elem_bytes[COMM_ACT] = 2, c->elem_bytes[COMM_F32] = 4, c->elem_bytes[COMM_I32] = 4, c->elem_bytes[COMM_U64] = 8;
     c->impl = im;
     return c;
 }

@@ -83,7 +83,7 @@ static const CommOps comm_self_ops = {
 Comm *comm_self(size_t elem_size) {
     Comm *c = moe_malloc(sizeof *c);
     *c = (Comm){.ops = &comm_self_ops, .rank = 0, .size = 1,
-                .elem_bytes = {elem_size, elem_size, sizeof(int32_t)}};
+                .elem_bytes = {elem_size, elem_size, sizeof(int32_t), sizeof(uint64_t)}};
     return c;
 }
 

@@ -457,15 +457,23 @@ void model_enable_fp8(Model *m, Fp8Scaling how) {
     o->rows = model_alloc(m, Rr * rows_w), o->row_scales = model_alloc(m, Rr * fp8_blocks(rows_w) * f);
     o->dout_t = model_alloc(m, out_w * Rt), o->dout_t_scales = model_alloc(m, Rt / FP8_BLOCK * out_w * f);
     o->x_t = model_alloc(m, in_w * Rt), o->x_t_scales = model_alloc(m, Rt / FP8_BLOCK * in_w * f);
-    if (!m->ops->sizing_only) model_quantize_expert_weights(m);
+    o->counts = model_alloc(m, MODEL_FP8_COUNTS * sizeof(uint64_t));
+    if (m->ops->sizing_only) return;
+    m->ops->zero(o->counts, MODEL_FP8_COUNTS * sizeof(uint64_t));
+    model_quantize_expert_weights(m);
 }
+
+// The counters of tensor class c (docs/FP8.md: the forward's rows and the backward's token-major
+// copies of the input are activations; the backward's rows and token-major copies of the output
+// gradient are gradients).
+static uint64_t *fp8_counts(const Fp8Operands *o, Fp8Class c) { return o->counts + (size_t)c * FP8_COUNTS; }
 
 void model_quantize_expert_weights(Model *m) {
     const Fp8Operands *o = m->fp8;
     for (size_t i = 0; o && i < o->n_weights; i++) {
         const Fp8Weights *t = &o->weights[i];
         m->ops->fp8_quantize_weights(t->q, t->qt, t->scales, t->scales_t, model_act(m, m->params_act, t->off), t->El,
-                                     t->N, t->K, o->how);
+                                     t->N, t->K, o->how, fp8_counts(o, FP8_CLASS_WEIGHTS));
     }
 }
 
@@ -660,7 +668,8 @@ static void expert_forward(const Model *m, void *out, const void *x, bool x_quan
         return;
     }
     Fp8Weights wq = fp8_weights_at(m, w, N, K);
-    if (!x_quantised) ops->fp8_quantize_rows(q->rows, q->row_scales, x, off, El, Rr, K, q->how);
+    if (!x_quantised)
+        ops->fp8_quantize_rows(q->rows, q->row_scales, x, off, El, Rr, K, q->how, fp8_counts(q, FP8_CLASS_ACTIVATIONS));
     ops->fp8_grouped_matmul(out, q->rows, q->row_scales, wq.q, wq.scales, off, El, N, K, Rr);
 }
 
@@ -669,7 +678,9 @@ static void expert_forward(const Model *m, void *out, const void *x, bool x_quan
 static void expert_swiglu(const Model *m, void *hact, const void *gu, const int32_t *off, size_t El, size_t H,
                           size_t Rr) {
     const Fp8Operands *q = m->fp8;
-    if (q) m->ops->swiglu_forward_fp8(hact, q->rows, q->row_scales, gu, off, El, Rr, H, q->how);
+    if (q)
+        m->ops->swiglu_forward_fp8(hact, q->rows, q->row_scales, gu, off, El, Rr, H, q->how,
+                                   fp8_counts(q, FP8_CLASS_ACTIVATIONS));
     else m->ops->swiglu_forward(hact, gu, Rr, H, off, El);
 }
 
@@ -687,10 +698,11 @@ static void expert_backward(const Model *m, void *dx, void *dw, const void *dout
     }
     Fp8Weights wq = fp8_weights_at(m, w, N, K);
     // every read of dout and x before dx is written
-    if (dx) ops->fp8_quantize_rows(q->rows, q->row_scales, dout, off, El, Rr, N, q->how);
+    uint64_t *grads = fp8_counts(q, FP8_CLASS_GRADIENTS);
+    if (dx) ops->fp8_quantize_rows(q->rows, q->row_scales, dout, off, El, Rr, N, q->how, grads);
     if (dw) {
-        ops->fp8_quantize_cols(q->dout_t, q->dout_t_scales, dout, off, El, Rr, N, q->how);
-        ops->fp8_quantize_cols(q->x_t, q->x_t_scales, x, off, El, Rr, K, q->how);
+        ops->fp8_quantize_cols(q->dout_t, q->dout_t_scales, dout, off, El, Rr, N, q->how, grads);
+        ops->fp8_quantize_cols(q->x_t, q->x_t_scales, x, off, El, Rr, K, q->how, fp8_counts(q, FP8_CLASS_ACTIVATIONS));
     }
     if (dx) ops->fp8_grouped_matmul(dx, q->rows, q->row_scales, wq.qt, wq.scales_t, off, El, K, N, Rr);
     if (dw) ops->fp8_grouped_matmul_wgrad(dw, q->dout_t, q->dout_t_scales, q->x_t, q->x_t_scales, off, El, N, K, Rr);

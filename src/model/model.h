@@ -69,7 +69,12 @@ typedef struct {
     void *rows, *row_scales;    // e4m3 (Rr, max(D, 2H)), f32: the rows of a forward or input gradient
     void *dout_t, *dout_t_scales; // e4m3 (max(2H, D), Rt), f32 (Rt / 128, max(2H, D)): token-major output gradient
     void *x_t, *x_t_scales;       // e4m3 (max(D, H), Rt), f32 (Rt / 128, max(D, H)): token-major input
+    uint64_t *counts;           // u64 (FP8_CLASSES, FP8_COUNTS): what the quantisations counted (ops/fp8.h),
+                                // per class, since the trainer last zeroed them (each step)
 } Fp8Operands;
+
+// The FP8 counters' length (Fp8Operands.counts).
+enum { MODEL_FP8_COUNTS = FP8_CLASSES * FP8_COUNTS };
 
 // What one micro-batch in flight keeps in one model chunk (a pipeline stage holds several).
 typedef struct {
@@ -193,8 +198,9 @@ static inline size_t model_metric_router(const ModelConfig *c, int moe_index) {
 // product). After model_init.
 void model_enable_fp8(Model *m, Fp8Scaling how);
 // Quantises the FP8 copies of the expert weights again from the compute weights (nothing when the
-// expert products are not in FP8). Whatever changes the compute weights calls it once they are
-// final: model_sync_compute_weights (initialisation, checkpoint loads) and the optimizer step.
+// expert products are not in FP8), counted in the class FP8_CLASS_WEIGHTS. Whatever changes the
+// compute weights calls it once they are final: model_sync_compute_weights (initialisation,
+// checkpoint loads) and the optimizer step.
 void model_quantize_expert_weights(Model *m);
 
 // Builds the registry of this rank's tensors and allocates parameters, activations for n_slots

@@ -156,19 +156,19 @@ static void cost_grouped_backward(void *dx, void *dw, const void *d, const void 
 // aside); the products are priced at the grouped families' rates (calibrated in bf16) until a
 // calibration of their own exists: the forward and the input gradient share one op.
 static void cost_fp8_rows(void *q, void *s, const void *x, const int32_t *off, size_t E, size_t R, size_t K,
-                          Fp8Scaling h) {
+                          Fp8Scaling h, uint64_t *n) {
     bytes(KERNEL_ELEMENTWISE, expert_rows(R) * K * (A + 1));
 }
 static void cost_swiglu_fp8(void *o, void *q, void *s, const void *g, const int32_t *off, size_t E, size_t R,
-                            size_t H, Fp8Scaling h) {
+                            size_t H, Fp8Scaling h, uint64_t *n) {
     bytes(KERNEL_ELEMENTWISE, swiglu_rows(R, off, E) * H * (3 * A + 1));
 }
 static void cost_fp8_cols(void *q, void *s, const void *x, const int32_t *off, size_t E, size_t R, size_t C,
-                          Fp8Scaling h) {
+                          Fp8Scaling h, uint64_t *n) {
     bytes(KERNEL_ELEMENTWISE, expert_rows(R) * C * (A + 1));
 }
 static void cost_fp8_weights(void *q, void *qt, void *s, void *st, const void *w, size_t E, size_t N, size_t K,
-                             Fp8Scaling h) {
+                             Fp8Scaling h, uint64_t *n) {
     bytes(KERNEL_ELEMENTWISE, (double)E * N * K * (A + 2));
 }
 static void cost_fp8_grouped(void *o, const void *a, const void *as, const void *b, const void *bs,

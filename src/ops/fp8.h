@@ -8,6 +8,7 @@
 // two on every fp32 input).
 #pragma once
 #include <math.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -68,17 +69,43 @@ FP8_FN float fp8_e4m3_decode(uint8_t c) {
 
 // The scale of a block whose largest magnitude is amax: values are stored as e4m3(x / scale) and
 // read as e4m3 x scale. An all-zero block (or one so small that amax / 448 is 0) gets scale 1, so
-// its codes are zeros and no division by zero happens.
+// its codes are zeros and no division by zero happens; a block holding an infinity gets an infinite
+// scale (either scaling: frexpf of an infinity leaves its exponent unspecified).
 FP8_FN float fp8_block_scale(float amax, Fp8Scaling how) {
     float s = amax / FP8_E4M3_MAX;
     if (!(s > 0)) return s != s ? s : 1.0f;
-    if (how == FP8_SCALE_AMAX) return s;
+    if (how == FP8_SCALE_AMAX || s == INFINITY) return s;
     int e;
     float m = frexpf(s, &e); // s = m 2^e, m in [0.5, 1)
     return ldexpf(1.0f, m == 0.5f ? e - 1 : e);
 }
 
 FP8_FN uint8_t fp8_quantize(float x, float scale) { return fp8_e4m3_encode(x / scale); }
+
+// What quantisation counts (docs/FP8.md, "Overflow and underflow"): per tensor class, u64 counters
+// in backend memory, FP8_COUNTS of them a class, that the quantisation ops add to. VALUES: the
+// values quantised; FLUSHED: nonzero finite values whose code is +-0 (fp8_flushed); SATURATED:
+// values past E4M3's range once scaled (fp8_saturated); NAN: NaN values (their code is NaN).
+typedef enum { FP8_COUNT_VALUES, FP8_COUNT_FLUSHED, FP8_COUNT_SATURATED, FP8_COUNT_NAN, FP8_COUNTS } Fp8Count;
+typedef enum { FP8_CLASS_WEIGHTS, FP8_CLASS_ACTIVATIONS, FP8_CLASS_GRADIENTS, FP8_CLASSES } Fp8Class;
+
+// Scaled magnitudes past this one have no E4M3 code as their nearest rounding (that would be 480,
+// past the largest, 448): their code +-448 is a saturation. Up to it, +-448 is the nearest code.
+#define FP8_E4M3_SATURATE 464.0f
+
+// x, nonzero, got code c of +-0: flushed to zero. (No non-finite x gets code 0: NaN codes NaN, an
+// infinity +-448, or NaN under an infinite scale.)
+FP8_FN bool fp8_flushed(float x, uint8_t c) { return x != 0 && (c & 0x7f) == 0; }
+
+// x quantised under scale s saturates: an infinity, or a magnitude past FP8_E4M3_SATURATE once
+// scaled. Scales from the block's amax keep finite values at 448 and below (up to one rounding of
+// the division) unless the scale is a subnormal so small that its rounding exceeds 3.5% (the block's
+// amax below about 2^-136, smaller than any bf16), so in practice saturation flags infinities.
+FP8_FN bool fp8_saturated(float x, float s) { return fabsf(x) == INFINITY || fabsf(x / s) > FP8_E4M3_SATURATE; }
+
+// Whether a block of largest finite magnitude amax (an infinity: INFINITY) can hold saturated values
+// under its scale s: the division rounds monotonically, so none can when amax cannot.
+FP8_FN bool fp8_block_may_saturate(float amax, float s) { return !(amax / s <= FP8_E4M3_SATURATE); }
 
 // Blocks along a dimension of n elements (the last one may be short).
 FP8_FN size_t fp8_blocks(size_t n) { return (n + FP8_BLOCK - 1) / FP8_BLOCK; }

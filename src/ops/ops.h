@@ -7,6 +7,7 @@
 //   f32  fp32 for master weights, gradients, optimizer moments, norms, router and loss math
 //        (the CPU backend: `real` as well)
 //   i32  int32 (token ids, expert indices, offsets, counts)
+//   u64  uint64 (the FP8 quantisation's counters)
 //   e4m3 one byte a value, FP8 E4M3 codes of the FP8 recipe (ops/fp8.h; its scales are f32)
 // Weight gradients always accumulate (+=) so micro-batches add up; activation gradients overwrite
 // unless an `accumulate` flag says otherwise. Per-step values that change every step (learning
@@ -122,6 +123,7 @@ typedef struct Ops {
     void (*host_free)(void *p);
     void (*upload_queued)(void *dst, const void *host_src, size_t bytes);
     void (*download_f32_queued)(float *host_dst, const void *src, size_t n);
+    void (*download_queued)(void *host_dst, const void *src, size_t bytes); // raw bytes (u64)
     void (*cast_f32_to_act)(void *dst, const void *src, size_t n);
     // dst (n) f32 = the initial values of elements [counter_begin, counter_begin + n) of a tensor
     // keyed by key: rng_init_value(key, i, std) (common/rng.h), or 1 when `ones`; bitwise the same
@@ -285,28 +287,30 @@ typedef struct Ops {
     // read no other layout), so each operand has the copy its product needs: rows of activations in
     // 1x128 blocks along K, their token-major copies for the weight gradient, and weights in
     // 128x128 blocks with their transpose for the input gradient. Scales are block-index-major (the
-    // row index fastest), as CUTLASS's sm90 kernels read them.
+    // row index fastest), as CUTLASS's sm90 kernels read them. The quantisations add what they
+    // count (ops/fp8.h: values, flushed, saturated, NaN) to counts, u64 (FP8_COUNTS) in backend
+    // memory (NULL: nothing counted); the counts are integers, so any order gives the same totals.
     // x (R, K) act in 1x128 blocks: q (R, K) e4m3; scales f32 per group of rows, the groups of
     // offsets (E + 1) i32 as grouped_matmul_forward's (NULL: one group of R rows): group g's scales
     // are (Kb, rows of g) at Kb offsets[g], so each expert's scales are one packed matrix. Rows of no
     // group (before offsets[0] or from offsets[E] on) are left as they are.
     void (*fp8_quantize_rows)(void *q, void *scales, const void *x, const int32_t *offsets, size_t E,
-                              size_t R, size_t K, Fp8Scaling how);
+                              size_t R, size_t K, Fp8Scaling how, uint64_t *counts);
     // SwiGLU and the quantised rows of its output in one pass: out (R, H) act as swiglu_forward on
     // the rows of offsets (E + 1) i32 (NULL: all R), and q, scales bit for bit as fp8_quantize_rows
-    // (q, scales, out, offsets, E, R, H, how) then writes them.
+    // (q, scales, out, offsets, E, R, H, how, counts) then writes them.
     void (*swiglu_forward_fp8)(void *out, void *q, void *scales, const void *gu, const int32_t *offsets,
-                               size_t E, size_t R, size_t H, Fp8Scaling how);
+                               size_t E, size_t R, size_t H, Fp8Scaling how, uint64_t *counts);
     // The rows of each expert of x (R, C) act (offsets as grouped_matmul_forward), transposed, in
     // blocks of 128 rows from the expert's first row: qt (C, Rt) e4m3 with Rt = fp8_expert_cols(R, E)
     // and expert e's rows at columns [fp8_expert_col(offsets[e], e), + its rows); scales
     // (Rt / 128, C) f32. Columns of no expert are all-zero blocks (codes 0, scale 1).
     void (*fp8_quantize_cols)(void *qt, void *scales, const void *x, const int32_t *offsets, size_t E,
-                              size_t R, size_t C, Fp8Scaling how);
+                              size_t R, size_t C, Fp8Scaling how, uint64_t *counts);
     // w (E, N, K) act in 128x128 blocks: q (E, N, K) e4m3 and its transpose qt (E, K, N) e4m3 (the
     // same codes), scales (E, Kb, Nb) f32 and scales_t (E, Nb, Kb) f32 (those of the transpose).
     void (*fp8_quantize_weights)(void *q, void *qt, void *scales, void *scales_t, const void *w, size_t E,
-                                 size_t N, size_t K, Fp8Scaling how);
+                                 size_t N, size_t K, Fp8Scaling how, uint64_t *counts);
     // Per expert (offsets as grouped_matmul_forward), out (R, N) act = a (R, K) . b[e] (N, K)^T, a
     // rows (fp8_quantize_rows with the same offsets), b weights (scales (E, Kb, Nb)): the forward
     // (a = x, b = w) and the input gradient (a = dout, b = the transposed weights and scales, N and

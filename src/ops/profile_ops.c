@@ -108,18 +108,19 @@ WRAP(grouped_matmul_backward, PHASE_EXPERT_GEMM,
       size_t R),
      (dx, dw, d, x, w, off, E, N, K, R))
 WRAP(fp8_quantize_rows, PHASE_EXPERT_GEMM,
-     (void *q, void *s, const void *x, const int32_t *off, size_t E, size_t R, size_t K, Fp8Scaling h),
-     (q, s, x, off, E, R, K, h))
+     (void *q, void *s, const void *x, const int32_t *off, size_t E, size_t R, size_t K, Fp8Scaling h, uint64_t *n),
+     (q, s, x, off, E, R, K, h, n))
 // the SwiGLU's phase, which now also quantises its output (the quantisation alone: expert GEMMs)
 WRAP(swiglu_forward_fp8, PHASE_REST,
-     (void *o, void *q, void *s, const void *g, const int32_t *off, size_t E, size_t R, size_t H, Fp8Scaling h),
-     (o, q, s, g, off, E, R, H, h))
+     (void *o, void *q, void *s, const void *g, const int32_t *off, size_t E, size_t R, size_t H, Fp8Scaling h,
+      uint64_t *n),
+     (o, q, s, g, off, E, R, H, h, n))
 WRAP(fp8_quantize_cols, PHASE_EXPERT_GEMM,
-     (void *q, void *s, const void *x, const int32_t *off, size_t E, size_t R, size_t C, Fp8Scaling h),
-     (q, s, x, off, E, R, C, h))
+     (void *q, void *s, const void *x, const int32_t *off, size_t E, size_t R, size_t C, Fp8Scaling h, uint64_t *n),
+     (q, s, x, off, E, R, C, h, n))
 WRAP(fp8_quantize_weights, PHASE_EXPERT_GEMM,
-     (void *q, void *qt, void *s, void *st, const void *w, size_t E, size_t N, size_t K, Fp8Scaling h),
-     (q, qt, s, st, w, E, N, K, h))
+     (void *q, void *qt, void *s, void *st, const void *w, size_t E, size_t N, size_t K, Fp8Scaling h, uint64_t *n),
+     (q, qt, s, st, w, E, N, K, h, n))
 WRAP(fp8_grouped_matmul, PHASE_EXPERT_GEMM,
      (void *o, const void *a, const void *as, const void *b, const void *bs, const int32_t *off, size_t E, size_t N,
       size_t K, size_t R),

@@ -64,6 +64,26 @@ double report_drop_rate(const StepReport *r) {
     return drop;
 }
 
+static const char *const FP8_CLASS_KEYS[FP8_CLASSES] = {"weights", "activations", "gradients"};
+static const char *const FP8_COUNT_KEYS[FP8_COUNTS] = {"values", "flushed", "saturated", "nan"};
+
+// The share of class c's values that counter i counted (NaN: no values).
+static double fp8_share(const uint64_t *counts, int c, int i) {
+    const uint64_t *n = counts + (size_t)c * FP8_COUNTS;
+    return n[FP8_COUNT_VALUES] ? (double)n[i] / (double)n[FP8_COUNT_VALUES] : NAN;
+}
+
+// " | fp8 flushed w .. a .. g ..", then the saturated and NaN shares of the classes that have any.
+static void fp8_print(const uint64_t *counts, FILE *f) {
+    fprintf(f, " | fp8 flushed");
+    for (int c = 0; c < FP8_CLASSES; c++)
+        fprintf(f, " %c %.3g%%", FP8_CLASS_KEYS[c][0], 100 * fp8_share(counts, c, FP8_COUNT_FLUSHED));
+    for (int i = FP8_COUNT_SATURATED; i < FP8_COUNTS; i++)
+        for (int c = 0; c < FP8_CLASSES; c++)
+            if (counts[(size_t)c * FP8_COUNTS + i])
+                fprintf(f, ", %s %s %.3g%%", FP8_COUNT_KEYS[i], FP8_CLASS_KEYS[c], 100 * fp8_share(counts, c, i));
+}
+
 void report_print(const StepReport *r, FILE *f) {
     char tps[32];
     moe_fmt_count(tps, sizeof tps, (uint64_t)(r->tokens_per_sec + 0.5));
@@ -74,8 +94,10 @@ void report_print(const StepReport *r, FILE *f) {
         if (drop > 0) fprintf(f, " drop %.1f%%", 100 * drop);
     }
     char elapsed[32], eta[32];
-    fprintf(f, " | lr %.2e | gnorm %.3f | %s tok/s | %s elapsed, ETA %s\n", r->lr, r->grad_norm, tps,
-            moe_fmt_duration(elapsed, sizeof elapsed, r->elapsed_s), moe_fmt_duration(eta, sizeof eta, r->eta_s));
+    fprintf(f, " | lr %.2e | gnorm %.3f", r->lr, r->grad_norm);
+    if (r->fp8) fp8_print(r->fp8, f);
+    fprintf(f, " | %s tok/s | %s elapsed, ETA %s\n", tps, moe_fmt_duration(elapsed, sizeof elapsed, r->elapsed_s),
+            moe_fmt_duration(eta, sizeof eta, r->eta_s));
     fflush(f);
 }
 
@@ -97,6 +119,20 @@ static json_t *layer_to_json(const LayerLoad *L, int index, int E) {
     return o;
 }
 
+// {class: {"values": count, "flushed": share, "saturated": share, "nan": share}}
+static json_t *fp8_to_json(const uint64_t *counts) {
+    json_t *o = json_object();
+    for (int c = 0; c < FP8_CLASSES; c++) {
+        json_t *k = json_object();
+        json_object_set_new(k, FP8_COUNT_KEYS[FP8_COUNT_VALUES],
+                            json_integer((json_int_t)counts[(size_t)c * FP8_COUNTS + FP8_COUNT_VALUES]));
+        for (int i = FP8_COUNT_FLUSHED; i < FP8_COUNTS; i++)
+            json_object_set_new(k, FP8_COUNT_KEYS[i], json_number(fp8_share(counts, c, i)));
+        json_object_set_new(o, FP8_CLASS_KEYS[c], k);
+    }
+    return o;
+}
+
 json_t *report_to_json(const StepReport *r) {
     static const char *const KEYS[] = {"loss", "ce", "lb_loss", "z_loss", "lm_z_loss", "lr", "grad_norm",
                                        "tokens", "tokens_per_sec", "elapsed_s", "pipeline_wait"};
@@ -107,6 +143,7 @@ json_t *report_to_json(const StepReport *r) {
     set_numbers(o, KEYS, values, sizeof values / sizeof values[0]);
     for (int i = 0; i < r->n_moe; i++) json_array_append_new(layers, layer_to_json(&r->layers[i], i, r->E));
     json_object_set_new(o, "moe_layers", layers);
+    if (r->fp8) json_object_set_new(o, "fp8", fp8_to_json(r->fp8));
     return o;
 }
 

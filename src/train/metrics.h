@@ -1,6 +1,7 @@
-// What a training step reports: losses, learning rate, gradient norm, throughput, and per MoE
-// layer the real expert loads (a falling balance loss does not prove balanced work, so both are
-// shown). Built from the metrics buffer the model fills in backend memory. The run's log of them,
+// What a training step reports: losses, learning rate, gradient norm, throughput, per MoE layer
+// the real expert loads (a falling balance loss does not prove balanced work, so both are shown),
+// and under train.precision=fp8 the shares of values the FP8 quantisation flushed to zero or
+// saturated, per tensor class. Built from the metrics buffer the model fills in backend memory. The run's log of them,
 // metrics.jsonl: one JSON object per line, every write checked.
 #pragma once
 #include <jansson.h>
@@ -26,6 +27,8 @@ typedef struct {
     double pipeline_wait;  // share of the step rank 0 spent in pipeline transfers (bubble + comm)
     int n_moe, E;
     LayerLoad *layers;     // (n_moe)
+    const uint64_t *fp8;   // (FP8_CLASSES, FP8_COUNTS) the step's FP8 counters, all ranks (ops/fp8.h);
+                           // NULL: not in FP8 (set by the caller; not freed here)
 } StepReport;
 
 // `metrics` is the host copy of the model's metrics after a step of n_micro micro-batches of

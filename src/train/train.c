@@ -50,6 +50,7 @@ typedef struct {
     int32_t *batches;   // (micro_batches, 2 B S) host (Ops.host_alloc): each micro-batch's inputs, targets
     StepInfo *info;     // host (Ops.host_alloc)
     float *metrics;     // (model_metrics_len) host (Ops.host_alloc): the step's totals once `done` is passed
+    uint64_t *fp8_counts; // (MODEL_FP8_COUNTS) host (Ops.host_alloc): the same for the FP8 counters
     void *began, *done; // events: before its work; after its metrics' download
     double comm_wait;   // seconds of the step spent in pipeline transfers
 } StepSlot;
@@ -64,6 +65,7 @@ typedef struct {
     TrainState state;
     void *metrics;        // f32 (model_metrics_len) backend accumulators of the step queued last
     const float *metrics_host; // the latest finished step's metrics (in its slot)
+    const uint64_t *fp8_counts_host; // and its FP8 counters (NULL: not in FP8)
     StepSlot slot[2];     // step s in slot[s % 2]
     int64_t queued;       // the latest step queued (state.step, or one more while a step runs ahead)
     StepTimes times;      // where the steps' time went, summed since the last reset (but whole steps)
@@ -248,11 +250,13 @@ static void compute_step(Trainer *t) {
     size_t len = model_metrics_len(&t->cfg.model), nccl = comm_nccl_queued();
     ops->zero(m->grads, m->reg.total * ops->f32_size);
     ops->zero(t->metrics, len * ops->f32_size);
+    if (m->fp8) ops->zero(m->fp8->counts, MODEL_FP8_COUNTS * sizeof(uint64_t));
     t->comm_wait = 0;
     for (size_t i = 0; i < t->n_sched; i++) run_action(t, &t->sched[i]);
     Comm *w = m->par->world;
     w->ops->all_reduce_sum(w, t->metrics, len, COMM_F32);
-    optim_step(&t->opt, m, &t->cfg.train, t->metrics);
+    optim_step(&t->opt, m, &t->cfg.train, t->metrics); // quantises the FP8 expert weights last
+    if (m->fp8) w->ops->all_reduce_sum(w, m->fp8->counts, MODEL_FP8_COUNTS, COMM_U64);
     t->nccl_calls = comm_nccl_queued() - nccl;
 }
 
@@ -298,6 +302,7 @@ static void queue_step(Trainer *t) {
     launch_step(t, step);
     s->comm_wait = t->comm_wait;
     ops->download_f32_queued(s->metrics, t->metrics, model_metrics_len(&t->cfg.model));
+    if (t->model.fp8) ops->download_queued(s->fp8_counts, t->model.fp8->counts, MODEL_FP8_COUNTS * sizeof(uint64_t));
     ops->event_record(s->done);
     t->times.stage_ms += 1e3 * (t1 - t0);
     t->times.launch_ms += 1e3 * (moe_time_sec() - t1);
@@ -314,6 +319,7 @@ static void finish_step(Trainer *t) {
     t->device_s = ops->event_elapsed_ms(s->began, s->done) / 1e3;
     t->times.device_ms += 1e3 * t->device_s;
     t->metrics_host = s->metrics;
+    t->fp8_counts_host = t->model.fp8 ? s->fp8_counts : NULL;
     t->state.step = step;
     t->state.data_position += step_sequences(&t->cfg.train);
     if (step == t->first_step) startup_done(t, STARTUP_STEP);
@@ -379,6 +385,7 @@ static void report_step(Trainer *t, double seconds) {
     StepReport r = {.step = t->state.step, .steps = tc->steps};
     size_t T = (size_t)tc->micro_batch * tc->seq_len;
     report_build(&r, &t->cfg.model, t->metrics_host, tc->micro_batches, T);
+    r.fp8 = t->fp8_counts_host;
     r.lr = optim_lr(tc, t->state.step);
     r.tokens = (double)t->state.data_position * tc->seq_len;
     r.tokens_per_sec = (double)tc->micro_batches * T / seconds;
@@ -484,11 +491,12 @@ static void slot_open(StepSlot *s, const Model *m, size_t n_metrics) {
     s->batches = ops->host_alloc((size_t)m->n_micro * 2 * m->B * m->S * sizeof(int32_t));
     s->info = ops->host_alloc(sizeof(StepInfo));
     s->metrics = ops->host_alloc(n_metrics * sizeof(float));
+    s->fp8_counts = ops->host_alloc(MODEL_FP8_COUNTS * sizeof(uint64_t));
     s->began = ops->event_create(), s->done = ops->event_create();
 }
 
 static void slot_close(StepSlot *s, const Ops *ops) {
-    ops->host_free(s->batches), ops->host_free(s->info), ops->host_free(s->metrics);
+    ops->host_free(s->batches), ops->host_free(s->info), ops->host_free(s->metrics), ops->host_free(s->fp8_counts);
     ops->event_free(s->began), ops->event_free(s->done);
 }
 

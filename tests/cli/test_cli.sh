@@ -99,6 +99,15 @@ if run train.steps=30 train.precision=fp8 train.out="$tmp/fp8" && run train.step
         ok "fp8 training (CPU emulation): step-30 loss $a vs $b exact"
     else bad "fp8 training (CPU emulation) near exact" "fp8 $a, exact $b"; fi
 else bad "fp8 training runs" "$(tail -5 "$tmp/last.log")"; fi
+# Its FP8 counters: every step logs the values quantised per class and the shares flushed, saturated
+# and NaN (numbers in [0, 1], some values flushed); the exact run logs none.
+fp8_class='{"values":[1-9][0-9]*,[^}]*}'
+fp8_counts() { grep -o "\"fp8\":{\"weights\":$fp8_class,\"activations\":$fp8_class,\"gradients\":$fp8_class}" "$1/metrics.jsonl"; }
+shares_ok() { grep -o '"\(flushed\|saturated\|nan\)":[^,}]*' | cut -d: -f2 |
+    awk '{ if (!($1 >= 0 && $1 <= 1)) bad = 1; if ($1 > 0) some = 1 } END { exit bad || !some }'; }
+if [ "$(fp8_counts "$tmp/fp8" | wc -l)" = 30 ] && fp8_counts "$tmp/fp8" | shares_ok &&
+    ! grep -q '"fp8"' "$tmp/exact/metrics.jsonl"; then ok "fp8 counters logged (values per class; flushed, saturated, NaN shares in [0, 1]); none in bf16"
+else bad "fp8 counters logged" "$(grep -o '"fp8".*' "$tmp/fp8/metrics.jsonl" | tail -1)"; fi
 # A resumed fp8 run quantises its FP8 expert weights from the loaded ones (stale copies: other losses).
 fp8_run() { run train.steps=8 train.ckpt_every=4 train.eval_every=0 train.log_every=1 train.precision=fp8 "$@"; }
 fp8_run train.out="$tmp/fp8_straight" && fp8_run train.out="$tmp/fp8_resumed" --stop-at 4 &&

@@ -122,7 +122,7 @@ static void fetch(const Ops *o, Kind k, const void *src, size_t n, float *dst) {
 }
 
 // GPU result against the CPU result: |g - c| <= atol * scale_i + rtol |c|, scale_i = scales[i] or
-// (scales NULL) max|c|; NaN only where both are.
+// (scales NULL) max|c|; NaN only where both are, infinities where both are the same.
 static void check_scaled(const char *what, const Buf *b, size_t n, double rtol, double atol, const float *scales) {
     float *c = malloc(n * sizeof(float) + 4), *g = malloc(n * sizeof(float) + 4);
     fetch(cpu, b->kind, b->c, n, c);
@@ -132,7 +132,7 @@ static void check_scaled(const char *what, const Buf *b, size_t n, double rtol, 
     size_t bad = 0, worst = 0;
     double worst_ex = -1;
     for (size_t i = 0; i < n; i++) {
-        if (isnan(c[i]) && isnan(g[i])) continue;
+        if ((isnan(c[i]) && isnan(g[i])) || c[i] == g[i]) continue; // infinities too
         double err = fabs((double)g[i] - c[i]), tol = atol * (scales ? scales[i] : scale) + rtol * fabs(c[i]);
         if (!(err <= tol)) {
             bad++;
@@ -675,6 +675,38 @@ static void *abs_codes(const Buf *b) {
     return p;
 }
 
+// Special values among the last values of b (for quantisations no product reads): a NaN, two
+// infinities (their blocks get infinite scales: the other values flush) and tiny values (bf16
+// subnormals).
+static void fp8_specials(Buf *b) {
+    if (b->n < 64) return;
+    b->ref[b->n - 1] = NAN, b->ref[b->n - 9] = INFINITY, b->ref[b->n - 40] = -INFINITY;
+    for (size_t i = b->n - 30; i < b->n - 20; i++) b->ref[i] = (float)(i % 7) * 0x1p-133f;
+    buf_push(b);
+}
+
+// FP8 counters (FP8_COUNTS) of each backend, zeroed: both sides get the same quantisations.
+typedef struct {
+    uint64_t *c, *g;
+} Counts;
+
+static Counts counts_new(void) {
+    Counts n = {cpu->alloc(FP8_COUNTS * sizeof(uint64_t)), gpu->alloc(FP8_COUNTS * sizeof(uint64_t))};
+    cpu->zero(n.c, FP8_COUNTS * sizeof(uint64_t)), gpu->zero(n.g, FP8_COUNTS * sizeof(uint64_t));
+    return n;
+}
+
+// The GPU's counters equal the CPU's (integers, the same definitions: ops/fp8.h); frees them.
+static void check_counts(const char *what, Counts *n) {
+    uint64_t g[FP8_COUNTS], c[FP8_COUNTS];
+    gpu->download(g, n->g, sizeof g), cpu->download(c, n->c, sizeof c);
+    if (memcmp(g, c, sizeof g) || !c[FP8_COUNT_VALUES])
+        FAIL("%s: values, flushed, saturated, NaN %llu %llu %llu %llu on the GPU, %llu %llu %llu %llu on the CPU", what,
+             (unsigned long long)g[0], (unsigned long long)g[1], (unsigned long long)g[2], (unsigned long long)g[3],
+             (unsigned long long)c[0], (unsigned long long)c[1], (unsigned long long)c[2], (unsigned long long)c[3]);
+    cpu->free(n->c), gpu->free(n->g);
+}
+
 static void *cpu_zeroed(size_t n) {
     void *p = cpu->alloc(n * cpu->f32_size + 4);
     cpu->zero(p, n * cpu->f32_size);
@@ -712,36 +744,42 @@ static void test_fp8_case(size_t E, const int *rows, size_t N, size_t K, Fp8Scal
     fp8_inputs(&w, K, 82, 0.1, 0, N < FP8_BLOCK ? N : FP8_BLOCK);
     Buf xq = buf_new(K_U8, Rb * K), xs = buf_new(K_F32, Kb * Rb), dyq = buf_new(K_U8, Rb * N), dys = buf_new(K_F32, Nb * Rb);
     buf_poison(&xq), buf_poison(&xs), buf_poison(&dyq), buf_poison(&dys);
+    Counts n = counts_new(); // of every quantisation below but the dense one's
     // experts 1.. alone, as a chunk of experts: the rows of the others stay as they were
-    cpu->fp8_quantize_rows(xq.c, xs.c, x.c, (const int32_t *)off.c + 1, E - 1, Rb, K, how);
-    gpu->fp8_quantize_rows(xq.g, xs.g, x.g, (const int32_t *)off.g + 1, E - 1, Rb, K, how);
+    cpu->fp8_quantize_rows(xq.c, xs.c, x.c, (const int32_t *)off.c + 1, E - 1, Rb, K, how, n.c);
+    gpu->fp8_quantize_rows(xq.g, xs.g, x.g, (const int32_t *)off.g + 1, E - 1, Rb, K, how, n.g);
     snprintf(what, sizeof what, "fp8 quantise rows of experts 1.. E%zu K%zu", E, K);
     check(what, &xq, Rb * K, 0, 0), check("  their scales", &xs, Kb * Rb, 0, 0);
     snprintf(what, sizeof what, "fp8 quantise rows E%zu N%zu K%zu rows %zu%s", E, N, K, R, how == FP8_SCALE_POW2 ? " pow2" : "");
-    cpu->fp8_quantize_rows(xq.c, xs.c, x.c, off.c, E, Rb, K, how), gpu->fp8_quantize_rows(xq.g, xs.g, x.g, off.g, E, Rb, K, how);
-    cpu->fp8_quantize_rows(dyq.c, dys.c, dy.c, off.c, E, Rb, N, how), gpu->fp8_quantize_rows(dyq.g, dys.g, dy.g, off.g, E, Rb, N, how);
+    cpu->fp8_quantize_rows(xq.c, xs.c, x.c, off.c, E, Rb, K, how, n.c);
+    gpu->fp8_quantize_rows(xq.g, xs.g, x.g, off.g, E, Rb, K, how, n.g);
+    cpu->fp8_quantize_rows(dyq.c, dys.c, dy.c, off.c, E, Rb, N, how, n.c);
+    gpu->fp8_quantize_rows(dyq.g, dys.g, dy.g, off.g, E, Rb, N, how, n.g);
     check(what, &xq, Rb * K, 0, 0), check("  row scales", &xs, Kb * Rb, 0, 0);
     check("  gradient rows", &dyq, Rb * N, 0, 0), check("  gradient row scales", &dys, Nb * Rb, 0, 0);
     Buf wq = buf_new(K_U8, E * N * K), wqt = buf_new(K_U8, E * N * K), ws = buf_new(K_F32, E * Kb * Nb), wst = buf_new(K_F32, E * Kb * Nb);
-    cpu->fp8_quantize_weights(wq.c, wqt.c, ws.c, wst.c, w.c, E, N, K, how);
-    gpu->fp8_quantize_weights(wq.g, wqt.g, ws.g, wst.g, w.g, E, N, K, how);
+    cpu->fp8_quantize_weights(wq.c, wqt.c, ws.c, wst.c, w.c, E, N, K, how, n.c);
+    gpu->fp8_quantize_weights(wq.g, wqt.g, ws.g, wst.g, w.g, E, N, K, how, n.g);
     check("  weights", &wq, E * N * K, 0, 0), check("  transposed weights", &wqt, E * N * K, 0, 0);
     check("  weight scales", &ws, E * Kb * Nb, 0, 0), check("  transposed weight scales", &wst, E * Kb * Nb, 0, 0);
     Buf xt = buf_new(K_U8, K * Rt), xts = buf_new(K_F32, Rt / FP8_BLOCK * K), dyt = buf_new(K_U8, N * Rt);
     Buf dyts = buf_new(K_F32, Rt / FP8_BLOCK * N);
     buf_poison(&xt), buf_poison(&dyt);
-    cpu->fp8_quantize_cols(xt.c, xts.c, x.c, off.c, E, Rb, K, how), gpu->fp8_quantize_cols(xt.g, xts.g, x.g, off.g, E, Rb, K, how);
-    cpu->fp8_quantize_cols(dyt.c, dyts.c, dy.c, off.c, E, Rb, N, how);
-    gpu->fp8_quantize_cols(dyt.g, dyts.g, dy.g, off.g, E, Rb, N, how);
+    cpu->fp8_quantize_cols(xt.c, xts.c, x.c, off.c, E, Rb, K, how, n.c);
+    gpu->fp8_quantize_cols(xt.g, xts.g, x.g, off.g, E, Rb, K, how, n.g);
+    cpu->fp8_quantize_cols(dyt.c, dyts.c, dy.c, off.c, E, Rb, N, how, n.c);
+    gpu->fp8_quantize_cols(dyt.g, dyts.g, dy.g, off.g, E, Rb, N, how, n.g);
     check("  token-major copies", &xt, K * Rt, 0, 0), check("  token-major scales", &xts, Rt / FP8_BLOCK * K, 0, 0);
     check("  token-major gradient", &dyt, N * Rt, 0, 0), check("  its scales", &dyts, Rt / FP8_BLOCK * N, 0, 0);
     // experts 1.. alone, offsets from the second on (a chunk, as parallel.exchange_chunks passes it)
     size_t Rt1 = fp8_expert_cols(Rb, E - 1);
-    cpu->fp8_quantize_cols(xt.c, xts.c, x.c, (const int32_t *)off.c + 1, E - 1, Rb, K, how);
-    gpu->fp8_quantize_cols(xt.g, xts.g, x.g, (const int32_t *)off.g + 1, E - 1, Rb, K, how);
+    cpu->fp8_quantize_cols(xt.c, xts.c, x.c, (const int32_t *)off.c + 1, E - 1, Rb, K, how, n.c);
+    gpu->fp8_quantize_cols(xt.g, xts.g, x.g, (const int32_t *)off.g + 1, E - 1, Rb, K, how, n.g);
     check("  token-major copies of a chunk of experts", &xt, K * Rt1, 0, 0);
     check("  their scales", &xts, Rt1 / FP8_BLOCK * K, 0, 0);
-    cpu->fp8_quantize_cols(xt.c, xts.c, x.c, off.c, E, Rb, K, how), gpu->fp8_quantize_cols(xt.g, xts.g, x.g, off.g, E, Rb, K, how);
+    check_counts("  counters of the quantisations (rows, weights, token-major copies)", &n);
+    cpu->fp8_quantize_cols(xt.c, xts.c, x.c, off.c, E, Rb, K, how, NULL);
+    gpu->fp8_quantize_cols(xt.g, xts.g, x.g, off.g, E, Rb, K, how, NULL);
 
     void *axq = abs_codes(&xq), *awq = abs_codes(&wq), *adyq = abs_codes(&dyq), *awqt = abs_codes(&wqt);
     void *axt = abs_codes(&xt), *adyt = abs_codes(&dyt);
@@ -770,7 +808,8 @@ static void test_fp8_case(size_t E, const int *rows, size_t N, size_t K, Fp8Scal
                  FP8_SUM, S);
     free(S);
     // Dense: all Rb rows as one group, against the first expert's weights.
-    cpu->fp8_quantize_rows(xq.c, xs.c, x.c, NULL, 0, Rb, K, how), gpu->fp8_quantize_rows(xq.g, xs.g, x.g, NULL, 0, Rb, K, how);
+    cpu->fp8_quantize_rows(xq.c, xs.c, x.c, NULL, 0, Rb, K, how, NULL);
+    gpu->fp8_quantize_rows(xq.g, xs.g, x.g, NULL, 0, Rb, K, how, NULL);
     check("  fp8 quantise rows, one group", &xq, Rb * K, 0, 0), check("  their scales", &xs, Kb * Rb, 0, 0);
     cpu->free(axq);
     axq = abs_codes(&xq);
@@ -796,15 +835,18 @@ static void test_fp8_weights_case(size_t E, size_t N, size_t K, size_t shift, Fp
     Buf w = buf_new(K_ACT, n), q = buf_new(K_U8, n), qt = buf_new(K_U8, n), sc = buf_new(K_F32, blocks);
     Buf sct = buf_new(K_F32, blocks);
     fp8_inputs(&w, K, 84, 0.1, 0, N < FP8_BLOCK ? N : FP8_BLOCK); // an all-zero block (unshifted)
+    fp8_specials(&w);
     buf_poison(&q), buf_poison(&qt), buf_poison(&sc), buf_poison(&sct);
+    Counts c = counts_new();
     cpu->fp8_quantize_weights((char *)q.c + shift, (char *)qt.c + shift, sc.c, sct.c, (char *)w.c + shift * cpu->act_size,
-                              E, N, K, how);
+                              E, N, K, how, c.c);
     gpu->fp8_quantize_weights((char *)q.g + shift, (char *)qt.g + shift, sc.g, sct.g, (char *)w.g + shift * gpu->act_size,
-                              E, N, K, how);
+                              E, N, K, how, c.g);
     snprintf(what, sizeof what, "fp8 quantise weights E%zu N%zu K%zu%s%s", E, N, K, shift ? " unaligned" : "",
              how == FP8_SCALE_POW2 ? " pow2" : "");
     check(what, &q, n, 0, 0), check("  transposed", &qt, n, 0, 0);
     check("  scales", &sc, blocks, 0, 0), check("  transposed scales", &sct, blocks, 0, 0);
+    check_counts("  counters (a NaN, infinities, tiny values)", &c);
     buf_free(&w), buf_free(&q), buf_free(&qt), buf_free(&sc), buf_free(&sct);
 }
 
@@ -819,16 +861,20 @@ static void test_fp8_acts_case(size_t E, const int *rows, size_t K, size_t shift
     Buf x = buf_new(K_ACT, n), q = buf_new(K_U8, n), s = buf_new(K_F32, Kb * Rb), qt = buf_new(K_U8, nt);
     Buf st = buf_new(K_F32, Rt / FP8_BLOCK * K);
     fp8_inputs(&x, K, 86, 1, R / 2, R / 2 + 1);
+    fp8_specials(&x);
     buf_poison(&q), buf_poison(&s), buf_poison(&qt), buf_poison(&st);
     const void *xc = (char *)x.c + shift * cpu->act_size, *xg = (char *)x.g + shift * gpu->act_size;
-    cpu->fp8_quantize_rows((char *)q.c + shift, s.c, xc, off.c, E, Rb, K, how);
-    gpu->fp8_quantize_rows((char *)q.g + shift, s.g, xg, off.g, E, Rb, K, how);
-    cpu->fp8_quantize_cols((char *)qt.c + shift, st.c, xc, off.c, E, Rb, K, how);
-    gpu->fp8_quantize_cols((char *)qt.g + shift, st.g, xg, off.g, E, Rb, K, how);
+    Counts nr = counts_new(), nc = counts_new();
+    cpu->fp8_quantize_rows((char *)q.c + shift, s.c, xc, off.c, E, Rb, K, how, nr.c);
+    gpu->fp8_quantize_rows((char *)q.g + shift, s.g, xg, off.g, E, Rb, K, how, nr.g);
+    cpu->fp8_quantize_cols((char *)qt.c + shift, st.c, xc, off.c, E, Rb, K, how, nc.c);
+    gpu->fp8_quantize_cols((char *)qt.g + shift, st.g, xg, off.g, E, Rb, K, how, nc.g);
     snprintf(what, sizeof what, "fp8 quantise activations E%zu K%zu%s%s", E, K, shift ? " unaligned" : "",
              how == FP8_SCALE_POW2 ? " pow2" : "");
     check(what, &q, n, 0, 0), check("  row scales", &s, Kb * Rb, 0, 0);
     check("  token-major copies", &qt, nt, 0, 0), check("  their scales", &st, Rt / FP8_BLOCK * K, 0, 0);
+    check_counts("  counters of the rows (a NaN, infinities, tiny values)", &nr);
+    check_counts("  counters of the token-major copies", &nc);
     Buf *all[] = {&off, &x, &q, &s, &qt, &st};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) buf_free(all[i]);
 }
@@ -847,7 +893,8 @@ static void test_swiglu_fp8_case(size_t E, const int *rows, size_t H, size_t fir
     fp8_inputs(&gu, 2 * H, 85, 2, R / 2, R / 2 + 1); // a zero gate block: a zero block of output
     buf_poison(&h), buf_poison(&plain), buf_poison(&q), buf_poison(&sc);
     const int32_t *oc = (const int32_t *)off.c + first, *og = (const int32_t *)off.g + first;
-    gpu->swiglu_forward_fp8(h.g, q.g, sc.g, gu.g, og, E - first, Rb, H, how);
+    Counts c = counts_new();
+    gpu->swiglu_forward_fp8(h.g, q.g, sc.g, gu.g, og, E - first, Rb, H, how, c.g);
     gpu->swiglu_forward(plain.g, gu.g, Rb, H, og, E - first);
     cpu->swiglu_forward(h.c, gu.c, Rb, H, oc, E - first);
     snprintf(what, sizeof what, "swiglu forward with fp8 rows E%zu H%zu from expert %zu%s", E, H, first,
@@ -857,8 +904,9 @@ static void test_swiglu_fp8_case(size_t E, const int *rows, size_t H, size_t fir
     gpu->download_act(fused, h.g, n), gpu->download_act(alone, plain.g, n);
     if (memcmp(fused, alone, n * sizeof(float))) FAIL("  its output is not the plain swiglu forward's, bit for bit");
     cpu->upload_f32(h.c, fused, n); // the GPU's bf16 output, quantised by the CPU
-    cpu->fp8_quantize_rows(q.c, sc.c, h.c, oc, E - first, Rb, H, how);
+    cpu->fp8_quantize_rows(q.c, sc.c, h.c, oc, E - first, Rb, H, how, c.c);
     check("  codes", &q, n, 0, 0), check("  scales", &sc, Hb * Rb, 0, 0);
+    check_counts("  counters", &c);
     free(fused), free(alone);
     Buf *all[] = {&off, &gu, &h, &plain, &q, &sc};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) buf_free(all[i]);

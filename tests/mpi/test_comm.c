@@ -337,6 +337,15 @@ static void test_split_parity(Comm *w) {
     sub->ops->free(sub);
 }
 
+// Counters past 2^32 (the FP8 quantisation's, train.c) sum exactly.
+static void test_all_reduce_u64(Comm *w) {
+    uint64_t v[2] = {((uint64_t)1 << 40) + (uint64_t)w->rank, ((uint64_t)w->rank << 53) + 1}, want[2] = {0, 0};
+    for (int r = 0; r < w->size; r++) want[0] += ((uint64_t)1 << 40) + (uint64_t)r, want[1] += ((uint64_t)r << 53) + 1;
+    w->ops->all_reduce_sum(w, v, 2, COMM_U64);
+    CHECK(v[0] == want[0] && v[1] == want[1], "all_reduce_sum u64: %llu %llu, expected %llu %llu",
+          (unsigned long long)v[0], (unsigned long long)v[1], (unsigned long long)want[0], (unsigned long long)want[1]);
+}
+
 // One color, keys in reverse: the sub-communicator orders the ranks backwards.
 static void test_split_key_order(Comm *w) {
     Comm *sub = w->ops->split(w, 0, w->size - w->rank);
@@ -422,6 +431,7 @@ static const TestCase TESTS[] = {
     {"all_to_all_v uneven counts, zero blocks", test_all_to_all_v, NULL, 1},
     {"send/recv ring", test_send_recv_ring, NULL, 2},
     {"sendrecv pairs and ring", test_sendrecv, NULL, 1},
+    {"all_reduce_sum of u64 past 2^32", NULL, test_all_reduce_u64, 1},
     {"all_ok with one rank false", NULL, test_all_ok, 1},
     {"texts compared across ranks", NULL, test_agree_text, 2},
     {"split by even/odd rank", NULL, test_split_parity, 1},

@@ -68,6 +68,7 @@ static const Ops CPU_OPS = {
     .host_free = cpu_free,
     .upload_queued = cpu_copy,
     .download_f32_queued = cpu_download_f32,
+    .download_queued = cpu_copy,
     .cast_f32_to_act = cpu_cast_f32_to_act,
     .init_params = cpu_init_params,
     .sync = cpu_sync,

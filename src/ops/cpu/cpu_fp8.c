@@ -8,22 +8,34 @@
 
 // ---------------------------------------------------------------- quantisation
 
-// The block x[r xr + c xc] (r < rows, c < cols) to codes q[r qr + c qc] under one scale, returned.
+// The block x[r xr + c xc] (r < rows, c < cols) to codes q[r qr + c qc] under one scale, returned;
+// what it counts added to counts (FP8_COUNTS; NULL: nothing), atomically (blocks run in parallel).
 static float fp8_quantize_block(uint8_t *q, size_t qr, size_t qc, const real *x, size_t xr, size_t xc,
-                                size_t rows, size_t cols, Fp8Scaling how) {
+                                size_t rows, size_t cols, Fp8Scaling how, uint64_t *counts) {
     float amax = 0;
     for (size_t r = 0; r < rows; r++)
         for (size_t c = 0; c < cols; c++) amax = fmaxf(amax, fabsf((float)x[r * xr + c * xc]));
     float s = fp8_block_scale(amax, how);
+    uint64_t n[FP8_COUNTS] = {rows * cols, 0, 0, 0};
     for (size_t r = 0; r < rows; r++)
-        for (size_t c = 0; c < cols; c++) q[r * qr + c * qc] = fp8_quantize((float)x[r * xr + c * xc], s);
+        for (size_t c = 0; c < cols; c++) {
+            float v = (float)x[r * xr + c * xc];
+            uint8_t code = q[r * qr + c * qc] = fp8_quantize(v, s);
+            n[FP8_COUNT_FLUSHED] += fp8_flushed(v, code);
+            n[FP8_COUNT_SATURATED] += fp8_saturated(v, s);
+            n[FP8_COUNT_NAN] += v != v;
+        }
+    for (int i = 0; counts && i < FP8_COUNTS; i++) {
+#pragma omp atomic
+        counts[i] += n[i];
+    }
     return s;
 }
 
 static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
 
 void cpu_fp8_quantize_rows(void *q_, void *scales_, const void *x_, const int32_t *offsets, size_t E, size_t R,
-                           size_t K, Fp8Scaling how) {
+                           size_t K, Fp8Scaling how, uint64_t *counts) {
     uint8_t *q = q_;
     real *scales = scales_;
     const real *x = x_;
@@ -34,21 +46,21 @@ void cpu_fp8_quantize_rows(void *q_, void *scales_, const void *x_, const int32_
         for (size_t i = 0; i < rows; i++)
             for (size_t kb = 0; kb < Kb; kb++) {
                 size_t at = (r0 + i) * K + kb * FP8_BLOCK;
-                scales[Kb * r0 + kb * rows + i] = fp8_quantize_block(q + at, 0, 1, x + at, 0, 1, 1,
-                                                                     min_size(FP8_BLOCK, K - kb * FP8_BLOCK), how);
+                scales[Kb * r0 + kb * rows + i] = fp8_quantize_block(
+                    q + at, 0, 1, x + at, 0, 1, 1, min_size(FP8_BLOCK, K - kb * FP8_BLOCK), how, counts);
             }
     }
 }
 
 // The two ops one after the other: the emulation of the fused kernel is its definition.
 void cpu_swiglu_forward_fp8(void *out, void *q, void *scales, const void *gu, const int32_t *offsets, size_t E,
-                            size_t R, size_t H, Fp8Scaling how) {
+                            size_t R, size_t H, Fp8Scaling how, uint64_t *counts) {
     cpu_swiglu_forward(out, gu, R, H, offsets, E);
-    cpu_fp8_quantize_rows(q, scales, out, offsets, E, R, H, how);
+    cpu_fp8_quantize_rows(q, scales, out, offsets, E, R, H, how, counts);
 }
 
 void cpu_fp8_quantize_cols(void *qt_, void *scales_, const void *x_, const int32_t *offsets, size_t E,
-                           size_t R, size_t C, Fp8Scaling how) {
+                           size_t R, size_t C, Fp8Scaling how, uint64_t *counts) {
     uint8_t *qt = qt_;
     real *scales = scales_;
     const real *x = x_;
@@ -61,14 +73,15 @@ void cpu_fp8_quantize_cols(void *qt_, void *scales_, const void *x_, const int32
         for (size_t c = 0; c < C; c++)
             for (size_t j = 0; j < fp8_blocks(rows); j++) {
                 size_t r = j * FP8_BLOCK;
-                scales[(p / FP8_BLOCK + j) * C + c] = fp8_quantize_block(
-                    qt + c * Rt + p + r, 1, 0, x + (r0 + r) * C + c, C, 0, min_size(FP8_BLOCK, rows - r), 1, how);
+                scales[(p / FP8_BLOCK + j) * C + c] =
+                    fp8_quantize_block(qt + c * Rt + p + r, 1, 0, x + (r0 + r) * C + c, C, 0,
+                                       min_size(FP8_BLOCK, rows - r), 1, how, counts);
             }
     }
 }
 
 void cpu_fp8_quantize_weights(void *q_, void *qt_, void *scales_, void *scales_t_, const void *w_, size_t E,
-                              size_t N, size_t K, Fp8Scaling how) {
+                              size_t N, size_t K, Fp8Scaling how, uint64_t *counts) {
     uint8_t *q = q_, *qt = qt_;
     real *scales = scales_, *scales_t = scales_t_;
     const real *w = w_;
@@ -79,7 +92,7 @@ void cpu_fp8_quantize_weights(void *q_, void *qt_, void *scales_, void *scales_t
             for (size_t kb = 0; kb < Kb; kb++) {
                 size_t n0 = nb * FP8_BLOCK, k0 = kb * FP8_BLOCK, at = e * N * K + n0 * K + k0;
                 float s = fp8_quantize_block(q + at, K, 1, w + at, K, 1, min_size(FP8_BLOCK, N - n0),
-                                             min_size(FP8_BLOCK, K - k0), how);
+                                             min_size(FP8_BLOCK, K - k0), how, counts);
                 scales[e * Kb * Nb + kb * Nb + nb] = s;
                 scales_t[e * Nb * Kb + nb * Kb + kb] = s;
             }

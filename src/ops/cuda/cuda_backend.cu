@@ -109,8 +109,12 @@ static void cuda_upload_queued(void *dst, const void *src, size_t bytes) {
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cuda_ctx.stream));
 }
 
+static void cuda_download_queued(void *dst, const void *src, size_t bytes) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, cuda_ctx.stream));
+}
+
 static void cuda_download_f32_queued(float *dst, const void *src, size_t n) {
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToHost, cuda_ctx.stream));
+    cuda_download_queued(dst, src, n * sizeof(float));
 }
 
 static void cuda_upload_f32(void *dst, const float *src, size_t n) { cuda_upload(dst, src, n * sizeof(float)); }
@@ -244,6 +248,7 @@ static Ops make_cuda_ops(void) {
     o.upload_f32 = cuda_upload_f32, o.download_f32 = cuda_download_f32, o.download_act = cuda_download_act;
     o.host_alloc = cuda_host_alloc, o.host_free = cuda_host_free;
     o.upload_queued = cuda_upload_queued, o.download_f32_queued = cuda_download_f32_queued;
+    o.download_queued = cuda_download_queued;
     o.cast_f32_to_act = cuda_cast_f32_to_act, o.init_params = cuda_init_params, o.sync = cuda_sync, o.memory_in_use = cuda_memory_in_use;
     o.memory_available = cuda_memory_available, o.memory_peak = cuda_memory_peak;
     o.capture_begin = cuda_capture_begin, o.capture_end = cuda_capture_end, o.graph_launch = cuda_graph_launch;

@@ -23,6 +23,52 @@ __device__ bool fp8_row_group(const int32_t *offsets, int E, int64_t R, int64_t 
     return true;
 }
 
+// A thread's tallies of the values it quantised (what the counters FP8_COUNT_FLUSHED, _SATURATED and
+// _NAN count; FP8_COUNT_VALUES is added once a launch, by fp8_count_values).
+typedef struct {
+    uint32_t flushed, saturated, nan;
+} Fp8Tally;
+
+// Tallies n values v quantised to the codes packed in words (4 a word, as stored) under scales
+// s[step i]. Bit i of sat: value i may saturate (fp8_block_may_saturate of a bound of its
+// magnitude); fp8_saturated is evaluated for those only (almost never: no division per value).
+template <int n>
+__device__ __forceinline__ void fp8_tally(Fp8Tally *t, const float *v, const uint32_t *words, const float *s, int step,
+                                          uint32_t sat) {
+#pragma unroll
+    for (int i = 0; i < n; i++) {
+        t->flushed += fp8_flushed(v[i], (uint8_t)(words[i / 4] >> (8 * (i % 4))));
+        t->nan += v[i] != v[i];
+        if ((sat >> i) & 1) t->saturated += fp8_saturated(v[i], s[step * i]);
+    }
+}
+
+// The warp's tallies added to counts (NULL: nothing): a reduction per counter and one atomic for
+// each that is not zero. Every lane of the warp calls it.
+__device__ void fp8_count_warp(uint64_t *counts, const Fp8Tally *t) {
+    if (!counts) return;
+    const uint32_t n[3] = {t->flushed, t->saturated, t->nan};
+    const int at[3] = {FP8_COUNT_FLUSHED, FP8_COUNT_SATURATED, FP8_COUNT_NAN};
+#pragma unroll
+    for (int i = 0; i < 3; i++) {
+        uint32_t sum = __reduce_add_sync(0xffffffffu, n[i]);
+        if (sum && (threadIdx.x & 31) == 0) atomicAdd((unsigned long long *)&counts[at[i]], (unsigned long long)sum);
+    }
+}
+
+// The values a launch quantises (the rows of the groups of offsets, as fp8_row_group, times width),
+// added to counts by its first thread.
+__device__ void fp8_count_values(uint64_t *counts, const int32_t *offsets, int E, int64_t R, int64_t width) {
+    if (!counts || blockIdx.x || blockIdx.y || blockIdx.z || threadIdx.x) return;
+    int64_t rows = offsets ? offsets[E] - offsets[0] : R;
+    atomicAdd((unsigned long long *)&counts[FP8_COUNT_VALUES], (unsigned long long)(rows * width));
+}
+
+// sat for fp8_tally: all n values may saturate, or none.
+__device__ __forceinline__ uint32_t fp8_may_saturate_all(float amax, float s) {
+    return fp8_block_may_saturate(amax, s) ? 0xffffffffu : 0u;
+}
+
 // The 1x128 block of a row that a warp quantises (a warp per (row, block)): the row r, its group's
 // first row r0 and row count, the block kb, the lane's first column k and element at; vec: whole
 // 4-value pieces (K % 4 == 0), moved 8 bytes (bf16) or 4 (codes) at a time.
@@ -62,14 +108,16 @@ __device__ __forceinline__ void fp8_store4(bf16 *p, const float v[4], int64_t n,
 }
 
 // The block's scale from the warp's values (4 a lane) and their codes into q and scales, laid out
-// as fp8_quantize_rows writes them.
+// as fp8_quantize_rows writes them; their tallies added to t.
 __device__ void fp8_store_row_block(uint8_t *q, float *scales, const Fp8RowBlock *b, const float v[4], int K,
-                                    Fp8Scaling how) {
+                                    Fp8Scaling how, Fp8Tally *t) {
     float amax = 0;
     for (int i = 0; i < 4; i++) amax = fmaxf(amax, fabsf(v[i]));
-    float s = fp8_block_scale(warp_max(amax), how);
+    amax = warp_max(amax);
+    float s = fp8_block_scale(amax, how);
     uint32_t codes = 0;
     for (int i = 0; i < 4; i++) codes |= (uint32_t)fp8_quantize(v[i], s) << (8 * i);
+    fp8_tally<4>(t, v, &codes, &s, 0, fp8_may_saturate_all(amax, s));
     if (b->vec) *reinterpret_cast<uint32_t *>(q + b->at) = codes;
     else
         for (int i = 0; i < 4; i++)
@@ -106,9 +154,10 @@ __device__ __forceinline__ uint2 fp8_codes8(const float v[8], const float *s, in
 #define FP8_R_PAIRS 4
 
 // Lane's piece raw of block kb of row r: its scale and codes into q and scales, unless the row is
-// in no group (the whole half-warp computes the amax first, as the shuffles need).
+// in no group (the whole half-warp computes the amax first, as the shuffles need); their tallies
+// added to t.
 __device__ void fp8_store_row_piece(uint8_t *q, float *scales, const int32_t *offsets, int E, int64_t R, int K,
-                                    int64_t r, int64_t kb, uint4 raw, bool vec, Fp8Scaling how) {
+                                    int64_t r, int64_t kb, uint4 raw, bool vec, Fp8Scaling how, Fp8Tally *t) {
     float v[8], amax = 0;
     unpack8(v, raw);
     for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(v[i]));
@@ -117,6 +166,8 @@ __device__ void fp8_store_row_piece(uint8_t *q, float *scales, const int32_t *of
     if (r >= R || !fp8_row_group(offsets, E, R, r, &r0, &rows)) return;
     float s = fp8_block_scale(amax, how);
     uint2 codes = fp8_codes8(v, &s, 0);
+    const uint32_t words[2] = {codes.x, codes.y};
+    fp8_tally<8>(t, v, words, &s, 0, fp8_may_saturate_all(amax, s));
     uint8_t *dst = q + r * K + k;
     if (vec && k < K) *reinterpret_cast<uint2 *>(dst) = codes;
     else
@@ -129,7 +180,8 @@ __device__ void fp8_store_row_piece(uint8_t *q, float *scales, const int32_t *of
 // vec: K a multiple of 8, x 16-byte and q 8-byte aligned (every piece whole or wholly outside).
 __global__ void __launch_bounds__(FP8_R_THREADS)
 fp8_quantize_rows_kernel(uint8_t *q, float *scales, const bf16 *x, const int32_t *offsets, int E, int64_t R, int K,
-                         bool vec, Fp8Scaling how) {
+                         bool vec, Fp8Scaling how, uint64_t *counts) {
+    fp8_count_values(counts, offsets, E, R, K);
     int64_t Kb = (int64_t)fp8_blocks((size_t)K), warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int64_t block = warp * 2 * FP8_R_PAIRS + ((threadIdx.x >> 4) & 1), r = block / Kb, kb = block % Kb;
     int64_t rs[FP8_R_PAIRS], kbs[FP8_R_PAIRS];
@@ -141,18 +193,20 @@ fp8_quantize_rows_kernel(uint8_t *q, float *scales, const bf16 *x, const int32_t
         rs[j] = r, kbs[j] = kb;
         for (kb += 2; kb >= Kb; kb -= Kb) r++;
     }
+    Fp8Tally t = {0, 0, 0};
 #pragma unroll
     for (int j = 0; j < FP8_R_PAIRS; j++)
-        fp8_store_row_piece(q, scales, offsets, E, R, K, rs[j], kbs[j], raw[j], vec, how);
+        fp8_store_row_piece(q, scales, offsets, E, R, K, rs[j], kbs[j], raw[j], vec, how, &t);
+    fp8_count_warp(counts, &t);
 }
 
 extern "C" void cuda_fp8_quantize_rows(void *q, void *scales, const void *x, const int32_t *offsets, size_t E, size_t R,
-                                       size_t K, Fp8Scaling how) {
+                                       size_t K, Fp8Scaling how, uint64_t *counts) {
     if (!R || !K) return;
     bool vec = K % 8 == 0 && aligned16(x) && (uintptr_t)q % 8 == 0;
     size_t warps = (R * fp8_blocks(K) + 2 * FP8_R_PAIRS - 1) / (2 * FP8_R_PAIRS);
     fp8_quantize_rows_kernel<<<cuda_blocks(warps * 32, FP8_R_THREADS), FP8_R_THREADS, 0, cuda_ctx.stream>>>(
-        (uint8_t *)q, (float *)scales, (const bf16 *)x, offsets, (int)E, (int64_t)R, (int)K, vec, how);
+        (uint8_t *)q, (float *)scales, (const bf16 *)x, offsets, (int)E, (int64_t)R, (int)K, vec, how, counts);
     CUDA_LAUNCH_CHECK();
 }
 
@@ -160,23 +214,28 @@ extern "C" void cuda_fp8_quantize_rows(void *q, void *scales, const void *x, con
 // quantisation alone): the values rounded to bf16 as stored, then quantised, so that the codes are
 // those of fp8_quantize_rows on the stored output.
 __global__ void swiglu_forward_fp8_kernel(bf16 *out, uint8_t *q, float *scales, const bf16 *gu,
-                                          const int32_t *offsets, int E, int64_t R, int H, Fp8Scaling how) {
+                                          const int32_t *offsets, int E, int64_t R, int H, Fp8Scaling how,
+                                          uint64_t *counts) {
+    fp8_count_values(counts, offsets, E, R, H);
     Fp8RowBlock b;
-    if (!fp8_row_block(offsets, E, R, H, &b)) return;
+    if (!fp8_row_block(offsets, E, R, H, &b)) return; // the whole warp (a warp per row block)
     float g[4], u[4], v[4];
     const bf16 *gate = gu + b.r * 2 * H + b.k;
     fp8_load4(g, gate, H - b.k, b.vec), fp8_load4(u, gate + H, H - b.k, b.vec);
     for (int i = 0; i < 4; i++) v[i] = bf(to_bf(swiglu_value(g[i], u[i])));
     fp8_store4(out + b.at, v, H - b.k, b.vec);
-    fp8_store_row_block(q, scales, &b, v, H, how);
+    Fp8Tally t = {0, 0, 0};
+    fp8_store_row_block(q, scales, &b, v, H, how, &t);
+    fp8_count_warp(counts, &t);
 }
 
 extern "C" void cuda_swiglu_forward_fp8(void *out, void *q, void *scales, const void *gu, const int32_t *offsets,
-                                        size_t E, size_t R, size_t H, Fp8Scaling how) {
+                                        size_t E, size_t R, size_t H, Fp8Scaling how, uint64_t *counts) {
     if (!R) return;
     size_t warps = R * fp8_blocks(H);
     swiglu_forward_fp8_kernel<<<cuda_blocks(warps * 32, 256), 256, 0, cuda_ctx.stream>>>(
-        (bf16 *)out, (uint8_t *)q, (float *)scales, (const bf16 *)gu, offsets, (int)E, (int64_t)R, (int)H, how);
+        (bf16 *)out, (uint8_t *)q, (float *)scales, (const bf16 *)gu, offsets, (int)E, (int64_t)R, (int)H, how,
+        counts);
     CUDA_LAUNCH_CHECK();
 }
 
@@ -270,7 +329,8 @@ __device__ void fp8_column_scales(float *scale, float *scales, float amax[8], in
 // vec: C a multiple of 8, x and qt 16-byte aligned.
 __global__ void __launch_bounds__(FP8_C_THREADS, 3)
 fp8_quantize_cols_kernel(uint8_t *qt, float *scales, const bf16 *x, const int32_t *offsets, int E, int64_t C,
-                         int64_t Rt, bool vec, Fp8Scaling how) {
+                         int64_t Rt, bool vec, Fp8Scaling how, uint64_t *counts) {
+    fp8_count_values(counts, offsets, E, 0, C);
     __shared__ uint4 tile[FP8_BLOCK][FP8_BLOCK / 16];
     __shared__ float scale[FP8_BLOCK];
     int t = threadIdx.x, c8 = t % 16;
@@ -289,24 +349,31 @@ fp8_quantize_cols_kernel(uint8_t *qt, float *scales, const bf16 *x, const int32_
         for (int j = 0; j < 8; j++) amax[j] = fmaxf(amax[j], fabsf(v[j]));
     }
     fp8_column_scales(scale, scales + b * C + c0, amax, C - c0, how);
+    uint32_t sat = 0; // amax[j] bounds the thread's values of column j
+    for (int j = 0; j < 8; j++) sat |= (uint32_t)fp8_block_may_saturate(amax[j], scale[8 * c8 + j]) << j;
+    Fp8Tally tally = {0, 0, 0};
 #pragma unroll
     for (int p = 0; p < FP8_C_PIECES; p++) {
         int i = t / 16 + 16 * p;
         unpack8(v, raw[p]);
-        reinterpret_cast<uint2 *>(&tile[i][fp8_tile_chunk(i, c8 / 2)])[c8 % 2] = fp8_codes8(v, scale + 8 * c8, 1);
+        uint2 codes = fp8_codes8(v, scale + 8 * c8, 1);
+        reinterpret_cast<uint2 *>(&tile[i][fp8_tile_chunk(i, c8 / 2)])[c8 % 2] = codes;
+        const uint32_t words[2] = {codes.x, codes.y};
+        fp8_tally<8>(&tally, v, words, scale + 8 * c8, 1, sat);
     }
+    fp8_count_warp(counts, &tally);
     __syncthreads();
     fp8_store_transposed(tile, qt + c0 * Rt + FP8_BLOCK * b, Rt, C - c0, FP8_BLOCK, vec);
 }
 
 extern "C" void cuda_fp8_quantize_cols(void *qt, void *scales, const void *x, const int32_t *offsets, size_t E,
-                                       size_t R, size_t C, Fp8Scaling how) {
+                                       size_t R, size_t C, Fp8Scaling how, uint64_t *counts) {
     if (!C) return;
     size_t Rt = fp8_expert_cols(R, E);
     bool vec = C % 8 == 0 && aligned16(x) && aligned16(qt);
     dim3 grid((unsigned)fp8_blocks(C), (unsigned)(Rt / FP8_BLOCK));
     fp8_quantize_cols_kernel<<<grid, FP8_C_THREADS, 0, cuda_ctx.stream>>>(
-        (uint8_t *)qt, (float *)scales, (const bf16 *)x, offsets, (int)E, (int64_t)C, (int64_t)Rt, vec, how);
+        (uint8_t *)qt, (float *)scales, (const bf16 *)x, offsets, (int)E, (int64_t)C, (int64_t)Rt, vec, how, counts);
     CUDA_LAUNCH_CHECK();
 }
 
@@ -322,7 +389,8 @@ extern "C" void cuda_fp8_quantize_cols(void *qt, void *scales, const void *x, co
 // that every piece is whole or wholly outside; else loads and stores go value by value.
 __global__ void __launch_bounds__(FP8_W_THREADS)
 fp8_quantize_weights_kernel(uint8_t *q, uint8_t *qt, float *scales, float *scales_t, const bf16 *w, int64_t N,
-                            int64_t K, bool vec, Fp8Scaling how) {
+                            int64_t K, bool vec, Fp8Scaling how, uint64_t *counts) {
+    fp8_count_values(counts, NULL, 0, (int64_t)gridDim.z * N, K);
     __shared__ uint4 tile[FP8_BLOCK][FP8_BLOCK / 16];
     __shared__ float scratch[32];
     int64_t e = blockIdx.z, kb = blockIdx.x, nb = blockIdx.y, Kb = gridDim.x, Nb = gridDim.y;
@@ -340,7 +408,10 @@ fp8_quantize_weights_kernel(uint8_t *q, uint8_t *qt, float *scales, float *scale
 #pragma unroll
         for (int j = 0; j < 16; j++) amax = fmaxf(amax, fabsf(v[p][j]));
     }
-    float s = fp8_block_scale(block_max(amax, scratch), how);
+    amax = block_max(amax, scratch);
+    float s = fp8_block_scale(amax, how);
+    uint32_t sat = fp8_may_saturate_all(amax, s);
+    Fp8Tally t = {0, 0, 0};
 #pragma unroll
     for (int p = 0; p < FP8_W_PIECES; p++) {
         int u = threadIdx.x + p * FP8_W_THREADS, i = u / 8, c = u % 8;
@@ -349,6 +420,7 @@ fp8_quantize_weights_kernel(uint8_t *q, uint8_t *qt, float *scales, float *scale
 #pragma unroll
         for (int j = 0; j < 16; j++) word[j / 4] |= (uint32_t)fp8_quantize(v[p][j], s) << (8 * (j % 4));
         uint4 codes = make_uint4(word[0], word[1], word[2], word[3]);
+        fp8_tally<16>(&t, v[p], word, &s, 0, sat);
         tile[i][fp8_tile_chunk(i, c)] = codes;
         uint8_t *dst = q + e * N * K + n * K + k;
         if (vec && n < N && k < K) *reinterpret_cast<uint4 *>(dst) = codes;
@@ -357,19 +429,20 @@ fp8_quantize_weights_kernel(uint8_t *q, uint8_t *qt, float *scales, float *scale
             for (int j = 0; j < 16; j++)
                 if (n < N && k + j < K) dst[j] = (uint8_t)(word[j / 4] >> (8 * (j % 4)));
     }
+    fp8_count_warp(counts, &t);
     __syncthreads();
     fp8_store_transposed(tile, qt + e * K * N + k0 * N + n0, N, K - k0, N - n0, vec);
     if (threadIdx.x == 0) scales[(e * Kb + kb) * Nb + nb] = s, scales_t[(e * Nb + nb) * Kb + kb] = s;
 }
 
 extern "C" void cuda_fp8_quantize_weights(void *q, void *qt, void *scales, void *scales_t, const void *w, size_t E,
-                                          size_t N, size_t K, Fp8Scaling how) {
+                                          size_t N, size_t K, Fp8Scaling how, uint64_t *counts) {
     if (!E || !N || !K) return;
     bool vec = N % 16 == 0 && K % 16 == 0 && aligned16(q) && aligned16(qt) && aligned16(w);
     dim3 grid((unsigned)fp8_blocks(K), (unsigned)fp8_blocks(N), (unsigned)E);
     fp8_quantize_weights_kernel<<<grid, FP8_W_THREADS, 0, cuda_ctx.stream>>>(
         (uint8_t *)q, (uint8_t *)qt, (float *)scales, (float *)scales_t, (const bf16 *)w, (int64_t)N, (int64_t)K, vec,
-        how);
+        how, counts);
     CUDA_LAUNCH_CHECK();
 }
 

@@ -47,13 +47,13 @@ void cuda_grouped_sm90(GroupedOp op, const void *a, const void *b, void *d, cons
 // count of inputs whose codes differ, and in *first the lowest such bit pattern (test_cuda).
 uint64_t cuda_fp8_encoder_mismatches(uint32_t *first);
 void cuda_fp8_quantize_rows(void *q, void *scales, const void *x, const int32_t *offsets, size_t E, size_t R,
-                            size_t K, Fp8Scaling how);
+                            size_t K, Fp8Scaling how, uint64_t *counts);
 void cuda_swiglu_forward_fp8(void *out, void *q, void *scales, const void *gu, const int32_t *offsets, size_t E,
-                             size_t R, size_t H, Fp8Scaling how);
+                             size_t R, size_t H, Fp8Scaling how, uint64_t *counts);
 void cuda_fp8_quantize_cols(void *qt, void *scales, const void *x, const int32_t *offsets, size_t E, size_t R,
-                            size_t C, Fp8Scaling how);
+                            size_t C, Fp8Scaling how, uint64_t *counts);
 void cuda_fp8_quantize_weights(void *q, void *qt, void *scales, void *scales_t, const void *w, size_t E, size_t N,
-                               size_t K, Fp8Scaling how);
+                               size_t K, Fp8Scaling how, uint64_t *counts);
 void cuda_fp8_grouped_matmul(void *out, const void *a, const void *a_scales, const void *b, const void *b_scales,
                              const int32_t *offsets, size_t E, size_t N, size_t K, size_t R);
 void cuda_fp8_grouped_matmul_wgrad(void *dw, const void *dout_t, const void *dout_scales, const void *x_t,
