@@ -67,9 +67,12 @@ double report_drop_rate(const StepReport *r) {
 static const char *const FP8_CLASS_KEYS[FP8_CLASSES] = {"weights", "activations", "gradients"};
 static const char *const FP8_COUNT_KEYS[FP8_COUNTS] = {"values", "flushed", "saturated", "nan"};
 
+// Class c's counters (FP8_COUNTS) among counts (FP8_CLASSES, FP8_COUNTS).
+static const uint64_t *fp8_class_counts(const uint64_t *counts, int c) { return counts + (size_t)c * FP8_COUNTS; }
+
 // The share of class c's values that counter i counted (NaN: no values).
 static double fp8_share(const uint64_t *counts, int c, int i) {
-    const uint64_t *n = counts + (size_t)c * FP8_COUNTS;
+    const uint64_t *n = fp8_class_counts(counts, c);
     return n[FP8_COUNT_VALUES] ? (double)n[i] / (double)n[FP8_COUNT_VALUES] : NAN;
 }
 
@@ -80,7 +83,7 @@ static void fp8_print(const uint64_t *counts, FILE *f) {
         fprintf(f, " %c %.3g%%", FP8_CLASS_KEYS[c][0], 100 * fp8_share(counts, c, FP8_COUNT_FLUSHED));
     for (int i = FP8_COUNT_SATURATED; i < FP8_COUNTS; i++)
         for (int c = 0; c < FP8_CLASSES; c++)
-            if (counts[(size_t)c * FP8_COUNTS + i])
+            if (fp8_class_counts(counts, c)[i])
                 fprintf(f, ", %s %s %.3g%%", FP8_COUNT_KEYS[i], FP8_CLASS_KEYS[c], 100 * fp8_share(counts, c, i));
 }
 
@@ -125,7 +128,7 @@ static json_t *fp8_to_json(const uint64_t *counts) {
     for (int c = 0; c < FP8_CLASSES; c++) {
         json_t *k = json_object();
         json_object_set_new(k, FP8_COUNT_KEYS[FP8_COUNT_VALUES],
-                            json_integer((json_int_t)counts[(size_t)c * FP8_COUNTS + FP8_COUNT_VALUES]));
+                            json_integer((json_int_t)fp8_class_counts(counts, c)[FP8_COUNT_VALUES]));
         for (int i = FP8_COUNT_FLUSHED; i < FP8_COUNTS; i++)
             json_object_set_new(k, FP8_COUNT_KEYS[i], json_number(fp8_share(counts, c, i)));
         json_object_set_new(o, FP8_CLASS_KEYS[c], k);
