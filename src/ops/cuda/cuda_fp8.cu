@@ -29,12 +29,30 @@ typedef struct {
     uint32_t flushed, saturated, nan;
 } Fp8Tally;
 
+// Whether any of the n codes packed in words has magnitude 0 (+-0: a zero or a flushed value) or
+// 0x7f (NaN: the code of every NaN value): bit 7 of each byte of m + 1 flags 0x7f, of ~((m + 0x7f)
+// | m) flags 0 (no carry leaves a byte, as m < 0x80). About 10 instructions for 8 codes.
+template <int n>
+__device__ __forceinline__ bool fp8_codes_zero_or_nan(const uint32_t *words) {
+    uint32_t flags = 0;
+#pragma unroll
+    for (int i = 0; i < n / 4; i++) {
+        uint32_t m = words[i] & 0x7f7f7f7fu;
+        flags |= ~((m + 0x7f7f7f7fu) | m) | (m + 0x01010101u);
+    }
+    return flags & 0x80808080u;
+}
+
 // Tallies n values v quantised to the codes packed in words (4 a word, as stored) under scales
 // s[step i]. Bit i of sat: value i may saturate (fp8_block_may_saturate of a bound of its
 // magnitude); fp8_saturated is evaluated for those only (almost never: no division per value).
+// Values counted as flushed or NaN have codes of magnitude 0 or 0x7f, so the per-value tests run
+// only for pieces holding such a code or a value that may saturate: the common piece costs one
+// packed test.
 template <int n>
 __device__ __forceinline__ void fp8_tally(Fp8Tally *t, const float *v, const uint32_t *words, const float *s, int step,
                                           uint32_t sat) {
+    if (!sat && !fp8_codes_zero_or_nan<n>(words)) return;
 #pragma unroll
     for (int i = 0; i < n; i++) {
         t->flushed += fp8_flushed(v[i], (uint8_t)(words[i / 4] >> (8 * (i % 4))));
