@@ -99,8 +99,9 @@ void bench_expert_rows(const char *kind, size_t T, size_t K, size_t E, int32_t *
 
 // The FP8 recipe's expert products on the rows of a bf16 case (bf16_ms: its forward, input- and
 // weight-gradient times), aimed at 1.6x the bf16 rates, and the quantisations they read (bytes
-// read and written; scales counted), counting what they flush and saturate as training does. The
-// weights' (both layouts: once a step, for every expert weight) is aimed at 2 TB/s, half the copy rate.
+// read and written; scales counted), counting what they flush and saturate as training does: x's
+// rows and token-major copy, dy's both from one pass (as the backward makes them). The weights'
+// (both layouts: once a step, for every expert weight) is aimed at 2 TB/s, half the copy rate.
 static void bench_grouped_fp8(Bench *b, const char *what, const char *shape, const void *doff, size_t rows, size_t E,
                               size_t N, size_t Kd, size_t R, const void *x, const void *w, const void *dy,
                               const double bf16_ms[3]) {
@@ -114,15 +115,18 @@ static void bench_grouped_fp8(Bench *b, const char *what, const char *shape, con
     uint64_t *n = bench_zero_buf(b, FP8_COUNTS * sizeof(uint64_t));
     char name[64];
     double flops = 2.0 * rows * N * Kd, ms;
+    // bytes written: the rows' codes and scales of `rows` rows, the token-major copies' of Rt columns
+    double code = 1 + (double)f / FP8_BLOCK, rows_out = (double)rows * Kd * code, cols_out = (double)Rt * Kd * code;
+    double dy_out = ((double)rows + Rt) * N * code;
     ms = BENCH_TIME_MS(b, 10, o->fp8_quantize_rows(xq, xs, x, doff, E, R, Kd, FP8_SCALE_AMAX, n));
-    report(b, "  fp8 quantise rows (x)", shape, ms, 0, (double)rows * Kd * (a + 1 + (double)f / FP8_BLOCK), 0);
+    report(b, "  fp8 quantise rows (x)", shape, ms, 0, (double)rows * Kd * a + rows_out, 0);
     ms = BENCH_TIME_MS(b, 10, o->fp8_quantize_cols(xt, xts, x, doff, E, R, Kd, FP8_SCALE_AMAX, n));
-    report(b, "  fp8 quantise token-major (x)", shape, ms, 0, (double)rows * Kd * a + (double)Rt * Kd * (1 + (double)f / FP8_BLOCK), 0);
+    report(b, "  fp8 quantise token-major (x)", shape, ms, 0, (double)rows * Kd * a + cols_out, 0);
+    ms = BENCH_TIME_MS(b, 10, o->fp8_quantize_rows_cols(dyq, dys, dyt, dyts, dy, doff, E, R, N, FP8_SCALE_AMAX, n));
+    report(b, "  fp8 quantise rows+cols (dy)", shape, ms, 0, (double)rows * N * a + dy_out, 0);
     ms = BENCH_TIME_MS(b, 10, o->fp8_quantize_weights(wq, wqt, ws, wst, w, E, N, Kd, FP8_SCALE_AMAX, n));
     report(b, "  fp8 quantise weights (2 layouts)", shape, ms, 0, (double)E * N * Kd * (a + 2) + 2.0 * E * Kb * Nb * f,
            2000);
-    o->fp8_quantize_rows(dyq, dys, dy, doff, E, R, N, FP8_SCALE_AMAX, n);
-    o->fp8_quantize_cols(dyt, dyts, dy, doff, E, R, N, FP8_SCALE_AMAX, n);
     snprintf(name, sizeof name, "fp8 %s forward", what);
     ms = BENCH_TIME_MS(b, 10, o->fp8_grouped_matmul(y, xq, xs, wq, ws, doff, E, N, Kd, R));
     report(b, name, shape, ms, flops, 0, 1.6 * flops / (bf16_ms[0] * 1e-3) / 1e12);

@@ -687,7 +687,7 @@ static void expert_swiglu(const Model *m, void *hact, const void *gu, const int3
 // dx (Rr, K) = dout . w[e]; dw (El, N, K) f32 += dout^T . x per expert (either skipped when NULL),
 // with the compute weights at offset w: in act precision, or in FP8 (the input gradient from
 // quantised rows of dout and the weights' transposed FP8 copy, the weight gradient from token-major
-// copies of dout and x).
+// copies of dout and x; dout's two copies from one read of it when both gradients are wanted).
 static void expert_backward(const Model *m, void *dx, void *dw, const void *dout, const void *x, size_t w,
                             const int32_t *off, size_t El, size_t N, size_t K, size_t Rr) {
     const Ops *ops = m->ops;
@@ -699,11 +699,12 @@ static void expert_backward(const Model *m, void *dx, void *dw, const void *dout
     Fp8Weights wq = fp8_weights_at(m, w, N, K);
     // every read of dout and x before dx is written
     uint64_t *grads = fp8_counts(q, FP8_CLASS_GRADIENTS);
-    if (dx) ops->fp8_quantize_rows(q->rows, q->row_scales, dout, off, El, Rr, N, q->how, grads);
-    if (dw) {
-        ops->fp8_quantize_cols(q->dout_t, q->dout_t_scales, dout, off, El, Rr, N, q->how, grads);
-        ops->fp8_quantize_cols(q->x_t, q->x_t_scales, x, off, El, Rr, K, q->how, fp8_counts(q, FP8_CLASS_ACTIVATIONS));
-    }
+    if (dx && dw)
+        ops->fp8_quantize_rows_cols(q->rows, q->row_scales, q->dout_t, q->dout_t_scales, dout, off, El, Rr, N, q->how,
+                                    grads);
+    else if (dx) ops->fp8_quantize_rows(q->rows, q->row_scales, dout, off, El, Rr, N, q->how, grads);
+    else if (dw) ops->fp8_quantize_cols(q->dout_t, q->dout_t_scales, dout, off, El, Rr, N, q->how, grads);
+    if (dw) ops->fp8_quantize_cols(q->x_t, q->x_t_scales, x, off, El, Rr, K, q->how, fp8_counts(q, FP8_CLASS_ACTIVATIONS));
     if (dx) ops->fp8_grouped_matmul(dx, q->rows, q->row_scales, wq.qt, wq.scales_t, off, El, K, N, Rr);
     if (dw) ops->fp8_grouped_matmul_wgrad(dw, q->dout_t, q->dout_t_scales, q->x_t, q->x_t_scales, off, El, N, K, Rr);
 }

@@ -307,6 +307,12 @@ typedef struct Ops {
     // (Rt / 128, C) f32. Columns of no expert are all-zero blocks (codes 0, scale 1).
     void (*fp8_quantize_cols)(void *qt, void *scales, const void *x, const int32_t *offsets, size_t E,
                               size_t R, size_t C, Fp8Scaling how, uint64_t *counts);
+    // Both copies of one tensor from one read of it (the output gradient of an expert product, for
+    // the input and the weight gradient): q, scales bit for bit as fp8_quantize_rows(q, scales, x,
+    // offsets, E, R, K, how) writes them and qt, scales_t as fp8_quantize_cols(qt, scales_t, x,
+    // offsets, E, R, K, how) does (offsets required); counted as those two quantisations are.
+    void (*fp8_quantize_rows_cols)(void *q, void *scales, void *qt, void *scales_t, const void *x,
+                                   const int32_t *offsets, size_t E, size_t R, size_t K, Fp8Scaling how, uint64_t *counts);
     // w (E, N, K) act in 128x128 blocks: q (E, N, K) e4m3 and its transpose qt (E, K, N) e4m3 (the
     // same codes), scales (E, Kb, Nb) f32 and scales_t (E, Nb, Kb) f32 (those of the transpose).
     void (*fp8_quantize_weights)(void *q, void *qt, void *scales, void *scales_t, const void *w, size_t E,

@@ -118,6 +118,10 @@ WRAP(swiglu_forward_fp8, PHASE_REST,
 WRAP(fp8_quantize_cols, PHASE_EXPERT_GEMM,
      (void *q, void *s, const void *x, const int32_t *off, size_t E, size_t R, size_t C, Fp8Scaling h, uint64_t *n),
      (q, s, x, off, E, R, C, h, n))
+WRAP(fp8_quantize_rows_cols, PHASE_EXPERT_GEMM,
+     (void *q, void *s, void *qt, void *st, const void *x, const int32_t *off, size_t E, size_t R, size_t K,
+      Fp8Scaling h, uint64_t *n),
+     (q, s, qt, st, x, off, E, R, K, h, n))
 WRAP(fp8_quantize_weights, PHASE_EXPERT_GEMM,
      (void *q, void *qt, void *s, void *st, const void *w, size_t E, size_t N, size_t K, Fp8Scaling h, uint64_t *n),
      (q, qt, s, st, w, E, N, K, h, n))
@@ -152,7 +156,7 @@ const Ops *ops_profiled(const Ops *backend) {
     SET(moe_exchange_plan), SET(moe_push_rows);
     SET(grouped_matmul_forward), SET(grouped_matmul_backward), SET(router_bias_update), SET(cross_entropy);
     SET(fp8_quantize_rows), SET(swiglu_forward_fp8), SET(fp8_quantize_cols), SET(fp8_quantize_weights);
-    SET(fp8_grouped_matmul), SET(fp8_grouped_matmul_wgrad);
+    SET(fp8_quantize_rows_cols), SET(fp8_grouped_matmul), SET(fp8_grouped_matmul_wgrad);
     SET(sum_squares), SET(adamw_update);
 #undef SET
     if (!events) {

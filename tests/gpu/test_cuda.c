@@ -743,7 +743,10 @@ static void test_fp8_case(size_t E, const int *rows, size_t N, size_t K, Fp8Scal
     fp8_inputs(&x, K, 80, 1, R / 2, R / 2 + 1), fp8_inputs(&dy, N, 81, 1, 0, R < 200 ? R : 200);
     fp8_inputs(&w, K, 82, 0.1, 0, N < FP8_BLOCK ? N : FP8_BLOCK);
     Buf xq = buf_new(K_U8, Rb * K), xs = buf_new(K_F32, Kb * Rb), dyq = buf_new(K_U8, Rb * N), dys = buf_new(K_F32, Nb * Rb);
+    Buf xt = buf_new(K_U8, K * Rt), xts = buf_new(K_F32, Rt / FP8_BLOCK * K), dyt = buf_new(K_U8, N * Rt);
+    Buf dyts = buf_new(K_F32, Rt / FP8_BLOCK * N);
     buf_poison(&xq), buf_poison(&xs), buf_poison(&dyq), buf_poison(&dys);
+    buf_poison(&xt), buf_poison(&xts), buf_poison(&dyt), buf_poison(&dyts);
     Counts n = counts_new(); // of every quantisation below but the dense one's
     // experts 1.. alone, as a chunk of experts: the rows of the others stay as they were
     cpu->fp8_quantize_rows(xq.c, xs.c, x.c, (const int32_t *)off.c + 1, E - 1, Rb, K, how, n.c);
@@ -753,22 +756,20 @@ static void test_fp8_case(size_t E, const int *rows, size_t N, size_t K, Fp8Scal
     snprintf(what, sizeof what, "fp8 quantise rows E%zu N%zu K%zu rows %zu%s", E, N, K, R, how == FP8_SCALE_POW2 ? " pow2" : "");
     cpu->fp8_quantize_rows(xq.c, xs.c, x.c, off.c, E, Rb, K, how, n.c);
     gpu->fp8_quantize_rows(xq.g, xs.g, x.g, off.g, E, Rb, K, how, n.g);
+    // the gradient's rows and token-major copy from one pass on the GPU (as the model's backward)
     cpu->fp8_quantize_rows(dyq.c, dys.c, dy.c, off.c, E, Rb, N, how, n.c);
-    gpu->fp8_quantize_rows(dyq.g, dys.g, dy.g, off.g, E, Rb, N, how, n.g);
+    cpu->fp8_quantize_cols(dyt.c, dyts.c, dy.c, off.c, E, Rb, N, how, n.c);
+    gpu->fp8_quantize_rows_cols(dyq.g, dys.g, dyt.g, dyts.g, dy.g, off.g, E, Rb, N, how, n.g);
     check(what, &xq, Rb * K, 0, 0), check("  row scales", &xs, Kb * Rb, 0, 0);
-    check("  gradient rows", &dyq, Rb * N, 0, 0), check("  gradient row scales", &dys, Nb * Rb, 0, 0);
+    check("  gradient rows (rows and token-major in one pass)", &dyq, Rb * N, 0, 0);
+    check("  gradient row scales", &dys, Nb * Rb, 0, 0);
     Buf wq = buf_new(K_U8, E * N * K), wqt = buf_new(K_U8, E * N * K), ws = buf_new(K_F32, E * Kb * Nb), wst = buf_new(K_F32, E * Kb * Nb);
     cpu->fp8_quantize_weights(wq.c, wqt.c, ws.c, wst.c, w.c, E, N, K, how, n.c);
     gpu->fp8_quantize_weights(wq.g, wqt.g, ws.g, wst.g, w.g, E, N, K, how, n.g);
     check("  weights", &wq, E * N * K, 0, 0), check("  transposed weights", &wqt, E * N * K, 0, 0);
     check("  weight scales", &ws, E * Kb * Nb, 0, 0), check("  transposed weight scales", &wst, E * Kb * Nb, 0, 0);
-    Buf xt = buf_new(K_U8, K * Rt), xts = buf_new(K_F32, Rt / FP8_BLOCK * K), dyt = buf_new(K_U8, N * Rt);
-    Buf dyts = buf_new(K_F32, Rt / FP8_BLOCK * N);
-    buf_poison(&xt), buf_poison(&dyt);
     cpu->fp8_quantize_cols(xt.c, xts.c, x.c, off.c, E, Rb, K, how, n.c);
     gpu->fp8_quantize_cols(xt.g, xts.g, x.g, off.g, E, Rb, K, how, n.g);
-    cpu->fp8_quantize_cols(dyt.c, dyts.c, dy.c, off.c, E, Rb, N, how, n.c);
-    gpu->fp8_quantize_cols(dyt.g, dyts.g, dy.g, off.g, E, Rb, N, how, n.g);
     check("  token-major copies", &xt, K * Rt, 0, 0), check("  token-major scales", &xts, Rt / FP8_BLOCK * K, 0, 0);
     check("  token-major gradient", &dyt, N * Rt, 0, 0), check("  its scales", &dyts, Rt / FP8_BLOCK * N, 0, 0);
     // experts 1.. alone, offsets from the second on (a chunk, as parallel.exchange_chunks passes it)
@@ -850,31 +851,51 @@ static void test_fp8_weights_case(size_t E, size_t N, size_t K, size_t shift, Fp
     buf_free(&w), buf_free(&q), buf_free(&qt), buf_free(&sc), buf_free(&sct);
 }
 
+// Rows (q, s) and token-major copies (qt, st) of x (act, all four `shift` values or bytes in) on
+// experts [first, E) of offsets, by both backends: the two ops, or (fused) the one pass of both;
+// counted in c.
+static void fp8_quantize_acts(Buf *q, Buf *s, Buf *qt, Buf *st, const Buf *x, const Buf *off, size_t E, size_t Rb,
+                              size_t K, size_t shift, size_t first, bool fused, Fp8Scaling how, Counts *c) {
+    const Ops *o[2] = {cpu, gpu};
+    for (int i = 0; i < 2; i++) {
+        uint64_t *co = i ? c->g : c->c;
+        void *qo = (char *)(i ? q->g : q->c) + shift, *qto = (char *)(i ? qt->g : qt->c) + shift;
+        void *so = i ? s->g : s->c, *sto = i ? st->g : st->c;
+        const void *xo = (const char *)(i ? x->g : x->c) + shift * o[i]->act_size;
+        const int32_t *oo = (const int32_t *)(i ? off->g : off->c) + first;
+        if (fused) o[i]->fp8_quantize_rows_cols(qo, so, qto, sto, xo, oo, E - first, Rb, K, how, co);
+        else {
+            o[i]->fp8_quantize_rows(qo, so, xo, oo, E - first, Rb, K, how, co);
+            o[i]->fp8_quantize_cols(qto, sto, xo, oo, E - first, Rb, K, how, co);
+        }
+    }
+}
+
 // The activations' quantisation bit for bit where the products never take it but the kernels must:
 // widths not multiples of 8 and buffers `shift` values or bytes past 16-byte alignment (value-by-value
-// loads and stores), rows and token-major copies, outputs poisoned.
-static void test_fp8_acts_case(size_t E, const int *rows, size_t K, size_t shift, Fp8Scaling how) {
-    char what[128];
+// loads and stores), rows and token-major copies, alone and in one pass (fp8_quantize_rows_cols), of
+// experts [first, E) (from the second: a chunk of experts, whose rows of no expert stay as they were),
+// outputs poisoned.
+static void test_fp8_acts_case(size_t E, const int *rows, size_t K, size_t shift, size_t first, Fp8Scaling how) {
+    char what[160];
     size_t R;
     Buf off = expert_offsets(E, rows, &R);
-    size_t Rb = R + 3, Kb = fp8_blocks(K), Rt = fp8_expert_cols(Rb, E), n = Rb * K + shift, nt = K * Rt + shift;
+    size_t Rb = R + 3, Kb = fp8_blocks(K), Rt = fp8_expert_cols(Rb, E - first), n = Rb * K + shift, nt = K * Rt + shift;
     Buf x = buf_new(K_ACT, n), q = buf_new(K_U8, n), s = buf_new(K_F32, Kb * Rb), qt = buf_new(K_U8, nt);
     Buf st = buf_new(K_F32, Rt / FP8_BLOCK * K);
     fp8_inputs(&x, K, 86, 1, R / 2, R / 2 + 1);
     fp8_specials(&x);
-    buf_poison(&q), buf_poison(&s), buf_poison(&qt), buf_poison(&st);
-    const void *xc = (char *)x.c + shift * cpu->act_size, *xg = (char *)x.g + shift * gpu->act_size;
-    Counts nr = counts_new(), nc = counts_new();
-    cpu->fp8_quantize_rows((char *)q.c + shift, s.c, xc, off.c, E, Rb, K, how, nr.c);
-    gpu->fp8_quantize_rows((char *)q.g + shift, s.g, xg, off.g, E, Rb, K, how, nr.g);
-    cpu->fp8_quantize_cols((char *)qt.c + shift, st.c, xc, off.c, E, Rb, K, how, nc.c);
-    gpu->fp8_quantize_cols((char *)qt.g + shift, st.g, xg, off.g, E, Rb, K, how, nc.g);
-    snprintf(what, sizeof what, "fp8 quantise activations E%zu K%zu%s%s", E, K, shift ? " unaligned" : "",
-             how == FP8_SCALE_POW2 ? " pow2" : "");
-    check(what, &q, n, 0, 0), check("  row scales", &s, Kb * Rb, 0, 0);
-    check("  token-major copies", &qt, nt, 0, 0), check("  their scales", &st, Rt / FP8_BLOCK * K, 0, 0);
-    check_counts("  counters of the rows (a NaN, infinities, tiny values)", &nr);
-    check_counts("  counters of the token-major copies", &nc);
+    for (int fused = 0; fused < 2; fused++) {
+        buf_poison(&q), buf_poison(&s), buf_poison(&qt), buf_poison(&st);
+        Counts c = counts_new();
+        fp8_quantize_acts(&q, &s, &qt, &st, &x, &off, E, Rb, K, shift, first, fused, how, &c);
+        snprintf(what, sizeof what, "fp8 quantise activations%s E%zu K%zu from expert %zu%s%s",
+                 fused ? " (rows and token-major in one pass)" : "", E, K, first, shift ? " unaligned" : "",
+                 how == FP8_SCALE_POW2 ? " pow2" : "");
+        check(what, &q, n, 0, 0), check("  row scales", &s, Kb * Rb, 0, 0);
+        check("  token-major copies", &qt, nt, 0, 0), check("  their scales", &st, Rt / FP8_BLOCK * K, 0, 0);
+        check_counts("  counters of both (a NaN, infinities, tiny values)", &c);
+    }
     Buf *all[] = {&off, &x, &q, &s, &qt, &st};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) buf_free(all[i]);
 }
@@ -933,9 +954,14 @@ static void test_fp8(void) {
     test_fp8_weights_case(3, 200, 260, 0, FP8_SCALE_AMAX);
     test_fp8_weights_case(2, 144, 400, 3, FP8_SCALE_POW2);
     test_fp8_weights_case(1, 16, 48, 0, FP8_SCALE_AMAX);
-    test_fp8_acts_case(5, rows1, 100, 0, FP8_SCALE_AMAX);
-    test_fp8_acts_case(8, rows2, 264, 3, FP8_SCALE_AMAX);
-    test_fp8_acts_case(5, rows1, 300, 1, FP8_SCALE_POW2);
+    test_fp8_acts_case(5, rows1, 100, 0, 0, FP8_SCALE_AMAX);
+    test_fp8_acts_case(8, rows2, 264, 3, 0, FP8_SCALE_AMAX);
+    test_fp8_acts_case(5, rows1, 300, 1, 0, FP8_SCALE_POW2);
+    test_fp8_acts_case(8, rows2, 264, 0, 0, FP8_SCALE_AMAX); // 16-byte loads, a width not a multiple of 16
+    test_fp8_acts_case(8, rows2, 256, 0, 1, FP8_SCALE_AMAX);
+    test_fp8_acts_case(5, rows1, 208, 0, 2, FP8_SCALE_POW2); // a short last 128-block
+    test_fp8_acts_case(5, rows1, 128, 8, 1, FP8_SCALE_AMAX); // 8-byte aligned codes: value by value
+    test_fp8_acts_case(16, rows3, 384, 0, 0, FP8_SCALE_AMAX);
     test_swiglu_fp8_case(5, rows1, 48, 0, FP8_SCALE_AMAX);
     test_swiglu_fp8_case(8, rows2, 264, 1, FP8_SCALE_AMAX);
     test_swiglu_fp8_case(5, rows1, 208, 2, FP8_SCALE_POW2); // a short last 128-block (widths are multiples of 16)

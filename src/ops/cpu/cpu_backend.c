@@ -111,6 +111,7 @@ static const Ops CPU_OPS = {
     .fp8_quantize_rows = cpu_fp8_quantize_rows,
     .swiglu_forward_fp8 = cpu_swiglu_forward_fp8,
     .fp8_quantize_cols = cpu_fp8_quantize_cols,
+    .fp8_quantize_rows_cols = cpu_fp8_quantize_rows_cols,
     .fp8_quantize_weights = cpu_fp8_quantize_weights,
     .fp8_grouped_matmul = cpu_fp8_grouped_matmul,
     .fp8_grouped_matmul_wgrad = cpu_fp8_grouped_matmul_wgrad,

@@ -80,6 +80,13 @@ void cpu_fp8_quantize_cols(void *qt_, void *scales_, const void *x_, const int32
     }
 }
 
+// The two ops one after the other (the oracle of the one-pass kernel).
+void cpu_fp8_quantize_rows_cols(void *q, void *scales, void *qt, void *scales_t, const void *x, const int32_t *offsets,
+                                size_t E, size_t R, size_t K, Fp8Scaling how, uint64_t *counts) {
+    cpu_fp8_quantize_rows(q, scales, x, offsets, E, R, K, how, counts);
+    cpu_fp8_quantize_cols(qt, scales_t, x, offsets, E, R, K, how, counts);
+}
+
 void cpu_fp8_quantize_weights(void *q_, void *qt_, void *scales_, void *scales_t_, const void *w_, size_t E,
                               size_t N, size_t K, Fp8Scaling how, uint64_t *counts) {
     uint8_t *q = q_, *qt = qt_;

@@ -1,7 +1,8 @@
 // FP8 quantisation on the GPU (the recipe of ops/fp8.h, bit for bit as the CPU emulation does it):
 // bf16 rows in 1x128 blocks (alone, or fused with the SwiGLU that produces them), the token-major
-// per-expert copies the weight gradient reads, weights in 128x128 blocks with their transpose; and
-// the dense FP8 product, run as a grouped one of one group (cuda_grouped_sm90_fp8.cu).
+// per-expert copies the weight gradient reads (alone, or with the rows of the same tensor from one
+// read of it), weights in 128x128 blocks with their transpose; and the dense FP8 product, run as a
+// grouped one of one group (cuda_grouped_sm90_fp8.cu).
 #include "cuda_common.cuh"
 #include "cuda_ops.h"
 
@@ -171,17 +172,18 @@ __device__ __forceinline__ uint2 fp8_codes8(const float v[8], const float *s, in
 #define FP8_R_THREADS 256
 #define FP8_R_PAIRS 4
 
-// Lane's piece raw of block kb of row r: its scale and codes into q and scales, unless the row is
-// in no group (the whole half-warp computes the amax first, as the shuffles need); their tallies
-// added to t.
-__device__ void fp8_store_row_piece(uint8_t *q, float *scales, const int32_t *offsets, int E, int64_t R, int K,
-                                    int64_t r, int64_t kb, uint4 raw, bool vec, Fp8Scaling how, Fp8Tally *t) {
-    float v[8], amax = 0;
-    unpack8(v, raw);
+// Lane's piece v (8 values, columns from 8 (lane % 16)) of block kb of row r, a half-warp a block:
+// the block's scale and codes into q and scales (the row in the group of rows from r0) and their
+// tallies added to t, unless !store (the whole half-warp computes the amax first, as the shuffles
+// need).
+__device__ void fp8_store_row_piece(uint8_t *q, float *scales, int64_t K, int64_t r, int64_t r0, int64_t rows,
+                                    int64_t kb, const float v[8], bool store, bool vec, Fp8Scaling how,
+                                    Fp8Tally *t) {
+    float amax = 0;
     for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(v[i]));
     for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    int64_t r0, rows, k = kb * FP8_BLOCK + 8 * (threadIdx.x & 15);
-    if (r >= R || !fp8_row_group(offsets, E, R, r, &r0, &rows)) return;
+    int64_t k = kb * FP8_BLOCK + 8 * (threadIdx.x & 15);
+    if (!store) return;
     float s = fp8_block_scale(amax, how);
     uint2 codes = fp8_codes8(v, &s, 0);
     const uint32_t words[2] = {codes.x, codes.y};
@@ -213,8 +215,13 @@ fp8_quantize_rows_kernel(uint8_t *q, float *scales, const bf16 *x, const int32_t
     }
     Fp8Tally t = {0, 0, 0};
 #pragma unroll
-    for (int j = 0; j < FP8_R_PAIRS; j++)
-        fp8_store_row_piece(q, scales, offsets, E, R, K, rs[j], kbs[j], raw[j], vec, how, &t);
+    for (int j = 0; j < FP8_R_PAIRS; j++) {
+        int64_t r0 = 0, rows = 0;
+        bool in = rs[j] < R && fp8_row_group(offsets, E, R, rs[j], &r0, &rows);
+        float v[8];
+        unpack8(v, raw[j]);
+        fp8_store_row_piece(q, scales, K, rs[j], r0, rows, kbs[j], v, in, vec, how, &t);
+    }
     fp8_count_warp(counts, &t);
 }
 
@@ -259,8 +266,9 @@ extern "C" void cuda_swiglu_forward_fp8(void *out, void *q, void *scales, const 
 
 // The rows of x that land in token-major block b (columns [128 b, 128 b + 128)): first row and
 // count, 0 rows for a block of no expert (past an expert's rows, or before the first expert's when
-// offsets[0] > 0, as for a chunk of experts). Its expert is the last one starting at or before it.
-__device__ void fp8_block_rows(const int32_t *offsets, int E, int64_t b, int64_t *first, int64_t *n) {
+// offsets[0] > 0, as for a chunk of experts). Its expert, returned, is the last one starting at or
+// before it.
+__device__ int fp8_block_rows(const int32_t *offsets, int E, int64_t b, int64_t *first, int64_t *n) {
     int lo = 0, hi = E - 1;
     while (lo < hi) {
         int mid = (lo + hi + 1) / 2;
@@ -271,6 +279,7 @@ __device__ void fp8_block_rows(const int32_t *offsets, int E, int64_t b, int64_t
     int64_t rows = offsets[lo + 1] - offsets[lo];
     *first = offsets[lo] + into;
     *n = into >= 0 && into < rows ? min((int64_t)FP8_BLOCK, rows - into) : 0;
+    return lo;
 }
 
 // The 16-byte chunk where the codes of row i's chunk c lie in the shared tile: XOR-ed with the row's
@@ -322,7 +331,10 @@ __device__ __forceinline__ void fp8_store_transposed(const uint4 (*tile)[FP8_BLO
 // in registers; the columns' amax then by one shuffle (lanes l and l + 16 share columns) and a
 // shared row of partial maxima per warp. Codes go to a 128x128 shared tile (8 bytes a piece,
 // swizzled as the weights' so that neither side has bank conflicts) and out, transposed, in
-// 16-byte stores along the token dimension: 128 contiguous bytes per column and 8 lanes.
+// 16-byte stores along the token dimension: 128 contiguous bytes per column and 8 lanes. With
+// ROWS, the rows of the tile too (fp8_quantize_rows_cols): a half-warp holds a row's 128 columns,
+// so each row's 1x128 block goes as in the rows' kernel (4 shuffles, 8-byte stores) from the same
+// registers; the rows of an expert are exactly those of its token-major blocks.
 #define FP8_C_THREADS 256
 #define FP8_C_PIECES (FP8_BLOCK * FP8_BLOCK / 8 / FP8_C_THREADS)
 
@@ -344,16 +356,18 @@ __device__ void fp8_column_scales(float *scale, float *scales, float amax[8], in
     __syncthreads();
 }
 
-// vec: C a multiple of 8, x and qt 16-byte aligned.
+// vec: C a multiple of 8, x and qt 16-byte aligned (and q 8-byte aligned with ROWS).
+template <bool ROWS>
 __global__ void __launch_bounds__(FP8_C_THREADS, 3)
-fp8_quantize_cols_kernel(uint8_t *qt, float *scales, const bf16 *x, const int32_t *offsets, int E, int64_t C,
-                         int64_t Rt, bool vec, Fp8Scaling how, uint64_t *counts) {
-    fp8_count_values(counts, offsets, E, 0, C);
+fp8_quantize_cols_kernel(uint8_t *qt, float *scales_t, uint8_t *q, float *scales, const bf16 *x, const int32_t *offsets,
+                         int E, int64_t C, int64_t Rt, bool vec, Fp8Scaling how, uint64_t *counts) {
+    fp8_count_values(counts, offsets, E, 0, ROWS ? 2 * C : C); // with ROWS: counted as two quantisations
     __shared__ uint4 tile[FP8_BLOCK][FP8_BLOCK / 16];
     __shared__ float scale[FP8_BLOCK];
     int t = threadIdx.x, c8 = t % 16;
     int64_t c0 = (int64_t)blockIdx.x * FP8_BLOCK, c = c0 + 8 * c8, b = blockIdx.y, first, n;
-    fp8_block_rows(offsets, E, b, &first, &n);
+    int e = fp8_block_rows(offsets, E, b, &first, &n);
+    int64_t r0 = offsets[e], rows = offsets[e + 1] - r0; // the expert's rows (ROWS: the row scales' layout)
     uint4 raw[FP8_C_PIECES];
 #pragma unroll
     for (int p = 0; p < FP8_C_PIECES; p++) {
@@ -366,7 +380,7 @@ fp8_quantize_cols_kernel(uint8_t *qt, float *scales, const bf16 *x, const int32_
         unpack8(v, raw[p]);
         for (int j = 0; j < 8; j++) amax[j] = fmaxf(amax[j], fabsf(v[j]));
     }
-    fp8_column_scales(scale, scales + b * C + c0, amax, C - c0, how);
+    fp8_column_scales(scale, scales_t + b * C + c0, amax, C - c0, how);
     uint32_t sat = 0; // amax[j] bounds the thread's values of column j
     for (int j = 0; j < 8; j++) sat |= (uint32_t)fp8_block_may_saturate(amax[j], scale[8 * c8 + j]) << j;
     Fp8Tally tally = {0, 0, 0};
@@ -378,21 +392,38 @@ fp8_quantize_cols_kernel(uint8_t *qt, float *scales, const bf16 *x, const int32_
         reinterpret_cast<uint2 *>(&tile[i][fp8_tile_chunk(i, c8 / 2)])[c8 % 2] = codes;
         const uint32_t words[2] = {codes.x, codes.y};
         fp8_tally<8>(&tally, v, words, scale + 8 * c8, 1, sat);
+        if (ROWS)
+            fp8_store_row_piece(q, scales, C, first + i, r0, rows, blockIdx.x, v, i < n, vec, how, &tally);
     }
     fp8_count_warp(counts, &tally);
     __syncthreads();
     fp8_store_transposed(tile, qt + c0 * Rt + FP8_BLOCK * b, Rt, C - c0, FP8_BLOCK, vec);
 }
 
-extern "C" void cuda_fp8_quantize_cols(void *qt, void *scales, const void *x, const int32_t *offsets, size_t E,
-                                       size_t R, size_t C, Fp8Scaling how, uint64_t *counts) {
+// The token-major copies of x (R, C), and with q its rows too (q NULL: the copies alone).
+static void fp8_quantize_cols_launch(void *qt, void *scales_t, void *q, void *scales, const void *x,
+                                     const int32_t *offsets, size_t E, size_t R, size_t C, Fp8Scaling how,
+                                     uint64_t *counts) {
     if (!C) return;
     size_t Rt = fp8_expert_cols(R, E);
-    bool vec = C % 8 == 0 && aligned16(x) && aligned16(qt);
+    bool vec = C % 8 == 0 && aligned16(x) && aligned16(qt) && (uintptr_t)q % 8 == 0;
     dim3 grid((unsigned)fp8_blocks(C), (unsigned)(Rt / FP8_BLOCK));
-    fp8_quantize_cols_kernel<<<grid, FP8_C_THREADS, 0, cuda_ctx.stream>>>(
-        (uint8_t *)qt, (float *)scales, (const bf16 *)x, offsets, (int)E, (int64_t)C, (int64_t)Rt, vec, how, counts);
+    auto kernel = q ? fp8_quantize_cols_kernel<true> : fp8_quantize_cols_kernel<false>;
+    kernel<<<grid, FP8_C_THREADS, 0, cuda_ctx.stream>>>((uint8_t *)qt, (float *)scales_t, (uint8_t *)q,
+                                                          (float *)scales, (const bf16 *)x, offsets, (int)E,
+                                                          (int64_t)C, (int64_t)Rt, vec, how, counts);
     CUDA_LAUNCH_CHECK();
+}
+
+extern "C" void cuda_fp8_quantize_cols(void *qt, void *scales, const void *x, const int32_t *offsets, size_t E,
+                                       size_t R, size_t C, Fp8Scaling how, uint64_t *counts) {
+    fp8_quantize_cols_launch(qt, scales, NULL, NULL, x, offsets, E, R, C, how, counts);
+}
+
+extern "C" void cuda_fp8_quantize_rows_cols(void *q, void *scales, void *qt, void *scales_t, const void *x,
+                                            const int32_t *offsets, size_t E, size_t R, size_t K, Fp8Scaling how,
+                                            uint64_t *counts) {
+    fp8_quantize_cols_launch(qt, scales_t, q, scales, x, offsets, E, R, K, how, counts);
 }
 
 // The weights' kernel: a block of FP8_W_THREADS threads per 128x128 block, each thread holding

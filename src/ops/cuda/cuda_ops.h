@@ -52,6 +52,8 @@ void cuda_swiglu_forward_fp8(void *out, void *q, void *scales, const void *gu, c
                              size_t R, size_t H, Fp8Scaling how, uint64_t *counts);
 void cuda_fp8_quantize_cols(void *qt, void *scales, const void *x, const int32_t *offsets, size_t E, size_t R,
                             size_t C, Fp8Scaling how, uint64_t *counts);
+void cuda_fp8_quantize_rows_cols(void *q, void *scales, void *qt, void *scales_t, const void *x,
+                                 const int32_t *offsets, size_t E, size_t R, size_t K, Fp8Scaling how, uint64_t *counts);
 void cuda_fp8_quantize_weights(void *q, void *qt, void *scales, void *scales_t, const void *w, size_t E, size_t N,
                                size_t K, Fp8Scaling how, uint64_t *counts);
 void cuda_fp8_grouped_matmul(void *out, const void *a, const void *a_scales, const void *b, const void *b_scales,
