@@ -684,12 +684,17 @@ static void expert_swiglu(const Model *m, void *hact, const void *gu, const int3
     else m->ops->swiglu_forward(hact, gu, Rr, H, off, El);
 }
 
+// In FP8, dout's token-major copy (the weight gradient's operand) in expert_backward: made there
+// when dw is wanted; made beside dout's rows though dw is not wanted yet (KEEP: the next call, with
+// the same dout, takes it); or made by the call before (KEPT: not made again).
+typedef enum { DOUT_T_MAKE, DOUT_T_KEEP, DOUT_T_KEPT } DoutCopy;
+
 // dx (Rr, K) = dout . w[e]; dw (El, N, K) f32 += dout^T . x per expert (either skipped when NULL),
 // with the compute weights at offset w: in act precision, or in FP8 (the input gradient from
 // quantised rows of dout and the weights' transposed FP8 copy, the weight gradient from token-major
-// copies of dout and x; dout's two copies from one read of it when both gradients are wanted).
+// copies of dout and x; dout's two copies from one read of it when both are made here).
 static void expert_backward(const Model *m, void *dx, void *dw, const void *dout, const void *x, size_t w,
-                            const int32_t *off, size_t El, size_t N, size_t K, size_t Rr) {
+                            const int32_t *off, size_t El, size_t N, size_t K, size_t Rr, DoutCopy dout_t) {
     const Ops *ops = m->ops;
     const Fp8Operands *q = m->fp8;
     if (!q) {
@@ -699,11 +704,12 @@ static void expert_backward(const Model *m, void *dx, void *dw, const void *dout
     Fp8Weights wq = fp8_weights_at(m, w, N, K);
     // every read of dout and x before dx is written
     uint64_t *grads = fp8_counts(q, FP8_CLASS_GRADIENTS);
-    if (dx && dw)
+    bool make_t = dout_t == DOUT_T_KEEP || (dw && dout_t == DOUT_T_MAKE);
+    if (dx && make_t)
         ops->fp8_quantize_rows_cols(q->rows, q->row_scales, q->dout_t, q->dout_t_scales, dout, off, El, Rr, N, q->how,
                                     grads);
     else if (dx) ops->fp8_quantize_rows(q->rows, q->row_scales, dout, off, El, Rr, N, q->how, grads);
-    else if (dw) ops->fp8_quantize_cols(q->dout_t, q->dout_t_scales, dout, off, El, Rr, N, q->how, grads);
+    else if (make_t) ops->fp8_quantize_cols(q->dout_t, q->dout_t_scales, dout, off, El, Rr, N, q->how, grads);
     if (dw) ops->fp8_quantize_cols(q->x_t, q->x_t_scales, x, off, El, Rr, K, q->how, fp8_counts(q, FP8_CLASS_ACTIVATIONS));
     if (dx) ops->fp8_grouped_matmul(dx, q->rows, q->row_scales, wq.qt, wq.scales_t, off, El, K, N, Rr);
     if (dw) ops->fp8_grouped_matmul_wgrad(dw, q->dout_t, q->dout_t_scales, q->x_t, q->x_t_scales, off, El, N, K, Rr);
@@ -883,15 +889,15 @@ static void experts_backward(void *ctx, size_t e0, size_t e1) {
     size_t down = expert_tensor(p->experts_down, e0, D, H), gu = expert_tensor(p->experts_gu, e0, 2 * H, D);
     const int32_t *off = chunk_offsets(w, e0);
     if (m->expert_hact) { // the rows' unweighted gradients: the combine weights' gradients from here
-        expert_backward(m, s->dhact, NULL, w->dye, NULL, down, off, n, D, H, Rr);
+        expert_backward(m, s->dhact, NULL, w->dye, NULL, down, off, n, D, H, Rr, DOUT_T_KEEP);
         ops->moe_combine_weight_backward(s->row_dot, m->expert_hact, s->dhact, x->gu, s->row_w, Rr, H, off, n);
-        expert_backward(m, NULL, G(m, down), w->dye, m->expert_hact, down, off, n, D, H, Rr);
+        expert_backward(m, NULL, G(m, down), w->dye, m->expert_hact, down, off, n, D, H, Rr, DOUT_T_KEPT);
     } else {
         swiglu_recompute(m, x->hact, x->gu, Rr, H, off, n);
-        expert_backward(m, s->dhact, G(m, down), w->dye, x->hact, down, off, n, D, H, Rr);
+        expert_backward(m, s->dhact, G(m, down), w->dye, x->hact, down, off, n, D, H, Rr, DOUT_T_MAKE);
     }
     ops->swiglu_backward(s->dgu, s->dhact, x->gu, m->expert_hact ? s->row_w : NULL, Rr, H, off, n);
-    expert_backward(m, w->dxe, G(m, gu), s->dgu, x->xe, gu, off, n, 2 * H, D, Rr);
+    expert_backward(m, w->dxe, G(m, gu), s->dgu, x->xe, gu, off, n, 2 * H, D, Rr, DOUT_T_MAKE);
 }
 
 // With several expert-parallel ranks the combine gradient dy goes straight into the exchange

@@ -24,12 +24,6 @@ __device__ bool fp8_row_group(const int32_t *offsets, int E, int64_t R, int64_t 
     return true;
 }
 
-// A thread's tallies of the values it quantised (what the counters FP8_COUNT_FLUSHED, _SATURATED and
-// _NAN count; FP8_COUNT_VALUES is added once a launch, by fp8_count_values).
-typedef struct {
-    uint32_t flushed, saturated, nan;
-} Fp8Tally;
-
 // Whether any of the n codes packed in words has magnitude 0 (+-0: a zero or a flushed value) or
 // 0x7f (NaN: the code of every NaN value): bit 7 of each byte of m + 1 flags 0x7f, of ~((m + 0x7f)
 // | m) flags 0 (no carry leaves a byte, as m < 0x80). About 10 instructions for 8 codes.
@@ -44,35 +38,44 @@ __device__ __forceinline__ bool fp8_codes_zero_or_nan(const uint32_t *words) {
     return flags & 0x80808080u;
 }
 
-// Tallies n values v quantised to the codes packed in words (4 a word, as stored) under scales
-// s[step i]. Bit i of sat: value i may saturate (fp8_block_may_saturate of a bound of its
-// magnitude); fp8_saturated is evaluated for those only (almost never: no division per value).
-// Values counted as flushed or NaN have codes of magnitude 0 or 0x7f, so the per-value tests run
-// only for pieces holding such a code or a value that may saturate: the common piece costs one
-// packed test.
+// What the first `valid` (up to n) values of a piece, x (bf16, as quantised) with their codes q as
+// stored, flush, saturate and hold as NaN under scale s (col: column i's scale col[i] instead),
+// added to counts; bit i of sat: value i may saturate (fp8_block_may_saturate of a bound of its
+// magnitude), fp8_saturated evaluated for those only. The lanes of the warp that got here add their
+// sums with one atomic per counter. The rare path of fp8_count: it reloads what it reads (from L1
+// or L2, just read or written by this thread), so that the kernels' registers stay those of the
+// quantisation alone.
 template <int n>
-__device__ __forceinline__ void fp8_tally(Fp8Tally *t, const float *v, const uint32_t *words, const float *s, int step,
-                                          uint32_t sat) {
-    if (!sat && !fp8_codes_zero_or_nan<n>(words)) return;
-#pragma unroll
-    for (int i = 0; i < n; i++) {
-        t->flushed += fp8_flushed(v[i], (uint8_t)(words[i / 4] >> (8 * (i % 4))));
-        t->nan += v[i] != v[i];
-        if ((sat >> i) & 1) t->saturated += fp8_saturated(v[i], s[step * i]);
+__device__ __noinline__ void fp8_count_piece(uint64_t *counts, const bf16 *x, const uint8_t *q, int valid, float s,
+                                             const float *col, uint32_t sat) {
+    uint32_t c[3] = {0, 0, 0}; // flushed, saturated, NaN
+    for (int i = 0; i < n && i < valid; i++) {
+        float v = bf(x[i]);
+        c[0] += fp8_flushed(v, q[i]);
+        c[1] += ((sat >> i) & 1) && fp8_saturated(v, col ? col[i] : s);
+        c[2] += v != v;
+    }
+    const int at[3] = {FP8_COUNT_FLUSHED, FP8_COUNT_SATURATED, FP8_COUNT_NAN};
+    uint32_t lanes = __activemask(), first = __ffs(lanes) - 1;
+    for (int i = 0; i < 3; i++) {
+        uint32_t sum = __reduce_add_sync(lanes, c[i]);
+        if (sum && (threadIdx.x & 31) == first) atomicAdd((unsigned long long *)&counts[at[i]], (unsigned long long)sum);
     }
 }
 
-// The warp's tallies added to counts (NULL: nothing): a reduction per counter and one atomic for
-// each that is not zero. Every lane of the warp calls it.
-__device__ void fp8_count_warp(uint64_t *counts, const Fp8Tally *t) {
-    if (!counts) return;
-    const uint32_t n[3] = {t->flushed, t->saturated, t->nan};
-    const int at[3] = {FP8_COUNT_FLUSHED, FP8_COUNT_SATURATED, FP8_COUNT_NAN};
-#pragma unroll
-    for (int i = 0; i < 3; i++) {
-        uint32_t sum = __reduce_add_sync(0xffffffffu, n[i]);
-        if (sum && (threadIdx.x & 31) == 0) atomicAdd((unsigned long long *)&counts[at[i]], (unsigned long long)sum);
-    }
+// Adds to counts (NULL: nothing) what a piece of n values quantised to the codes packed in words
+// (4 a word) flushes, saturates and holds as NaN (FP8_COUNT_VALUES aside: fp8_count_values); the
+// rest as fp8_count_piece. A flushed or NaN value has a code of magnitude 0 or 0x7f, so a piece
+// without such a code or a value that may saturate (nearly every piece) costs one packed test.
+template <int n>
+__device__ __forceinline__ bool fp8_needs_count(const uint32_t *words, uint32_t sat) {
+    return sat || fp8_codes_zero_or_nan<n>(words);
+}
+
+template <int n>
+__device__ __forceinline__ void fp8_count(uint64_t *counts, const uint32_t *words, uint32_t sat, const bf16 *x,
+                                          const uint8_t *q, int valid, float s, const float *col) {
+    if (counts && fp8_needs_count<n>(words, sat)) fp8_count_piece<n>(counts, x, q, valid, s, col, sat);
 }
 
 // The values a launch quantises (the rows of the groups of offsets, as fp8_row_group, times width),
@@ -83,7 +86,7 @@ __device__ void fp8_count_values(uint64_t *counts, const int32_t *offsets, int E
     atomicAdd((unsigned long long *)&counts[FP8_COUNT_VALUES], (unsigned long long)(rows * width));
 }
 
-// sat for fp8_tally: all n values may saturate, or none.
+// sat for fp8_count: all n values may saturate, or none.
 __device__ __forceinline__ uint32_t fp8_may_saturate_all(float amax, float s) {
     return fp8_block_may_saturate(amax, s) ? 0xffffffffu : 0u;
 }
@@ -127,20 +130,20 @@ __device__ __forceinline__ void fp8_store4(bf16 *p, const float v[4], int64_t n,
 }
 
 // The block's scale from the warp's values (4 a lane) and their codes into q and scales, laid out
-// as fp8_quantize_rows writes them; their tallies added to t.
-__device__ void fp8_store_row_block(uint8_t *q, float *scales, const Fp8RowBlock *b, const float v[4], int K,
-                                    Fp8Scaling how, Fp8Tally *t) {
+// as fp8_quantize_rows writes them; counted in counts (fp8_count).
+__device__ void fp8_store_row_block(uint8_t *q, float *scales, const Fp8RowBlock *b, const float v[4], const bf16 *x,
+                                    int K, Fp8Scaling how, uint64_t *counts) {
     float amax = 0;
     for (int i = 0; i < 4; i++) amax = fmaxf(amax, fabsf(v[i]));
     amax = warp_max(amax);
     float s = fp8_block_scale(amax, how);
     uint32_t codes = 0;
     for (int i = 0; i < 4; i++) codes |= (uint32_t)fp8_quantize(v[i], s) << (8 * i);
-    fp8_tally<4>(t, v, &codes, &s, 0, fp8_may_saturate_all(amax, s));
     if (b->vec) *reinterpret_cast<uint32_t *>(q + b->at) = codes;
     else
         for (int i = 0; i < 4; i++)
             if (b->k + i < K) q[b->at + i] = (uint8_t)(codes >> (8 * i));
+    fp8_count<4>(counts, &codes, fp8_may_saturate_all(amax, s), x + b->at, q + b->at, K - (int)b->k, s, NULL);
     if ((threadIdx.x & 31) == 0) scales[(int64_t)fp8_blocks((size_t)K) * b->r0 + b->kb * b->rows + (b->r - b->r0)] = s;
 }
 
@@ -173,12 +176,12 @@ __device__ __forceinline__ uint2 fp8_codes8(const float v[8], const float *s, in
 #define FP8_R_PAIRS 4
 
 // Lane's piece v (8 values, columns from 8 (lane % 16)) of block kb of row r, a half-warp a block:
-// the block's scale and codes into q and scales (the row in the group of rows from r0) and their
-// tallies added to t, unless !store (the whole half-warp computes the amax first, as the shuffles
+// the block's scale and codes into q and scales (the row in the group of rows from r0), counted in
+// counts (fp8_count), unless !store (the whole half-warp computes the amax first, as the shuffles
 // need).
-__device__ void fp8_store_row_piece(uint8_t *q, float *scales, int64_t K, int64_t r, int64_t r0, int64_t rows,
-                                    int64_t kb, const float v[8], bool store, bool vec, Fp8Scaling how,
-                                    Fp8Tally *t) {
+__device__ void fp8_store_row_piece(uint8_t *q, float *scales, const bf16 *x, int64_t K, int64_t r, int64_t r0,
+                                    int64_t rows, int64_t kb, const float v[8], bool store, bool vec, Fp8Scaling how,
+                                    uint64_t *counts) {
     float amax = 0;
     for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(v[i]));
     for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
@@ -186,14 +189,14 @@ __device__ void fp8_store_row_piece(uint8_t *q, float *scales, int64_t K, int64_
     if (!store) return;
     float s = fp8_block_scale(amax, how);
     uint2 codes = fp8_codes8(v, &s, 0);
-    const uint32_t words[2] = {codes.x, codes.y};
-    fp8_tally<8>(t, v, words, &s, 0, fp8_may_saturate_all(amax, s));
     uint8_t *dst = q + r * K + k;
     if (vec && k < K) *reinterpret_cast<uint2 *>(dst) = codes;
     else
 #pragma unroll
         for (int i = 0; i < 8; i++)
             if (k + i < K) dst[i] = (uint8_t)((i < 4 ? codes.x : codes.y) >> (8 * (i % 4)));
+    const uint32_t words[2] = {codes.x, codes.y};
+    fp8_count<8>(counts, words, fp8_may_saturate_all(amax, s), x + r * K + k, dst, (int)(K - k), s, NULL);
     if ((threadIdx.x & 15) == 0) scales[(int64_t)fp8_blocks((size_t)K) * r0 + kb * rows + (r - r0)] = s;
 }
 
@@ -213,16 +216,14 @@ fp8_quantize_rows_kernel(uint8_t *q, float *scales, const bf16 *x, const int32_t
         rs[j] = r, kbs[j] = kb;
         for (kb += 2; kb >= Kb; kb -= Kb) r++;
     }
-    Fp8Tally t = {0, 0, 0};
 #pragma unroll
     for (int j = 0; j < FP8_R_PAIRS; j++) {
         int64_t r0 = 0, rows = 0;
         bool in = rs[j] < R && fp8_row_group(offsets, E, R, rs[j], &r0, &rows);
         float v[8];
         unpack8(v, raw[j]);
-        fp8_store_row_piece(q, scales, K, rs[j], r0, rows, kbs[j], v, in, vec, how, &t);
+        fp8_store_row_piece(q, scales, x, K, rs[j], r0, rows, kbs[j], v, in, vec, how, counts);
     }
-    fp8_count_warp(counts, &t);
 }
 
 extern "C" void cuda_fp8_quantize_rows(void *q, void *scales, const void *x, const int32_t *offsets, size_t E, size_t R,
@@ -249,9 +250,7 @@ __global__ void swiglu_forward_fp8_kernel(bf16 *out, uint8_t *q, float *scales, 
     fp8_load4(g, gate, H - b.k, b.vec), fp8_load4(u, gate + H, H - b.k, b.vec);
     for (int i = 0; i < 4; i++) v[i] = bf(to_bf(swiglu_value(g[i], u[i])));
     fp8_store4(out + b.at, v, H - b.k, b.vec);
-    Fp8Tally t = {0, 0, 0};
-    fp8_store_row_block(q, scales, &b, v, H, how, &t);
-    fp8_count_warp(counts, &t);
+    fp8_store_row_block(q, scales, &b, v, out, H, how, counts);
 }
 
 extern "C" void cuda_swiglu_forward_fp8(void *out, void *q, void *scales, const void *gu, const int32_t *offsets,
@@ -358,7 +357,7 @@ __device__ void fp8_column_scales(float *scale, float *scales, float amax[8], in
 
 // vec: C a multiple of 8, x and qt 16-byte aligned (and q 8-byte aligned with ROWS).
 template <bool ROWS>
-__global__ void __launch_bounds__(FP8_C_THREADS, 3)
+__global__ void __launch_bounds__(FP8_C_THREADS, ROWS ? 2 : 3)
 fp8_quantize_cols_kernel(uint8_t *qt, float *scales_t, uint8_t *q, float *scales, const bf16 *x, const int32_t *offsets,
                          int E, int64_t C, int64_t Rt, bool vec, Fp8Scaling how, uint64_t *counts) {
     fp8_count_values(counts, offsets, E, 0, ROWS ? 2 * C : C); // with ROWS: counted as two quantisations
@@ -383,7 +382,7 @@ fp8_quantize_cols_kernel(uint8_t *qt, float *scales_t, uint8_t *q, float *scales
     fp8_column_scales(scale, scales_t + b * C + c0, amax, C - c0, how);
     uint32_t sat = 0; // amax[j] bounds the thread's values of column j
     for (int j = 0; j < 8; j++) sat |= (uint32_t)fp8_block_may_saturate(amax[j], scale[8 * c8 + j]) << j;
-    Fp8Tally tally = {0, 0, 0};
+    uint32_t flagged = 0; // bit p: piece p takes fp8_count's rare path, after the loop (fewer live registers)
 #pragma unroll
     for (int p = 0; p < FP8_C_PIECES; p++) {
         int i = t / 16 + 16 * p;
@@ -391,11 +390,16 @@ fp8_quantize_cols_kernel(uint8_t *qt, float *scales_t, uint8_t *q, float *scales
         uint2 codes = fp8_codes8(v, scale + 8 * c8, 1);
         reinterpret_cast<uint2 *>(&tile[i][fp8_tile_chunk(i, c8 / 2)])[c8 % 2] = codes;
         const uint32_t words[2] = {codes.x, codes.y};
-        fp8_tally<8>(&tally, v, words, scale + 8 * c8, 1, sat);
+        flagged |= (uint32_t)fp8_needs_count<8>(words, sat) << p;
         if (ROWS)
-            fp8_store_row_piece(q, scales, C, first + i, r0, rows, blockIdx.x, v, i < n, vec, how, &tally);
+            fp8_store_row_piece(q, scales, x, C, first + i, r0, rows, blockIdx.x, v, i < n, vec, how, counts);
     }
-    fp8_count_warp(counts, &tally);
+    for (int p = 0; counts && p < FP8_C_PIECES; p++) {
+        int i = t / 16 + 16 * p;
+        if ((flagged >> p) & 1)
+            fp8_count_piece<8>(counts, x + (first + i) * C + c, (const uint8_t *)&tile[i][fp8_tile_chunk(i, c8 / 2)] + 8 * (c8 % 2),
+                               i < n ? (int)(C - c) : 0, 0, scale + 8 * c8, sat);
+    }
     __syncthreads();
     fp8_store_transposed(tile, qt + c0 * Rt + FP8_BLOCK * b, Rt, C - c0, FP8_BLOCK, vec);
 }
@@ -460,7 +464,6 @@ fp8_quantize_weights_kernel(uint8_t *q, uint8_t *qt, float *scales, float *scale
     amax = block_max(amax, scratch);
     float s = fp8_block_scale(amax, how);
     uint32_t sat = fp8_may_saturate_all(amax, s);
-    Fp8Tally t = {0, 0, 0};
 #pragma unroll
     for (int p = 0; p < FP8_W_PIECES; p++) {
         int u = threadIdx.x + p * FP8_W_THREADS, i = u / 8, c = u % 8;
@@ -469,8 +472,9 @@ fp8_quantize_weights_kernel(uint8_t *q, uint8_t *qt, float *scales, float *scale
 #pragma unroll
         for (int j = 0; j < 16; j++) word[j / 4] |= (uint32_t)fp8_quantize(v[p][j], s) << (8 * (j % 4));
         uint4 codes = make_uint4(word[0], word[1], word[2], word[3]);
-        fp8_tally<16>(&t, v[p], word, &s, 0, sat);
         tile[i][fp8_tile_chunk(i, c)] = codes;
+        fp8_count<16>(counts, word, sat, we + n * K + k, (const uint8_t *)&tile[i][fp8_tile_chunk(i, c)],
+                      n < N ? (int)(K - k) : 0, s, NULL);
         uint8_t *dst = q + e * N * K + n * K + k;
         if (vec && n < N && k < K) *reinterpret_cast<uint4 *>(dst) = codes;
         else
@@ -478,7 +482,6 @@ fp8_quantize_weights_kernel(uint8_t *q, uint8_t *qt, float *scales, float *scale
             for (int j = 0; j < 16; j++)
                 if (n < N && k + j < K) dst[j] = (uint8_t)(word[j / 4] >> (8 * (j % 4)));
     }
-    fp8_count_warp(counts, &t);
     __syncthreads();
     fp8_store_transposed(tile, qt + e * K * N + k0 * N + n0, N, K - k0, N - n0, vec);
     if (threadIdx.x == 0) scales[(e * Kb + kb) * Nb + nb] = s, scales_t[(e * Nb + nb) * Kb + kb] = s;
