@@ -267,17 +267,21 @@ static size_t swiglu_elems(const Model *m, size_t T) {
 // projection), the RMSNorm outputs (one buffer: a pre-norm backward reruns each norm just before
 // its use, a reordered backward reads neither), the SwiGLU activations of experts, dense and shared
 // MLPs (one buffer, from the kept gate|up rows), router scores (from the kept logits) and, with one
-// expert-parallel rank, the dispatched rows (gathered again from the layer's kept input). Not read
-// by the backward at all: with pre-norm the attention projection and the feed-forward output (one
-// buffer); with several expert-parallel ranks the rows sent to the experts. The rows this rank's
-// experts received (xe) stay kept per layer there: recomputing them would redo the exchange.
+// expert-parallel rank, the dispatched rows (gathered again from the layer's kept input). With
+// pre-norm, the residual stream after attention too (h = in + att Wo^T again, from the kept
+// attention output: one dense product a layer, residual_recompute), in the QK-norm output's buffer:
+// h is last read by the feed-forward norm's backward, before the attention backward rewrites qkv.
+// Not read by the backward at all: with pre-norm the attention projection and the feed-forward
+// output (one buffer, which also takes the recomputed projection); with several expert-parallel
+// ranks the rows sent to the experts. The rows this rank's experts received (xe) stay kept per
+// layer there: recomputing them would redo the exchange.
 static void alloc_selective_shared(Model *m, size_t T) {
     const ModelConfig *c = &m->cfg;
     LayerActs *s = &m->shared;
     size_t D = c->d_model, E = c->n_experts;
-    s->qkv = act_buf(m, T * model_qkv_width(c));
+    s->qkv = act_buf(m, T * max_size(model_qkv_width(c), D)); // (T, C); pre-norm h (T, D) too
     s->n1 = s->n2 = act_buf(m, T * D);
-    if (c->norm_placement == NORM_PRE) s->ap = s->f = act_buf(m, T * D);
+    if (c->norm_placement == NORM_PRE) s->ap = s->f = act_buf(m, T * D), s->h = s->qkv;
     s->hact = s->sact = act_buf(m, swiglu_elems(m, T));
     if (n_local_moe_layers(m) == 0) return;
     s->scores = f32_buf(m, T * E);
@@ -973,6 +977,16 @@ static void layer_recompute(Model *m, int l, const ForwardArgs *a) {
     layer_forward(m, l, &r);
 }
 
+// Selective recompute, pre-norm: the residual stream after attention, h = in + att Wo^T, again (the
+// forward's kernels on the same inputs, so the same values) into its shared buffer.
+static void residual_recompute(const Model *m, LayerActs *x, const LayerParams *p, const void *in, size_t T) {
+    if (m->recompute != RECOMPUTE_SELECTIVE) return;
+    const ModelConfig *c = &m->cfg;
+    size_t D = c->d_model;
+    m->ops->matmul_forward(x->ap, x->att, W(m, p->wo), T, D, (size_t)c->n_heads * c->head_dim, false);
+    m->ops->add(x->h, in, x->ap, T * D);
+}
+
 // On entry s.dres holds d(layer output); on return d(layer input).
 static void layer_backward(Model *m, int l, const ForwardArgs *a) {
     const Ops *ops = m->ops;
@@ -985,6 +999,7 @@ static void layer_backward(Model *m, int l, const ForwardArgs *a) {
     AttnDims d = attn_dims(m, a->B, a->S);
     layer_recompute(m, l, a);
     if (c->norm_placement == NORM_PRE) {
+        residual_recompute(m, x, p, in, T);
         norm_recompute(m, x->n2, x->n2_rstd, x->h, p->ffn_norm, T);
         ffn_backward(m, l, x, dn, dres, x->n2, false, a);
         ops->rmsnorm_backward(dres, G(m, p->ffn_norm), dn, x->h, W(m, p->ffn_norm), x->n2_rstd, T, D, true);
