@@ -171,7 +171,8 @@ __device__ __forceinline__ uint2 fp8_codes8(const float v[8], const float *s, in
 // FP8_R_PAIRS pairs of consecutive blocks (in row-major (row, block) order, so each load of the warp
 // reads 512 contiguous bytes) and issues all their loads before the first amax, so that a thread
 // has FP8_R_PAIRS x 16 bytes in flight. The block's amax by 4 shuffles within the half-warp, its
-// codes 8 bytes a lane; its group (a binary search of offsets) only matters for the stores.
+// codes 8 bytes a lane; its group (a binary search of offsets, once for the pieces of a group) only
+// matters for the stores.
 #define FP8_R_THREADS 256
 #define FP8_R_PAIRS 4
 
@@ -216,10 +217,10 @@ fp8_quantize_rows_kernel(uint8_t *q, float *scales, const bf16 *x, const int32_t
         rs[j] = r, kbs[j] = kb;
         for (kb += 2; kb >= Kb; kb -= Kb) r++;
     }
+    int64_t r0 = 0, rows = 0; // the group of the last row looked up: the next pieces' rows are mostly in it
 #pragma unroll
     for (int j = 0; j < FP8_R_PAIRS; j++) {
-        int64_t r0 = 0, rows = 0;
-        bool in = rs[j] < R && fp8_row_group(offsets, E, R, rs[j], &r0, &rows);
+        bool in = rs[j] < R && ((rows && rs[j] >= r0 && rs[j] < r0 + rows) || fp8_row_group(offsets, E, R, rs[j], &r0, &rows));
         float v[8];
         unpack8(v, raw[j]);
         fp8_store_row_piece(q, scales, x, K, rs[j], r0, rows, kbs[j], v, in, vec, how, counts);
