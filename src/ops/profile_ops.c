@@ -129,6 +129,9 @@ WRAP(fp8_grouped_matmul_wgrad, PHASE_EXPERT_GEMM,
      (void *dw, const void *d, const void *ds, const void *x, const void *xs, const int32_t *off, size_t E, size_t N,
       size_t K, size_t R),
      (dw, d, ds, x, xs, off, E, N, K, R))
+WRAP(fp8_matmul, PHASE_DENSE_GEMM,
+     (void *o, const void *a, const void *as, const void *b, const void *bs, size_t M, size_t N, size_t K),
+     (o, a, as, b, bs, M, N, K))
 WRAP(router_bias_update, PHASE_OPTIMIZER, (void *b, const void *l, size_t E, float g), (b, l, E, g))
 WRAP(cross_entropy, PHASE_REST,
      (void *l, void *acc, const int32_t *t, size_t N, size_t V, float ce, float z, bool g), (l, acc, t, N, V, ce, z, g))
@@ -152,7 +155,7 @@ const Ops *ops_profiled(const Ops *backend) {
     SET(moe_exchange_plan), SET(moe_push_rows);
     SET(grouped_matmul_forward), SET(grouped_matmul_backward), SET(router_bias_update), SET(cross_entropy);
     SET(fp8_quantize_rows), SET(swiglu_forward_fp8), SET(fp8_quantize_cols), SET(fp8_quantize_weights);
-    SET(fp8_grouped_matmul), SET(fp8_grouped_matmul_wgrad);
+    SET(fp8_grouped_matmul), SET(fp8_grouped_matmul_wgrad), SET(fp8_matmul);
     SET(sum_squares), SET(adamw_update);
 #undef SET
     if (!events) {
