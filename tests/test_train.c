@@ -289,7 +289,10 @@ static void dense_fp8_values(const ModelConfig *c, size_t T, uint64_t *activatio
     }
 }
 
-static uint64_t fp8_class_values(const uint64_t *counts, Fp8Class c) { return counts[c * FP8_COUNTS + FP8_COUNT_VALUES]; }
+// The values of class c quantised in a run, from its counters (MODEL_FP8_COUNTS).
+static unsigned long long fp8_values(const uint64_t *counts, Fp8Class c) {
+    return counts[(size_t)c * FP8_COUNTS + FP8_COUNT_VALUES];
+}
 
 // The products in FP8 (the CPU emulation of train.precision = fp8): with the dense layers in FP8 or
 // not, and both scalings, the loss within 0.1% of exact products' and the expert gradients within
@@ -306,7 +309,8 @@ static void fp8_step_case(ModelConfig c, const char *config, double tol) {
     model_init(&sizing, &c, ops_counting(false), &par, 1, 1, 1, 1, RECOMPUTE_NONE);
     size_t P = sizing.reg.total, len = model_metrics_len(&c), experts = sizing.layer[2].experts_gu;
     size_t expert_len = sizing.layer[2].experts_down + (size_t)c.n_experts * c.d_model * c.expert_hidden - experts;
-    size_t dense = sizing.layer[0].wqkv, dense_len = sizing.layer[0].dense_down + (size_t)c.d_model * c.dense_hidden - dense;
+    size_t dense = sizing.layer[0].wqkv; // layer 0's weights, a dense layer
+    size_t dense_len = sizing.layer[0].dense_down + (size_t)c.d_model * c.dense_hidden - dense;
     model_free(&sizing);
     test_free_parallel(&par);
     enum { EXACT, DENSE, DENSE_FULL, DENSE_SELECTIVE, DENSE_POW2, EXPERTS, RUNS };
@@ -320,10 +324,12 @@ static void fp8_step_case(ModelConfig c, const char *config, double tol) {
     uint64_t counts[RUNS][MODEL_FP8_COUNTS];
     for (int i = 0; i < RUNS; i++) {
         grads[i] = calloc(P, sizeof(real)), metrics[i] = calloc(len, sizeof(real));
-        recompute_step(&c, recompute[i], i == EXACT ? NULL : &modes[i], grads[i], metrics[i], i == EXACT ? NULL : counts[i]);
+        bool fp8 = i != EXACT;
+        recompute_step(&c, recompute[i], fp8 ? &modes[i] : NULL, grads[i], metrics[i], fp8 ? counts[i] : NULL);
     }
     for (int i = DENSE_FULL; i <= DENSE_SELECTIVE; i++)
-        CHECK_MSG(!memcmp(grads[i], grads[DENSE], P * sizeof(real)) && !memcmp(metrics[i], metrics[DENSE], len * sizeof(real)),
+        CHECK_MSG(!memcmp(grads[i], grads[DENSE], P * sizeof(real)) &&
+                  !memcmp(metrics[i], metrics[DENSE], len * sizeof(real)),
                   "%s: %s differs from FP8 keeping everything", config, names[i]);
     CHECK_MSG(memcmp(grads[DENSE] + dense, grads[EXPERTS] + dense, dense_len * sizeof(real)),
               "%s: the dense layers' gradients are the same with the dense layers in FP8 and in act precision", config);
@@ -339,20 +345,15 @@ static void fp8_step_case(ModelConfig c, const char *config, double tol) {
         CHECK_MSG(modes[i].dense ? gd > 0.01 && gd < tol : gd < 0.01,
                   "%s: %s: dense-layer gradients differ from exact ones by %.3g (relative L2)", config, names[i], gd);
     }
-    uint64_t act, grad;
-    dense_fp8_values(&c, 2 * 6, &act, &grad);
-    uint64_t *with = counts[DENSE], *without = counts[EXPERTS];
-    CHECK_MSG(fp8_class_values(with, FP8_CLASS_ACTIVATIONS) - fp8_class_values(without, FP8_CLASS_ACTIVATIONS) == 2 * act &&
-              fp8_class_values(with, FP8_CLASS_GRADIENTS) - fp8_class_values(without, FP8_CLASS_GRADIENTS) == 2 * grad &&
-              fp8_class_values(with, FP8_CLASS_WEIGHTS) == 0 && fp8_class_values(without, FP8_CLASS_WEIGHTS) == 0,
-              "%s: FP8 values counted: activations %llu with dense layers, %llu without (want %llu more); gradients %llu, "
-              "%llu (want %llu more); weights %llu, %llu (want 0)", config,
-              (unsigned long long)fp8_class_values(with, FP8_CLASS_ACTIVATIONS),
-              (unsigned long long)fp8_class_values(without, FP8_CLASS_ACTIVATIONS), (unsigned long long)(2 * act),
-              (unsigned long long)fp8_class_values(with, FP8_CLASS_GRADIENTS),
-              (unsigned long long)fp8_class_values(without, FP8_CLASS_GRADIENTS), (unsigned long long)(2 * grad),
-              (unsigned long long)fp8_class_values(with, FP8_CLASS_WEIGHTS),
-              (unsigned long long)fp8_class_values(without, FP8_CLASS_WEIGHTS));
+    uint64_t act, grad, *with = counts[DENSE], *without = counts[EXPERTS];
+    dense_fp8_values(&c, 2 * 6, &act, &grad); // per micro-batch of 2 x 6 tokens; the step has two
+    unsigned long long more_act = fp8_values(with, FP8_CLASS_ACTIVATIONS) - fp8_values(without, FP8_CLASS_ACTIVATIONS);
+    unsigned long long more_grad = fp8_values(with, FP8_CLASS_GRADIENTS) - fp8_values(without, FP8_CLASS_GRADIENTS);
+    unsigned long long weights = fp8_values(with, FP8_CLASS_WEIGHTS) + fp8_values(without, FP8_CLASS_WEIGHTS);
+    CHECK_MSG(more_act == 2 * act && more_grad == 2 * grad && weights == 0,
+              "%s: the dense layers in FP8 counted %llu more activation values (want %llu), %llu more gradient "
+              "values (want %llu); weight values counted in the steps: %llu (want 0)", config, more_act,
+              (unsigned long long)(2 * act), more_grad, (unsigned long long)(2 * grad), weights);
     for (int i = 0; i < RUNS; i++) free(grads[i]), free(metrics[i]);
 }
 
