@@ -170,17 +170,26 @@ static void test_micro_batch_accumulation(void) {
     test_free_parallel(&par);
 }
 
+// How a test step runs its products in FP8 (NULL: all in act precision): the expert products with
+// scaling `how`, and the dense linear layers' too or not.
+typedef struct {
+    Fp8Scaling how;
+    bool dense;
+} TestFp8;
+
 // One step's forward and backward of two micro-batches in flight (two slots: both forwards, then
-// both backwards, as a pipeline stage runs them) under a recompute mode, the expert products in FP8
-// with scaling *fp8 (NULL: in act precision): the gradients and the metrics (losses, loads, drops)
-// into grads (P) and metrics, the activation bytes returned.
-static size_t recompute_step(const ModelConfig *c, Recompute mode, const Fp8Scaling *fp8, real *grads, real *metrics) {
+// both backwards, as a pipeline stage runs them) under a recompute mode, with products in FP8 as
+// *fp8 says: the gradients and the metrics (losses, loads, drops) into grads (P) and metrics, what
+// the step's quantisations counted into counts (MODEL_FP8_COUNTS; NULL: not wanted), the
+// activation bytes returned.
+static size_t recompute_step(const ModelConfig *c, Recompute mode, const TestFp8 *fp8, real *grads, real *metrics,
+                             uint64_t *counts) {
     size_t B = 2, S = 6, T = B * S;
     Parallel par;
     test_single_parallel(&par, c);
     Model m;
     model_init(&m, c, ops_cpu(), &par, B, S, 2, 2, mode);
-    if (fp8) model_enable_fp8(&m, *fp8);
+    if (fp8) model_enable_fp8(&m, fp8->how, fp8->dense);
     model_init_weights(&m, 3);
     for (int i = 0; i < c->n_layers * c->n_experts; i++) ((real *)m.expert_bias)[i] = (real)(0.01 * (i % 5));
     StepInfo info = {.lr = 1e-3f, .step = 1, .seed = 11};
@@ -196,9 +205,11 @@ static size_t recompute_step(const ModelConfig *c, Recompute mode, const Fp8Scal
     }
     memset(metrics, 0, model_metrics_len(c) * sizeof(real));
     memset(m.grads, 0, m.reg.total * sizeof(real));
+    if (fp8) memset(m.fp8->counts, 0, MODEL_FP8_COUNTS * sizeof(uint64_t));
     model_forward(&m, &a[0]), model_forward(&m, &a[1]);
     model_backward(&m, &a[0]), model_backward(&m, &a[1]);
     memcpy(grads, m.grads, m.reg.total * sizeof(real));
+    if (counts) memcpy(counts, m.fp8->counts, MODEL_FP8_COUNTS * sizeof(uint64_t));
     size_t bytes = m.act_bytes;
     model_free(&m);
     test_free_parallel(&par);
@@ -206,7 +217,10 @@ static size_t recompute_step(const ModelConfig *c, Recompute mode, const Fp8Scal
 }
 
 // Every recompute mode gives bitwise the gradients and metrics of keeping everything (nothing
-// counted twice, the same routing), with less activation memory: selective < none, full < selective.
+// counted twice, the same routing), with less activation memory: selective < none, full < selective;
+// so does every mode with the expert and dense products in FP8 (the dense layers' accumulating
+// products included: the shared expert's down projection, and with reordered norms the input
+// gradients of the QKV and gate|up projections).
 static void test_recompute_bitwise(void) {
     ModelConfig cfgs[4];
     const char *names[4] = {"pre-norm, full qk-norm, dense first, shared expert, bias",
@@ -221,8 +235,10 @@ static void test_recompute_bitwise(void) {
     cfgs[2].qk_norm = QK_NORM_NONE, cfgs[2].random_routing = true, cfgs[2].capacity_factor = 0.75;
     cfgs[2].n_dense_layers = 0;
     cfgs[3].norm_placement = NORM_REORDERED, cfgs[3].random_routing = true;
-    for (int i = 0; i < 4; i++) {
-        const ModelConfig *c = &cfgs[i];
+    const TestFp8 fp8 = {FP8_SCALE_AMAX, true};
+    for (int i = 0; i < 4 * 2; i++) {
+        const ModelConfig *c = &cfgs[i / 2];
+        const char *name = names[i / 2], *precision = i % 2 ? "FP8" : "exact";
         Model sizing;
         Parallel par;
         test_single_parallel(&par, c);
@@ -234,20 +250,20 @@ static void test_recompute_bitwise(void) {
         size_t bytes[3];
         for (int mode = 0; mode < 3; mode++) {
             grads[mode] = calloc(P, sizeof(real)), metrics[mode] = calloc(len, sizeof(real));
-            bytes[mode] = recompute_step(c, (Recompute)mode, NULL, grads[mode], metrics[mode]);
+            bytes[mode] = recompute_step(c, (Recompute)mode, i % 2 ? &fp8 : NULL, grads[mode], metrics[mode], NULL);
         }
         for (int mode = 1; mode < 3; mode++) {
             const char *what = mode == RECOMPUTE_SELECTIVE ? "selective" : "full";
-            CHECK_MSG(!memcmp(grads[mode], grads[0], P * sizeof(real)), "%s: %s recompute: gradients differ from none",
-                      names[i], what);
+            CHECK_MSG(!memcmp(grads[mode], grads[0], P * sizeof(real)), "%s, %s: %s recompute: gradients differ from "
+                      "none", name, precision, what);
             CHECK_MSG(!memcmp(metrics[mode], metrics[0], len * sizeof(real)),
-                      "%s: %s recompute: metrics (losses, loads, drops) differ from none", names[i], what);
-            CHECK_MSG(bytes[mode] < bytes[mode - 1], "%s: %s recompute keeps %zu activation bytes, not fewer than %zu",
-                      names[i], what, bytes[mode], bytes[mode - 1]);
+                      "%s, %s: %s recompute: metrics (losses, loads, drops) differ from none", name, precision, what);
+            CHECK_MSG(bytes[mode] < bytes[mode - 1], "%s, %s: %s recompute keeps %zu activation bytes, not fewer than "
+                      "%zu", name, precision, what, bytes[mode], bytes[mode - 1]);
         }
         if (c->capacity_factor > 0) // the drops the test claims to cover happen
             CHECK_MSG(metrics[0][model_metric_router(c, 0) + router_stat_dropped((size_t)c->n_experts)] > 0,
-                      "%s: no slot dropped", names[i]);
+                      "%s, %s: no slot dropped", name, precision);
         for (int mode = 0; mode < 3; mode++) free(grads[mode]), free(metrics[mode]);
     }
 }
@@ -258,42 +274,103 @@ static double rel_l2(const real *got, const real *want, size_t n) {
     return sqrt(d / w);
 }
 
-// The expert products in FP8 (the CPU emulation of train.precision = fp8): the loss within 0.1% of
-// exact products' and the expert gradients within 10% relative L2 (E4M3 keeps 4 significant bits:
-// a factor's error is at most 2^-4 of it, about 3.6% rms, a product of two about 5%), yet they
-// differ (the FP8 path ran); a full recompute gives them bitwise (quantisation is a pure function).
-static void test_fp8_step(void) {
-    ModelConfig c = small_model();
+// The values the FP8 quantisations of the dense layers count in one micro-batch of T tokens, per
+// class: per layer, the forward's rows of the inputs of QKV (T, D), the output projection (T, Hq hd)
+// and the MLP's gate|up (T, D) and down (T, H) projections, and the backward's token-major copies of
+// the same (activations); the backward's rows of their output gradients (T, C), (T, D), (T, 2H),
+// (T, D) and token-major copies of the same (gradients). H: the dense or shared MLP's hidden width.
+static void dense_fp8_values(const ModelConfig *c, size_t T, uint64_t *activations, uint64_t *gradients) {
+    size_t D = (size_t)c->d_model, C = model_qkv_width(c), Dq = (size_t)c->n_heads * c->head_dim;
+    *activations = *gradients = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        size_t H = (size_t)(model_layer_is_moe(c, l) ? c->shared_hidden : c->dense_hidden);
+        *activations += 2 * T * (D + Dq + (H ? D + H : 0));
+        *gradients += 2 * T * (C + D + (H ? 2 * H + D : 0));
+    }
+}
+
+// The values of class c quantised in a run, from its counters (MODEL_FP8_COUNTS).
+static unsigned long long fp8_values(const uint64_t *counts, Fp8Class c) {
+    return counts[(size_t)c * FP8_COUNTS + FP8_COUNT_VALUES];
+}
+
+// The products in FP8 (the CPU emulation of train.precision = fp8): with the dense layers in FP8 or
+// not, and both scalings, the loss within 0.1% of exact products' and the expert gradients within
+// `tol` relative L2 (E4M3 keeps 4 significant bits: a factor's error is at most 2^-4 of it, about
+// 3.6% rms, a product of two about 5%), yet they differ (the FP8 path ran); the dense layer's weight
+// gradients within `tol` with the dense layers in FP8 but more than 1% off, within 1% without them.
+// Full and selective recompute give them bitwise (quantisation is a pure function). The dense
+// layers' quantisations add exactly their operands' values to the counters (dense_fp8_values; no
+// drops here, so the experts' count the same in both), the weights none in a step.
+static void fp8_step_case(ModelConfig c, const char *config, double tol) {
     Model sizing;
     Parallel par;
     test_single_parallel(&par, &c);
     model_init(&sizing, &c, ops_counting(false), &par, 1, 1, 1, 1, RECOMPUTE_NONE);
     size_t P = sizing.reg.total, len = model_metrics_len(&c), experts = sizing.layer[2].experts_gu;
     size_t expert_len = sizing.layer[2].experts_down + (size_t)c.n_experts * c.d_model * c.expert_hidden - experts;
+    size_t dense = sizing.layer[0].wqkv; // layer 0's weights, a dense layer
+    size_t dense_len = sizing.layer[0].dense_down + (size_t)c.d_model * c.dense_hidden - dense;
     model_free(&sizing);
     test_free_parallel(&par);
-    real *grads[4], *metrics[4];
-    for (int i = 0; i < 4; i++) grads[i] = calloc(P, sizeof(real)), metrics[i] = calloc(len, sizeof(real));
-    const Fp8Scaling amax = FP8_SCALE_AMAX, pow2 = FP8_SCALE_POW2;
-    recompute_step(&c, RECOMPUTE_NONE, NULL, grads[0], metrics[0]);
-    recompute_step(&c, RECOMPUTE_NONE, &amax, grads[1], metrics[1]);
-    recompute_step(&c, RECOMPUTE_FULL, &amax, grads[2], metrics[2]);
-    recompute_step(&c, RECOMPUTE_NONE, &pow2, grads[3], metrics[3]);
-    CHECK_MSG(memcmp(grads[1] + experts, grads[0] + experts, expert_len * sizeof(real)),
-              "FP8 expert gradients equal the exact ones bitwise: the FP8 path did not run");
-    CHECK_MSG(!memcmp(grads[2], grads[1], P * sizeof(real)) && !memcmp(metrics[2], metrics[1], len * sizeof(real)),
-              "FP8 with full recompute differs from FP8 keeping everything");
-    for (int i = 1; i < 4; i += 2) {
-        double ce = metrics[i][METRIC_CE], ce0 = metrics[0][METRIC_CE];
-        double g = rel_l2(grads[i] + experts, grads[0] + experts, expert_len);
-        CHECK_MSG(fabs(ce - ce0) <= 1e-3 * fabs(ce0), "FP8 (%s) loss %.6g vs exact %.6g", i == 1 ? "amax" : "pow2", ce, ce0);
-        CHECK_MSG(g < 0.1, "FP8 (%s) expert gradients differ from exact ones by %.3g (relative L2)", i == 1 ? "amax" : "pow2", g);
+    enum { EXACT, DENSE, DENSE_FULL, DENSE_SELECTIVE, DENSE_POW2, EXPERTS, RUNS };
+    const TestFp8 modes[RUNS] = {[DENSE] = {FP8_SCALE_AMAX, true}, [DENSE_FULL] = {FP8_SCALE_AMAX, true},
+                                 [DENSE_SELECTIVE] = {FP8_SCALE_AMAX, true}, [DENSE_POW2] = {FP8_SCALE_POW2, true},
+                                 [EXPERTS] = {FP8_SCALE_AMAX, false}};
+    const Recompute recompute[RUNS] = {[DENSE_FULL] = RECOMPUTE_FULL, [DENSE_SELECTIVE] = RECOMPUTE_SELECTIVE};
+    const char *names[RUNS] = {"exact", "FP8 amax", "FP8 amax, full recompute", "FP8 amax, selective recompute",
+                               "FP8 pow2", "FP8 experts only"};
+    real *grads[RUNS], *metrics[RUNS];
+    uint64_t counts[RUNS][MODEL_FP8_COUNTS];
+    for (int i = 0; i < RUNS; i++) {
+        grads[i] = calloc(P, sizeof(real)), metrics[i] = calloc(len, sizeof(real));
+        bool fp8 = i != EXACT;
+        recompute_step(&c, recompute[i], fp8 ? &modes[i] : NULL, grads[i], metrics[i], fp8 ? counts[i] : NULL);
     }
-    for (int i = 0; i < 4; i++) free(grads[i]), free(metrics[i]);
+    for (int i = DENSE_FULL; i <= DENSE_SELECTIVE; i++)
+        CHECK_MSG(!memcmp(grads[i], grads[DENSE], P * sizeof(real)) &&
+                  !memcmp(metrics[i], metrics[DENSE], len * sizeof(real)),
+                  "%s: %s differs from FP8 keeping everything", config, names[i]);
+    CHECK_MSG(memcmp(grads[DENSE] + dense, grads[EXPERTS] + dense, dense_len * sizeof(real)),
+              "%s: the dense layers' gradients are the same with the dense layers in FP8 and in act precision", config);
+    for (int i = DENSE; i < RUNS; i++) {
+        if (i == DENSE_FULL || i == DENSE_SELECTIVE) continue;
+        double ce = metrics[i][METRIC_CE], ce0 = metrics[EXACT][METRIC_CE];
+        double ge = rel_l2(grads[i] + experts, grads[EXACT] + experts, expert_len);
+        double gd = rel_l2(grads[i] + dense, grads[EXACT] + dense, dense_len);
+        CHECK_MSG(fabs(ce - ce0) <= 1e-3 * fabs(ce0) && ce != ce0, "%s: %s: loss %.6g vs exact %.6g", config, names[i], ce,
+                  ce0);
+        CHECK_MSG(ge < tol && ge > 0, "%s: %s: expert gradients differ from exact ones by %.3g (relative L2)",
+                  config, names[i], ge);
+        CHECK_MSG(modes[i].dense ? gd > 0.01 && gd < tol : gd < 0.01,
+                  "%s: %s: dense-layer gradients differ from exact ones by %.3g (relative L2)", config, names[i], gd);
+    }
+    uint64_t act, grad, *with = counts[DENSE], *without = counts[EXPERTS];
+    dense_fp8_values(&c, 2 * 6, &act, &grad); // per micro-batch of 2 x 6 tokens; the step has two
+    unsigned long long more_act = fp8_values(with, FP8_CLASS_ACTIVATIONS) - fp8_values(without, FP8_CLASS_ACTIVATIONS);
+    unsigned long long more_grad = fp8_values(with, FP8_CLASS_GRADIENTS) - fp8_values(without, FP8_CLASS_GRADIENTS);
+    unsigned long long weights = fp8_values(with, FP8_CLASS_WEIGHTS) + fp8_values(without, FP8_CLASS_WEIGHTS);
+    CHECK_MSG(more_act == 2 * act && more_grad == 2 * grad && weights == 0,
+              "%s: the dense layers in FP8 counted %llu more activation values (want %llu), %llu more gradient "
+              "values (want %llu); weight values counted in the steps: %llu (want 0)", config, more_act,
+              (unsigned long long)(2 * act), more_grad, (unsigned long long)(2 * grad), weights);
+    for (int i = 0; i < RUNS; i++) free(grads[i]), free(metrics[i]);
 }
 
-// The codes and scales of m's FP8 expert weights (both layouts) that differ from a fresh
-// quantisation of its compute weights.
+// Pre-norm: 10% (measured: expert gradients 5.3-5.9% off, dense-layer ones 5.6-6.6% with the dense
+// layers in FP8, 0.02% without). Reordered norms (the dense input gradients add to the residual's):
+// 20%, as the norm after each attention and MLP brings its output, FP8 error included, to the
+// residual's scale (measured: 4.4-10.7%; 7.1-9.8%, 0.01%); random routing, as FP8 there moves
+// slots between experts otherwise (their gradients wholesale).
+static void test_fp8_step(void) {
+    ModelConfig reordered = small_model();
+    reordered.norm_placement = NORM_REORDERED, reordered.random_routing = true;
+    fp8_step_case(small_model(), "pre-norm", 0.1);
+    fp8_step_case(reordered, "reordered norms", 0.2);
+}
+
+// The codes and scales of m's FP8 weights (both layouts) that differ from a fresh quantisation of
+// its compute weights.
 static size_t fp8_stale_values(const Model *m) {
     size_t stale = 0;
     for (size_t i = 0; i < m->fp8->n_weights; i++) {
@@ -311,9 +388,41 @@ static size_t fp8_stale_values(const Model *m) {
     return stale;
 }
 
-// The FP8 copies of the expert weights follow the compute weights: after initialisation, after each
-// of three training steps (whose updates change the codes) and after new weights are set, they are
-// bit for bit what quantising the compute weights gives then.
+// The codes of m's FP8 weights, back to back (n_weights tensors of El N K each), into q (or, with
+// compare, the number of tensors none of whose codes differ from q's).
+static size_t fp8_codes(const Model *m, uint8_t *q, bool compare) {
+    size_t unchanged = 0;
+    for (size_t i = 0; i < m->fp8->n_weights; i++) {
+        const Fp8Weights *t = &m->fp8->weights[i];
+        size_t n = t->El * t->N * t->K;
+        if (compare) unchanged += !memcmp(q, t->q, n);
+        else memcpy(q, t->q, n);
+        q += n;
+    }
+    return unchanged;
+}
+
+// The bytes of the FP8 copies (both layouts and their scales) of the weights of small_model(), whose
+// every matrix is one 128x128 block: per layer QKV (C, D), output projection (D, Hq hd), the dense or
+// shared MLP's gate|up (2H, D) and down (D, H), and per MoE layer its experts' gate|up (E, 2H, D)
+// and down (E, D, H).
+static size_t small_fp8_weight_bytes(const ModelConfig *c) {
+    size_t E = (size_t)c->n_experts, D = (size_t)c->d_model, He = (size_t)c->expert_hidden;
+    size_t C = model_qkv_width(c), Dq = (size_t)c->n_heads * c->head_dim, bytes = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        bool moe = model_layer_is_moe(c, l);
+        size_t H = (size_t)(moe ? c->shared_hidden : c->dense_hidden);
+        bytes += 2 * (C * D + D * Dq + 3 * H * D + 4 * sizeof(real));
+        if (moe) bytes += 2 * (3 * E * He * D + 2 * E * sizeof(real));
+    }
+    return bytes;
+}
+
+// The FP8 copies of the expert and dense weights follow the compute weights: after initialisation,
+// after each of three training steps (whose updates change the codes of every tensor) and after new
+// weights are set, they are bit for bit what quantising the compute weights gives then; each
+// optimizer step counts every one of their values once (class weights). The memory plan counts them
+// and the dense layers' scratch exactly.
 static void test_fp8_weight_copies(void) {
     ModelConfig c = small_model();
     Config cfg;
@@ -325,29 +434,30 @@ static void test_fp8_weight_copies(void) {
     Model m;
     Optimizer o;
     model_init(&m, &c, ops_cpu(), &par, B, S, 1, 1, RECOMPUTE_NONE);
-    model_enable_fp8(&m, FP8_SCALE_AMAX);
+    model_enable_fp8(&m, FP8_SCALE_AMAX, true);
     optim_init(&o, &m);
     model_init_weights(&m, 3);
-    CHECK_MSG(m.fp8->n_weights == 4, "%zu FP8 expert tensors, not 2 per MoE layer", m.fp8->n_weights);
-    Model plan; // the memory plan counts them: per MoE layer both layouts of gate|up and down, and scales
+    CHECK_MSG(m.fp8->n_weights == 16, "%zu FP8 weight tensors, not 4 per layer and 2 more per MoE layer",
+              m.fp8->n_weights);
+    Model plan;
     Optimizer plan_o;
     model_init(&plan, &c, ops_counting_like(ops_cpu()), &par, B, S, 1, 1, RECOMPUTE_NONE);
-    model_enable_fp8(&plan, FP8_SCALE_AMAX);
+    model_enable_fp8(&plan, FP8_SCALE_AMAX, true);
     optim_init(&plan_o, &plan);
-    size_t E = (size_t)c.n_experts, D = (size_t)c.d_model, H = (size_t)c.expert_hidden;
-    size_t want = 2 * 2 * (E * 2 * H * D + E * D * H + 2 * E * sizeof(real)); // one 128x128 block each here
+    size_t want = small_fp8_weight_bytes(&c);
     CHECK_MSG(plan.mem.bytes == m.mem.bytes && m.fp8->weight_bytes == want, "plan %zu bytes, allocated %zu; FP8 "
               "weights %zu bytes, not %zu", plan.mem.bytes, m.mem.bytes, m.fp8->weight_bytes, want);
     model_free(&plan);
     CHECK_MSG(fp8_stale_values(&m) == 0, "FP8 weights stale after initialisation");
-    size_t n0 = m.fp8->weights[0].El * m.fp8->weights[0].N * m.fp8->weights[0].K;
-    uint8_t *before = malloc(n0);
+    size_t n = 0;
+    for (size_t i = 0; i < m.fp8->n_weights; i++) n += m.fp8->weights[i].El * m.fp8->weights[i].N * m.fp8->weights[i].K;
+    uint8_t *before = malloc(n);
     real *metrics = calloc(model_metrics_len(&c), sizeof(real));
     int32_t seqs[2 * 7];
     for (int step = 1; step <= 3; step++) {
         for (int i = 0; i < 2 * 7; i++) seqs[i] = (int32_t)(rng_hash64((uint64_t)step, (uint64_t)i) % 17);
         ForwardArgs a = {.B = B, .S = S, .train = true, .scales = {.ce = 1.0f / T}, .metrics = metrics};
-        memcpy(before, m.fp8->weights[0].q, n0);
+        fp8_codes(&m, before, false);
         memset(m.grads, 0, m.reg.total * sizeof(real));
         memset(metrics, 0, model_metrics_len(&c) * sizeof(real));
         StepInfo info = optim_step_info(&cfg.train, step);
@@ -355,15 +465,54 @@ static void test_fp8_weight_copies(void) {
         model_set_batch(&m, 0, seqs, B, S);
         model_forward(&m, &a);
         model_backward(&m, &a);
+        memset(m.fp8->counts, 0, MODEL_FP8_COUNTS * sizeof(uint64_t));
         optim_step(&o, &m, &cfg.train, metrics);
-        CHECK_MSG(memcmp(before, m.fp8->weights[0].q, n0), "step %d changed no FP8 code of the first experts", step);
+        size_t unchanged = fp8_codes(&m, before, true);
+        CHECK_MSG(unchanged == 0, "step %d changed no FP8 code of %zu weight tensors", step, unchanged);
         CHECK_MSG(fp8_stale_values(&m) == 0, "FP8 weights stale after step %d", step);
+        uint64_t counted = m.fp8->counts[FP8_CLASS_WEIGHTS * FP8_COUNTS + FP8_COUNT_VALUES];
+        CHECK_MSG(counted == n, "step %d counted %llu weight values, not %zu", step, (unsigned long long)counted, n);
     }
     model_init_weights(&m, 4);
     CHECK_MSG(fp8_stale_values(&m) == 0, "FP8 weights stale after new weights were set");
     free(before), free(metrics);
     model_free(&m);
     test_free_parallel(&par);
+}
+
+// The bytes model_enable_fp8 adds to the memory plan of c (B x S tokens) with the dense layers in
+// FP8 or not.
+static size_t fp8_plan_bytes(const ModelConfig *c, size_t B, size_t S, bool dense) {
+    Parallel par;
+    test_single_parallel(&par, c);
+    Model m;
+    model_init(&m, c, ops_counting_like(ops_cpu()), &par, B, S, 1, 1, RECOMPUTE_NONE);
+    size_t before = m.mem.bytes;
+    model_enable_fp8(&m, FP8_SCALE_AMAX, dense);
+    size_t bytes = m.mem.bytes - before;
+    model_free(&m);
+    test_free_parallel(&par);
+    return bytes;
+}
+
+// The FP8 memory of a model of dense layers only (small_model's, 3 of them; T = 12 tokens), byte for
+// byte: with the dense layers in FP8, per layer the copies of QKV (C, D) = (16, 8), the output
+// projection (8, 8), gate|up (24, 8) and down (8, 12) in both layouts with one block scale each, and
+// scratch for the widest dense product: rows (T, 24) with one scale a row, token-major copies of
+// output gradients (24, Tt) and inputs (12, Tt) with Tt = 256 (one group: 128 past the 12 rows)
+// and a scale per 128 columns, and the counters (the sum of an accumulating product reuses
+// Scratch.dxf); without them, the counters alone.
+static void test_fp8_dense_memory(void) {
+    ModelConfig c = small_model();
+    c.n_dense_layers = c.n_layers;
+    size_t T = 12, D = 8, r = sizeof(real), Tt = 256;
+    size_t weights = 3 * 2 * (16 * D + D * 8 + 24 * D + D * 12 + 4 * r);
+    size_t scratch = T * 24 + T * r + 24 * Tt + 24 * 2 * r + 12 * Tt + 12 * 2 * r;
+    size_t counters = MODEL_FP8_COUNTS * sizeof(uint64_t);
+    size_t with = fp8_plan_bytes(&c, 2, 6, true), without = fp8_plan_bytes(&c, 2, 6, false);
+    CHECK_MSG(with == weights + scratch + counters && without == counters,
+              "FP8 memory of dense layers: %zu bytes with them in FP8 (want %zu), %zu without (want %zu)", with,
+              weights + scratch + counters, without, counters);
 }
 
 static void test_lr_schedule(void) {
@@ -547,6 +696,7 @@ const TestCase train_tests[] = {
     {"model_recompute_bitwise", test_recompute_bitwise},
     {"model_fp8_step", test_fp8_step},
     {"model_fp8_weight_copies", test_fp8_weight_copies},
+    {"model_fp8_dense_memory", test_fp8_dense_memory},
     {"train_lr_schedule", test_lr_schedule},
     {"train_step_report", test_step_report},
     {"train_records_without_nan", test_records_without_nan},

@@ -432,7 +432,7 @@ void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel
     if (ops->attention_workspace) m->mem.bytes += ops->attention_workspace(attn_dims(m, B, S)); // the library's
 }
 
-// The FP8 copies of the expert weight tensor at offset `off` of the compute weights, (El, N, K).
+// The FP8 copies of the weight tensor at offset `off` of the compute weights, (El, N, K).
 static Fp8Weights alloc_fp8_weights(Model *m, size_t off, size_t El, size_t N, size_t K) {
     size_t scale_bytes = El * fp8_blocks(N) * fp8_blocks(K) * m->ops->f32_size;
     return (Fp8Weights){.off = off, .El = El, .N = N, .K = K, .q = model_alloc(m, El * N * K),
@@ -440,31 +440,79 @@ static Fp8Weights alloc_fp8_weights(Model *m, size_t off, size_t El, size_t N, s
                         .scales_t = model_alloc(m, scale_bytes)};
 }
 
-void model_enable_fp8(Model *m, Fp8Scaling how) {
+// What one kind of FP8 product (the experts', the dense layers') needs of the activation scratch:
+// R rows and Tt token-major columns, times its products' widest rows (the larger of N and K), output
+// gradients (N) and inputs (K).
+typedef struct {
+    size_t R, Tt, rows, out, in;
+} Fp8Extent;
+
+// The most FP8 weight tensors of one layer (add_layer_fp8_weights).
+enum { FP8_LAYER_TENSORS = 6 };
+
+// A weight tensor (El, N, K) whose products run in FP8: its FP8 copies, and the widths of its
+// products in the extent x of their kind.
+static void add_fp8_weights(Model *m, Fp8Extent *x, size_t off, size_t El, size_t N, size_t K) {
+    Fp8Operands *o = m->fp8;
+    o->weights[o->n_weights++] = alloc_fp8_weights(m, off, El, N, K);
+    x->rows = max_size(x->rows, max_size(N, K)), x->out = max_size(x->out, N), x->in = max_size(x->in, K);
+}
+
+// Layer l's weights whose products run in FP8: with the dense layers in FP8 its attention
+// projections and its dense or shared MLP (extent `dense`); in a MoE layer its experts' (`experts`).
+static void add_layer_fp8_weights(Model *m, int l, Fp8Extent *dense, Fp8Extent *experts) {
+    const ModelConfig *c = &m->cfg;
+    const LayerParams *p = &m->layer[l];
+    size_t D = c->d_model, Dq = (size_t)c->n_heads * c->head_dim, El = (size_t)m->n_experts_local;
+    bool moe = model_layer_is_moe(c, l);
+    size_t H = (size_t)(moe ? c->shared_hidden : c->dense_hidden);
+    if (m->fp8->dense) {
+        add_fp8_weights(m, dense, p->wqkv, 1, model_qkv_width(c), D);
+        add_fp8_weights(m, dense, p->wo, 1, D, Dq);
+    }
+    if (m->fp8->dense && H) {
+        add_fp8_weights(m, dense, moe ? p->shared_gu : p->dense_gu, 1, 2 * H, D);
+        add_fp8_weights(m, dense, moe ? p->shared_down : p->dense_down, 1, D, H);
+    }
+    if (moe) {
+        add_fp8_weights(m, experts, p->experts_gu, El, 2 * (size_t)c->expert_hidden, D);
+        add_fp8_weights(m, experts, p->experts_down, El, D, c->expert_hidden);
+    }
+}
+
+// The activation scratch (Fp8Operands), each buffer for the largest need of the n extents.
+static void alloc_fp8_scratch(Model *m, const Fp8Extent *x, int n) {
+    Fp8Operands *o = m->fp8;
+    size_t rows = 0, row_blocks = 0, out = 0, in = 0, f = m->ops->f32_size;
+    for (int i = 0; i < n; i++) {
+        rows = max_size(rows, x[i].R * x[i].rows), row_blocks = max_size(row_blocks, x[i].R * fp8_blocks(x[i].rows));
+        out = max_size(out, x[i].out * x[i].Tt), in = max_size(in, x[i].in * x[i].Tt);
+    }
+    o->rows = model_alloc(m, rows), o->row_scales = model_alloc(m, row_blocks * f);
+    o->dout_t = model_alloc(m, out), o->dout_t_scales = model_alloc(m, out / FP8_BLOCK * f);
+    o->x_t = model_alloc(m, in), o->x_t_scales = model_alloc(m, in / FP8_BLOCK * f);
+}
+
+void model_enable_fp8(Model *m, Fp8Scaling how, bool dense) {
     const ModelConfig *c = &m->cfg;
     if (!m->ops->fp8_grouped_matmul && !m->ops->sizing_only)
         moe_fatal("train.precision = fp8: the %s backend has no FP8 products here (the CUDA backend's need a "
                   "Hopper GPU, compute capability 9.0); use train.precision = bf16", m->ops->name);
-    size_t Rr = moe_exchange_received_rows(&m->xchg, m->B * m->S), El = (size_t)m->n_experts_local;
-    size_t D = c->d_model, H2 = 2 * (size_t)c->expert_hidden, Rt = fp8_expert_cols(Rr, El), f = m->ops->f32_size;
-    size_t rows_w = max_size(D, H2), out_w = max_size(H2, D), in_w = max_size(D, H2 / 2);
+    size_t T = m->B * m->S, Rr = moe_exchange_received_rows(&m->xchg, T), El = (size_t)m->n_experts_local;
     Fp8Operands *o = m->fp8 = moe_calloc(1, sizeof *o);
-    o->how = how;
-    o->weights = moe_calloc(2 * (size_t)n_local_moe_layers(m), sizeof *o->weights);
+    o->how = how, o->dense = dense;
+    o->weights = moe_calloc(FP8_LAYER_TENSORS * (size_t)n_local_layers(m), sizeof *o->weights);
+    Fp8Extent experts = {.R = Rr, .Tt = fp8_expert_cols(Rr, El)}, dense_x = {.R = T, .Tt = fp8_expert_cols(T, 1)};
     size_t before = m->mem.bytes;
     for (int l = 0; l < c->n_layers; l++)
-        if (model_holds_layer(m, l) && model_layer_is_moe(c, l)) {
-            o->weights[o->n_weights++] = alloc_fp8_weights(m, m->layer[l].experts_gu, El, H2, D);
-            o->weights[o->n_weights++] = alloc_fp8_weights(m, m->layer[l].experts_down, El, D, H2 / 2);
-        }
+        if (model_holds_layer(m, l)) add_layer_fp8_weights(m, l, &dense_x, &experts);
     o->weight_bytes = m->mem.bytes - before;
-    o->rows = model_alloc(m, Rr * rows_w), o->row_scales = model_alloc(m, Rr * fp8_blocks(rows_w) * f);
-    o->dout_t = model_alloc(m, out_w * Rt), o->dout_t_scales = model_alloc(m, Rt / FP8_BLOCK * out_w * f);
-    o->x_t = model_alloc(m, in_w * Rt), o->x_t_scales = model_alloc(m, Rt / FP8_BLOCK * in_w * f);
+    alloc_fp8_scratch(m, (Fp8Extent[]){experts, dense_x}, 2);
+    o->sum = m->s.dxf;
     o->counts = model_alloc(m, MODEL_FP8_COUNTS * sizeof(uint64_t));
     if (m->ops->sizing_only) return;
     m->ops->zero(o->counts, MODEL_FP8_COUNTS * sizeof(uint64_t));
-    model_quantize_expert_weights(m);
+    model_quantize_fp8_weights(m);
 }
 
 // The counters of tensor class c (docs/FP8.md: the forward's rows and the backward's token-major
@@ -472,7 +520,7 @@ void model_enable_fp8(Model *m, Fp8Scaling how) {
 // gradient are gradients).
 static uint64_t *fp8_counts(const Fp8Operands *o, Fp8Class c) { return o->counts + (size_t)c * FP8_COUNTS; }
 
-void model_quantize_expert_weights(Model *m) {
+void model_quantize_fp8_weights(Model *m) {
     const Fp8Operands *o = m->fp8;
     for (size_t i = 0; o && i < o->n_weights; i++) {
         const Fp8Weights *t = &o->weights[i];
@@ -528,7 +576,7 @@ void model_sync_compute_weights(Model *m) {
             g->ops->all_gather(g, model_act(m, m->params_act, begin),
                                model_act(m, m->params_act, m->reg.region_begin[r]), n, COMM_ACT);
     }
-    model_quantize_expert_weights(m);
+    model_quantize_fp8_weights(m);
 }
 
 static int32_t *micro_tokens(const Model *m, int micro) { return m->tokens + (size_t)micro * m->B * m->S; }
@@ -597,15 +645,6 @@ static RouterArgs router_args(const Model *m, int l, const ForwardArgs *a) {
     };
 }
 
-static void swiglu_mlp_forward(const Model *m, void *out, const void *in, void *gu, void *hact,
-                               size_t gu_w, size_t down_w, size_t T, size_t H, bool accumulate) {
-    const Ops *ops = m->ops;
-    size_t D = m->cfg.d_model;
-    ops->matmul_forward(gu, in, W(m, gu_w), T, 2 * H, D, false);
-    ops->swiglu_forward(hact, gu, T, H, NULL, 0);
-    ops->matmul_forward(out, hact, W(m, down_w), T, D, H, accumulate);
-}
-
 static const int32_t *expert_offsets(const Model *m, const LayerActs *x) {
     return m->par->ep->size > 1 ? x->routes.offsets : x->offsets;
 }
@@ -644,8 +683,8 @@ static void dispatch(const Model *m, LayerActs *x, const void *in, void *stats, 
                                  c->n_experts, c->d_model, model_expert_capacity(c, T));
 }
 
-// Experts [e0, ...) of an FP8 copy of expert weights (model_enable_fp8): those whose compute
-// weights (N, K each) start at offset w.
+// Experts [e0, ...) of an FP8 copy of weights (model_enable_fp8): those whose compute weights (N, K
+// each) start at offset w (a dense layer's: its one matrix).
 static Fp8Weights fp8_weights_at(const Model *m, size_t w, size_t N, size_t K) {
     const Fp8Operands *o = m->fp8;
     for (size_t i = 0; i < o->n_weights; i++) {
@@ -657,66 +696,132 @@ static Fp8Weights fp8_weights_at(const Model *m, size_t w, size_t N, size_t K) {
                             .qt = (char *)t->qt + e0 * N * K, .scales = (char *)t->scales + s,
                             .scales_t = (char *)t->scales_t + s};
     }
-    moe_fatal("%s:%d: no FP8 copy of the expert weights at offset %zu", __FILE__, __LINE__, w);
+    moe_fatal("%s:%d: no FP8 copy of the weights at offset %zu", __FILE__, __LINE__, w);
 }
 
-// Per expert, out (Rr, N) = x (Rr, K) . w[e] (N, K)^T with the compute weights at offset w: in act
-// precision, or in FP8 from the weights' FP8 copy and x's rows, quantised here unless the kernel
-// that wrote x wrote them too (x_quantised: expert_swiglu).
-static void expert_forward(const Model *m, void *out, const void *x, bool x_quantised, size_t w, const int32_t *off,
-                           size_t El, size_t N, size_t K, size_t Rr) {
-    const Ops *ops = m->ops;
+// out (R, N) = a . b[e]^T from a's quantised rows (Fp8Operands.rows) and FP8 weights b with their
+// scales, per group of rows of off (experts), or with off NULL one group of all R rows (a dense
+// layer's product: R may be fewer rows than the model was sized for).
+static void fp8_product(const Model *m, void *out, const void *b, const void *b_scales, const int32_t *off,
+                        size_t El, size_t N, size_t K, size_t R) {
     const Fp8Operands *q = m->fp8;
-    if (!q) {
-        ops->grouped_matmul_forward(out, x, W(m, w), off, El, N, K, Rr);
-        return;
-    }
+    if (off) m->ops->fp8_grouped_matmul(out, q->rows, q->row_scales, b, b_scales, off, El, N, K, R);
+    else m->ops->fp8_matmul(out, q->rows, q->row_scales, b, b_scales, R, N, K);
+}
+
+// Per group of rows of off (El experts; NULL: one group of all R rows), out (R, N) = x (R, K) .
+// w[e] (N, K)^T in FP8 with the compute weights at offset w: from the weights' FP8 copy and x's
+// rows, quantised here unless the kernel that wrote x wrote them too (x_quantised: swiglu_fp8).
+static void fp8_forward(const Model *m, void *out, const void *x, bool x_quantised, size_t w, const int32_t *off,
+                        size_t El, size_t N, size_t K, size_t R) {
+    const Fp8Operands *q = m->fp8;
     Fp8Weights wq = fp8_weights_at(m, w, N, K);
     if (!x_quantised)
-        ops->fp8_quantize_rows(q->rows, q->row_scales, x, off, El, Rr, K, q->how, fp8_counts(q, FP8_CLASS_ACTIVATIONS));
-    ops->fp8_grouped_matmul(out, q->rows, q->row_scales, wq.q, wq.scales, off, El, N, K, Rr);
+        m->ops->fp8_quantize_rows(q->rows, q->row_scales, x, off, El, R, K, q->how, fp8_counts(q, FP8_CLASS_ACTIVATIONS));
+    fp8_product(m, out, wq.q, wq.scales, off, El, N, K, R);
 }
 
-// The experts' SwiGLU, hact (Rr, H) from gu (Rr, 2H), and in FP8 hact's quantised rows in the same
-// pass: the down projection's operand (expert_forward with x_quantised).
-static void expert_swiglu(const Model *m, void *hact, const void *gu, const int32_t *off, size_t El, size_t H,
-                          size_t Rr) {
-    const Fp8Operands *q = m->fp8;
-    if (q)
-        m->ops->swiglu_forward_fp8(hact, q->rows, q->row_scales, gu, off, El, Rr, H, q->how,
-                                   fp8_counts(q, FP8_CLASS_ACTIVATIONS));
-    else m->ops->swiglu_forward(hact, gu, Rr, H, off, El);
-}
-
-// In FP8, dout's token-major copy (the weight gradient's operand) in expert_backward: made there
-// when dw is wanted; made beside dout's rows though dw is not wanted yet (KEEP: the next call, with
-// the same dout, takes it); or made by the call before (KEPT: not made again).
+// In FP8, dout's token-major copy (the weight gradient's operand) in fp8_backward: made there when
+// dw is wanted; made beside dout's rows though dw is not wanted yet (KEEP: the next call, with the
+// same dout, takes it); or made by the call before (KEPT: not made again).
 typedef enum { DOUT_T_MAKE, DOUT_T_KEEP, DOUT_T_KEPT } DoutCopy;
 
-// dx (Rr, K) = dout . w[e]; dw (El, N, K) f32 += dout^T . x per expert (either skipped when NULL),
-// with the compute weights at offset w: in act precision, or in FP8 (the input gradient from
-// quantised rows of dout and the weights' transposed FP8 copy, the weight gradient from token-major
-// copies of dout and x; dout's two copies from one read of it when both are made here).
-static void expert_backward(const Model *m, void *dx, void *dw, const void *dout, const void *x, size_t w,
-                            const int32_t *off, size_t El, size_t N, size_t K, size_t Rr, DoutCopy dout_t) {
+// Its backward in FP8 (groups as fp8_forward's): dx (R, K) = dout . w[e] from quantised rows of dout
+// and the weights' transposed FP8 copy; dw (El, N, K) f32 += dout^T . x per group from token-major
+// copies of dout and x (either skipped when NULL); dout's two copies from one read of it when both
+// are made here.
+static void fp8_backward(const Model *m, void *dx, void *dw, const void *dout, const void *x, size_t w,
+                         const int32_t *off, size_t El, size_t N, size_t K, size_t R, DoutCopy dout_t) {
     const Ops *ops = m->ops;
     const Fp8Operands *q = m->fp8;
-    if (!q) {
-        ops->grouped_matmul_backward(dx, dw, dout, x, W(m, w), off, El, N, K, Rr);
-        return;
-    }
     Fp8Weights wq = fp8_weights_at(m, w, N, K);
     // every read of dout and x before dx is written
     uint64_t *grads = fp8_counts(q, FP8_CLASS_GRADIENTS);
     bool make_t = dout_t == DOUT_T_KEEP || (dw && dout_t == DOUT_T_MAKE);
     if (dx && make_t)
-        ops->fp8_quantize_rows_cols(q->rows, q->row_scales, q->dout_t, q->dout_t_scales, dout, off, El, Rr, N, q->how,
+        ops->fp8_quantize_rows_cols(q->rows, q->row_scales, q->dout_t, q->dout_t_scales, dout, off, El, R, N, q->how,
                                     grads);
-    else if (dx) ops->fp8_quantize_rows(q->rows, q->row_scales, dout, off, El, Rr, N, q->how, grads);
-    else if (make_t) ops->fp8_quantize_cols(q->dout_t, q->dout_t_scales, dout, off, El, Rr, N, q->how, grads);
-    if (dw) ops->fp8_quantize_cols(q->x_t, q->x_t_scales, x, off, El, Rr, K, q->how, fp8_counts(q, FP8_CLASS_ACTIVATIONS));
-    if (dx) ops->fp8_grouped_matmul(dx, q->rows, q->row_scales, wq.qt, wq.scales_t, off, El, K, N, Rr);
-    if (dw) ops->fp8_grouped_matmul_wgrad(dw, q->dout_t, q->dout_t_scales, q->x_t, q->x_t_scales, off, El, N, K, Rr);
+    else if (dx) ops->fp8_quantize_rows(q->rows, q->row_scales, dout, off, El, R, N, q->how, grads);
+    else if (make_t) ops->fp8_quantize_cols(q->dout_t, q->dout_t_scales, dout, off, El, R, N, q->how, grads);
+    if (dw) ops->fp8_quantize_cols(q->x_t, q->x_t_scales, x, off, El, R, K, q->how, fp8_counts(q, FP8_CLASS_ACTIVATIONS));
+    if (dx) fp8_product(m, dx, wq.qt, wq.scales_t, off, El, K, N, R);
+    if (dw) ops->fp8_grouped_matmul_wgrad(dw, q->dout_t, q->dout_t_scales, q->x_t, q->x_t_scales, off, El, N, K, R);
+}
+
+// Per expert, out (Rr, N) = x (Rr, K) . w[e] (N, K)^T with the compute weights at offset w: in act
+// precision, or in FP8 (fp8_forward; x_quantised as there).
+static void expert_forward(const Model *m, void *out, const void *x, bool x_quantised, size_t w, const int32_t *off,
+                           size_t El, size_t N, size_t K, size_t Rr) {
+    if (m->fp8) fp8_forward(m, out, x, x_quantised, w, off, El, N, K, Rr);
+    else m->ops->grouped_matmul_forward(out, x, W(m, w), off, El, N, K, Rr);
+}
+
+// dx (Rr, K) = dout . w[e]; dw (El, N, K) f32 += dout^T . x per expert (either skipped when NULL),
+// with the compute weights at offset w: in act precision, or in FP8 (fp8_backward, dout_t as there).
+static void expert_backward(const Model *m, void *dx, void *dw, const void *dout, const void *x, size_t w,
+                            const int32_t *off, size_t El, size_t N, size_t K, size_t Rr, DoutCopy dout_t) {
+    if (m->fp8) fp8_backward(m, dx, dw, dout, x, w, off, El, N, K, Rr, dout_t);
+    else m->ops->grouped_matmul_backward(dx, dw, dout, x, W(m, w), off, El, N, K, Rr);
+}
+
+// The FP8 operands of the dense linear layers' products; NULL: those run in act precision.
+static const Fp8Operands *dense_fp8(const Model *m) { return m->fp8 && m->fp8->dense ? m->fp8 : NULL; }
+
+// Where a dense FP8 product of (T, width) writes: an FP8 product only writes its output (the sm90
+// kernels' epilogue adds no source here), so one that adds to its output (accumulate; every such
+// output is (T, D)) writes Fp8Operands.sum and fp8_accumulate adds it: out + bf16(product), one
+// rounding more than the act-precision product's out + product. Scratch and an add rather than an
+// accumulating FP8 kernel: no kernel changes, and the sum's buffer costs no memory (Scratch.dxf).
+static void *fp8_target(const Model *m, void *out, bool accumulate, size_t width) {
+    MOE_ASSERT(!accumulate || width == (size_t)m->cfg.d_model);
+    return accumulate ? m->fp8->sum : out;
+}
+
+static void fp8_accumulate(const Model *m, void *out, bool accumulate, size_t n) {
+    if (accumulate) m->ops->add(out, out, m->fp8->sum, n);
+}
+
+// A dense linear layer, out (T, N) (= or +=) x (T, K) . w (N, K)^T with the compute weights at
+// offset w: in act precision, or (dense_fp8) in FP8 (fp8_forward; x_quantised as there).
+static void dense_forward(const Model *m, void *out, const void *x, bool x_quantised, size_t w, size_t T, size_t N,
+                          size_t K, bool accumulate) {
+    if (!dense_fp8(m)) {
+        m->ops->matmul_forward(out, x, W(m, w), T, N, K, accumulate);
+        return;
+    }
+    fp8_forward(m, fp8_target(m, out, accumulate, N), x, x_quantised, w, NULL, 1, N, K, T);
+    fp8_accumulate(m, out, accumulate, T * N);
+}
+
+// Its backward: dx (T, K) (= or += with accumulate_dx) dout . w; dw (N, K) f32 += dout^T . x.
+static void dense_backward(const Model *m, void *dx, void *dw, const void *dout, const void *x, size_t w, size_t T,
+                           size_t N, size_t K, bool accumulate_dx) {
+    if (!dense_fp8(m)) {
+        m->ops->matmul_backward(dx, dw, dout, x, W(m, w), T, N, K, accumulate_dx);
+        return;
+    }
+    fp8_backward(m, fp8_target(m, dx, accumulate_dx, K), dw, dout, x, w, NULL, 1, N, K, T, DOUT_T_MAKE);
+    fp8_accumulate(m, dx, accumulate_dx, T * K);
+}
+
+// A SwiGLU, hact (R, H) from gu (R, 2H) on the rows of the El groups of off (NULL: all R rows), and
+// with FP8 operands q (NULL: none) the quantised rows of hact in the same pass: the down
+// projection's operand (fp8_forward with x_quantised).
+static void swiglu_fp8(const Model *m, const Fp8Operands *q, void *hact, const void *gu, const int32_t *off,
+                       size_t El, size_t H, size_t R) {
+    if (q)
+        m->ops->swiglu_forward_fp8(hact, q->rows, q->row_scales, gu, off, El, R, H, q->how,
+                                   fp8_counts(q, FP8_CLASS_ACTIVATIONS));
+    else m->ops->swiglu_forward(hact, gu, R, H, off, El);
+}
+
+// A dense or shared SwiGLU MLP: out (T, D) (= or +=) down(swiglu(gu(in))).
+static void swiglu_mlp_forward(const Model *m, void *out, const void *in, void *gu, void *hact,
+                               size_t gu_w, size_t down_w, size_t T, size_t H, bool accumulate) {
+    size_t D = m->cfg.d_model;
+    dense_forward(m, gu, in, false, gu_w, T, 2 * H, D, false);
+    swiglu_fp8(m, dense_fp8(m), hact, gu, NULL, 0, H, T);
+    dense_forward(m, out, hact, true, down_w, T, D, H, accumulate);
 }
 
 // One MoE call's expert work on chunk [e0, e1) of its local experts (moe_exchange_pipeline): the
@@ -747,7 +852,7 @@ static void experts_forward(void *ctx, size_t e0, size_t e1) {
     const int32_t *off = chunk_offsets(w, e0);
     void *hact = experts_hact(m, w->x);
     expert_forward(m, w->x->gu, w->x->xe, false, expert_tensor(p->experts_gu, e0, 2 * H, D), off, n, 2 * H, D, w->Rr);
-    expert_swiglu(m, hact, w->x->gu, off, n, H, w->Rr);
+    swiglu_fp8(m, m->fp8, hact, w->x->gu, off, n, H, w->Rr);
     expert_forward(m, w->ye, hact, true, expert_tensor(p->experts_down, e0, D, H), off, n, D, H, w->Rr);
 }
 
@@ -781,11 +886,11 @@ static void attention_forward(Model *m, int l, LayerActs *x, const void *in, Att
     const ModelConfig *c = &m->cfg;
     const LayerParams *p = &m->layer[l];
     size_t T = d.B * d.S, D = c->d_model, C = model_qkv_width(c);
-    ops->matmul_forward(x->qkv_raw, in, W(m, p->wqkv), T, C, D, false);
+    dense_forward(m, x->qkv_raw, in, false, p->wqkv, T, C, D, false);
     ops->qkv_norm_rope_forward(x->qkv, x->qk_rstd, x->qkv_raw, W(m, p->q_norm), W(m, p->k_norm),
                                m->rope, d, c->qk_norm, (float)c->norm_eps);
     ops->attention_forward(x->att, x->att_lse, x->qkv, d);
-    ops->matmul_forward(x->ap, x->att, W(m, p->wo), T, D, d.Hq * d.hd, false);
+    dense_forward(m, x->ap, x->att, false, p->wo, T, D, d.Hq * d.hd, false);
 }
 
 // pre-norm:   h = x + attn(norm1(x));  out = h + ffn(norm2(h))
@@ -864,12 +969,11 @@ static void swiglu_recompute(const Model *m, void *hact, const void *gu, size_t 
 static void swiglu_mlp_backward(const Model *m, void *din, const void *dout, const void *in,
                                 const void *gu, void *hact, size_t gu_w, size_t down_w,
                                 size_t T, size_t H, bool accumulate) {
-    const Ops *ops = m->ops;
     size_t D = m->cfg.d_model;
     swiglu_recompute(m, hact, gu, T, H, NULL, 0);
-    ops->matmul_backward(m->s.dhact, G(m, down_w), dout, hact, W(m, down_w), T, D, H, false);
-    ops->swiglu_backward(m->s.dgu, m->s.dhact, gu, NULL, T, H, NULL, 0);
-    ops->matmul_backward(din, G(m, gu_w), m->s.dgu, in, W(m, gu_w), T, 2 * H, D, accumulate);
+    dense_backward(m, m->s.dhact, G(m, down_w), dout, hact, down_w, T, D, H, false);
+    m->ops->swiglu_backward(m->s.dgu, m->s.dhact, gu, NULL, T, H, NULL, 0);
+    dense_backward(m, din, G(m, gu_w), m->s.dgu, in, gu_w, T, 2 * H, D, accumulate);
 }
 
 // Selective recompute: router scores again from the kept logits and, with one expert-parallel rank,
@@ -949,7 +1053,7 @@ static void attention_backward(Model *m, int l, LayerActs *x, void *din, const v
     const LayerParams *p = &m->layer[l];
     const Scratch *s = &m->s;
     size_t T = d.B * d.S, D = c->d_model, C = model_qkv_width(c);
-    ops->matmul_backward(s->datt, G(m, p->wo), dout, x->att, W(m, p->wo), T, D, d.Hq * d.hd, false);
+    dense_backward(m, s->datt, G(m, p->wo), dout, x->att, p->wo, T, D, d.Hq * d.hd, false);
     if (m->recompute == RECOMPUTE_SELECTIVE) // the forward's values again (the same kernel on the same inputs)
         ops->qkv_norm_rope_forward(x->qkv, x->qk_rstd, x->qkv_raw, W(m, p->q_norm), W(m, p->k_norm), m->rope, d,
                                    c->qk_norm, (float)c->norm_eps);
@@ -957,7 +1061,7 @@ static void attention_backward(Model *m, int l, LayerActs *x, void *din, const v
     ops->qkv_norm_rope_backward(s->dqkv_raw, G(m, p->q_norm), G(m, p->k_norm), s->dqkv, x->qkv_raw,
                                 W(m, p->q_norm), W(m, p->k_norm), x->qk_rstd, m->rope, d,
                                 c->qk_norm);
-    ops->matmul_backward(din, G(m, p->wqkv), s->dqkv_raw, in, W(m, p->wqkv), T, C, D, accumulate);
+    dense_backward(m, din, G(m, p->wqkv), s->dqkv_raw, in, p->wqkv, T, C, D, accumulate);
 }
 
 // Selective recompute, pre-norm: a norm's output again from its kept input (the forward's kernel
@@ -978,12 +1082,12 @@ static void layer_recompute(Model *m, int l, const ForwardArgs *a) {
 }
 
 // Selective recompute, pre-norm: the residual stream after attention, h = in + att Wo^T, again (the
-// forward's kernels on the same inputs, so the same values) into its shared buffer.
+// forward's kernels on the same inputs, FP8 or not, so the same values) into its shared buffer.
 static void residual_recompute(const Model *m, LayerActs *x, const LayerParams *p, const void *in, size_t T) {
     if (m->recompute != RECOMPUTE_SELECTIVE) return;
     const ModelConfig *c = &m->cfg;
     size_t D = c->d_model;
-    m->ops->matmul_forward(x->ap, x->att, W(m, p->wo), T, D, (size_t)c->n_heads * c->head_dim, false);
+    dense_forward(m, x->ap, x->att, false, p->wo, T, D, (size_t)c->n_heads * c->head_dim, false);
     m->ops->add(x->h, in, x->ap, T * D);
 }
 

@@ -48,27 +48,36 @@ typedef struct {
     void *sgu, *sact;          // act (T, 2Hs), (T, Hs): shared expert
 } LayerActs;
 
-// One weight tensor of this rank's experts kept in FP8: a copy of the compute weights (El, N, K) at
-// flat offset `off`, in both layouts its products read, refreshed whenever the compute weights
-// change (model_quantize_expert_weights).
+// One weight tensor kept in FP8: a copy of the compute weights (El, N, K) at flat offset `off` (this
+// rank's El experts of a MoE layer, or a dense layer's weight with El = 1), in both layouts its
+// products read, refreshed whenever the compute weights change (model_quantize_fp8_weights).
 typedef struct {
     size_t off, El, N, K;
     void *q, *qt;              // e4m3 (El, N, K): the forward's; (El, K, N): the input gradient's
     void *scales, *scales_t;   // f32 (El, Kb, Nb), (El, Nb, Kb)
 } Fp8Weights;
 
-// The FP8 expert products' operands (model_enable_fp8; docs/FP8.md): the expert weights of every
-// MoE layer held here, kept from one change of the compute weights to the next, and the activation
-// operands, scratch shared by every layer and sized for the wider of the two expert products, for
-// Rr received rows over El local experts with Rt = fp8_expert_cols(Rr, El) token-major columns.
+// The FP8 products' operands (model_enable_fp8; docs/FP8.md): the weights of every product in FP8
+// held here, kept from one change of the compute weights to the next, and the activation operands,
+// scratch shared by every layer and product (nothing in it outlives a product). A product (N, K)
+// reads rows of its input (T, K) or output gradient (T, N) and token-major copies (N, Tt), (K, Tt):
+// the expert products Rr received rows over El local experts with Tt = fp8_expert_cols(Rr, El)
+// columns, the dense ones T = B S tokens with Tt = fp8_expert_cols(T, 1) (one group); each buffer
+// is sized for the larger need of the two kinds.
 typedef struct {
     Fp8Scaling how;
-    Fp8Weights *weights;        // (n_weights): per MoE layer held, gate|up (El, 2H, D) then down (El, D, H)
+    bool dense;                 // the dense linear layers' products too (QKV, output projection, dense
+                                // and shared MLPs), not only the experts'
+    Fp8Weights *weights;        // (n_weights): per layer held, with `dense` its wqkv (C, D), wo (D, Hq hd),
+                                // then the dense or shared MLP's gate|up (2H, D) and down (D, H); in a
+                                // MoE layer its experts' gate|up (El, 2H, D) then down (El, D, H)
     size_t n_weights;
     size_t weight_bytes;        // the bytes of their codes and scales (of Model.mem)
-    void *rows, *row_scales;    // e4m3 (Rr, max(D, 2H)), f32: the rows of a forward or input gradient
-    void *dout_t, *dout_t_scales; // e4m3 (max(2H, D), Rt), f32 (Rt / 128, max(2H, D)): token-major output gradient
-    void *x_t, *x_t_scales;       // e4m3 (max(D, H), Rt), f32 (Rt / 128, max(D, H)): token-major input
+    void *rows, *row_scales;    // e4m3 (Rr or T, max(N, K)), f32: the rows of a forward or input gradient
+    void *dout_t, *dout_t_scales; // e4m3 (N, Tt), f32 (Tt / 128, N): token-major output gradient
+    void *x_t, *x_t_scales;       // e4m3 (K, Tt), f32 (Tt / 128, K): token-major input
+    void *sum;                  // act (T, D): a dense product that adds to its output, before the add (the
+                                // FP8 products only write theirs); Scratch.dxf, free outside the head
     uint64_t *counts;           // u64 (FP8_CLASSES, FP8_COUNTS): what the quantisations counted (ops/fp8.h),
                                 // per class, since the trainer last zeroed them (each step)
 } Fp8Operands;
@@ -110,7 +119,8 @@ typedef struct {
     void *dtopk_w;            // f32 (T, K)
     void *row_w, *row_dot;    // f32 (Rr), one expert-parallel rank: each expert row's combine weight,
                               // and the gradient of that weight (moe_combine_weight_backward)
-    void *dxf;                // act (T, D) gradient of the final-norm output
+    void *dxf;                // act (T, D) gradient of the final-norm output (within the head's forward; the
+                              // FP8 dense products' Fp8Operands.sum outside it)
 } Scratch;
 
 // d(total loss) / d(each summed quantity a forward produces)
@@ -179,7 +189,7 @@ typedef struct {
     size_t logit_rows;           // rows per chunk
     Scratch s;
     MoeExchange xchg;            // how expert rows travel between expert-parallel ranks
-    Fp8Operands *fp8;            // the expert products in FP8 (model_enable_fp8); NULL: in act precision
+    Fp8Operands *fp8;            // the expert (and dense) products in FP8 (model_enable_fp8); NULL: in act precision
     MemPool mem;                 // every backend allocation (mem.bytes: their total size)
 } Model;
 
@@ -193,15 +203,16 @@ static inline size_t model_metric_router(const ModelConfig *c, int moe_index) {
 }
 
 // Runs the expert products of every MoE layer in FP8 with the given scaling (train.precision =
-// fp8), allocating their operand buffers: the FP8 copies of the expert weights, quantised here from
-// the compute weights as they are, and scratch for the activations (nothing in it outlives a
-// product). After model_init.
-void model_enable_fp8(Model *m, Fp8Scaling how);
-// Quantises the FP8 copies of the expert weights again from the compute weights (nothing when the
-// expert products are not in FP8), counted in the class FP8_CLASS_WEIGHTS. Whatever changes the
-// compute weights calls it once they are final: model_sync_compute_weights (initialisation,
-// checkpoint loads) and the optimizer step.
-void model_quantize_expert_weights(Model *m);
+// fp8) and, with `dense` (train.fp8_dense), the dense linear layers' products too (QKV, output
+// projection, dense and shared MLPs; not the router nor the LM head), allocating their operand
+// buffers: the FP8 copies of their weights, quantised here from the compute weights as they are,
+// and scratch for the activations (nothing in it outlives a product). After model_init.
+void model_enable_fp8(Model *m, Fp8Scaling how, bool dense);
+// Quantises the FP8 copies of the weights again from the compute weights (nothing when no product
+// is in FP8), counted in the class FP8_CLASS_WEIGHTS. Whatever changes the compute weights calls it
+// once they are final: model_sync_compute_weights (initialisation, checkpoint loads) and the
+// optimizer step.
+void model_quantize_fp8_weights(Model *m);
 
 // Builds the registry of this rank's tensors and allocates parameters, activations for n_slots
 // micro-batches in flight in each chunk (0: as many as the pipeline schedule of n_micro micro-batches

@@ -153,11 +153,13 @@ static void cost_grouped_backward(void *dx, void *dw, const void *d, const void 
     if (dw) grouped(KERNEL_GROUPED_WGRAD, E, N, K, R);
 }
 // FP8 (train.precision = fp8): the quantisations read act values and write a byte each (scales
-// aside); the products are priced at the grouped families' rates (calibrated in bf16) until a
-// calibration of their own exists: the forward and the input gradient share one op.
+// aside); the products are priced at the bf16 families' rates (grouped for the experts, dense for
+// the dense layers) until a calibration of their own exists: the expert forward and input gradient
+// share one op. Offsets NULL: one group of all R rows, a dense layer's operand.
+static double fp8_rows(size_t R, const int32_t *off) { return off ? expert_rows(R) : (double)R; }
 static void cost_fp8_rows(void *q, void *s, const void *x, const int32_t *off, size_t E, size_t R, size_t K,
                           Fp8Scaling h, uint64_t *n) {
-    bytes(KERNEL_ELEMENTWISE, expert_rows(R) * K * (A + 1));
+    bytes(KERNEL_ELEMENTWISE, fp8_rows(R, off) * K * (A + 1));
 }
 static void cost_swiglu_fp8(void *o, void *q, void *s, const void *g, const int32_t *off, size_t E, size_t R,
                             size_t H, Fp8Scaling h, uint64_t *n) {
@@ -165,11 +167,11 @@ static void cost_swiglu_fp8(void *o, void *q, void *s, const void *g, const int3
 }
 static void cost_fp8_cols(void *q, void *s, const void *x, const int32_t *off, size_t E, size_t R, size_t C,
                           Fp8Scaling h, uint64_t *n) {
-    bytes(KERNEL_ELEMENTWISE, expert_rows(R) * C * (A + 1));
+    bytes(KERNEL_ELEMENTWISE, fp8_rows(R, off) * C * (A + 1));
 }
 static void cost_fp8_rows_cols(void *q, void *s, void *qt, void *st, const void *x, const int32_t *off, size_t E,
                                size_t R, size_t K, Fp8Scaling h, uint64_t *n) {
-    bytes(KERNEL_ELEMENTWISE, expert_rows(R) * K * (A + 2));
+    bytes(KERNEL_ELEMENTWISE, fp8_rows(R, off) * K * (A + 2));
 }
 static void cost_fp8_weights(void *q, void *qt, void *s, void *st, const void *w, size_t E, size_t N, size_t K,
                              Fp8Scaling h, uint64_t *n) {
@@ -181,7 +183,12 @@ static void cost_fp8_grouped(void *o, const void *a, const void *as, const void 
 }
 static void cost_fp8_wgrad(void *dw, const void *d, const void *ds, const void *x, const void *xs,
                            const int32_t *off, size_t E, size_t N, size_t K, size_t R) {
-    grouped(KERNEL_GROUPED_WGRAD, E, N, K, R);
+    if (off) grouped(KERNEL_GROUPED_WGRAD, E, N, K, R);
+    else product(KERNEL_DENSE_GEMM, (double)N, (double)K, (double)R, 1);
+}
+static void cost_fp8_matmul(void *o, const void *a, const void *as, const void *b, const void *bs, size_t M, size_t N,
+                            size_t K) {
+    product(KERNEL_DENSE_GEMM, (double)M, (double)N, (double)K, 1);
 }
 static void cost_bias_update(void *b, const void *l, size_t E, float g) { bytes(KERNEL_OPTIMIZER, 3.0 * E * F); }
 static void cost_cross_entropy(void *l, void *acc, const int32_t *t, size_t N, size_t V, float ce, float z, bool g) {
@@ -216,6 +223,7 @@ const Ops *ops_costing(bool bf16_activations, CostSink *s) {
     o.fp8_quantize_rows = cost_fp8_rows, o.fp8_quantize_cols = cost_fp8_cols, o.fp8_quantize_weights = cost_fp8_weights;
     o.swiglu_forward_fp8 = cost_swiglu_fp8, o.fp8_quantize_rows_cols = cost_fp8_rows_cols;
     o.fp8_grouped_matmul = cost_fp8_grouped, o.fp8_grouped_matmul_wgrad = cost_fp8_wgrad;
+    o.fp8_matmul = cost_fp8_matmul;
     o.router_bias_update = cost_bias_update, o.cross_entropy = cost_cross_entropy;
     o.sum_squares = cost_sum_squares, o.adamw_update = cost_adamw;
     return &o;

@@ -301,16 +301,17 @@ typedef struct Ops {
     // (q, scales, out, offsets, E, R, H, how, counts) then writes them.
     void (*swiglu_forward_fp8)(void *out, void *q, void *scales, const void *gu, const int32_t *offsets,
                                size_t E, size_t R, size_t H, Fp8Scaling how, uint64_t *counts);
-    // The rows of each expert of x (R, C) act (offsets as grouped_matmul_forward), transposed, in
-    // blocks of 128 rows from the expert's first row: qt (C, Rt) e4m3 with Rt = fp8_expert_cols(R, E)
-    // and expert e's rows at columns [fp8_expert_col(offsets[e], e), + its rows); scales
-    // (Rt / 128, C) f32. Columns of no expert are all-zero blocks (codes 0, scale 1).
+    // The rows of each expert of x (R, C) act (offsets as grouped_matmul_forward; NULL: one group of
+    // all R rows with E = 1, a dense layer's), transposed, in blocks of 128 rows from the expert's
+    // first row: qt (C, Rt) e4m3 with Rt = fp8_expert_cols(R, E) and expert e's rows at columns
+    // [fp8_expert_col(offsets[e], e), + its rows); scales (Rt / 128, C) f32. Columns of no expert
+    // are all-zero blocks (codes 0, scale 1).
     void (*fp8_quantize_cols)(void *qt, void *scales, const void *x, const int32_t *offsets, size_t E,
                               size_t R, size_t C, Fp8Scaling how, uint64_t *counts);
-    // Both copies of one tensor from one read of it (the output gradient of an expert product, for
+    // Both copies of one tensor from one read of it (the output gradient of a product, for
     // the input and the weight gradient): q, scales bit for bit as fp8_quantize_rows(q, scales, x,
     // offsets, E, R, K, how) writes them and qt, scales_t as fp8_quantize_cols(qt, scales_t, x,
-    // offsets, E, R, K, how) does (offsets required); counted as those two quantisations are.
+    // offsets, E, R, K, how) does; counted as those two quantisations are.
     void (*fp8_quantize_rows_cols)(void *q, void *scales, void *qt, void *scales_t, const void *x,
                                    const int32_t *offsets, size_t E, size_t R, size_t K, Fp8Scaling how, uint64_t *counts);
     // w (E, N, K) act in 128x128 blocks: q (E, N, K) e4m3 and its transpose qt (E, K, N) e4m3 (the
@@ -325,8 +326,8 @@ typedef struct Ops {
                                const void *b_scales, const int32_t *offsets, size_t E, size_t N,
                                size_t K, size_t R);
     // Per expert, dw[e] (N, K) f32 += dout^T . x over the expert's rows, from their token-major
-    // copies (fp8_quantize_cols of the same offsets): dout_t (N, Rt) e4m3 with scales (Rt / 128, N),
-    // x_t (K, Rt) e4m3 with scales (Rt / 128, K).
+    // copies (fp8_quantize_cols of the same offsets, NULL included): dout_t (N, Rt) e4m3 with scales
+    // (Rt / 128, N), x_t (K, Rt) e4m3 with scales (Rt / 128, K).
     void (*fp8_grouped_matmul_wgrad)(void *dw, const void *dout_t, const void *dout_scales,
                                      const void *x_t, const void *x_scales, const int32_t *offsets,
                                      size_t E, size_t N, size_t K, size_t R);

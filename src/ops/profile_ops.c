@@ -107,7 +107,10 @@ WRAP(grouped_matmul_backward, PHASE_EXPERT_GEMM,
      (void *dx, void *dw, const void *d, const void *x, const void *w, const int32_t *off, size_t E, size_t N, size_t K,
       size_t R),
      (dx, dw, d, x, w, off, E, N, K, R))
-WRAP(fp8_quantize_rows, PHASE_EXPERT_GEMM,
+// The FP8 ops' phase: an expert GEMM's, or with NULL offsets (one group of all rows) a dense layer's.
+static ProfilePhase fp8_phase(const int32_t *off) { return off ? PHASE_EXPERT_GEMM : PHASE_DENSE_GEMM; }
+
+WRAP(fp8_quantize_rows, fp8_phase(off),
      (void *q, void *s, const void *x, const int32_t *off, size_t E, size_t R, size_t K, Fp8Scaling h, uint64_t *n),
      (q, s, x, off, E, R, K, h, n))
 // the SwiGLU's phase, which now also quantises its output (the quantisation alone: expert GEMMs)
@@ -115,10 +118,10 @@ WRAP(swiglu_forward_fp8, PHASE_REST,
      (void *o, void *q, void *s, const void *g, const int32_t *off, size_t E, size_t R, size_t H, Fp8Scaling h,
       uint64_t *n),
      (o, q, s, g, off, E, R, H, h, n))
-WRAP(fp8_quantize_cols, PHASE_EXPERT_GEMM,
+WRAP(fp8_quantize_cols, fp8_phase(off),
      (void *q, void *s, const void *x, const int32_t *off, size_t E, size_t R, size_t C, Fp8Scaling h, uint64_t *n),
      (q, s, x, off, E, R, C, h, n))
-WRAP(fp8_quantize_rows_cols, PHASE_EXPERT_GEMM,
+WRAP(fp8_quantize_rows_cols, fp8_phase(off),
      (void *q, void *s, void *qt, void *st, const void *x, const int32_t *off, size_t E, size_t R, size_t K,
       Fp8Scaling h, uint64_t *n),
      (q, s, qt, st, x, off, E, R, K, h, n))
@@ -129,10 +132,13 @@ WRAP(fp8_grouped_matmul, PHASE_EXPERT_GEMM,
      (void *o, const void *a, const void *as, const void *b, const void *bs, const int32_t *off, size_t E, size_t N,
       size_t K, size_t R),
      (o, a, as, b, bs, off, E, N, K, R))
-WRAP(fp8_grouped_matmul_wgrad, PHASE_EXPERT_GEMM,
+WRAP(fp8_grouped_matmul_wgrad, fp8_phase(off),
      (void *dw, const void *d, const void *ds, const void *x, const void *xs, const int32_t *off, size_t E, size_t N,
       size_t K, size_t R),
      (dw, d, ds, x, xs, off, E, N, K, R))
+WRAP(fp8_matmul, PHASE_DENSE_GEMM,
+     (void *o, const void *a, const void *as, const void *b, const void *bs, size_t M, size_t N, size_t K),
+     (o, a, as, b, bs, M, N, K))
 WRAP(router_bias_update, PHASE_OPTIMIZER, (void *b, const void *l, size_t E, float g), (b, l, E, g))
 WRAP(cross_entropy, PHASE_REST,
      (void *l, void *acc, const int32_t *t, size_t N, size_t V, float ce, float z, bool g), (l, acc, t, N, V, ce, z, g))
@@ -156,7 +162,7 @@ const Ops *ops_profiled(const Ops *backend) {
     SET(moe_exchange_plan), SET(moe_push_rows);
     SET(grouped_matmul_forward), SET(grouped_matmul_backward), SET(router_bias_update), SET(cross_entropy);
     SET(fp8_quantize_rows), SET(swiglu_forward_fp8), SET(fp8_quantize_cols), SET(fp8_quantize_weights);
-    SET(fp8_quantize_rows_cols), SET(fp8_grouped_matmul), SET(fp8_grouped_matmul_wgrad);
+    SET(fp8_quantize_rows_cols), SET(fp8_grouped_matmul), SET(fp8_grouped_matmul_wgrad), SET(fp8_matmul);
     SET(sum_squares), SET(adamw_update);
 #undef SET
     if (!events) {
@@ -183,7 +189,7 @@ int profile_collect(double ms[PROFILE_N_PHASES], ProfileOpTime ops[PROFILE_MAX_O
         double t = inner->event_elapsed_ms(events[2 * i], events[2 * i + 1]);
         ms[phases[i]] += t;
         int k = 0;
-        while (k < n_ops && ops[k].name != op_names[i]) k++; // names are the WRAP literals
+        while (k < n_ops && (ops[k].name != op_names[i] || ops[k].phase != phases[i])) k++; // names: WRAP literals
         if (k == n_ops) {
             MOE_CHECK(n_ops < PROFILE_MAX_OPS, "profiler: more than %d distinct ops", PROFILE_MAX_OPS);
             ops[n_ops++] = (ProfileOpTime){op_names[i], phases[i], 0, 0};

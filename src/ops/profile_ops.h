@@ -23,5 +23,6 @@ typedef struct {
 } ProfileOpTime;
 
 // Milliseconds per phase of the calls since ops_profiled or profile_reset (waits for them), and the
-// same time per op, longest first; returns the number of ops.
+// same time per op and phase (an FP8 op serves experts and dense layers), longest first; returns the
+// number of such rows.
 int profile_collect(double ms[PROFILE_N_PHASES], ProfileOpTime ops[PROFILE_MAX_OPS]);

@@ -94,11 +94,15 @@ static const ConfigKey KEYS[] = {
                                             "selective (QK-norm + RoPE, norm, SwiGLU, router-score outputs and "
                                             "dispatched rows); full (only each layer's input kept, the forward "
                                             "rerun in the backward)"),
-    ENUM(train, precision, PRECISION_NAMES, "expert GEMMs in bf16 (fp32 on the CPU) or fp8: E4M3 operands with "
-                                            "fp32 block scales (train.fp8_recipe), emulated by the CPU backend"),
+    ENUM(train, precision, PRECISION_NAMES, "expert GEMMs and dense linear layers in bf16 (fp32 on the CPU) or "
+                                            "fp8: E4M3 operands with fp32 block scales (train.fp8_recipe; the "
+                                            "dense layers as train.fp8_dense says), emulated by the CPU backend"),
     ENUM(train, fp8_recipe, FP8_RECIPE_NAMES, "fp8 scaling: blockwise (DeepSeek-V3: 1x128 activation and 128x128 "
                                               "weight blocks, scale amax / 448) or blockwise_pow2 (power-of-two "
                                               "scales)"),
+    BOOL(train, fp8_dense, "with precision fp8: the dense linear layers (QKV and output projections, dense and "
+                           "shared MLPs) in FP8 too; false keeps them in bf16 beside FP8 experts (the router and "
+                           "the LM head always are)"),
     BOOL(train, deterministic, "GPU runs bitwise reproducible: cuDNN's deterministic attention backward "
                                "(every other kernel sums in a fixed order always; the CPU always is)"),
     REAL(train, comm_timeout, "seconds without progress before a rank of a multi-rank run ends "
@@ -140,7 +144,7 @@ void config_defaults(Config *c) {
         .lr = 3e-3, .min_lr_ratio = 0.1, .warmup = 30, .schedule = SCHED_COSINE,
         .weight_decay = 0.1, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .clip = 1.0,
         .seed = 1, .log_every = 10, .eval_every = 100, .eval_batches = 20,
-        .ckpt_every = 200, .keep_ckpts = 2,
+        .ckpt_every = 200, .keep_ckpts = 2, .fp8_dense = true,
     };
     snprintf(c->train.out, sizeof c->train.out, "runs/default");
     snprintf(c->train.device, sizeof c->train.device, "cpu");
@@ -378,15 +382,23 @@ static int check_device_limits(const Config *c, MoeErr err) {
     return limits ? model_config_check_limits(&c->model, limits, backend, err) : 0;
 }
 
-// FP8 expert products read E4M3 rows through TMA, which moves 16-byte units: every width they
-// multiply is a multiple of 16.
+// FP8 products read E4M3 rows through TMA, which moves 16-byte units: every width they multiply is
+// a multiple of 16 (the experts': d_model and expert_hidden; with train.fp8_dense the dense layers':
+// d_model, the QKV width, the attention output's and the dense and shared MLPs' hidden widths).
 static int check_precision(const Config *c, MoeErr err) {
     const ModelConfig *m = &c->model;
-    if (c->train.precision != PRECISION_FP8 || !model_n_moe_layers(m)) return 0;
-    if (m->d_model % 16 || m->expert_hidden % 16)
+    if (c->train.precision != PRECISION_FP8) return 0;
+    if (model_n_moe_layers(m) && (m->d_model % 16 || m->expert_hidden % 16))
         return moe_err(err, "train.precision = fp8 multiplies E4M3 rows of 16-byte units: model.d_model = %d and "
                        "model.expert_hidden = %d must be multiples of 16 (or use train.precision = bf16)",
                        m->d_model, m->expert_hidden);
+    size_t qkv = model_qkv_width(m), att = (size_t)m->n_heads * m->head_dim;
+    bool dense = m->n_dense_layers > 0 && m->dense_hidden % 16;
+    if (c->train.fp8_dense && (m->d_model % 16 || qkv % 16 || att % 16 || dense || m->shared_hidden % 16))
+        return moe_err(err, "train.fp8_dense multiplies the dense layers' E4M3 rows of 16-byte units: model.d_model "
+                       "= %d, the QKV width %zu, n_heads x head_dim = %zu, model.dense_hidden = %d (with dense "
+                       "layers) and model.shared_hidden = %d must be multiples of 16 (or set train.fp8_dense = false)",
+                       m->d_model, qkv, att, m->dense_hidden, m->shared_hidden);
     return 0;
 }
 

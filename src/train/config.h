@@ -8,8 +8,9 @@
 #include "model/config.h"
 
 typedef enum { SCHED_COSINE, SCHED_LINEAR, SCHED_CONSTANT } LrSchedule;
-// Number format of the expert GEMMs (train.precision): bf16 (fp32 on the CPU) or the FP8 recipe of
-// train.fp8_recipe (docs/FP8.md), which the CPU backend emulates.
+// Number format of the expert GEMMs and, with train.fp8_dense, the dense linear layers
+// (train.precision): bf16 (fp32 on the CPU) or the FP8 recipe of train.fp8_recipe (docs/FP8.md), which
+// the CPU backend emulates.
 typedef enum { PRECISION_BF16, PRECISION_FP8 } Precision;
 // FP8 scaling recipes: DeepSeek-V3's blocks (1x128 activations, 128x128 weights) with scales
 // amax / 448, or the same blocks with power-of-two scales.
@@ -36,8 +37,9 @@ typedef struct {
     int threads;               // OpenMP threads (0: all cores)
     bool deterministic;        // GPU: bitwise-reproducible steps (the CPU backend always is)
     Recompute recompute;       // activations recomputed in the backward instead of kept
-    Precision precision;       // the expert GEMMs' number format
+    Precision precision;       // the expert GEMMs' (and dense layers') number format
     Fp8Recipe fp8_recipe;      // with precision fp8: the scaling recipe
+    bool fp8_dense;            // with precision fp8: the dense linear layers in FP8 too (else act precision)
     double comm_timeout;       // seconds without progress before a multi-rank run ends (0: never)
     bool launch_ahead;         // each step queued before the previous one's metrics are read
 } TrainConfig;

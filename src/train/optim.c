@@ -113,7 +113,7 @@ void optim_step(Optimizer *o, Model *m, const TrainConfig *t, void *metrics) {
             s->group->ops->all_gather(s->group, model_act(m, m->params_act, s->shard_begin),
                                       model_act(m, m->params_act, s->begin), s->shard, COMM_ACT);
     }
-    model_quantize_expert_weights(m); // the compute weights are final: their FP8 copies follow
+    model_quantize_fp8_weights(m); // the compute weights are final: their FP8 copies follow
     if (c->bias_gamma > 0)
         for (int l = 0; l < c->n_layers; l++)
             if (model_holds_layer(m, l) && model_layer_is_moe(c, l))

@@ -75,7 +75,8 @@ void setup_single_process(Parallel *par, const Config *cfg) {
 
 void setup_precision(Model *m, const Config *cfg) {
     if (cfg->train.precision == PRECISION_FP8)
-        model_enable_fp8(m, cfg->train.fp8_recipe == FP8_RECIPE_BLOCKWISE_POW2 ? FP8_SCALE_POW2 : FP8_SCALE_AMAX);
+        model_enable_fp8(m, cfg->train.fp8_recipe == FP8_RECIPE_BLOCKWISE_POW2 ? FP8_SCALE_POW2 : FP8_SCALE_AMAX,
+                         cfg->train.fp8_dense);
 }
 
 void setup_plan_rank(const Config *cfg, int world, int rank, const Ops *ops, Parallel *par, Comm groups[4],
@@ -103,7 +104,7 @@ TrainMemory setup_memory_of(const Model *m, const Optimizer *o) {
 // The rows of a memory table (setup_print_memory, setup_memory_json): titles, keys and bytes.
 enum { MEMORY_ROWS = 9 };
 static const char *const MEMORY_TITLES[MEMORY_ROWS] = {
-    "fp32 master weights", "compute weights (act copy)", "FP8 expert weights", "gradients (fp32)",
+    "fp32 master weights", "compute weights (act copy)", "FP8 weights", "gradients (fp32)",
     "optimizer state (AdamW m, v)", "activations kept", "expert exchange buffers", "workspace and scratch", "total"};
 static const char *const MEMORY_KEYS[MEMORY_ROWS] = {"weights", "compute_weights", "fp8_weights", "grads", "optimizer",
                                                      "activations", "exchange", "scratch", "total"};

@@ -23,7 +23,8 @@ ParallelSpec setup_parallel_spec(const Config *cfg);
 // A one-process layout (every layer and expert here), for the commands that do not train.
 void setup_single_process(Parallel *par, const Config *cfg);
 
-// The expert GEMMs' number format of cfg (train.precision, train.fp8_recipe) on a model just made.
+// The number format of cfg's expert GEMMs and dense linear layers (train.precision, train.fp8_recipe,
+// train.fp8_dense) on a model just made.
 void setup_precision(Model *m, const Config *cfg);
 
 typedef struct {
@@ -32,7 +33,7 @@ typedef struct {
     // All bytes by purpose (with optimizer and activations they add up to total):
     double weights, compute_weights; // fp32 master weights (where there is a copy: this rank's shard);
                                      // their act copy (0 where they are the same)
-    double fp8_weights;              // FP8 copies of the expert weights (train.precision = fp8; else 0)
+    double fp8_weights;              // FP8 copies of the expert (and dense) weights (train.precision = fp8; else 0)
     double grads;                    // fp32 gradients, with the optimizer's reduced shards
     double exchange;                 // of activations: the expert exchange's buffers (Model.exchange_bytes)
     double scratch;                  // the rest: gradient scratch, LM-head chunk, tokens, tables, metrics

@@ -26,6 +26,7 @@ expect_error "override value not an integer" "must be an integer, got '1.5'" $MO
 expect_error "enum override lists choices" "one of softmax, sigmoid" $MOE train model.router=relu train.out="$tmp/never"
 expect_error "d_model not divisible by heads" "d_model = 130 is not divisible by model.n_heads = 4" $MOE train model.d_model=130 train.out="$tmp/never"
 expect_error "fp8 widths of 16-byte rows" "train.precision = fp8 .* model.d_model = 40 and model.expert_hidden = 256 must be multiples of 16" $MOE train model.d_model=40 model.n_heads=4 train.precision=fp8 train.out="$tmp/never"
+expect_error "fp8 dense widths of 16-byte rows" "train.fp8_dense .* the QKV width 48, n_heads x head_dim = 24, .* must be multiples of 16" $MOE train $TINY model.head_dim=12 train.precision=fp8 train.out="$tmp/never"
 expect_error "top_k larger than n_experts" "top_k = 9 is larger than model.n_experts = 8" $MOE train model.top_k=9 train.out="$tmp/never"
 expect_error "n_kv_heads does not divide n_heads" "n_kv_heads = 3 must divide model.n_heads = 4" $MOE train model.n_kv_heads=3 train.out="$tmp/never"
 expect_error "zero layers" "'model.n_layers' must be a positive integer, got 0" $MOE train model.n_layers=0 train.out="$tmp/never"
@@ -99,6 +100,15 @@ if run train.steps=30 train.precision=fp8 train.out="$tmp/fp8" && run train.step
         ok "fp8 training (CPU emulation): step-30 loss $a vs $b exact"
     else bad "fp8 training (CPU emulation) near exact" "fp8 $a, exact $b"; fi
 else bad "fp8 training runs" "$(tail -5 "$tmp/last.log")"; fi
+# train.fp8_dense=false: the dense layers in act precision beside FP8 experts (which then need no
+# dense widths of multiples of 16): another loss, as near exact.
+if run train.steps=30 train.precision=fp8 train.fp8_dense=false model.head_dim=12 train.out="$tmp/fp8_hd12" &&
+    run train.steps=30 train.precision=fp8 train.fp8_dense=false train.out="$tmp/fp8_experts"; then
+    c=$(losses "$tmp/fp8_experts" | tail -1 | cut -d: -f2)
+    if awk -v a="$a" -v b="$b" -v c="$c" 'BEGIN { d = c - b; if (d < 0) d = -d; exit !(d <= 0.02 * b && c != a && c != b) }'; then
+        ok "fp8 experts only: step-30 loss $c (dense layers in FP8 $a, exact $b)"
+    else bad "fp8 experts only: near exact, not the dense FP8 loss" "experts only $c, dense FP8 $a, exact $b"; fi
+else bad "fp8 experts only runs (any head width)" "$(tail -5 "$tmp/last.log")"; fi
 # Its FP8 counters: every step logs the values quantised per class and the shares flushed, saturated
 # and NaN (numbers in [0, 1], some values flushed); the exact run logs none.
 fp8_class='{"values":[1-9][0-9]*,[^}]*}'
@@ -125,7 +135,7 @@ if grep -qE "^throughput +[0-9,]+ tokens/s" <<<"$out" && grep -qE "^  expert GEM
 else bad "moe bench reports throughput, phases, expert load" "$out"; fi
 # Its memory table: the plan (a counting backend) is what the run allocated, row by row (the run adds
 # its metrics buffer), the rows add up to the total, and the JSON record holds them and the startup.
-rows=$(grep -E "^  (fp32 master|compute weights|FP8 expert weights|gradients|optimizer state|activations kept|expert exchange|workspace|total)" <<<"$out")
+rows=$(grep -E "^  (fp32 master|compute weights|FP8 weights|gradients|optimizer state|activations kept|expert exchange|workspace|total)" <<<"$out")
 if [ "$(wc -l <<<"$rows")" = 9 ] &&
    awk '{ p = $(NF-3); a = $(NF-1); if ((p - a)^2 > (0.01 * p)^2) bad = 1; if ($1 == "total") t = p; else s += p }
         END { exit bad || !(t > 0) || (s - t)^2 > (1e-3 * t)^2 }' <<<"$rows" &&

@@ -821,6 +821,26 @@ static void test_fp8_case(size_t E, const int *rows, size_t N, size_t K, Fp8Scal
     cpu->fp8_matmul(y.c, xq.c, xs.c, wq.c, ws.c, Rb, N, K), gpu->fp8_matmul(y.g, xq.g, xs.g, wq.g, ws.g, Rb, N, K);
     check_scaled("  fp8 dense product", &y, Rb * N, FP8_BF16_OUT, FP8_SUM, S);
     free(S);
+    // Its weight gradient: token-major copies of all Rb rows as one group (NULL offsets: the CUDA
+    // wrappers write {0, Rb} on the device), into a fresh (N, K).
+    size_t Rt0 = fp8_expert_cols(Rb, 1);
+    cpu->fp8_quantize_cols(xt.c, xts.c, x.c, NULL, 1, Rb, K, how, NULL);
+    gpu->fp8_quantize_cols(xt.g, xts.g, x.g, NULL, 1, Rb, K, how, NULL);
+    cpu->fp8_quantize_cols(dyt.c, dyts.c, dy.c, NULL, 1, Rb, N, how, NULL);
+    gpu->fp8_quantize_cols(dyt.g, dyts.g, dy.g, NULL, 1, Rb, N, how, NULL);
+    check("  token-major copies, one group", &xt, K * Rt0, 0, 0), check("  their scales", &xts, Rt0 / FP8_BLOCK * K, 0, 0);
+    check("  token-major gradient, one group", &dyt, N * Rt0, 0, 0);
+    check("  its scales", &dyts, Rt0 / FP8_BLOCK * N, 0, 0);
+    cpu->free(axt), cpu->free(adyt);
+    axt = abs_codes(&xt), adyt = abs_codes(&dyt);
+    sum = cpu_zeroed(N * K);
+    cpu->fp8_grouped_matmul_wgrad(sum, adyt, dyts.c, axt, xts.c, NULL, 1, N, K, Rb);
+    S = cpu_take(sum, N * K);
+    buf_random(&dw, 87, 1);
+    cpu->fp8_grouped_matmul_wgrad(dw.c, dyt.c, dyts.c, xt.c, xts.c, NULL, 1, N, K, Rb);
+    gpu->fp8_grouped_matmul_wgrad(dw.g, dyt.g, dyts.g, xt.g, xts.g, NULL, 1, N, K, Rb);
+    check_scaled("  fp8 dense weight gradient (one group, accumulates)", &dw, N * K, FP8_F32_OUT, FP8_SUM, S);
+    free(S);
     void *abs_bufs[] = {axq, awq, adyq, awqt, axt, adyt};
     for (size_t i = 0; i < sizeof abs_bufs / sizeof abs_bufs[0]; i++) cpu->free(abs_bufs[i]);
     Buf *all[] = {&off, &x, &dy, &w, &xq, &xs, &dyq, &dys, &wq, &wqt, &ws, &wst, &xt, &xts, &dyt, &dyts, &y, &dx, &dw};

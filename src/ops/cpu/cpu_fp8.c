@@ -34,6 +34,12 @@ static float fp8_quantize_block(uint8_t *q, size_t qr, size_t qc, const real *x,
 
 static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
 
+// The first row and the rows of group g of offsets (NULL: one group of all R rows).
+static void fp8_group(const int32_t *offsets, size_t g, size_t R, size_t *r0, size_t *rows) {
+    *r0 = offsets ? (size_t)offsets[g] : 0;
+    *rows = offsets ? (size_t)offsets[g + 1] - *r0 : R;
+}
+
 void cpu_fp8_quantize_rows(void *q_, void *scales_, const void *x_, const int32_t *offsets, size_t E, size_t R,
                            size_t K, Fp8Scaling how, uint64_t *counts) {
     uint8_t *q = q_;
@@ -41,7 +47,8 @@ void cpu_fp8_quantize_rows(void *q_, void *scales_, const void *x_, const int32_
     const real *x = x_;
     size_t Kb = fp8_blocks(K);
     for (size_t g = 0; g < (offsets ? E : 1); g++) {
-        size_t r0 = offsets ? (size_t)offsets[g] : 0, rows = offsets ? (size_t)offsets[g + 1] - r0 : R;
+        size_t r0, rows;
+        fp8_group(offsets, g, R, &r0, &rows);
 #pragma omp parallel for schedule(static)
         for (size_t i = 0; i < rows; i++)
             for (size_t kb = 0; kb < Kb; kb++) {
@@ -68,7 +75,9 @@ void cpu_fp8_quantize_cols(void *qt_, void *scales_, const void *x_, const int32
     memset(qt, 0, C * Rt);
     for (size_t i = 0; i < Rt / FP8_BLOCK * C; i++) scales[i] = 1;
     for (size_t e = 0; e < E; e++) {
-        size_t r0 = (size_t)offsets[e], rows = (size_t)(offsets[e + 1] - offsets[e]), p = fp8_expert_col(r0, e);
+        size_t r0, rows;
+        fp8_group(offsets, e, R, &r0, &rows);
+        size_t p = fp8_expert_col(r0, e);
 #pragma omp parallel for schedule(static)
         for (size_t c = 0; c < C; c++)
             for (size_t j = 0; j < fp8_blocks(rows); j++) {
@@ -175,7 +184,9 @@ void cpu_fp8_grouped_matmul_wgrad(void *dw, const void *dout_t, const void *dout
                                   size_t R) {
     size_t Rt = fp8_expert_cols(R, E);
     for (size_t e = 0; e < E; e++) {
-        size_t r0 = (size_t)offsets[e], rows = (size_t)(offsets[e + 1] - offsets[e]), p = fp8_expert_col(r0, e);
+        size_t r0, rows;
+        fp8_group(offsets, e, R, &r0, &rows);
+        size_t p = fp8_expert_col(r0, e);
         Fp8Operand A = fp8_token_major(dout_t, dout_scales, p, Rt, N), B = fp8_token_major(x_t, x_scales, p, Rt, K);
         fp8_gemm((real *)dw + e * N * K, K, &A, &B, N, K, rows, true);
     }

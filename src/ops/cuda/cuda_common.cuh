@@ -44,6 +44,10 @@ void cuda_init(void);
 // recorded as a graph (a captured step never reallocates).
 void *cuda_grow_scratch(void **buf, size_t *have, size_t bytes);
 
+// Row offsets {0, rows} (2) i32 of one group in device memory, written in stream order before the
+// next kernel reads them (cuda_fp8.cu): the FP8 ops' NULL offsets, one group of all rows.
+const int32_t *cuda_fp8_one_group(size_t rows);
+
 // dst (cols) f32 += the sum over rows of part (rows, stride) f32, in a fixed order (cuda_dense.cu):
 // the deterministic second half of the reductions that write a row of partial sums per block.
 void cuda_add_column_sums(float *dst, const float *part, size_t rows, size_t cols, size_t stride);

@@ -410,6 +410,7 @@ static void fp8_quantize_cols_launch(void *qt, void *scales_t, void *q, void *sc
                                      const int32_t *offsets, size_t E, size_t R, size_t C, Fp8Scaling how,
                                      uint64_t *counts) {
     if (!C) return;
+    if (!offsets) offsets = cuda_fp8_one_group(R);
     size_t Rt = fp8_expert_cols(R, E);
     bool vec = C % 8 == 0 && aligned16(x) && aligned16(qt) && (uintptr_t)q % 8 == 0;
     dim3 grid((unsigned)fp8_blocks(C), (unsigned)(Rt / FP8_BLOCK));
@@ -501,14 +502,18 @@ extern "C" void cuda_fp8_quantize_weights(void *q, void *qt, void *scales, void 
 
 __global__ void fp8_one_group(int32_t *offsets, int32_t rows) { offsets[0] = 0, offsets[1] = rows; }
 
-extern "C" void cuda_fp8_matmul(void *out, const void *a, const void *a_scales, const void *b, const void *b_scales,
-                                size_t M, size_t N, size_t K) {
+const int32_t *cuda_fp8_one_group(size_t rows) {
     static void *buf;
     static size_t have;
     int32_t *offsets = (int32_t *)cuda_grow_scratch(&buf, &have, 2 * sizeof(int32_t));
-    fp8_one_group<<<1, 1, 0, cuda_ctx.stream>>>(offsets, (int32_t)M);
+    fp8_one_group<<<1, 1, 0, cuda_ctx.stream>>>(offsets, (int32_t)rows);
     CUDA_LAUNCH_CHECK();
-    cuda_fp8_grouped_matmul(out, a, a_scales, b, b_scales, offsets, 1, N, K, M);
+    return offsets;
+}
+
+extern "C" void cuda_fp8_matmul(void *out, const void *a, const void *a_scales, const void *b, const void *b_scales,
+                                size_t M, size_t N, size_t K) {
+    cuda_fp8_grouped_matmul(out, a, a_scales, b, b_scales, cuda_fp8_one_group(M), 1, N, K, M);
 }
 
 // Every fp32 bit pattern through fp8_e4m3_encode (the hardware conversion here) and
