@@ -5,7 +5,8 @@
 # benchmark the configs of configs/bench/. Numbers and logs go to $OUT (the device tool brings them
 # back). Stages: all (default) or a list, e.g. "build test kernels"; "fp8" (not in the default list)
 # checks and measures the FP8 recipe (scale-E8 in bf16, in fp8, and in fp8 with the dense layers in
-# bf16), "fp8loss" (neither) trains 2,000 steps in bf16 and in fp8. Carry .deps/include (CUTLASS and cuDNN frontend headers from
+# bf16), "fp8loss" (neither) trains 2,000 steps in bf16 and in fp8, "overlap" (neither) checks and
+# times train.optimizer_overlap. Carry .deps/include (CUTLASS and cuDNN frontend headers from
 # scripts/setup.sh) and .deps/debs (the JSON, xxHash and PCRE2 packages).
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
@@ -157,6 +158,25 @@ if has fp8loss; then
          END { printf "after warm-up (step > 200) the 20-step averages differ by at most %.2f%% (step %d)\n", 100 * w, at }' \
         "$OUT/fp8_loss.tsv" | tee -a "$OUT/summary.txt"
     for p in bf16 fp8; do say "$p validation: $(grep -o 'val loss [0-9.]*' runs/loss_$p.log | tr '\n' ' ')"; done
+fi
+
+if has overlap; then
+    # train.optimizer_overlap (each step's update beside the next forward): the default model with
+    # evaluations and checkpoints mid-run (deterministic), with and without it: bitwise the same losses
+    # and checkpoints; then scale-E64's step both ways.
+    for v in false true; do
+        rm -rf runs/overlap-$v
+        timeout 200 ./moe train train.device=cuda train.deterministic=true train.steps=60 train.eval_every=25 \
+            train.ckpt_every=30 train.optimizer_overlap=$v train.out=runs/overlap-$v > runs/overlap_$v.log 2>&1
+        timeout 240 ./moe bench configs/bench/scale-E64.json train.optimizer_overlap=$v > runs/bench_overlap_$v.txt 2>&1
+        cat runs/overlap_$v.log >> "$OUT/train.log"; cat runs/bench_overlap_$v.txt >> "$OUT/bench.txt"
+        say "scale-E64, train.optimizer_overlap=$v: $(grep -E '^throughput' runs/bench_overlap_$v.txt | tr -s ' ')"
+    done
+    same=$(for s in 30 60; do for f in runs/overlap-false/step-$s/*.safetensors; do
+        cmp -s "$f" "runs/overlap-true/step-$s/${f##*/}" || echo "step-$s/${f##*/} differs"; done; done)
+    [ "$(losses runs/overlap-false)" = "$(losses runs/overlap-true)" ] && [ -z "$same" ] &&
+        say "optimizer overlap: bitwise the same 60 losses and checkpoints" ||
+        say "optimizer overlap: DIFFERENT losses or checkpoints $same"
 fi
 
 if has bench; then

@@ -515,6 +515,58 @@ static void test_fp8_dense_memory(void) {
               weights + scratch + counters, without, counters);
 }
 
+// train.optimizer_overlap: a step's update is left pending, the weights as they were; completed unit
+// by unit (as the next step's forward asks for them) or by a flush after the first unit, it gives
+// bitwise the weights and moments of the update made at once, with clipping that bites, and zeroes
+// the gradients it read.
+static void test_optimizer_overlap(void) {
+    Config cfg;
+    config_defaults(&cfg);
+    cfg.model = small_model();
+    cfg.train.clip = 1e-3;
+    size_t B = 1, S = 4;
+    Parallel par;
+    test_single_parallel(&par, &cfg.model);
+    int32_t seqs[5];
+    for (int i = 0; i < 5; i++) seqs[i] = (int32_t)(rng_hash64(7, (uint64_t)i) % 17);
+    Model m[3];
+    Optimizer o[3];
+    real *metrics = calloc(model_metrics_len(&cfg.model), sizeof(real)), *before = NULL;
+    for (int k = 0; k < 3; k++) {
+        model_init(&m[k], &cfg.model, ops_cpu(), &par, B, S, 1, 1, RECOMPUTE_NONE);
+        optim_init(&o[k], &m[k]);
+        o[k].overlap = k > 0;
+        model_init_weights(&m[k], 5);
+        if (k == 0) before = malloc(m[k].reg.total * sizeof(real)), memcpy(before, m[k].params, m[k].reg.total * sizeof(real));
+        StepInfo info = optim_step_info(&cfg.train, 1);
+        m[k].ops->upload(m[k].step_info, &info, sizeof info);
+        ForwardArgs a = {.B = B, .S = S, .train = true, .scales = {.ce = 1.0f / (B * S)}, .metrics = metrics};
+        memset(metrics, 0, model_metrics_len(&cfg.model) * sizeof(real));
+        model_set_batch(&m[k], 0, seqs, B, S);
+        model_forward(&m[k], &a);
+        model_backward(&m[k], &a);
+        optim_step(&o[k], &m[k], &cfg.train, metrics);
+    }
+    CHECK_MSG(metrics[METRIC_GRAD_NORM_SQ] > 1e-6f, "gradient norm^2 %g: no clipping", (double)metrics[METRIC_GRAD_NORM_SQ]);
+    size_t bytes = m[0].reg.total * sizeof(real);
+    CHECK_MSG(!optim_pending(&o[0], &m[0]) && optim_pending(&o[1], &m[1]) && !memcmp(m[1].params, before, bytes) &&
+              memcmp(m[0].params, before, bytes), "the update ran at once, or left pending with changed weights");
+    for (int u = -1; u <= cfg.model.n_layers; u++) optim_unit_begins(&o[1], &m[1], u);
+    optim_unit_begins(&o[2], &m[2], -1);
+    optim_flush(&o[2], &m[2]);
+    for (int k = 0; k < 3; k++) {
+        size_t n = o[k].region[PARAM_EXPERT].shard * sizeof(real), nonzero = 0;
+        for (size_t i = 0; i < m[k].reg.total; i++) nonzero += ((real *)m[k].grads)[i] != 0;
+        CHECK_MSG(!optim_pending(&o[k], &m[k]) && !memcmp(m[k].params, m[0].params, bytes) &&
+                  !memcmp(o[k].region[PARAM_EXPERT].v, o[0].region[PARAM_EXPERT].v, n) && nonzero == 0,
+                  "model %d: pending %d, weights or moments differ from the update at once, %zu gradients not zeroed",
+                  k, optim_pending(&o[k], &m[k]), nonzero);
+    }
+    for (int k = 0; k < 3; k++) model_free(&m[k]);
+    free(metrics), free(before);
+    test_free_parallel(&par);
+}
+
 static void test_lr_schedule(void) {
     TrainConfig t = {.steps = 110, .lr = 1.0, .min_lr_ratio = 0.1, .warmup = 10, .schedule = SCHED_COSINE};
     CHECK_CLOSE(optim_lr(&t, 1), 1.0 / 11, 1e-12, 0);
@@ -697,6 +749,7 @@ const TestCase train_tests[] = {
     {"model_fp8_step", test_fp8_step},
     {"model_fp8_weight_copies", test_fp8_weight_copies},
     {"model_fp8_dense_memory", test_fp8_dense_memory},
+    {"train_optimizer_overlap", test_optimizer_overlap},
     {"train_lr_schedule", test_lr_schedule},
     {"train_step_report", test_step_report},
     {"train_records_without_nan", test_records_without_nan},

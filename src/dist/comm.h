@@ -29,6 +29,8 @@ typedef struct {
     void (*reduce_scatter_sum)(Comm *c, const void *send, void *recv, size_t n, CommType t);
     // recv (n) on rank `root` = the sum over ranks of send (n); recv is not touched elsewhere
     void (*reduce_sum)(Comm *c, const void *send, void *recv, size_t n, CommType t, int root);
+    // buf (n) on every rank = buf on rank `root` (in place)
+    void (*broadcast)(Comm *c, void *buf, size_t n, CommType t, int root);
     // recv (size x n) = every rank's send (n) in rank order; in place when send == recv + rank * n
     void (*all_gather)(Comm *c, const void *send, void *recv, size_t n, CommType t);
     // send holds size blocks (block j: send_counts[j] elements for rank j, back to back); recv gets
@@ -81,6 +83,11 @@ static inline void *comm_at(const Comm *c, const void *buf, size_t i, CommType t
 // buffer that is final while the rest is still being written.
 void comm_reduce_scatter_part(Comm *c, const void *send, void *recv, size_t n, size_t a, size_t b,
                               CommType t);
+
+// Part of an in-place all-gather: of the elements [a, b) of buf (size x n), those inside rank r's
+// block [r n, (r + 1) n) come from rank r; the rest of buf is not touched. [0, size n) is the whole
+// all_gather (rank r's block of buf its send). Lets a gather deliver what is final first.
+void comm_all_gather_part(Comm *c, void *buf, size_t n, size_t a, size_t b, CommType t);
 
 // Collective on host memory: whether every rank holds the same `text` (lines such as "key = value").
 // The ranks compare 64-bit digests; when one differs, every rank receives every text and returns

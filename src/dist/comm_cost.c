@@ -13,6 +13,9 @@ static void cost_reduce_scatter(Comm *c, const void *send, void *recv, size_t n,
 static void cost_reduce(Comm *c, const void *send, void *recv, size_t n, CommType t, int root) {
     charge(c, COMM_COST_REDUCE_SCATTER, t, (double)n);
 }
+static void cost_broadcast(Comm *c, void *buf, size_t n, CommType t, int root) {
+    charge(c, COMM_COST_ALL_GATHER, t, (double)n);
+}
 static void cost_all_gather(Comm *c, const void *send, void *recv, size_t n, CommType t) {
     charge(c, COMM_COST_ALL_GATHER, t, (double)n * c->size);
 }
@@ -35,7 +38,8 @@ static void cost_free(Comm *c) {}
 
 static const CommOps COST_OPS = {
     .all_reduce_sum = cost_all_reduce, .reduce_scatter_sum = cost_reduce_scatter, .reduce_sum = cost_reduce,
-    .all_gather = cost_all_gather, .all_to_all_v = cost_all_to_all_v, .send = cost_send, .recv = cost_recv,
+    .broadcast = cost_broadcast, .all_gather = cost_all_gather, .all_to_all_v = cost_all_to_all_v,
+    .send = cost_send, .recv = cost_recv,
     .sendrecv = cost_sendrecv, .barrier = cost_sync, .all_ok = cost_all_ok, .peer_free = cost_peer_free,
     .fence = cost_sync, .free = cost_free,
 };

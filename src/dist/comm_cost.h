@@ -7,7 +7,8 @@ typedef enum {
     COMM_COST_ALL_REDUCE,     // bytes: the buffer
     COMM_COST_REDUCE_SCATTER, // bytes: every rank's input (size x its block); a rooted reduce of a
                               // part counts as that part's share of a reduce-scatter
-    COMM_COST_ALL_GATHER,     // bytes: the gathered output
+    COMM_COST_ALL_GATHER,     // bytes: the gathered output; a broadcast of a part counts as that
+                              // part's share of an all-gather
     COMM_COST_ALL_TO_ALL,     // bytes: what this rank sends
     COMM_COST_P2P,            // bytes: what this rank sends or receives
     COMM_COST_SYNC,           // a fence or barrier: latency only

@@ -139,6 +139,13 @@ static void comm_mpi_reduce_sum(Comm *c, const void *send, void *recv, size_t n,
                              MPI_SUM, root, m->comm));
 }
 
+static void comm_mpi_broadcast(Comm *c, void *buf, size_t n, CommType t, int root) {
+    MpiComm *m = c->impl;
+    MPI_Datatype dt = comm_mpi_type(m, t);
+    for (size_t o = 0; o < n; o += m->chunk)
+        MPI_CHECK(MPI_Bcast(comm_mpi_at(buf, o, dt), comm_mpi_piece(m, n, o), dt, root, m->comm));
+}
+
 static void comm_mpi_all_gather(Comm *c, const void *send, void *recv, size_t n, CommType t) {
     MpiComm *m = c->impl;
     MPI_Datatype dt = comm_mpi_type(m, t);
@@ -289,6 +296,7 @@ static const CommOps comm_mpi_ops = {
     .all_reduce_sum = comm_mpi_all_reduce_sum,
     .reduce_scatter_sum = comm_mpi_reduce_scatter_sum,
     .reduce_sum = comm_mpi_reduce_sum,
+    .broadcast = comm_mpi_broadcast,
     .all_gather = comm_mpi_all_gather,
     .all_to_all_v = comm_mpi_all_to_all_v,
     .send = comm_mpi_send,

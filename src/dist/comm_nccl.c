@@ -58,6 +58,10 @@ static void nccl_reduce_sum(Comm *c, const void *send, void *recv, size_t n, Com
     if (n) NCCL_CHECK(ncclReduce(send, recv, n, dtype(t), ncclSum, root, nc(c), op_stream(c)));
 }
 
+static void nccl_broadcast(Comm *c, void *buf, size_t n, CommType t, int root) {
+    if (n) NCCL_CHECK(ncclBroadcast(buf, buf, n, dtype(t), root, nc(c), op_stream(c)));
+}
+
 static void nccl_group_begin(void) { NCCL_CHECK(ncclGroupStart()); }
 static void nccl_group_end(void) { NCCL_CHECK(ncclGroupEnd()); }
 
@@ -232,7 +236,7 @@ static void nccl_free(Comm *c) {
 
 static const CommOps NCCL_OPS = {
     .all_reduce_sum = nccl_all_reduce_sum, .reduce_scatter_sum = nccl_reduce_scatter_sum,
-    .reduce_sum = nccl_reduce_sum, .group_begin = nccl_group_begin, .group_end = nccl_group_end,
+    .reduce_sum = nccl_reduce_sum, .broadcast = nccl_broadcast, .group_begin = nccl_group_begin, .group_end = nccl_group_end,
     .all_gather = nccl_all_gather, .all_to_all_v = nccl_all_to_all_v, .send = nccl_send,
     .recv = nccl_recv, .sendrecv = nccl_sendrecv, .barrier = nccl_barrier, .all_ok = nccl_all_ok,
     .split = nccl_split, .peer_alloc = nccl_peer_alloc, .peer_free = nccl_peer_free,

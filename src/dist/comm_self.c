@@ -25,6 +25,8 @@ static void comm_self_reduce_sum(Comm *c, const void *send, void *recv, size_t n
     comm_self_copy(c, recv, send, n, t);
 }
 
+static void comm_self_broadcast(Comm *c, void *buf, size_t n, CommType t, int root) {}
+
 static void comm_self_all_gather(Comm *c, const void *send, void *recv, size_t n, CommType t) {
     comm_self_copy(c, recv, send, n, t);
 }
@@ -69,6 +71,7 @@ static const CommOps comm_self_ops = {
     .all_reduce_sum = comm_self_all_reduce_sum,
     .reduce_scatter_sum = comm_self_reduce_scatter_sum,
     .reduce_sum = comm_self_reduce_sum,
+    .broadcast = comm_self_broadcast,
     .all_gather = comm_self_all_gather,
     .all_to_all_v = comm_self_all_to_all_v,
     .send = comm_self_send,

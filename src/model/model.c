@@ -512,7 +512,7 @@ void model_enable_fp8(Model *m, Fp8Scaling how, bool dense) {
     o->counts = model_alloc(m, MODEL_FP8_COUNTS * sizeof(uint64_t));
     if (m->ops->sizing_only) return;
     m->ops->zero(o->counts, MODEL_FP8_COUNTS * sizeof(uint64_t));
-    model_quantize_fp8_weights(m);
+    model_quantize_fp8_weights(m, 0, m->reg.total);
 }
 
 // The counters of tensor class c (docs/FP8.md: the forward's rows and the backward's token-major
@@ -520,10 +520,11 @@ void model_enable_fp8(Model *m, Fp8Scaling how, bool dense) {
 // gradient are gradients).
 static uint64_t *fp8_counts(const Fp8Operands *o, Fp8Class c) { return o->counts + (size_t)c * FP8_COUNTS; }
 
-void model_quantize_fp8_weights(Model *m) {
+void model_quantize_fp8_weights(Model *m, size_t lo, size_t hi) {
     const Fp8Operands *o = m->fp8;
     for (size_t i = 0; o && i < o->n_weights; i++) {
         const Fp8Weights *t = &o->weights[i];
+        if (t->off < lo || t->off >= hi) continue;
         m->ops->fp8_quantize_weights(t->q, t->qt, t->scales, t->scales_t, model_act(m, m->params_act, t->off), t->El,
                                      t->N, t->K, o->how, fp8_counts(o, FP8_CLASS_WEIGHTS));
     }
@@ -576,7 +577,7 @@ void model_sync_compute_weights(Model *m) {
             g->ops->all_gather(g, model_act(m, m->params_act, begin),
                                model_act(m, m->params_act, m->reg.region_begin[r]), n, COMM_ACT);
     }
-    model_quantize_fp8_weights(m);
+    model_quantize_fp8_weights(m, 0, m->reg.total);
 }
 
 static int32_t *micro_tokens(const Model *m, int micro) { return m->tokens + (size_t)micro * m->B * m->S; }
@@ -946,15 +947,32 @@ static void head_forward(Model *m, const ForwardArgs *a) {
                               W(m, m->final_norm), m->xf_rstd, T, D, false);
 }
 
+int model_param_unit(const Model *m, const ParamInfo *p) {
+    if (p->layer >= 0) return p->layer;
+    return m->first_stage && p->offset == m->wte ? -1 : m->cfg.n_layers;
+}
+
+static void unit_begins(const ForwardArgs *a, int unit) {
+    if (a->unit_begins) a->unit_begins(a->hook_ctx, unit);
+}
+
 void model_forward(Model *m, const ForwardArgs *a) {
     const ModelChunk *k = &m->chunk[a->chunk];
     MOE_ASSERT(a->B <= m->B && a->S <= m->S && a->chunk < m->n_chunks && a->slot < k->n_slots &&
                a->micro < m->n_micro);
-    if (k->first)
+    if (k->first) {
+        unit_begins(a, -1);
         m->ops->embedding_forward(model_stage_input(m, a->chunk, a->slot), micro_tokens(m, a->micro),
                                   W(m, m->wte), a->B * a->S, m->cfg.d_model);
-    for (int l = k->layer_begin; l < k->layer_end; l++) layer_forward(m, l, a);
-    if (k->last) head_forward(m, a);
+    }
+    for (int l = k->layer_begin; l < k->layer_end; l++) {
+        unit_begins(a, l);
+        layer_forward(m, l, a);
+    }
+    if (k->last) {
+        unit_begins(a, m->cfg.n_layers);
+        head_forward(m, a);
+    }
 }
 
 // ---------------------------------------------------------------- backward
@@ -1125,7 +1143,7 @@ void model_backward(Model *m, const ForwardArgs *a) {
     if (grad != m->s.dres) m->ops->copy(m->s.dres, grad, a->B * a->S * m->cfg.d_model * m->ops->act_size);
     for (int l = k->layer_end - 1; l >= k->layer_begin; l--) {
         layer_backward(m, l, a);
-        if (a->layer_done) a->layer_done(a->layer_done_ctx, l);
+        if (a->layer_done) a->layer_done(a->hook_ctx, l);
     }
     if (k->first)
         m->ops->embedding_backward(G(m, m->wte), m->s.dres, micro_tokens(m, a->micro), a->B * a->S,

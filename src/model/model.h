@@ -143,7 +143,9 @@ typedef struct {
     LossScales scales;
     void *metrics;      // f32 accumulators (model_metrics_len)
     void (*layer_done)(void *ctx, int layer); // backward: called after each layer's (NULL: not)
-    void *layer_done_ctx;
+    void (*unit_begins)(void *ctx, int unit);  // forward: called before each unit (model_param_unit)
+                                               // reads its weights (NULL: not)
+    void *hook_ctx;                            // ctx of both
 } ForwardArgs;
 
 typedef struct {
@@ -208,11 +210,11 @@ static inline size_t model_metric_router(const ModelConfig *c, int moe_index) {
 // buffers: the FP8 copies of their weights, quantised here from the compute weights as they are,
 // and scratch for the activations (nothing in it outlives a product). After model_init.
 void model_enable_fp8(Model *m, Fp8Scaling how, bool dense);
-// Quantises the FP8 copies of the weights again from the compute weights (nothing when no product
-// is in FP8), counted in the class FP8_CLASS_WEIGHTS. Whatever changes the compute weights calls it
-// once they are final: model_sync_compute_weights (initialisation, checkpoint loads) and the
-// optimizer step.
-void model_quantize_fp8_weights(Model *m);
+// Quantises the FP8 copies of the weights at flat offsets [lo, hi) again from the compute weights
+// (nothing when no product is in FP8), counted in the class FP8_CLASS_WEIGHTS. Whatever changes the
+// compute weights calls it once they are final: model_sync_compute_weights (initialisation,
+// checkpoint loads; all of them) and the optimizer's update (those it updated).
+void model_quantize_fp8_weights(Model *m, size_t lo, size_t hi);
 
 // Builds the registry of this rank's tensors and allocates parameters, activations for n_slots
 // micro-batches in flight in each chunk (0: as many as the pipeline schedule of n_micro micro-batches
@@ -261,6 +263,9 @@ void *model_stage_output(const Model *m, int chunk, int slot);
 void *model_stage_grad(const Model *m, int chunk, int slot);
 // Whether layer l is one of this rank's.
 bool model_holds_layer(const Model *m, int l);
+// The forward's units of weights, in the order it reads them: -1 the embedding, 0 .. n_layers - 1
+// the layers, n_layers the final norm and LM head. The unit of a tensor of this rank:
+int model_param_unit(const Model *m, const ParamInfo *p);
 // Forward of a slot's batch through one chunk's layers; the first virtual stage embeds the tokens,
 // the last applies the head and the loss (and in training its gradient, ready for the backward).
 void model_forward(Model *m, const ForwardArgs *a);

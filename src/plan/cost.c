@@ -191,7 +191,6 @@ static void stage_open(const Config *cfg, int world, int rank, const PlanMachine
 
 // Prices the stage's work, as the trainer runs it around the schedule.
 static void stage_price(const Config *cfg, StageCost *sc) {
-    const Ops *ops = stage_ops(sc);
     Coster *c = &sc->c;
     Model *m = &sc->m;
     coster_reset(c);
@@ -211,7 +210,6 @@ static void stage_price(const Config *cfg, StageCost *sc) {
         sc->bwd[k] = c->total - seconds;
     }
     run_phase(c, sc->bwd_kernel, sc->bwd_comm);
-    ops->zero(m->grads, m->reg.total * ops->f32_size);
     Comm *w = sc->par.world;
     w->ops->all_reduce_sum(w, m->metrics_scratch, model_metrics_len(&cfg->model), COMM_F32);
     optim_step(&sc->o, m, &cfg->train, m->metrics_scratch);

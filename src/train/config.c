@@ -109,6 +109,9 @@ static const ConfigKey KEYS[] = {
                               "the job (a peer died or hangs; 0: wait forever)"),
     BOOL(train, launch_ahead, "queue each step before the previous step's metrics are read, so the host's part "
                               "(batch, uploads, graph launch) overlaps the device's work (same results)"),
+    BOOL(train, optimizer_overlap, "each step's parameter update (AdamW, weight gather, FP8 copies) runs layer "
+                                   "by layer beside the next step's forward, each layer's before its forward "
+                                   "reads it (same results)"),
     STR(data, train, "training tokens: a file, a comma list, or a mix file (.txt/.mix)"),
     STR(data, val, "validation tokens (empty: no validation)"),
     INT(data, token_bytes, "2 or 4 bytes per token in headerless files (0: from vocab_size)"),
@@ -160,6 +163,7 @@ void config_reset_placement(Config *c) {
     c->train.threads = 0;
     c->train.comm_timeout = 600;
     c->train.launch_ahead = true;
+    c->train.optimizer_overlap = false;
 }
 
 static const ConfigKey *find_key(const char *key) {

@@ -42,6 +42,7 @@ typedef struct {
     bool fp8_dense;            // with precision fp8: the dense linear layers in FP8 too (else act precision)
     double comm_timeout;       // seconds without progress before a multi-rank run ends (0: never)
     bool launch_ahead;         // each step queued before the previous one's metrics are read
+    bool optimizer_overlap;    // each step's parameter update runs beside the next step's forward
 } TrainConfig;
 
 typedef struct {
@@ -84,7 +85,8 @@ int config_validate(Config *c, MoeErr err);
 // computed from them wraps around. -1 with a message naming the product that is too large.
 int config_check_sizable(const Config *c, MoeErr err);
 // Back to the defaults for what a resumed run takes from its own command line, not from the
-// checkpoint: the parallel layout, device, threads, communication timeout and launch ahead.
+// checkpoint: the parallel layout, device, threads, communication timeout, launch ahead and
+// optimizer overlap.
 void config_reset_placement(Config *c);
 json_t *config_to_json(const Config *c);
 // Every key as a "section.key = value" line (values as JSON), in table order: a canonical text of

@@ -19,6 +19,11 @@ void optim_init(Optimizer *o, Model *m) {
         ops->zero(s->m, bytes), ops->zero(s->v, bytes);
         o->state_bytes += 2 * bytes;
     }
+    ops->zero(m->grads, m->reg.total * ops->f32_size); // then zeroed by each update that read them
+    o->norm_sq = model_alloc(m, ops->f32_size);
+    o->step_info = model_alloc(m, sizeof(StepInfo));
+    o->overlap = false;
+    o->queued = o->joined = m->cfg.n_layers + 1;
 }
 
 // Queues the reduce-scatter of the gradients [from, reduced_from) of a region on the side queue.
@@ -32,14 +37,15 @@ static void reduce_grads(OptShard *s, Model *m, size_t from) {
     s->reduced_from = from;
 }
 
-// Where the tensors of layers l and after start in a region (its end when it has none of them).
-// Tensors of no layer (embedding, head) are not counted: the head, after the last layer, goes
-// with the last layer's bucket, the embedding, first, with the step's last call.
-static size_t layers_from(const OptShard *s, const Model *m, int l) {
+// Where the tensors of units u and after (model_param_unit) start in a region (its end when it has
+// none of them): a region is laid out in the forward's order. Layer l's reduction bucket starts
+// there too: the head, after the last layer, goes with the last layer's bucket, the embedding,
+// first, with the step's last call.
+static size_t units_from(const OptShard *s, const Model *m, int u) {
     size_t start = s->begin + s->size;
     for (size_t i = 0; i < m->reg.n; i++) {
         const ParamInfo *p = &m->reg.p[i];
-        if (p->layer >= l && p->offset >= s->begin && p->offset < start) start = p->offset;
+        if (model_param_unit(m, p) >= u && p->offset >= s->begin && p->offset < start) start = p->offset;
     }
     return start;
 }
@@ -47,7 +53,7 @@ static size_t layers_from(const OptShard *s, const Model *m, int l) {
 void optim_grads_ready(Optimizer *o, Model *m, int l, size_t min_bucket) {
     for (int r = 0; r < PARAM_N_REGIONS; r++) {
         OptShard *s = &o->region[r];
-        size_t from = layers_from(s, m, l);
+        size_t from = units_from(s, m, l);
         if (s->reduced_from - from >= min_bucket) reduce_grads(s, m, from);
     }
 }
@@ -68,12 +74,15 @@ StepInfo optim_step_info(const TrainConfig *t, int64_t step) {
                       .seed = rng_hash64((uint64_t)t->seed, (uint64_t)step)};
 }
 
-// AdamW over the shard, one call per run of adjacent tensors with the same weight decay (the
-// runs cut at the shard's edges; region padding belongs to no tensor and stays zero).
-static void adamw_shard(Model *m, const OptShard *s, const TrainConfig *t, const void *norm_sq) {
+// AdamW over the shard's part of flat [lo, hi), one call per run of adjacent tensors with the same
+// weight decay (the runs cut at the part's edges; region padding belongs to no tensor and stays
+// zero).
+static void adamw_part(const Optimizer *o, Model *m, const OptShard *s, size_t lo, size_t hi) {
     const Ops *ops = m->ops;
     const ParamRegistry *r = &m->reg;
-    size_t lo = s->shard_begin, hi = s->shard_begin + s->shard;
+    const TrainConfig *t = o->train;
+    lo = lo > s->shard_begin ? lo : s->shard_begin;
+    hi = hi < s->shard_begin + s->shard ? hi : s->shard_begin + s->shard;
     for (size_t i = 0; i < r->n;) {
         size_t j = i;
         while (j + 1 < r->n && r->p[j + 1].decay == r->p[i].decay &&
@@ -87,37 +96,93 @@ static void adamw_shard(Model *m, const OptShard *s, const TrainConfig *t, const
                           .weight_decay = r->p[j].decay ? (float)t->weight_decay : 0.0f,
                           .clip = (float)t->clip};
         void *act = ops->act_aliases_f32 ? NULL : model_act(m, m->params_act, a);
-        ops->adamw_update(model_master(m, a), act, model_f32(m, s->grad, a - lo),
-                          model_f32(m, s->m, a - lo), model_f32(m, s->v, a - lo), b - a, args,
-                          m->step_info, norm_sq);
+        size_t at = a - s->shard_begin;
+        ops->adamw_update(model_master(m, a), act, model_f32(m, s->grad, at), model_f32(m, s->m, at),
+                          model_f32(m, s->v, at), b - a, args, o->step_info, o->norm_sq);
     }
+}
+
+// The update of units [u0, u1), queued where work goes now: per region, AdamW on this rank's shard
+// of their tensors, the gather of their compute weights from the shards' owners, their FP8 copies,
+// and their gradients zeroed (read until here; the next step's backward accumulates into them).
+// Elementwise, so any split into units computes the same values.
+static void update_units(const Optimizer *o, Model *m, int u0, int u1) {
+    for (int r = 0; r < PARAM_N_REGIONS; r++) {
+        const OptShard *s = &o->region[r];
+        size_t a = units_from(s, m, u0), b = units_from(s, m, u1);
+        if (a >= b) continue;
+        adamw_part(o, m, s, a, b);
+        if (s->group->size > 1)
+            comm_all_gather_part(s->group, model_act(m, m->params_act, s->begin), s->shard, a - s->begin,
+                                 b - s->begin, COMM_ACT);
+        model_quantize_fp8_weights(m, a, b);
+        m->ops->zero(model_f32(m, m->grads, a), (b - a) * m->ops->f32_size);
+    }
+}
+
+// Whether unit u has tensors on this rank.
+static bool unit_held(const Model *m, int u) {
+    if (u < 0) return m->first_stage;
+    return u < m->cfg.n_layers ? model_holds_layer(m, u) : m->last_stage;
+}
+
+// The first unit at or after u with tensors on this rank (n_layers + 1: none).
+static int held_from(const Model *m, int u) {
+    while (u <= m->cfg.n_layers && !unit_held(m, u)) u++;
+    return u;
+}
+
+// Queues the update of the pending units up to `unit` on the side queue, after the main queue's work
+// so far.
+static void queue_units(Optimizer *o, Model *m, int unit) {
+    const Ops *ops = m->ops;
+    if (unit < o->queued || unit > m->cfg.n_layers) return;
+    if (ops->side_begin) ops->side_begin();
+    update_units(o, m, o->queued, unit + 1);
+    if (ops->side_end) ops->side_end();
+    o->queued = held_from(m, unit + 1);
+}
+
+bool optim_pending(const Optimizer *o, const Model *m) { return o->joined <= m->cfg.n_layers; }
+
+void optim_unit_begins(Optimizer *o, Model *m, int unit) {
+    if (unit < o->joined) return;
+    queue_units(o, m, unit);
+    if (m->ops->side_join) m->ops->side_join();
+    o->joined = o->queued;
+    queue_units(o, m, o->queued); // the next one, beside this unit's forward
+}
+
+void optim_flush(Optimizer *o, Model *m) {
+    if (!optim_pending(o, m)) return;
+    if (m->ops->side_join) m->ops->side_join();
+    update_units(o, m, o->queued, m->cfg.n_layers + 1);
+    o->queued = o->joined = m->cfg.n_layers + 1;
 }
 
 void optim_step(Optimizer *o, Model *m, const TrainConfig *t, void *metrics) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
-    void *norm_sq = model_f32(m, metrics, METRIC_GRAD_NORM_SQ);
+    MOE_ASSERT(!optim_pending(o, m));
     for (int r = 0; r < PARAM_N_REGIONS; r++) reduce_grads(&o->region[r], m, o->region[r].begin);
     if (ops->side_join) ops->side_join();
+    ops->zero(o->norm_sq, ops->f32_size);
     for (int r = 0; r < PARAM_N_REGIONS; r++) {
         OptShard *s = &o->region[r];
         s->reduced_from = s->begin + s->size;
-        ops->sum_squares(norm_sq, s->grad, s->shard);
+        ops->sum_squares(o->norm_sq, s->grad, s->shard);
     }
     Comm *world = m->par->world;
-    world->ops->all_reduce_sum(world, norm_sq, 1, COMM_F32); // each element lives in one shard
-    for (int r = 0; r < PARAM_N_REGIONS; r++) {
-        OptShard *s = &o->region[r];
-        adamw_shard(m, s, t, norm_sq);
-        if (s->group->size > 1)
-            s->group->ops->all_gather(s->group, model_act(m, m->params_act, s->shard_begin),
-                                      model_act(m, m->params_act, s->begin), s->shard, COMM_ACT);
-    }
-    model_quantize_fp8_weights(m); // the compute weights are final: their FP8 copies follow
-    if (c->bias_gamma > 0)
+    world->ops->all_reduce_sum(world, o->norm_sq, 1, COMM_F32); // each element lives in one shard
+    ops->copy(model_f32(m, metrics, METRIC_GRAD_NORM_SQ), o->norm_sq, ops->f32_size);
+    ops->copy(o->step_info, m->step_info, sizeof(StepInfo));
+    if (c->bias_gamma > 0) // reads the step's loads, which the next step's metrics replace
         for (int l = 0; l < c->n_layers; l++)
             if (model_holds_layer(m, l) && model_layer_is_moe(c, l))
                 ops->router_bias_update(model_f32(m, m->expert_bias, (size_t)l * c->n_experts),
                                         model_f32(m, metrics, model_metric_router(c, l - c->n_dense_layers)),
                                         (size_t)c->n_experts, (float)c->bias_gamma);
+    o->train = t;
+    o->queued = o->joined = held_from(m, -1);
+    if (!o->overlap) optim_flush(o, m);
 }

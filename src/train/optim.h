@@ -25,9 +25,18 @@ typedef struct {
     OptShard region[PARAM_N_REGIONS];
     size_t state_bytes;        // optimizer state of this rank: its shards of the AdamW moments
     size_t grad_bytes;         // its reduced gradient shards of its own (regions over several ranks)
+    bool overlap;              // train.optimizer_overlap: each step's update waits for the next forward
+    void *norm_sq;             // f32 (1) the latest step's global gradient norm squared (its update's clip)
+    StepInfo *step_info;       // backend memory: the latest step's StepInfo (its update's learning rate
+                               // and bias correction; Model.step_info may already hold the next step's)
+    const TrainConfig *train;  // the latest step's AdamW settings
+    int queued, joined;        // units (model_param_unit) of the pending update: those before `queued`
+                               // are queued, those before `joined` complete before the main queue's
+                               // later work; n_layers + 1: none pending
 } Optimizer;
 
-// Sets up the shards of m's regions with zero moments (memory freed with the model).
+// Sets up the shards of m's regions with zero moments and zero gradients, nothing pending (memory
+// freed with the model).
 void optim_init(Optimizer *o, Model *m);
 // After the backward of held layer l for the step's last micro-batch: queues the reduction of
 // the gradients of l and the layers after it that are not queued yet, once they are at least
@@ -39,9 +48,22 @@ double optim_lr(const TrainConfig *t, int64_t step);
 // The StepInfo of step `step` (lr, step, routing-noise seed), for Model.step_info before the
 // step's forwards.
 StepInfo optim_step_info(const TrainConfig *t, int64_t step);
-// Reduce-scatter of the gradients not queued yet (all of them unless optim_grads_ready ran),
-// global gradient norm into metrics[METRIC_GRAD_NORM_SQ] (over every rank), clipped AdamW on the
-// shards, all-gather of the weights (then their FP8 copies, under train.precision = fp8), and the
-// loss-free bias update from the step's expert loads (metrics must already hold the totals over all
-// ranks).
+// The end of a step: reduce-scatter of the gradients not queued yet (all of them unless
+// optim_grads_ready ran), the global gradient norm (over every rank; also into
+// metrics[METRIC_GRAD_NORM_SQ]), the step's StepInfo kept, and the loss-free bias update from the
+// step's expert loads (metrics must already hold the totals over all ranks). Then the update, unit
+// by unit of the forward (model_param_unit): clipped AdamW on the shards, all-gather of the
+// weights, their FP8 copies (train.precision = fp8), the gradients zeroed for the next step. Without
+// o->overlap it runs here; with it, it is pending: optim_unit_begins runs each unit's beside the
+// next step's forward, optim_flush whatever is left. Either way the same operations on the same
+// values.
 void optim_step(Optimizer *o, Model *m, const TrainConfig *t, void *metrics);
+// Before a forward's unit reads its weights (ForwardArgs.unit_begins): the main queue's later work
+// waits for the pending update of the unit and those before it, and the next unit's is queued on
+// the side queue, to run beside the unit's forward.
+void optim_unit_begins(Optimizer *o, Model *m, int unit);
+// Completes the pending update (nothing when none is): before anything outside a step reads or
+// writes weights or optimizer state (evaluation, checkpoints).
+void optim_flush(Optimizer *o, Model *m);
+// Whether an update is pending.
+bool optim_pending(const Optimizer *o, const Model *m);

@@ -161,6 +161,11 @@ static LossScales loss_scales(const Config *cfg) {
                         .z = calls > 0 ? (float)(c->z_coef / calls) : 0};
 }
 
+static void unit_begins(void *trainer, int unit) {
+    Trainer *t = trainer;
+    optim_unit_begins(&t->opt, &t->model, unit);
+}
+
 static void grads_ready(void *trainer, int layer) {
     Trainer *t = trainer;
     size_t min_bucket = (size_t)(t->cfg.parallel.grad_bucket_mb * 1e6 / (double)t->model.ops->f32_size);
@@ -169,7 +174,8 @@ static void grads_ready(void *trainer, int layer) {
 
 // The step's last micro-batch hands each layer's finished gradients to the optimizer's reduction
 // (each chunk's backward of it comes after every other use of the chunk's layers, the later chunks'
-// first, so what is final is always the tail of a parameter region).
+// first, so what is final is always the tail of a parameter region). Each forward lets the pending
+// update of the step before finish the weights it is about to read (train.optimizer_overlap).
 static ForwardArgs micro_args(Trainer *t, int chunk, int micro) {
     Model *m = &t->model;
     bool last = micro == m->n_micro - 1 && t->cfg.parallel.overlap_grad_reduce;
@@ -177,7 +183,7 @@ static ForwardArgs micro_args(Trainer *t, int chunk, int micro) {
                          .slot = micro % m->chunk[chunk].n_slots, .train = true,
                          .token_base = first_sequence(m, micro) * m->S, .scales = loss_scales(&t->cfg),
                          .metrics = t->metrics, .layer_done = last ? grads_ready : NULL,
-                         .layer_done_ctx = t};
+                         .unit_begins = unit_begins, .hook_ctx = t};
 }
 
 // Random token ids for benchmarks (the data only decides the routing, like random real text).
@@ -243,19 +249,19 @@ static void run_action(Trainer *t, const PipeAction *act) {
 }
 
 // The device part of a step: nothing here waits for the host, so a backend can record it once
-// and replay it.
+// and replay it. The gradients are zero already: the update of the step before zeroes them once
+// it has read them (with train.optimizer_overlap, during this step's forward, before any backward).
 static void compute_step(Trainer *t) {
     Model *m = &t->model;
     const Ops *ops = m->ops;
     size_t len = model_metrics_len(&t->cfg.model), nccl = comm_nccl_queued();
-    ops->zero(m->grads, m->reg.total * ops->f32_size);
     ops->zero(t->metrics, len * ops->f32_size);
     if (m->fp8) ops->zero(m->fp8->counts, MODEL_FP8_COUNTS * sizeof(uint64_t));
     t->comm_wait = 0;
     for (size_t i = 0; i < t->n_sched; i++) run_action(t, &t->sched[i]);
     Comm *w = m->par->world;
     w->ops->all_reduce_sum(w, t->metrics, len, COMM_F32);
-    optim_step(&t->opt, m, &t->cfg.train, t->metrics); // quantises the FP8 expert weights last
+    optim_step(&t->opt, m, &t->cfg.train, t->metrics); // its update at once, or pending (train.optimizer_overlap)
     if (m->fp8) w->ops->all_reduce_sum(w, m->fp8->counts, MODEL_FP8_COUNTS, COMM_U64);
     t->nccl_calls = comm_nccl_queued() - nccl;
 }
@@ -264,11 +270,14 @@ static void compute_step(Trainer *t) {
 // directly: it sizes the kernels' scratch buffers and library plans. Expert rows moved by send/recv
 // need their counts on the host, so those steps run as queued; so do pipeline stages, whose
 // measured transfer wait (a host clock) would mean nothing in a replay. The graph is freed before
-// the communicators (trainer_close): NCCL's teardown waits for the work a live graph holds.
+// the communicators (trainer_close): NCCL's teardown waits for the work a live graph holds. With
+// train.optimizer_overlap the graph holds the update of the step before, so a step that has none
+// pending (the first, one after an evaluation or a checkpoint, which flushed it) runs as queued.
 static bool replay_step(const Trainer *t, int64_t step) {
     const Model *m = &t->model;
     bool host_planned = m->par->ep->size > 1 && !m->xchg.direct;
-    return m->ops->capture_begin && !host_planned && t->par.lay.pp == 1 && step > t->first_step;
+    bool as_recorded = optim_pending(&t->opt, m) == t->opt.overlap;
+    return m->ops->capture_begin && !host_planned && t->par.lay.pp == 1 && step > t->first_step && as_recorded;
 }
 
 static void startup_done(Trainer *t, StartupPhase p) { t->startup[p] = moe_process_seconds(); }
@@ -336,6 +345,7 @@ static void train_step(Trainer *t, bool ahead) {
 
 static void save_checkpoint(Trainer *t) {
     MoeErr err;
+    optim_flush(&t->opt, &t->model);
     if (ckpt_save(t->cfg.train.out, &t->model, &t->opt, &t->cfg, &t->state,
                   t->cfg.train.keep_ckpts, err))
         moe_fatal("checkpoint at step %" PRId64 " not written: %s (the previous checkpoint is intact)",
@@ -353,6 +363,7 @@ static void log_record(Trainer *t, json_t *record) {
 
 static void run_eval(Trainer *t) {
     size_t max_seqs = (size_t)t->cfg.train.eval_batches * t->cfg.train.micro_batch, n;
+    optim_flush(&t->opt, &t->model);
     double loss = eval_loss(&t->model, &t->val, max_seqs, &n);
     if (!t->root) return;
     printf("step %5" PRId64 " | val loss %.4f\n", t->state.step, loss);
@@ -527,6 +538,7 @@ static void trainer_open(Trainer *t, const Config *cfg, Comm *host, const char *
                tc->recompute);
     setup_precision(&t->model, &t->cfg);
     optim_init(&t->opt, &t->model);
+    t->opt.overlap = tc->optimizer_overlap;
     ops->sync();
     startup_done(t, STARTUP_ALLOC);
     if (resume) {

@@ -180,6 +180,31 @@ if [ "$(records "$tmp/ahead")" = "$(records "$tmp/waited")" ] && [ "$(grep -c va
     ok "launching ahead: the same records and checkpoints"
 else bad "launching ahead: the same records and checkpoints" "$(diff <(records "$tmp/ahead") <(records "$tmp/waited") | head -4)"; fi
 
+# train.optimizer_overlap: each step's update runs during the next step's forward, layer by layer,
+# flushed before evaluations and checkpoints. The same operations on the same values: bitwise the
+# losses, gradient norms, validation losses and checkpoints without it, with clipping that bites
+# (gradient norms > train.clip), the loss-free bias, fp8 expert products and weights, 3 micro-batches,
+# and resumes from a mid-run checkpoint either way (saved with, resumed without, and back).
+numbers() { grep -o '"\(loss\|grad_norm\|val_loss\)":[^,]*' "$1/metrics.jsonl"; }
+overlap_run() { # OUT [args...]
+    local out=$1; shift
+    run train.steps=12 train.ckpt_every=6 train.eval_every=5 train.micro_batches=3 train.clip=0.2 \
+        model.bias_gamma=0.01 train.precision=fp8 train.log_every=1 train.out="$out" "$@"
+}
+overlap_same() { # NAME DIR
+    if [ "$(numbers "$tmp/overlap_off")" = "$(numbers "$2")" ] && [ "$(grep -c val_loss "$2/metrics.jsonl")" = 3 ] &&
+       same_files "$tmp/overlap_off" "$2" step-6/$MF step-6/$OF step-12/$MF step-12/$OF; then ok "$1"
+    else bad "$1" "$(diff <(numbers "$tmp/overlap_off") <(numbers "$2") | head -4)"; fi
+}
+overlap_run "$tmp/overlap_off" && overlap_run "$tmp/overlap_on" train.optimizer_overlap=true
+clipped=$(grep -o '"grad_norm":[^,]*' "$tmp/overlap_off/metrics.jsonl" | cut -d: -f2 | awk '$1 > 0.2' | wc -l)
+[ "$clipped" -ge 6 ] && ok "optimizer overlap test: $clipped of 12 steps clipped" || bad "optimizer overlap test clips" "$clipped steps"
+overlap_same "train.optimizer_overlap: bitwise the same numbers and checkpoints" "$tmp/overlap_on"
+overlap_run "$tmp/overlap_resumed" train.optimizer_overlap=true --stop-at 6 && overlap_run "$tmp/overlap_resumed" &&
+    grep -q "resumed from" "$tmp/last.log" && overlap_same "optimizer overlap: saved with it, resumed without" "$tmp/overlap_resumed"
+overlap_run "$tmp/overlap_back" --stop-at 6 && overlap_run "$tmp/overlap_back" train.optimizer_overlap=true &&
+    grep -q "resumed from" "$tmp/last.log" && overlap_same "optimizer overlap: saved without it, resumed with" "$tmp/overlap_back"
+
 ls -d "$tmp"/straight/step-* | wc -l | grep -qx 2 && ok "keeps the last N checkpoints" || bad "keeps the last N checkpoints" "$(ls "$tmp/straight")"
 run train.steps=20 train.out="$tmp/straight" && grep -q "already at step 20" "$tmp/last.log" &&
     ok "finished run: nothing to do" || bad "finished run: nothing to do" "$(cat "$tmp/last.log")"

@@ -84,6 +84,16 @@ bitwise_as "fp8 pp=2 x dp=2 ep=2, train.recompute=full" "$tmp/fp8_pp2" train.rec
 bitwise_as "one rank, train.launch_ahead=false" "$tmp/single" "launching ahead" 1 train.launch_ahead=false
 bitwise_as "pp=2 x dp=2 ep=2, train.launch_ahead=false" "$pp2dp2" "launching ahead" 4 parallel.pp=2 parallel.ep=2 \
     train.launch_ahead=false
+# train.optimizer_overlap: each step's update runs layer by layer during the next step's forward
+# (the ZeRO-1 shards' weights gathered a layer at a time), flushed before the evaluations and
+# checkpoints: the same operations on the same values, so bitwise the losses of the same layout
+# without it, on one rank, across data-parallel and expert ranks and across stages.
+bitwise_as "one rank, train.optimizer_overlap" "$tmp/single" "no overlap" 1 train.optimizer_overlap=true
+bitwise_as "dp=2, train.optimizer_overlap" "$dp2" "no overlap" 2 train.optimizer_overlap=true
+layout_matches "dp=2 ep=2, train.optimizer_overlap" 2 parallel.ep=2 train.optimizer_overlap=true
+layout_matches "pp=2, train.optimizer_overlap" 2 parallel.pp=2 train.optimizer_overlap=true
+bitwise_as "pp=2 x dp=2 ep=2, train.optimizer_overlap" "$pp2dp2" "no overlap" 4 parallel.pp=2 parallel.ep=2 \
+    train.optimizer_overlap=true
 layout_matches "dp=4 ep=4" 4 parallel.ep=4
 layout_matches "dp=4 ep=2" 4 parallel.ep=2
 dp4ep2=$layout_out
@@ -103,6 +113,7 @@ interleaved_matches() { # NAME NP [overrides...]
 }
 interleaved_matches "pp=2 interleaved (2 chunks a stage)" 2
 interleaved_matches "pp=2 interleaved x dp=2 ep=2" 4 parallel.ep=2
+interleaved_matches "pp=2 interleaved x dp=2 ep=2, train.optimizer_overlap" 4 parallel.ep=2 train.optimizer_overlap=true
 out="$tmp/interleaved-move"
 if train 2 "$out" $DEEP parallel.pp=2 parallel.virtual_stages=2 --stop-at 5 && train 1 "$out" $DEEP; then
     cmp=$(same_losses "$tmp/single4" "$out") && ok "save interleaved, resume on 1 rank ($cmp)" || bad "save interleaved, resume on 1 rank" "$cmp"
@@ -231,6 +242,7 @@ grep -q "val loss" <<<"$got" && [ "$got" = "$want" ] && ok "moe eval of that che
     || bad "moe eval of that checkpoint on train.device=cpu-sharded: the same loss" "$got vs $want"
 sharded_matches "dp=4 ep=2 (experts sharded over 2), sharded fp32 master weights" "$dp4ep2" 4 parallel.ep=2
 sharded_matches "pp=2 x dp=2 ep=2, sharded fp32 master weights" "$pp2dp2" 4 parallel.pp=2 parallel.ep=2
+sharded_matches "dp=4 ep=2, sharded, train.optimizer_overlap" "$dp4ep2" 4 parallel.ep=2 train.optimizer_overlap=true
 resume_bitwise() { # NAME REFERENCE_DIR NP "ARGS_FIRST" "ARGS_SECOND"
     local name=$1 ref=$2 np=$3 out="$tmp/reshard-$RANDOM"
     if ! train "$np" "$out" $4 --stop-at 5 || ! train "$np" "$out" $5; then bad "$name" "$(tail -5 "$out.log")"; return; fi

@@ -145,16 +145,21 @@ static void test_reduce_sum(Comm *w, CommType t) {
 // Parts [a, b) of a reduce-scatter of size blocks of n: inside one block, across blocks, empty,
 // whole, and pseudo-random ones (the same on every rank). Elements of this rank's block outside
 // [a, b) stay untouched.
-static void test_reduce_scatter_part(Comm *w, CommType t) {
-    size_t n = 7, p = (size_t)w->size, total = p * n;
-    size_t parts[12][2] = {{0, total}, {0, 0}, {3, 4}, {5, total < 2 * n + 3 ? total : 2 * n + 3},
-                           {n - 1, total}, {0, 1}};
+static void part_ranges(size_t n, size_t total, size_t parts[12][2]) {
+    const size_t fixed[6][2] = {{0, total}, {0, 0}, {3, 4}, {5, total < 2 * n + 3 ? total : 2 * n + 3},
+                                {n - 1, total}, {0, 1}};
+    memcpy(parts, fixed, sizeof fixed);
     uint64_t x = 12345;
     for (int k = 6; k < 12; k++) {
         x = x * 6364136223846793005ull + 1442695040888963407ull;
         size_t a = (size_t)(x >> 33) % (total + 1), b = (size_t)(x >> 13) % (total + 1);
         parts[k][0] = a < b ? a : b, parts[k][1] = a < b ? b : a;
     }
+}
+
+static void test_reduce_scatter_part(Comm *w, CommType t) {
+    size_t n = 7, p = (size_t)w->size, total = p * n, parts[12][2];
+    part_ranges(n, total, parts);
     void *send = poisoned(t, total);
     for (size_t j = 0; j < total; j++) put(t, send, j, val(w->rank, j / n, j % n));
     for (int k = 0; k < 12; k++) {
@@ -172,6 +177,27 @@ static void test_reduce_scatter_part(Comm *w, CommType t) {
         free(recv);
     }
     free(send);
+}
+
+// The same parts of an in-place all-gather: inside [a, b) each rank's block from its owner, the
+// rest of the buffer as it was.
+static void test_all_gather_part(Comm *w, CommType t) {
+    size_t n = 7, p = (size_t)w->size, total = p * n, parts[12][2];
+    part_ranges(n, total, parts);
+    for (int k = 0; k < 12; k++) {
+        size_t a = parts[k][0], b = parts[k][1];
+        void *buf = poisoned(t, total + 1);
+        double *want = moe_malloc(total * sizeof *want);
+        for (size_t j = 0; j < total; j++) {
+            bool mine = j / n == (size_t)w->rank;
+            if (mine) put(t, buf, j, val(w->rank, 0, j));
+            want[j] = mine || (j >= a && j < b) ? val((int)(j / n), 0, j) : POISON;
+        }
+        comm_all_gather_part(w, buf, n, a, b, t);
+        expect("comm_all_gather_part", t, buf, want, total);
+        expect_poison("comm_all_gather_part", t, buf, total);
+        free(want), free(buf);
+    }
 }
 
 // Every rank contributes val(rank, 0, .); recv gets them in rank order.
@@ -428,6 +454,7 @@ static const TestCase TESTS[] = {
     {"reduce-scatter of parts of a buffer", test_reduce_scatter_part, NULL, 1},
     {"all_gather", test_all_gather, NULL, 1},
     {"all_gather in place", test_all_gather_in_place, NULL, 1},
+    {"all-gather of parts of a buffer", test_all_gather_part, NULL, 1},
     {"all_to_all_v uneven counts, zero blocks", test_all_to_all_v, NULL, 1},
     {"send/recv ring", test_send_recv_ring, NULL, 2},
     {"sendrecv pairs and ring", test_sendrecv, NULL, 1},
