@@ -102,20 +102,32 @@ static int grouped_waves(void) {
     return waves;
 }
 
+// The expert counts whose initialised CUTLASS state one product type keeps (a step alternates
+// between a chunk of experts and a dense layer's one group; benches try more, one at a time).
+#define GROUPED_SM90_COUNTS 4
+
 // Writes the table (`prepare(table)` queues the kernel that does), then runs product G. The
 // CUTLASS parameters point at the table (not at its contents), so they are made once per expert
-// count and every later call (or graph replay) only launches; the table of each product type is
-// rewritten in stream order before its use. G provides Epi (its GroupedSm90Epilogue), Gemm, Table
-// and mainloop_arguments(table).
+// count (kept for the last GROUPED_SM90_COUNTS counts, as the calls of a step alternate between
+// counts and nothing may be allocated while a step is being recorded) and every later call (or graph
+// replay) only launches; the table of each product type is rewritten in stream order before its
+// use. G provides Epi (its GroupedSm90Epilogue), Gemm, Table and mainloop_arguments(table).
 template <class G, class Prepare> static void grouped_sm90_launch(int E, Prepare prepare) {
     static typename G::Table *table;
-    static typename G::Gemm gemm;
-    static void *workspace;
-    static int ready_E;
+    static struct {
+        int E;
+        typename G::Gemm gemm;
+        void *workspace;
+    } ready[GROUPED_SM90_COUNTS];
+    static int made; // states made so far: slot made % GROUPED_SM90_COUNTS is the next to (re)make
     if (!table) CUDA_CHECK(cudaMalloc(&table, sizeof *table));
     prepare(table);
     CUDA_LAUNCH_CHECK();
-    if (ready_E != E) {
+    int i = 0;
+    while (i < GROUPED_SM90_COUNTS && !(i < made && ready[i].E == E)) i++;
+    if (i == GROUPED_SM90_COUNTS) {
+        i = made++ % GROUPED_SM90_COUNTS;
+        if (ready[i].workspace) CUDA_CHECK(cudaFree(ready[i].workspace));
         cutlass::KernelHardwareInfo hw;
         CUDA_CHECK(cudaGetDevice(&hw.device_id));
         hw.sm_count = cuda_ctx.sm_count * grouped_waves();
@@ -130,11 +142,10 @@ template <class G, class Prepare> static void grouped_sm90_launch(int E, Prepare
             hw};
         args.epilogue.thread.alpha = 1.0f;
         args.epilogue.thread.beta = G::Epi::accumulate ? 1.0f : 0.0f;
-        CUTLASS_CHECK(gemm.can_implement(args));
-        if (workspace) CUDA_CHECK(cudaFree(workspace));
-        CUDA_CHECK(cudaMalloc(&workspace, G::Gemm::get_workspace_size(args) + 1));
-        CUTLASS_CHECK(gemm.initialize(args, workspace, cuda_ctx.stream));
-        ready_E = E;
+        CUTLASS_CHECK(ready[i].gemm.can_implement(args));
+        CUDA_CHECK(cudaMalloc(&ready[i].workspace, G::Gemm::get_workspace_size(args) + 1));
+        CUTLASS_CHECK(ready[i].gemm.initialize(args, ready[i].workspace, cuda_ctx.stream));
+        ready[i].E = E;
     }
-    CUTLASS_CHECK(gemm.run(cuda_ctx.stream));
+    CUTLASS_CHECK(ready[i].gemm.run(cuda_ctx.stream));
 }
