@@ -91,9 +91,9 @@ static const ConfigKey KEYS[] = {
                        "over the data-parallel ranks as on a GPU: tests that layout)"),
     INT(train, threads, "CPU threads (0: all cores; at most 4 per core are used, 4096 at most)"),
     ENUM(train, recompute, RECOMPUTE_NAMES, "activations recomputed in the backward instead of kept: none; "
-                                            "selective (QK-norm + RoPE, norm, SwiGLU, router-score outputs and "
-                                            "dispatched rows); full (only each layer's input kept, the forward "
-                                            "rerun in the backward)"),
+                                            "selective (QK-norm + RoPE, norm, SwiGLU, router-score outputs, "
+                                            "dispatched rows and, with pre-norm, the residual after attention); "
+                                            "full (only each layer's input kept, the forward rerun in the backward)"),
     ENUM(train, precision, PRECISION_NAMES, "expert GEMMs and dense linear layers in bf16 (fp32 on the CPU) or "
                                             "fp8: E4M3 operands with fp32 block scales (train.fp8_recipe; the "
                                             "dense layers as train.fp8_dense says), emulated by the CPU backend"),
