@@ -438,14 +438,15 @@ static void test_fp8_weight_copies(void) {
     test_single_parallel(&par, &c);
     Model m;
     Optimizer o;
-    model_init(&m, &c, ops_cpu(), &par, B, S, 1, 1, test_modes(RECOMPUTE_NONE, &(TestFp8){FP8_SCALE_AMAX, true}));
+    const TestFp8 fp8 = {FP8_SCALE_AMAX, true};
+    model_init(&m, &c, ops_cpu(), &par, B, S, 1, 1, test_modes(RECOMPUTE_NONE, &fp8));
     optim_init(&o, &m);
     model_init_weights(&m, 3);
     CHECK_MSG(m.fp8->n_weights == 16, "%zu FP8 weight tensors, not 4 per layer and 2 more per MoE layer",
               m.fp8->n_weights);
     Model plan;
     Optimizer plan_o;
-    model_init(&plan, &c, ops_counting_like(ops_cpu()), &par, B, S, 1, 1, test_modes(RECOMPUTE_NONE, &(TestFp8){FP8_SCALE_AMAX, true}));
+    model_init(&plan, &c, ops_counting_like(ops_cpu()), &par, B, S, 1, 1, test_modes(RECOMPUTE_NONE, &fp8));
     optim_init(&plan_o, &plan);
     size_t want = small_fp8_weight_bytes(&c);
     CHECK_MSG(plan.mem.bytes == m.mem.bytes && m.fp8->weight_bytes == want, "plan %zu bytes, allocated %zu; FP8 "
@@ -496,12 +497,12 @@ static void plan_bytes(const ModelConfig *c, size_t B, size_t S, Recompute r, co
     test_free_parallel(&par);
 }
 
-// The bytes FP8 products add to the memory plan of c (B x S tokens) beside the activations, with
-// the dense layers in FP8 or not.
+// The bytes FP8 products add to the memory plan of c (B x S tokens), their operands, with the dense
+// layers in FP8 or not: under full recompute, which keeps no FP8 input (nor lends scratch).
 static size_t fp8_plan_bytes(const ModelConfig *c, size_t B, size_t S, bool dense) {
     size_t all, acts, all0, acts0;
-    plan_bytes(c, B, S, RECOMPUTE_NONE, &(TestFp8){FP8_SCALE_AMAX, dense}, &all, &acts);
-    plan_bytes(c, B, S, RECOMPUTE_NONE, NULL, &all0, &acts0);
+    plan_bytes(c, B, S, RECOMPUTE_FULL, &(TestFp8){FP8_SCALE_AMAX, dense}, &all, &acts);
+    plan_bytes(c, B, S, RECOMPUTE_FULL, NULL, &all0, &acts0);
     return (all - acts) - (all0 - acts0);
 }
 
@@ -525,40 +526,47 @@ static void test_fp8_dense_memory(void) {
               weights + scratch + counters, without, counters);
 }
 
-// The activations an FP8 plan keeps beyond an act-precision one of small_model() (3 layers: 1 dense,
-// 2 MoE of 4 experts, top 2; D = 8) for T = 1024 tokens, byte for byte. With recompute none the
+// The memory an FP8 plan of small_model() (3 layers: 1 dense, 2 MoE of 4 experts, top 2; D = 8)
+// takes beyond an act-precision one for T = 1024 tokens, byte for byte. With recompute none the
 // token-major FP8 copies (one code a value, an f32 scale per 128) replace per layer the attention
 // norm's output n1 (T, D), its copy (D, Tt) with Tt = 128 (8 + 1) = 1152 columns (one group: 128
 // past the rows), and per MoE layer the experts' rows (R, D), R = 2048, their copy (D, Tt) with Tt
-// = 128 (16 + 4) = 2560 (a block past each expert's rows); one buffer of each replaced tensor stays,
-// shared by every layer. With reordered norms n1 is no QKV input (no copy); with the dense layers in
-// act precision neither; recompute full and selective keep the same in both precisions.
+// = 128 (16 + 4) = 2560 (a block past each expert's rows). One buffer of each replaced tensor
+// stays, shared by every layer, in the activations, and the backward takes it as scratch: n1's as dn
+// (T, D), xp's as scratch B, sized for B: the widest SwiGLU, (2048, 12) for the dense MLP's width
+// over the experts' rows. So the activations change by the copies less the tensors plus those two
+// buffers, the rest of the plan by the FP8 operands less the two. With reordered norms n1 is no QKV
+// input (no copy); with the dense layers in act precision neither; recompute full and selective
+// keep as in act precision.
 static void test_fp8_kept_inputs_memory(void) {
     ModelConfig c = small_model(), reordered = small_model();
     reordered.norm_placement = NORM_REORDERED;
-    size_t T = 1024, R = 2 * T, D = 8, r = sizeof(real);
+    size_t T = 1024, R = 2 * T, D = 8, r = sizeof(real), scratch_b = 2048 * 12 * r;
     size_t n1 = T * D * r, n1_t = D * 1152 + 1152 / 128 * D * r, xp = R * D * r, xe_t = D * 2560 + 2560 / 128 * D * r;
-    ptrdiff_t want_xe = 2 * ((ptrdiff_t)xe_t - (ptrdiff_t)xp) + (ptrdiff_t)xp;
-    ptrdiff_t want_n1 = 3 * ((ptrdiff_t)n1_t - (ptrdiff_t)n1) + (ptrdiff_t)n1;
+    ptrdiff_t acts_xe = 2 * ((ptrdiff_t)xe_t - (ptrdiff_t)xp) + (ptrdiff_t)scratch_b;
+    ptrdiff_t acts_n1 = 3 * ((ptrdiff_t)n1_t - (ptrdiff_t)n1) + (ptrdiff_t)n1;
     const struct {
         const ModelConfig *c;
         Recompute r;
         bool dense;
-        ptrdiff_t want;
+        ptrdiff_t acts, lent;
         const char *name;
-    } cases[] = {{&c, RECOMPUTE_NONE, true, want_n1 + want_xe, "pre-norm"},
-                 {&c, RECOMPUTE_NONE, false, want_xe, "pre-norm, dense layers in act precision"},
-                 {&reordered, RECOMPUTE_NONE, true, want_xe, "reordered norms"},
-                 {&c, RECOMPUTE_SELECTIVE, true, 0, "selective recompute"},
-                 {&c, RECOMPUTE_FULL, true, 0, "full recompute"}};
-    CHECK_MSG(want_n1 + want_xe < 0, "the copies keep more than the tensors they replace");
+    } cases[] = {{&c, RECOMPUTE_NONE, true, acts_n1 + acts_xe, (ptrdiff_t)(n1 + scratch_b), "pre-norm"},
+                 {&c, RECOMPUTE_NONE, false, acts_xe, (ptrdiff_t)scratch_b, "pre-norm, dense layers in act precision"},
+                 {&reordered, RECOMPUTE_NONE, true, acts_xe, (ptrdiff_t)scratch_b, "reordered norms"},
+                 {&c, RECOMPUTE_SELECTIVE, true, 0, 0, "selective recompute"},
+                 {&c, RECOMPUTE_FULL, true, 0, 0, "full recompute"}};
+    CHECK_MSG(acts_n1 + acts_xe - (ptrdiff_t)(n1 + scratch_b) < 0,
+              "the copies keep more than the tensors they replace");
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         size_t all, acts, all0, acts0;
         plan_bytes(cases[i].c, 2, T / 2, cases[i].r, &(TestFp8){FP8_SCALE_AMAX, cases[i].dense}, &all, &acts);
         plan_bytes(cases[i].c, 2, T / 2, cases[i].r, NULL, &all0, &acts0);
-        ptrdiff_t got = (ptrdiff_t)acts - (ptrdiff_t)acts0;
-        CHECK_MSG(got == cases[i].want, "%s: FP8 keeps %td activation bytes more than act precision, want %td",
-                  cases[i].name, got, cases[i].want);
+        ptrdiff_t got = (ptrdiff_t)acts - (ptrdiff_t)acts0, rest = (ptrdiff_t)(all - acts) - (ptrdiff_t)(all0 - acts0);
+        ptrdiff_t want_rest = (ptrdiff_t)fp8_plan_bytes(cases[i].c, 2, T / 2, cases[i].dense) - cases[i].lent;
+        CHECK_MSG(got == cases[i].acts && rest == want_rest, "%s: FP8 keeps %td activation bytes more than act "
+                  "precision (want %td) and %td more beside them (want %td)", cases[i].name, got, cases[i].acts,
+                  rest, want_rest);
     }
 }
 
@@ -591,7 +599,8 @@ static void test_fp8_kept_inputs_step(void) {
     dense_fp8_values(&c, T, &act, &grad);
     act += 2 * (uint64_t)(2 * T * K * (D + He)); // two MoE layers
     grad += 2 * (uint64_t)(2 * T * K * (D + 2 * He));
-    CHECK_MSG(fp8_values(counts, FP8_CLASS_ACTIVATIONS) == 2 * act && fp8_values(counts, FP8_CLASS_GRADIENTS) == 2 * grad,
+    CHECK_MSG(fp8_values(counts, FP8_CLASS_ACTIVATIONS) == 2 * act &&
+              fp8_values(counts, FP8_CLASS_GRADIENTS) == 2 * grad,
               "a step counted %llu activation values (want %llu) and %llu gradient values (want %llu)",
               fp8_values(counts, FP8_CLASS_ACTIVATIONS), (unsigned long long)(2 * act),
               fp8_values(counts, FP8_CLASS_GRADIENTS), (unsigned long long)(2 * grad));

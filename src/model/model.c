@@ -305,12 +305,21 @@ static void alloc_selective_shared(Model *m, size_t T) {
     s->xp = act_buf(m, model_routed_rows(c, T) * D);
 }
 
+// Elements of gradient scratch B (Scratch), for calls of T tokens.
+static size_t scratch_b_elems(const Model *m, size_t T) {
+    const ModelConfig *c = &m->cfg;
+    bool moe = model_n_moe_layers(c) > 0, ep = m->par->ep->size > 1;
+    size_t R = moe && !ep ? model_routed_rows(c, T) : 0;
+    return max_size(max_size(R * (size_t)c->d_model, swiglu_elems(m, T)), T * model_qkv_width(c));
+}
+
 // Recompute none with FP8 copies kept in place of the attention norm's output or the experts' rows
-// (model_keeps_fp8_n1, _xe): the forward alone reads those, so one buffer serves every layer and slot.
+// (model_keeps_fp8_n1, _xe): the forward alone reads those, so one buffer serves every layer and
+// slot, and the backward's scratch (alloc_scratch) as well, as no forward reads its dn or B: n1 is dn
+// (T, D), xp is B (with one expert-parallel rank at least (R, D)).
 static void alloc_fp8_kept_shared(Model *m, size_t T) {
-    size_t D = m->cfg.d_model;
-    if (model_keeps_fp8_n1(m)) m->shared.n1 = act_buf(m, T * D);
-    if (model_keeps_fp8_xe(m) && n_local_moe_layers(m)) m->shared.xp = act_buf(m, model_routed_rows(&m->cfg, T) * D);
+    if (model_keeps_fp8_n1(m)) m->shared.n1 = act_buf(m, T * m->cfg.d_model);
+    if (model_keeps_fp8_xe(m) && n_local_moe_layers(m)) m->shared.xp = act_buf(m, scratch_b_elems(m, T));
 }
 
 // With one expert-parallel rank no MoE layer keeps its experts' SwiGLU output (Model.expert_hact):
@@ -341,9 +350,11 @@ static void alloc_scratch(Model *m, size_t T) {
     size_t hidden = swiglu_elems(m, T);
     bool ep = m->par->ep->size > 1;
     Scratch *s = &m->s;
-    s->dres = act_buf(m, T * D), s->dn = act_buf(m, T * D), s->datt = act_buf(m, T * Dq);
+    s->dres = act_buf(m, T * D), s->datt = act_buf(m, T * Dq);
+    s->dn = model_keeps_fp8_n1(m) ? m->shared.n1 : act_buf(m, T * D); // alloc_fp8_kept_shared's
     void *a = act_buf(m, max_size(max_size(R * D, 2 * hidden), T * C));          // dy, dgu, dqkv
-    void *b = act_buf(m, max_size(max_size(ep ? 0 : R * D, hidden), T * C));     // dhact, dxp, dqkv_raw
+    void *b = model_keeps_fp8_xe(m) && m->shared.xp ? m->shared.xp              // dhact, dxp, dqkv_raw
+                                                    : act_buf(m, scratch_b_elems(m, T));
     s->dqkv = a, s->dqkv_raw = b;
     s->dgu = a, s->dhact = b;
     s->dxf = act_buf(m, T * D);
@@ -551,8 +562,8 @@ void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel
 }
 
 // The counters of tensor class c (docs/FP8.md: the forward's rows and the token-major copies of the
-// input, the backward's or those the forward keeps, are activations; the backward's rows and token-major copies of the output
-// gradient are gradients).
+// input, the backward's or those the forward keeps, are activations; the backward's rows and
+// token-major copies of the output gradient are gradients).
 static uint64_t *fp8_counts(const Fp8Operands *o, Fp8Class c) { return o->counts + (size_t)c * FP8_COUNTS; }
 
 void model_quantize_fp8_weights(Model *m, size_t lo, size_t hi) {
@@ -790,7 +801,8 @@ static void fp8_backward(const Model *m, void *dx, void *dw, const void *dout, c
     else if (dx) ops->fp8_quantize_rows(q->rows, q->row_scales, dout, off, El, R, N, q->how, grads);
     else if (make_t) ops->fp8_quantize_cols(q->dout_t, q->dout_t_scales, dout, off, El, R, N, q->how, grads);
     Fp8Cols xt = x_t ? *x_t : (Fp8Cols){.q = q->x_t, .scales = q->x_t_scales};
-    if (dw && !x_t) ops->fp8_quantize_cols(xt.q, xt.scales, x, off, El, R, K, q->how, fp8_counts(q, FP8_CLASS_ACTIVATIONS));
+    if (dw && !x_t)
+        ops->fp8_quantize_cols(xt.q, xt.scales, x, off, El, R, K, q->how, fp8_counts(q, FP8_CLASS_ACTIVATIONS));
     if (dx) fp8_product(m, dx, wq.qt, wq.scales_t, off, El, K, N, R);
     if (dw) ops->fp8_grouped_matmul_wgrad(dw, q->dout_t, q->dout_t_scales, xt.q, xt.scales, off, El, N, K, R);
 }

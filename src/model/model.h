@@ -117,7 +117,8 @@ typedef struct {
 // only: feed-forward dy (A) -> dhact (B) -> dgu (A) -> dxp (B, with one expert-parallel rank;
 // with several it is an exchange buffer peers write), attention dqkv (A) -> dqkv_raw (B). With one
 // expert-parallel rank dy (A) is also read by the down projection's weight gradient after dhact
-// (B), and A holds a MoE forward's expert outputs until the combine.
+// (B), and A holds a MoE forward's expert outputs until the combine. With FP8 inputs kept
+// (model_keeps_fp8_n1, _xe) dn is the buffer the forward's n1 shares, and B the one its xp shares.
 typedef struct {
     void *dres;               // act (T, D) gradient of the residual stream (stage in/out gradient)
     void *dn;                 // act (T, D)
@@ -231,7 +232,7 @@ static inline size_t model_metric_router(const ModelConfig *c, int moe_index) {
 // none, of the attention norm's output (the QKV projection's input; the dense layers in FP8,
 // pre-norm), and of the experts' rows (the gate|up projection's input; one expert-parallel rank
 // and one exchange chunk). The act tensor is then read by the forward only: one buffer serves
-// every layer and slot.
+// every layer and slot, and the backward as scratch (n1's is Scratch.dn, xp's scratch B).
 bool model_keeps_fp8_n1(const Model *m);
 bool model_keeps_fp8_xe(const Model *m);
 // Quantises the FP8 copies of the weights at flat offsets [lo, hi) again from the compute weights

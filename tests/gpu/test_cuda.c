@@ -1118,7 +1118,8 @@ static void test_init_model(void) {
     Parallel pc, pg;
     test_single_parallel(&pc, &c), test_single_parallel(&pg, &c);
     Model mc, mg;
-    model_init(&mc, &c, cpu, &pc, 1, 8, 1, 1, (ModelModes){0}), model_init(&mg, &c, gpu, &pg, 1, 8, 1, 1, (ModelModes){0});
+    model_init(&mc, &c, cpu, &pc, 1, 8, 1, 1, (ModelModes){0});
+    model_init(&mg, &c, gpu, &pg, 1, 8, 1, 1, (ModelModes){0});
     model_init_weights(&mc, 7), model_init_weights(&mg, 7);
     size_t P = mc.reg.total, bad = 0, bad_act = 0;
     float *w = malloc(P * sizeof(float)), *wa = malloc(P * sizeof(float));
