@@ -52,7 +52,7 @@ static void problem_init(GradProblem *g, const ModelConfig *cfg, size_t B, size_
     if (model_config_validate(&c, err)) TEST_FAIL("config invalid: %s", err);
     g->B = B, g->S = S;
     test_single_parallel(&g->par, &c);
-    model_init(&g->m, &c, ops_cpu(), &g->par, B, S, 1, 1, RECOMPUTE_NONE);
+    model_init(&g->m, &c, ops_cpu(), &g->par, B, S, 1, 1, (ModelModes){0});
     model_init_weights(&g->m, seed);
     // Larger, non-unit weights than a real init so every path carries a visible gradient.
     real *p = g->m.params;

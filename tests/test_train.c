@@ -34,7 +34,7 @@ static void test_fused_layout(void) {
     Parallel par;
     test_single_parallel(&par, &c);
     Model m;
-    model_init(&m, &c, ops_cpu(), &par, 2, 4, 1, 1, RECOMPUTE_NONE);
+    model_init(&m, &c, ops_cpu(), &par, 2, 4, 1, 1, (ModelModes){0});
     size_t D = 8, hd = 4, H = 6;
     CHECK(offset_of(&m, "model.layers.1.self_attn.k_proj.weight") ==
           offset_of(&m, "model.layers.1.self_attn.q_proj.weight") + 2 * hd * D);
@@ -76,8 +76,8 @@ static void test_memory_plan_exact(void) {
         Parallel par;
         test_single_parallel(&par, &c);
         Model real_m, plan_m;
-        model_init(&real_m, &c, backends[i], &par, 2, 4, 1, 1, RECOMPUTE_NONE);
-        model_init(&plan_m, &c, ops_counting_like(backends[i]), &par, 2, 4, 1, 1, RECOMPUTE_NONE);
+        model_init(&real_m, &c, backends[i], &par, 2, 4, 1, 1, (ModelModes){0});
+        model_init(&plan_m, &c, ops_counting_like(backends[i]), &par, 2, 4, 1, 1, (ModelModes){0});
         bytes[i] = real_m.mem.bytes, P = real_m.reg.total;
         CHECK_MSG(plan_m.mem.bytes == real_m.mem.bytes, "%s: plan %zu bytes, allocated %zu", backends[i]->name,
                   plan_m.mem.bytes, real_m.mem.bytes);
@@ -142,8 +142,8 @@ static void test_micro_batch_accumulation(void) {
     Parallel par;
     test_single_parallel(&par, &c);
     Model one, two;
-    model_init(&one, &c, ops_cpu(), &par, 2, S, 1, 1, RECOMPUTE_NONE);
-    model_init(&two, &c, ops_cpu(), &par, 2, S, 1, 1, RECOMPUTE_NONE);
+    model_init(&one, &c, ops_cpu(), &par, 2, S, 1, 1, (ModelModes){0});
+    model_init(&two, &c, ops_cpu(), &par, 2, S, 1, 1, (ModelModes){0});
     model_init_weights(&one, 3);
     model_init_weights(&two, 3);
     P = one.reg.total;
@@ -177,6 +177,12 @@ typedef struct {
     bool dense;
 } TestFp8;
 
+// What a test model of recompute mode r with products as *fp8 says (NULL: act precision) allocates.
+static ModelModes test_modes(Recompute r, const TestFp8 *fp8) {
+    return fp8 ? (ModelModes){.recompute = r, .fp8 = true, .how = fp8->how, .fp8_dense = fp8->dense}
+               : (ModelModes){.recompute = r};
+}
+
 // One step's forward and backward of two micro-batches in flight (two slots: both forwards, then
 // both backwards, as a pipeline stage runs them) under a recompute mode, with products in FP8 as
 // *fp8 says: the gradients and the metrics (losses, loads, drops) into grads (P) and metrics, what
@@ -188,8 +194,7 @@ static size_t recompute_step(const ModelConfig *c, Recompute mode, const TestFp8
     Parallel par;
     test_single_parallel(&par, c);
     Model m;
-    model_init(&m, c, ops_cpu(), &par, B, S, 2, 2, mode);
-    if (fp8) model_enable_fp8(&m, fp8->how, fp8->dense);
+    model_init(&m, c, ops_cpu(), &par, B, S, 2, 2, test_modes(mode, fp8));
     model_init_weights(&m, 3);
     for (int i = 0; i < c->n_layers * c->n_experts; i++) ((real *)m.expert_bias)[i] = (real)(0.01 * (i % 5));
     StepInfo info = {.lr = 1e-3f, .step = 1, .seed = 11};
@@ -242,7 +247,7 @@ static void test_recompute_bitwise(void) {
         Model sizing;
         Parallel par;
         test_single_parallel(&par, c);
-        model_init(&sizing, c, ops_counting(false), &par, 1, 1, 1, 1, RECOMPUTE_NONE);
+        model_init(&sizing, c, ops_counting(false), &par, 1, 1, 1, 1, (ModelModes){0});
         size_t P = sizing.reg.total, len = model_metrics_len(c);
         model_free(&sizing);
         test_free_parallel(&par);
@@ -306,7 +311,7 @@ static void fp8_step_case(ModelConfig c, const char *config, double tol) {
     Model sizing;
     Parallel par;
     test_single_parallel(&par, &c);
-    model_init(&sizing, &c, ops_counting(false), &par, 1, 1, 1, 1, RECOMPUTE_NONE);
+    model_init(&sizing, &c, ops_counting(false), &par, 1, 1, 1, 1, (ModelModes){0});
     size_t P = sizing.reg.total, len = model_metrics_len(&c), experts = sizing.layer[2].experts_gu;
     size_t expert_len = sizing.layer[2].experts_down + (size_t)c.n_experts * c.d_model * c.expert_hidden - experts;
     size_t dense = sizing.layer[0].wqkv; // layer 0's weights, a dense layer
@@ -433,16 +438,15 @@ static void test_fp8_weight_copies(void) {
     test_single_parallel(&par, &c);
     Model m;
     Optimizer o;
-    model_init(&m, &c, ops_cpu(), &par, B, S, 1, 1, RECOMPUTE_NONE);
-    model_enable_fp8(&m, FP8_SCALE_AMAX, true);
+    const TestFp8 fp8 = {FP8_SCALE_AMAX, true};
+    model_init(&m, &c, ops_cpu(), &par, B, S, 1, 1, test_modes(RECOMPUTE_NONE, &fp8));
     optim_init(&o, &m);
     model_init_weights(&m, 3);
     CHECK_MSG(m.fp8->n_weights == 16, "%zu FP8 weight tensors, not 4 per layer and 2 more per MoE layer",
               m.fp8->n_weights);
     Model plan;
     Optimizer plan_o;
-    model_init(&plan, &c, ops_counting_like(ops_cpu()), &par, B, S, 1, 1, RECOMPUTE_NONE);
-    model_enable_fp8(&plan, FP8_SCALE_AMAX, true);
+    model_init(&plan, &c, ops_counting_like(ops_cpu()), &par, B, S, 1, 1, test_modes(RECOMPUTE_NONE, &fp8));
     optim_init(&plan_o, &plan);
     size_t want = small_fp8_weight_bytes(&c);
     CHECK_MSG(plan.mem.bytes == m.mem.bytes && m.fp8->weight_bytes == want, "plan %zu bytes, allocated %zu; FP8 "
@@ -480,19 +484,26 @@ static void test_fp8_weight_copies(void) {
     test_free_parallel(&par);
 }
 
-// The bytes model_enable_fp8 adds to the memory plan of c (B x S tokens) with the dense layers in
-// FP8 or not.
-static size_t fp8_plan_bytes(const ModelConfig *c, size_t B, size_t S, bool dense) {
+// The memory plan of c (B x S tokens) under recompute mode r with products as *fp8 says (NULL: act
+// precision): all bytes and those of the activations.
+static void plan_bytes(const ModelConfig *c, size_t B, size_t S, Recompute r, const TestFp8 *fp8, size_t *all,
+                       size_t *acts) {
     Parallel par;
     test_single_parallel(&par, c);
     Model m;
-    model_init(&m, c, ops_counting_like(ops_cpu()), &par, B, S, 1, 1, RECOMPUTE_NONE);
-    size_t before = m.mem.bytes;
-    model_enable_fp8(&m, FP8_SCALE_AMAX, dense);
-    size_t bytes = m.mem.bytes - before;
+    model_init(&m, c, ops_counting_like(ops_cpu()), &par, B, S, 1, 1, test_modes(r, fp8));
+    *all = m.mem.bytes, *acts = m.act_bytes;
     model_free(&m);
     test_free_parallel(&par);
-    return bytes;
+}
+
+// The bytes FP8 products add to the memory plan of c (B x S tokens), their operands, with the dense
+// layers in FP8 or not: under full recompute, which keeps no FP8 input (nor lends scratch).
+static size_t fp8_plan_bytes(const ModelConfig *c, size_t B, size_t S, bool dense) {
+    size_t all, acts, all0, acts0;
+    plan_bytes(c, B, S, RECOMPUTE_FULL, &(TestFp8){FP8_SCALE_AMAX, dense}, &all, &acts);
+    plan_bytes(c, B, S, RECOMPUTE_FULL, NULL, &all0, &acts0);
+    return (all - acts) - (all0 - acts0);
 }
 
 // The FP8 memory of a model of dense layers only (small_model's, 3 of them; T = 12 tokens), byte for
@@ -515,6 +526,87 @@ static void test_fp8_dense_memory(void) {
               weights + scratch + counters, without, counters);
 }
 
+// The memory an FP8 plan of small_model() (3 layers: 1 dense, 2 MoE of 4 experts, top 2; D = 8)
+// takes beyond an act-precision one for T = 1024 tokens, byte for byte. With recompute none the
+// token-major FP8 copies (one code a value, an f32 scale per 128) replace per layer the attention
+// norm's output n1 (T, D), its copy (D, Tt) with Tt = 128 (8 + 1) = 1152 columns (one group: 128
+// past the rows), and per MoE layer the experts' rows (R, D), R = 2048, their copy (D, Tt) with Tt
+// = 128 (16 + 4) = 2560 (a block past each expert's rows). One buffer of each replaced tensor
+// stays, shared by every layer, in the activations, and the backward takes it as scratch: n1's as dn
+// (T, D), xp's as scratch B, sized for B: the widest SwiGLU, (2048, 12) for the dense MLP's width
+// over the experts' rows. So the activations change by the copies less the tensors plus those two
+// buffers, the rest of the plan by the FP8 operands less the two. With reordered norms n1 is no QKV
+// input (no copy); with the dense layers in act precision neither; recompute full and selective
+// keep as in act precision.
+static void test_fp8_kept_inputs_memory(void) {
+    ModelConfig c = small_model(), reordered = small_model();
+    reordered.norm_placement = NORM_REORDERED;
+    size_t T = 1024, R = 2 * T, D = 8, r = sizeof(real), scratch_b = 2048 * 12 * r;
+    size_t n1 = T * D * r, n1_t = D * 1152 + 1152 / 128 * D * r, xp = R * D * r, xe_t = D * 2560 + 2560 / 128 * D * r;
+    ptrdiff_t acts_xe = 2 * ((ptrdiff_t)xe_t - (ptrdiff_t)xp) + (ptrdiff_t)scratch_b;
+    ptrdiff_t acts_n1 = 3 * ((ptrdiff_t)n1_t - (ptrdiff_t)n1) + (ptrdiff_t)n1;
+    const struct {
+        const ModelConfig *c;
+        Recompute r;
+        bool dense;
+        ptrdiff_t acts, lent;
+        const char *name;
+    } cases[] = {{&c, RECOMPUTE_NONE, true, acts_n1 + acts_xe, (ptrdiff_t)(n1 + scratch_b), "pre-norm"},
+                 {&c, RECOMPUTE_NONE, false, acts_xe, (ptrdiff_t)scratch_b, "pre-norm, dense layers in act precision"},
+                 {&reordered, RECOMPUTE_NONE, true, acts_xe, (ptrdiff_t)scratch_b, "reordered norms"},
+                 {&c, RECOMPUTE_SELECTIVE, true, 0, 0, "selective recompute"},
+                 {&c, RECOMPUTE_FULL, true, 0, 0, "full recompute"}};
+    CHECK_MSG(acts_n1 + acts_xe - (ptrdiff_t)(n1 + scratch_b) < 0,
+              "the copies keep more than the tensors they replace");
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        size_t all, acts, all0, acts0;
+        plan_bytes(cases[i].c, 2, T / 2, cases[i].r, &(TestFp8){FP8_SCALE_AMAX, cases[i].dense}, &all, &acts);
+        plan_bytes(cases[i].c, 2, T / 2, cases[i].r, NULL, &all0, &acts0);
+        ptrdiff_t got = (ptrdiff_t)acts - (ptrdiff_t)acts0, rest = (ptrdiff_t)(all - acts) - (ptrdiff_t)(all0 - acts0);
+        ptrdiff_t want_rest = (ptrdiff_t)fp8_plan_bytes(cases[i].c, 2, T / 2, cases[i].dense) - cases[i].lent;
+        CHECK_MSG(got == cases[i].acts && rest == want_rest, "%s: FP8 keeps %td activation bytes more than act "
+                  "precision (want %td) and %td more beside them (want %td)", cases[i].name, got, cases[i].acts,
+                  rest, want_rest);
+    }
+}
+
+// With recompute none an FP8 step keeps the token-major copies of the QKV and expert gate|up inputs
+// from the forward (two micro-batches in flight, each its own): the gradients and metrics are bitwise
+// those of full recompute (which makes them in the backward), and each product input is still
+// quantised twice a micro-batch, as rows and token-major (class activations): per layer the inputs
+// of QKV (T, D), the output projection (T, Hq hd) and the MLP's gate|up (T, D) and down (T, H)
+// (dense_fp8_values), per MoE layer the experts' rows (T K, D) and (T K, He); the output gradients
+// as before too (class gradients: the experts' (T K, D) and (T K, 2 He) besides the dense layers').
+static void test_fp8_kept_inputs_step(void) {
+    ModelConfig c = small_model();
+    Model sizing;
+    Parallel par;
+    test_single_parallel(&par, &c);
+    model_init(&sizing, &c, ops_counting(false), &par, 1, 1, 1, 1, (ModelModes){0});
+    size_t P = sizing.reg.total, len = model_metrics_len(&c);
+    model_free(&sizing);
+    test_free_parallel(&par);
+    const TestFp8 fp8 = {FP8_SCALE_AMAX, true};
+    real *grads[2] = {calloc(P, sizeof(real)), calloc(P, sizeof(real))};
+    real *metrics[2] = {calloc(len, sizeof(real)), calloc(len, sizeof(real))};
+    uint64_t counts[MODEL_FP8_COUNTS], full_counts[MODEL_FP8_COUNTS];
+    recompute_step(&c, RECOMPUTE_NONE, &fp8, grads[0], metrics[0], counts);
+    recompute_step(&c, RECOMPUTE_FULL, &fp8, grads[1], metrics[1], full_counts);
+    CHECK_MSG(!memcmp(grads[0], grads[1], P * sizeof(real)) && !memcmp(metrics[0], metrics[1], len * sizeof(real)),
+              "FP8 with kept token-major inputs differs from full recompute");
+    size_t T = 2 * 6, K = (size_t)c.top_k, D = (size_t)c.d_model, He = (size_t)c.expert_hidden;
+    uint64_t act, grad;
+    dense_fp8_values(&c, T, &act, &grad);
+    act += 2 * (uint64_t)(2 * T * K * (D + He)); // two MoE layers
+    grad += 2 * (uint64_t)(2 * T * K * (D + 2 * He));
+    CHECK_MSG(fp8_values(counts, FP8_CLASS_ACTIVATIONS) == 2 * act &&
+              fp8_values(counts, FP8_CLASS_GRADIENTS) == 2 * grad,
+              "a step counted %llu activation values (want %llu) and %llu gradient values (want %llu)",
+              fp8_values(counts, FP8_CLASS_ACTIVATIONS), (unsigned long long)(2 * act),
+              fp8_values(counts, FP8_CLASS_GRADIENTS), (unsigned long long)(2 * grad));
+    for (int i = 0; i < 2; i++) free(grads[i]), free(metrics[i]);
+}
+
 // train.optimizer_overlap: a step's update is left pending, the weights as they were; completed unit
 // by unit (as the next step's forward asks for them) or by a flush after the first unit, it gives
 // bitwise the weights and moments of the update made at once, with clipping that bites, and zeroes
@@ -533,7 +625,7 @@ static void test_optimizer_overlap(void) {
     Optimizer o[3];
     real *metrics = calloc(model_metrics_len(&cfg.model), sizeof(real)), *before = NULL;
     for (int k = 0; k < 3; k++) {
-        model_init(&m[k], &cfg.model, ops_cpu(), &par, B, S, 1, 1, RECOMPUTE_NONE);
+        model_init(&m[k], &cfg.model, ops_cpu(), &par, B, S, 1, 1, (ModelModes){0});
         optim_init(&o[k], &m[k]);
         o[k].overlap = k > 0;
         model_init_weights(&m[k], 5);
@@ -637,8 +729,8 @@ static void test_checkpoint_round_trip_and_prune(void) {
     test_single_parallel(&par, &mc);
     Model a, b;
     Optimizer oa, ob;
-    model_init(&a, &mc, ops_cpu(), &par, 1, 4, 1, 1, RECOMPUTE_NONE);
-    model_init(&b, &mc, ops_cpu(), &par, 1, 4, 1, 1, RECOMPUTE_NONE);
+    model_init(&a, &mc, ops_cpu(), &par, 1, 4, 1, 1, (ModelModes){0});
+    model_init(&b, &mc, ops_cpu(), &par, 1, 4, 1, 1, (ModelModes){0});
     optim_init(&oa, &a);
     optim_init(&ob, &b);
     model_init_weights(&a, 1);
@@ -717,7 +809,7 @@ static void test_checkpoint_non_finite(void) {
     test_single_parallel(&par, &cfg.model);
     Model m;
     Optimizer o;
-    model_init(&m, &cfg.model, ops_cpu(), &par, 1, 4, 1, 1, RECOMPUTE_NONE);
+    model_init(&m, &cfg.model, ops_cpu(), &par, 1, 4, 1, 1, (ModelModes){0});
     optim_init(&o, &m);
     model_init_weights(&m, 1);
     MoeErr err = "";
@@ -749,6 +841,8 @@ const TestCase train_tests[] = {
     {"model_fp8_step", test_fp8_step},
     {"model_fp8_weight_copies", test_fp8_weight_copies},
     {"model_fp8_dense_memory", test_fp8_dense_memory},
+    {"model_fp8_kept_inputs_memory", test_fp8_kept_inputs_memory},
+    {"model_fp8_kept_inputs_step", test_fp8_kept_inputs_step},
     {"train_optimizer_overlap", test_optimizer_overlap},
     {"train_lr_schedule", test_lr_schedule},
     {"train_step_report", test_step_report},

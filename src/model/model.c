@@ -213,6 +213,20 @@ static void *layer_act(Model *m, void *shared, size_t n) { return shared ? share
 static void *layer_f32(Model *m, void *shared, size_t n) { return shared ? shared : f32_buf(m, n); }
 static int32_t *layer_i32(Model *m, int32_t *shared, size_t n) { return shared ? shared : i32_buf(m, n); }
 
+bool model_keeps_fp8_n1(const Model *m) {
+    return m->fp8 && m->fp8->dense && m->recompute == RECOMPUTE_NONE && m->cfg.norm_placement == NORM_PRE;
+}
+
+bool model_keeps_fp8_xe(const Model *m) {
+    return m->fp8 && m->recompute == RECOMPUTE_NONE && m->par->ep->size == 1 && m->xchg.chunks == 1;
+}
+
+// A kept token-major FP8 copy (Fp8Cols) of an input of K columns, R rows in El groups.
+static Fp8Cols alloc_fp8_cols(Model *m, size_t R, size_t El, size_t K) {
+    size_t Tt = fp8_expert_cols(R, El);
+    return (Fp8Cols){.q = model_alloc(m, K * Tt), .scales = model_alloc(m, Tt / FP8_BLOCK * K * m->ops->f32_size)};
+}
+
 static void alloc_moe_acts(Model *m, LayerActs *a, size_t T) {
     const ModelConfig *c = &m->cfg;
     const LayerActs *sh = &m->shared;
@@ -227,6 +241,7 @@ static void alloc_moe_acts(Model *m, LayerActs *a, size_t T) {
     a->xp = layer_act(m, sh->xp, R * D);
     if (ep) a->y = sh->y ? sh->y : moe_exchange_buf(&m->xchg, R);
     a->xe = !ep ? a->xp : sh->xe ? sh->xe : moe_exchange_buf(&m->xchg, Rr);
+    if (model_keeps_fp8_xe(m)) a->xe_t = alloc_fp8_cols(m, Rr, (size_t)m->n_experts_local, D);
     if (ep && sh->routes.offsets) a->routes = sh->routes;
     else if (ep) moe_exchange_routes_init(&m->xchg, &a->routes);
     if (c->shared_hidden)
@@ -242,6 +257,7 @@ static void alloc_layer_acts(Model *m, LayerActs *a, size_t T, bool moe, bool de
     size_t expert = moe ? moe_exchange_received_rows(&m->xchg, T) * c->expert_hidden : 0; // rows x width
     size_t hidden = max_size(m->expert_hact ? 0 : expert, dense ? T * c->dense_hidden : 0); // hact's, if kept
     a->n1 = layer_act(m, sh->n1, T * D), a->n1_rstd = layer_f32(m, sh->n1_rstd, T);
+    if (model_keeps_fp8_n1(m)) a->n1_t = alloc_fp8_cols(m, T, 1, D);
     a->qkv_raw = layer_act(m, sh->qkv_raw, T * C), a->qkv = layer_act(m, sh->qkv, T * C);
     a->qk_rstd = layer_f32(m, sh->qk_rstd, T * (c->n_heads + c->n_kv_heads));
     a->att = layer_act(m, sh->att, T * Dq), a->att_lse = layer_f32(m, sh->att_lse, T * c->n_heads);
@@ -289,6 +305,23 @@ static void alloc_selective_shared(Model *m, size_t T) {
     s->xp = act_buf(m, model_routed_rows(c, T) * D);
 }
 
+// Elements of gradient scratch B (Scratch), for calls of T tokens.
+static size_t scratch_b_elems(const Model *m, size_t T) {
+    const ModelConfig *c = &m->cfg;
+    bool moe = model_n_moe_layers(c) > 0, ep = m->par->ep->size > 1;
+    size_t R = moe && !ep ? model_routed_rows(c, T) : 0;
+    return max_size(max_size(R * (size_t)c->d_model, swiglu_elems(m, T)), T * model_qkv_width(c));
+}
+
+// Recompute none with FP8 copies kept in place of the attention norm's output or the experts' rows
+// (model_keeps_fp8_n1, _xe): the forward alone reads those, so one buffer serves every layer and
+// slot, and the backward's scratch (alloc_scratch) as well, as no forward reads its dn or B: n1 is dn
+// (T, D), xp is B (with one expert-parallel rank at least (R, D)).
+static void alloc_fp8_kept_shared(Model *m, size_t T) {
+    if (model_keeps_fp8_n1(m)) m->shared.n1 = act_buf(m, T * m->cfg.d_model);
+    if (model_keeps_fp8_xe(m) && n_local_moe_layers(m)) m->shared.xp = act_buf(m, scratch_b_elems(m, T));
+}
+
 // With one expert-parallel rank no MoE layer keeps its experts' SwiGLU output (Model.expert_hact):
 // one buffer serves them all, selective recompute's shared SwiGLU buffer where there is one.
 static void alloc_expert_hact(Model *m, size_t T) {
@@ -317,9 +350,11 @@ static void alloc_scratch(Model *m, size_t T) {
     size_t hidden = swiglu_elems(m, T);
     bool ep = m->par->ep->size > 1;
     Scratch *s = &m->s;
-    s->dres = act_buf(m, T * D), s->dn = act_buf(m, T * D), s->datt = act_buf(m, T * Dq);
+    s->dres = act_buf(m, T * D), s->datt = act_buf(m, T * Dq);
+    s->dn = model_keeps_fp8_n1(m) ? m->shared.n1 : act_buf(m, T * D); // alloc_fp8_kept_shared's
     void *a = act_buf(m, max_size(max_size(R * D, 2 * hidden), T * C));          // dy, dgu, dqkv
-    void *b = act_buf(m, max_size(max_size(ep ? 0 : R * D, hidden), T * C));     // dhact, dxp, dqkv_raw
+    void *b = model_keeps_fp8_xe(m) && m->shared.xp ? m->shared.xp              // dhact, dxp, dqkv_raw
+                                                    : act_buf(m, scratch_b_elems(m, T));
     s->dqkv = a, s->dqkv_raw = b;
     s->dgu = a, s->dhact = b;
     s->dxf = act_buf(m, T * D);
@@ -380,56 +415,6 @@ static void init_chunks(Model *m, int n_slots, int n_micro) {
 static AttnDims attn_dims(const Model *m, size_t B, size_t S) {
     const ModelConfig *c = &m->cfg;
     return (AttnDims){B, S, (size_t)c->n_heads, (size_t)c->n_kv_heads, (size_t)c->head_dim};
-}
-
-void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel *par, size_t B,
-                size_t S, int n_slots, int n_micro, Recompute recompute) {
-    MoeErr err;
-    char backend[64];
-    snprintf(backend, sizeof backend, "the %s backend", ops->name);
-    if (ops->limits && model_config_check_limits(cfg, ops->limits, backend, err)) moe_fatal("%s", err);
-    memset(m, 0, sizeof *m);
-    m->cfg = *cfg;
-    m->ops = m->mem.ops = ops;
-    m->par = par;
-    init_chunks(m, n_slots, n_micro);
-    m->n_experts_local = par->lay.expert_end - par->lay.expert_begin;
-    m->first_stage = layout_first_stage(&par->lay), m->last_stage = layout_last_stage(&par->lay);
-    m->B = B, m->S = S, m->n_micro = n_micro, m->recompute = recompute;
-    register_params(m);
-    size_t P = m->reg.total, T = B * S, D = cfg->d_model;
-    init_master(m);
-    m->params = f32_buf(m, m->master_len);
-    m->params_act = ops->act_aliases_f32 ? m->params : act_buf(m, P);
-    m->grads = f32_buf(m, P);
-    m->expert_bias = f32_buf(m, (size_t)cfg->n_layers * cfg->n_experts);
-    m->step_info = model_alloc(m, sizeof(StepInfo));
-    ops->zero(m->step_info, sizeof(StepInfo));
-    m->metrics_scratch = f32_buf(m, model_metrics_len(cfg));
-    upload_rope(m, S);
-    m->tokens = i32_buf(m, (size_t)n_micro * T), m->targets = i32_buf(m, (size_t)n_micro * T);
-    size_t before_acts = m->mem.bytes;
-    int kept_calls = moe_calls(m); // calls whose expert rows are kept
-    if (recompute == RECOMPUTE_FULL && kept_calls) kept_calls = 1;
-    moe_exchange_init(&m->xchg, cfg, ops, par, &m->mem, T, kept_calls);
-    m->exchange_bytes = m->mem.bytes - before_acts;
-    if (recompute == RECOMPUTE_SELECTIVE) alloc_selective_shared(m, T);
-    alloc_expert_hact(m, T);
-    if (recompute == RECOMPUTE_FULL) alloc_full_shared(m, T);
-    for (int c = 0; c < m->n_chunks; c++) {
-        ModelChunk *k = &m->chunk[c];
-        k->slots = moe_calloc((size_t)k->n_slots, sizeof(SlotActs));
-        for (int i = 0; i < k->n_slots; i++) alloc_slot(m, k, &k->slots[i], T);
-    }
-    m->act_bytes = m->mem.bytes - before_acts;
-    if (m->last_stage) {
-        m->xf = act_buf(m, T * D), m->xf_rstd = f32_buf(m, T);
-        size_t chunk = ops->logits_chunk / cfg->vocab_size;
-        m->logit_rows = chunk < 1 ? 1 : chunk > T ? T : chunk;
-        m->logits = act_buf(m, m->logit_rows * cfg->vocab_size);
-    }
-    alloc_scratch(m, T);
-    if (ops->attention_workspace) m->mem.bytes += ops->attention_workspace(attn_dims(m, B, S)); // the library's
 }
 
 // The FP8 copies of the weight tensor at offset `off` of the compute weights, (El, N, K).
@@ -493,14 +478,22 @@ static void alloc_fp8_scratch(Model *m, const Fp8Extent *x, int n) {
     o->x_t = model_alloc(m, in), o->x_t_scales = model_alloc(m, in / FP8_BLOCK * f);
 }
 
-void model_enable_fp8(Model *m, Fp8Scaling how, bool dense) {
-    const ModelConfig *c = &m->cfg;
+// The FP8 products' operands (ModelModes.fp8); their buffers come after the model's (alloc_fp8_operands).
+static Fp8Operands *fp8_operands_new(const Model *m, Fp8Scaling how, bool dense) {
     if (!m->ops->fp8_grouped_matmul && !m->ops->sizing_only)
         moe_fatal("train.precision = fp8: the %s backend has no FP8 products here (the CUDA backend's need a "
                   "Hopper GPU, compute capability 9.0); use train.precision = bf16", m->ops->name);
-    size_t T = m->B * m->S, Rr = moe_exchange_received_rows(&m->xchg, T), El = (size_t)m->n_experts_local;
-    Fp8Operands *o = m->fp8 = moe_calloc(1, sizeof *o);
+    Fp8Operands *o = moe_calloc(1, sizeof *o);
     o->how = how, o->dense = dense;
+    return o;
+}
+
+// The FP8 copies of the weights, quantised from the compute weights as they are, and the
+// activation scratch.
+static void alloc_fp8_operands(Model *m) {
+    const ModelConfig *c = &m->cfg;
+    size_t T = m->B * m->S, Rr = moe_exchange_received_rows(&m->xchg, T), El = (size_t)m->n_experts_local;
+    Fp8Operands *o = m->fp8;
     o->weights = moe_calloc(FP8_LAYER_TENSORS * (size_t)n_local_layers(m), sizeof *o->weights);
     Fp8Extent experts = {.R = Rr, .Tt = fp8_expert_cols(Rr, El)}, dense_x = {.R = T, .Tt = fp8_expert_cols(T, 1)};
     size_t before = m->mem.bytes;
@@ -515,9 +508,62 @@ void model_enable_fp8(Model *m, Fp8Scaling how, bool dense) {
     model_quantize_fp8_weights(m, 0, m->reg.total);
 }
 
-// The counters of tensor class c (docs/FP8.md: the forward's rows and the backward's token-major
-// copies of the input are activations; the backward's rows and token-major copies of the output
-// gradient are gradients).
+void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel *par, size_t B,
+                size_t S, int n_slots, int n_micro, ModelModes modes) {
+    MoeErr err;
+    char backend[64];
+    snprintf(backend, sizeof backend, "the %s backend", ops->name);
+    if (ops->limits && model_config_check_limits(cfg, ops->limits, backend, err)) moe_fatal("%s", err);
+    memset(m, 0, sizeof *m);
+    m->cfg = *cfg;
+    m->ops = m->mem.ops = ops;
+    m->par = par;
+    init_chunks(m, n_slots, n_micro);
+    m->n_experts_local = par->lay.expert_end - par->lay.expert_begin;
+    m->first_stage = layout_first_stage(&par->lay), m->last_stage = layout_last_stage(&par->lay);
+    m->B = B, m->S = S, m->n_micro = n_micro, m->recompute = modes.recompute;
+    if (modes.fp8) m->fp8 = fp8_operands_new(m, modes.how, modes.fp8_dense);
+    register_params(m);
+    size_t P = m->reg.total, T = B * S, D = cfg->d_model;
+    init_master(m);
+    m->params = f32_buf(m, m->master_len);
+    m->params_act = ops->act_aliases_f32 ? m->params : act_buf(m, P);
+    m->grads = f32_buf(m, P);
+    m->expert_bias = f32_buf(m, (size_t)cfg->n_layers * cfg->n_experts);
+    m->step_info = model_alloc(m, sizeof(StepInfo));
+    ops->zero(m->step_info, sizeof(StepInfo));
+    m->metrics_scratch = f32_buf(m, model_metrics_len(cfg));
+    upload_rope(m, S);
+    m->tokens = i32_buf(m, (size_t)n_micro * T), m->targets = i32_buf(m, (size_t)n_micro * T);
+    size_t before_acts = m->mem.bytes;
+    int kept_calls = moe_calls(m); // calls whose expert rows are kept
+    if (m->recompute == RECOMPUTE_FULL && kept_calls) kept_calls = 1;
+    moe_exchange_init(&m->xchg, cfg, ops, par, &m->mem, T, kept_calls);
+    m->exchange_bytes = m->mem.bytes - before_acts;
+    if (m->recompute == RECOMPUTE_SELECTIVE) alloc_selective_shared(m, T);
+    alloc_fp8_kept_shared(m, T);
+    alloc_expert_hact(m, T);
+    if (m->recompute == RECOMPUTE_FULL) alloc_full_shared(m, T);
+    for (int c = 0; c < m->n_chunks; c++) {
+        ModelChunk *k = &m->chunk[c];
+        k->slots = moe_calloc((size_t)k->n_slots, sizeof(SlotActs));
+        for (int i = 0; i < k->n_slots; i++) alloc_slot(m, k, &k->slots[i], T);
+    }
+    m->act_bytes = m->mem.bytes - before_acts;
+    if (m->last_stage) {
+        m->xf = act_buf(m, T * D), m->xf_rstd = f32_buf(m, T);
+        size_t chunk = ops->logits_chunk / cfg->vocab_size;
+        m->logit_rows = chunk < 1 ? 1 : chunk > T ? T : chunk;
+        m->logits = act_buf(m, m->logit_rows * cfg->vocab_size);
+    }
+    alloc_scratch(m, T);
+    if (ops->attention_workspace) m->mem.bytes += ops->attention_workspace(attn_dims(m, B, S)); // the library's
+    if (m->fp8) alloc_fp8_operands(m);
+}
+
+// The counters of tensor class c (docs/FP8.md: the forward's rows and the token-major copies of the
+// input, the backward's or those the forward keeps, are activations; the backward's rows and
+// token-major copies of the output gradient are gradients).
 static uint64_t *fp8_counts(const Fp8Operands *o, Fp8Class c) { return o->counts + (size_t)c * FP8_COUNTS; }
 
 void model_quantize_fp8_weights(Model *m, size_t lo, size_t hi) {
@@ -633,6 +679,12 @@ static void *resid(const Model *m, const ForwardArgs *a, int l) {
     return slot_of(m, a)->resid[l - m->chunk[a->chunk].layer_begin];
 }
 
+// A layer's kept token-major FP8 copy (model_keeps_fp8_n1, _xe), NULL where the model keeps none:
+// the backward reads it; a training forward writes it (forward_cols; not a recompute's: none is
+// kept under recompute, nor an evaluation's).
+static const Fp8Cols *kept_cols(const Fp8Cols *c) { return c->q ? c : NULL; }
+static const Fp8Cols *forward_cols(const Fp8Cols *c, const ForwardArgs *a) { return a->train ? kept_cols(c) : NULL; }
+
 static int moe_index(const ModelConfig *c, int l) { return l - c->n_dense_layers; }
 
 static RouterArgs router_args(const Model *m, int l, const ForwardArgs *a) {
@@ -684,7 +736,7 @@ static void dispatch(const Model *m, LayerActs *x, const void *in, void *stats, 
                                  c->n_experts, c->d_model, model_expert_capacity(c, T));
 }
 
-// Experts [e0, ...) of an FP8 copy of weights (model_enable_fp8): those whose compute weights (N, K
+// Experts [e0, ...) of an FP8 copy of weights (alloc_fp8_operands): those whose compute weights (N, K
 // each) start at offset w (a dense layer's: its one matrix).
 static Fp8Weights fp8_weights_at(const Model *m, size_t w, size_t N, size_t K) {
     const Fp8Operands *o = m->fp8;
@@ -712,13 +764,17 @@ static void fp8_product(const Model *m, void *out, const void *b, const void *b_
 
 // Per group of rows of off (El experts; NULL: one group of all R rows), out (R, N) = x (R, K) .
 // w[e] (N, K)^T in FP8 with the compute weights at offset w: from the weights' FP8 copy and x's
-// rows, quantised here unless the kernel that wrote x wrote them too (x_quantised: swiglu_fp8).
-static void fp8_forward(const Model *m, void *out, const void *x, bool x_quantised, size_t w, const int32_t *off,
-                        size_t El, size_t N, size_t K, size_t R) {
+// rows, quantised here unless the kernel that wrote x wrote them too (x_quantised: swiglu_fp8);
+// with x_t (non-NULL) also x's token-major copy for the backward, from the same read of x.
+static void fp8_forward(const Model *m, void *out, const void *x, bool x_quantised, const Fp8Cols *x_t, size_t w,
+                        const int32_t *off, size_t El, size_t N, size_t K, size_t R) {
     const Fp8Operands *q = m->fp8;
     Fp8Weights wq = fp8_weights_at(m, w, N, K);
-    if (!x_quantised)
-        m->ops->fp8_quantize_rows(q->rows, q->row_scales, x, off, El, R, K, q->how, fp8_counts(q, FP8_CLASS_ACTIVATIONS));
+    uint64_t *acts = fp8_counts(q, FP8_CLASS_ACTIVATIONS);
+    MOE_ASSERT(!(x_quantised && x_t));
+    if (x_t)
+        m->ops->fp8_quantize_rows_cols(q->rows, q->row_scales, x_t->q, x_t->scales, x, off, El, R, K, q->how, acts);
+    else if (!x_quantised) m->ops->fp8_quantize_rows(q->rows, q->row_scales, x, off, El, R, K, q->how, acts);
     fp8_product(m, out, wq.q, wq.scales, off, El, N, K, R);
 }
 
@@ -729,10 +785,10 @@ typedef enum { DOUT_T_MAKE, DOUT_T_KEEP, DOUT_T_KEPT } DoutCopy;
 
 // Its backward in FP8 (groups as fp8_forward's): dx (R, K) = dout . w[e] from quantised rows of dout
 // and the weights' transposed FP8 copy; dw (El, N, K) f32 += dout^T . x per group from token-major
-// copies of dout and x (either skipped when NULL); dout's two copies from one read of it when both
-// are made here.
-static void fp8_backward(const Model *m, void *dx, void *dw, const void *dout, const void *x, size_t w,
-                         const int32_t *off, size_t El, size_t N, size_t K, size_t R, DoutCopy dout_t) {
+// copies of dout and x (either skipped when NULL): x's the forward kept (x_t, x unread) or, with
+// x_t NULL, made here; dout's two copies from one read of it when both are made here.
+static void fp8_backward(const Model *m, void *dx, void *dw, const void *dout, const void *x, const Fp8Cols *x_t,
+                         size_t w, const int32_t *off, size_t El, size_t N, size_t K, size_t R, DoutCopy dout_t) {
     const Ops *ops = m->ops;
     const Fp8Operands *q = m->fp8;
     Fp8Weights wq = fp8_weights_at(m, w, N, K);
@@ -744,24 +800,26 @@ static void fp8_backward(const Model *m, void *dx, void *dw, const void *dout, c
                                     grads);
     else if (dx) ops->fp8_quantize_rows(q->rows, q->row_scales, dout, off, El, R, N, q->how, grads);
     else if (make_t) ops->fp8_quantize_cols(q->dout_t, q->dout_t_scales, dout, off, El, R, N, q->how, grads);
-    if (dw) ops->fp8_quantize_cols(q->x_t, q->x_t_scales, x, off, El, R, K, q->how, fp8_counts(q, FP8_CLASS_ACTIVATIONS));
+    Fp8Cols xt = x_t ? *x_t : (Fp8Cols){.q = q->x_t, .scales = q->x_t_scales};
+    if (dw && !x_t)
+        ops->fp8_quantize_cols(xt.q, xt.scales, x, off, El, R, K, q->how, fp8_counts(q, FP8_CLASS_ACTIVATIONS));
     if (dx) fp8_product(m, dx, wq.qt, wq.scales_t, off, El, K, N, R);
-    if (dw) ops->fp8_grouped_matmul_wgrad(dw, q->dout_t, q->dout_t_scales, q->x_t, q->x_t_scales, off, El, N, K, R);
+    if (dw) ops->fp8_grouped_matmul_wgrad(dw, q->dout_t, q->dout_t_scales, xt.q, xt.scales, off, El, N, K, R);
 }
 
 // Per expert, out (Rr, N) = x (Rr, K) . w[e] (N, K)^T with the compute weights at offset w: in act
-// precision, or in FP8 (fp8_forward; x_quantised as there).
-static void expert_forward(const Model *m, void *out, const void *x, bool x_quantised, size_t w, const int32_t *off,
-                           size_t El, size_t N, size_t K, size_t Rr) {
-    if (m->fp8) fp8_forward(m, out, x, x_quantised, w, off, El, N, K, Rr);
+// precision, or in FP8 (fp8_forward; x_quantised and x_t as there).
+static void expert_forward(const Model *m, void *out, const void *x, bool x_quantised, const Fp8Cols *x_t, size_t w,
+                           const int32_t *off, size_t El, size_t N, size_t K, size_t Rr) {
+    if (m->fp8) fp8_forward(m, out, x, x_quantised, x_t, w, off, El, N, K, Rr);
     else m->ops->grouped_matmul_forward(out, x, W(m, w), off, El, N, K, Rr);
 }
 
 // dx (Rr, K) = dout . w[e]; dw (El, N, K) f32 += dout^T . x per expert (either skipped when NULL),
-// with the compute weights at offset w: in act precision, or in FP8 (fp8_backward, dout_t as there).
-static void expert_backward(const Model *m, void *dx, void *dw, const void *dout, const void *x, size_t w,
-                            const int32_t *off, size_t El, size_t N, size_t K, size_t Rr, DoutCopy dout_t) {
-    if (m->fp8) fp8_backward(m, dx, dw, dout, x, w, off, El, N, K, Rr, dout_t);
+// with the compute weights at offset w: in act precision, or in FP8 (fp8_backward, x_t and dout_t as there).
+static void expert_backward(const Model *m, void *dx, void *dw, const void *dout, const void *x, const Fp8Cols *x_t,
+                            size_t w, const int32_t *off, size_t El, size_t N, size_t K, size_t Rr, DoutCopy dout_t) {
+    if (m->fp8) fp8_backward(m, dx, dw, dout, x, x_t, w, off, El, N, K, Rr, dout_t);
     else m->ops->grouped_matmul_backward(dx, dw, dout, x, W(m, w), off, El, N, K, Rr);
 }
 
@@ -783,25 +841,26 @@ static void fp8_accumulate(const Model *m, void *out, bool accumulate, size_t n)
 }
 
 // A dense linear layer, out (T, N) (= or +=) x (T, K) . w (N, K)^T with the compute weights at
-// offset w: in act precision, or (dense_fp8) in FP8 (fp8_forward; x_quantised as there).
-static void dense_forward(const Model *m, void *out, const void *x, bool x_quantised, size_t w, size_t T, size_t N,
-                          size_t K, bool accumulate) {
+// offset w: in act precision, or (dense_fp8) in FP8 (fp8_forward; x_quantised and x_t as there).
+static void dense_forward(const Model *m, void *out, const void *x, bool x_quantised, const Fp8Cols *x_t, size_t w,
+                          size_t T, size_t N, size_t K, bool accumulate) {
     if (!dense_fp8(m)) {
         m->ops->matmul_forward(out, x, W(m, w), T, N, K, accumulate);
         return;
     }
-    fp8_forward(m, fp8_target(m, out, accumulate, N), x, x_quantised, w, NULL, 1, N, K, T);
+    fp8_forward(m, fp8_target(m, out, accumulate, N), x, x_quantised, x_t, w, NULL, 1, N, K, T);
     fp8_accumulate(m, out, accumulate, T * N);
 }
 
-// Its backward: dx (T, K) (= or += with accumulate_dx) dout . w; dw (N, K) f32 += dout^T . x.
-static void dense_backward(const Model *m, void *dx, void *dw, const void *dout, const void *x, size_t w, size_t T,
-                           size_t N, size_t K, bool accumulate_dx) {
+// Its backward: dx (T, K) (= or += with accumulate_dx) dout . w; dw (N, K) f32 += dout^T . x (in FP8
+// from x's kept token-major copy x_t where non-NULL).
+static void dense_backward(const Model *m, void *dx, void *dw, const void *dout, const void *x, const Fp8Cols *x_t,
+                           size_t w, size_t T, size_t N, size_t K, bool accumulate_dx) {
     if (!dense_fp8(m)) {
         m->ops->matmul_backward(dx, dw, dout, x, W(m, w), T, N, K, accumulate_dx);
         return;
     }
-    fp8_backward(m, fp8_target(m, dx, accumulate_dx, K), dw, dout, x, w, NULL, 1, N, K, T, DOUT_T_MAKE);
+    fp8_backward(m, fp8_target(m, dx, accumulate_dx, K), dw, dout, x, x_t, w, NULL, 1, N, K, T, DOUT_T_MAKE);
     fp8_accumulate(m, dx, accumulate_dx, T * K);
 }
 
@@ -820,9 +879,9 @@ static void swiglu_fp8(const Model *m, const Fp8Operands *q, void *hact, const v
 static void swiglu_mlp_forward(const Model *m, void *out, const void *in, void *gu, void *hact,
                                size_t gu_w, size_t down_w, size_t T, size_t H, bool accumulate) {
     size_t D = m->cfg.d_model;
-    dense_forward(m, gu, in, false, gu_w, T, 2 * H, D, false);
+    dense_forward(m, gu, in, false, NULL, gu_w, T, 2 * H, D, false);
     swiglu_fp8(m, dense_fp8(m), hact, gu, NULL, 0, H, T);
-    dense_forward(m, out, hact, true, down_w, T, D, H, accumulate);
+    dense_forward(m, out, hact, true, NULL, down_w, T, D, H, accumulate);
 }
 
 // One MoE call's expert work on chunk [e0, e1) of its local experts (moe_exchange_pipeline): the
@@ -833,6 +892,7 @@ typedef struct {
     LayerActs *x;
     size_t Rr;            // rows of the expert-major buffers
     void *ye;             // forward: (Rr, D) the experts' outputs
+    const Fp8Cols *xe_t;  // forward: where xe's token-major FP8 copy is kept (NULL: not kept)
     void *dye, *dxe;      // backward: (Rr, D) gradients of the experts' outputs and inputs
 } ExpertWork;
 
@@ -852,9 +912,10 @@ static void experts_forward(void *ctx, size_t e0, size_t e1) {
     size_t D = m->cfg.d_model, H = m->cfg.expert_hidden, n = e1 - e0;
     const int32_t *off = chunk_offsets(w, e0);
     void *hact = experts_hact(m, w->x);
-    expert_forward(m, w->x->gu, w->x->xe, false, expert_tensor(p->experts_gu, e0, 2 * H, D), off, n, 2 * H, D, w->Rr);
+    expert_forward(m, w->x->gu, w->x->xe, false, w->xe_t, expert_tensor(p->experts_gu, e0, 2 * H, D), off, n, 2 * H,
+                   D, w->Rr);
     swiglu_fp8(m, m->fp8, hact, w->x->gu, off, n, H, w->Rr);
-    expert_forward(m, w->ye, hact, true, expert_tensor(p->experts_down, e0, D, H), off, n, D, H, w->Rr);
+    expert_forward(m, w->ye, hact, true, NULL, expert_tensor(p->experts_down, e0, D, H), off, n, D, H, w->Rr);
 }
 
 static void moe_forward(Model *m, int l, LayerActs *x, const void *in, const ForwardArgs *a) {
@@ -867,7 +928,7 @@ static void moe_forward(Model *m, int l, LayerActs *x, const void *in, const For
     moe_exchange_route(&m->xchg, &x->routes, x->offsets, model_f32(m, stats, router_stat_dropped(E)), T);
     void *y = x->y ? x->y : m->s.dy; // one expert-parallel rank: not kept (scratch A until the combine)
     ExpertWork w = {.m = m, .l = l, .x = x, .Rr = moe_exchange_received_rows(&m->xchg, T),
-                    .ye = m->par->ep->size > 1 ? m->s.dxe : y};
+                    .ye = m->par->ep->size > 1 ? m->s.dxe : y, .xe_t = forward_cols(&x->xe_t, a)};
     moe_exchange_pipeline(&m->xchg, &x->routes, x->xp, x->xe, w.ye, y, experts_forward, &w);
     m->ops->moe_combine_forward(x->f, y, x->slot_pos, x->topk_w, T, K, D, false);
     if (c->shared_hidden)
@@ -882,16 +943,17 @@ static void ffn_forward(Model *m, int l, LayerActs *x, const void *in, const For
                             m->cfg.dense_hidden, false);
 }
 
-static void attention_forward(Model *m, int l, LayerActs *x, const void *in, AttnDims d) {
+// Attention from the layer's input `in` (with in_t non-NULL: keeping its token-major FP8 copy there).
+static void attention_forward(Model *m, int l, LayerActs *x, const void *in, const Fp8Cols *in_t, AttnDims d) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
     const LayerParams *p = &m->layer[l];
     size_t T = d.B * d.S, D = c->d_model, C = model_qkv_width(c);
-    dense_forward(m, x->qkv_raw, in, false, p->wqkv, T, C, D, false);
+    dense_forward(m, x->qkv_raw, in, false, in_t, p->wqkv, T, C, D, false);
     ops->qkv_norm_rope_forward(x->qkv, x->qk_rstd, x->qkv_raw, W(m, p->q_norm), W(m, p->k_norm),
                                m->rope, d, c->qk_norm, (float)c->norm_eps);
     ops->attention_forward(x->att, x->att_lse, x->qkv, d);
-    dense_forward(m, x->ap, x->att, false, p->wo, T, D, d.Hq * d.hd, false);
+    dense_forward(m, x->ap, x->att, false, NULL, p->wo, T, D, d.Hq * d.hd, false);
 }
 
 // pre-norm:   h = x + attn(norm1(x));  out = h + ffn(norm2(h))
@@ -909,13 +971,13 @@ static void layer_forward(Model *m, int l, const ForwardArgs *a) {
     AttnDims d = attn_dims(m, a->B, a->S);
     if (c->norm_placement == NORM_PRE) {
         ops->rmsnorm_forward(x->n1, x->n1_rstd, in, W(m, p->attn_norm), T, D, eps);
-        attention_forward(m, l, x, x->n1, d);
+        attention_forward(m, l, x, x->n1, forward_cols(&x->n1_t, a), d);
         ops->add(x->h, in, x->ap, T * D);
         ops->rmsnorm_forward(x->n2, x->n2_rstd, x->h, W(m, p->ffn_norm), T, D, eps);
         ffn_forward(m, l, x, x->n2, a);
         if (!a->recompute) ops->add(out, x->h, x->f, T * D);
     } else {
-        attention_forward(m, l, x, in, d);
+        attention_forward(m, l, x, in, NULL, d);
         ops->rmsnorm_forward(x->n1, x->n1_rstd, x->ap, W(m, p->attn_norm), T, D, eps);
         ops->add(x->h, in, x->n1, T * D);
         ffn_forward(m, l, x, x->h, a);
@@ -989,9 +1051,9 @@ static void swiglu_mlp_backward(const Model *m, void *din, const void *dout, con
                                 size_t T, size_t H, bool accumulate) {
     size_t D = m->cfg.d_model;
     swiglu_recompute(m, hact, gu, T, H, NULL, 0);
-    dense_backward(m, m->s.dhact, G(m, down_w), dout, hact, down_w, T, D, H, false);
+    dense_backward(m, m->s.dhact, G(m, down_w), dout, hact, NULL, down_w, T, D, H, false);
     m->ops->swiglu_backward(m->s.dgu, m->s.dhact, gu, NULL, T, H, NULL, 0);
-    dense_backward(m, din, G(m, gu_w), m->s.dgu, in, gu_w, T, 2 * H, D, accumulate);
+    dense_backward(m, din, G(m, gu_w), m->s.dgu, in, NULL, gu_w, T, 2 * H, D, accumulate);
 }
 
 // Selective recompute: router scores again from the kept logits and, with one expert-parallel rank,
@@ -1015,15 +1077,15 @@ static void experts_backward(void *ctx, size_t e0, size_t e1) {
     size_t down = expert_tensor(p->experts_down, e0, D, H), gu = expert_tensor(p->experts_gu, e0, 2 * H, D);
     const int32_t *off = chunk_offsets(w, e0);
     if (m->expert_hact) { // the rows' unweighted gradients: the combine weights' gradients from here
-        expert_backward(m, s->dhact, NULL, w->dye, NULL, down, off, n, D, H, Rr, DOUT_T_KEEP);
+        expert_backward(m, s->dhact, NULL, w->dye, NULL, NULL, down, off, n, D, H, Rr, DOUT_T_KEEP);
         ops->moe_combine_weight_backward(s->row_dot, m->expert_hact, s->dhact, x->gu, s->row_w, Rr, H, off, n);
-        expert_backward(m, NULL, G(m, down), w->dye, m->expert_hact, down, off, n, D, H, Rr, DOUT_T_KEPT);
+        expert_backward(m, NULL, G(m, down), w->dye, m->expert_hact, NULL, down, off, n, D, H, Rr, DOUT_T_KEPT);
     } else {
         swiglu_recompute(m, x->hact, x->gu, Rr, H, off, n);
-        expert_backward(m, s->dhact, G(m, down), w->dye, x->hact, down, off, n, D, H, Rr, DOUT_T_MAKE);
+        expert_backward(m, s->dhact, G(m, down), w->dye, x->hact, NULL, down, off, n, D, H, Rr, DOUT_T_MAKE);
     }
     ops->swiglu_backward(s->dgu, s->dhact, x->gu, m->expert_hact ? s->row_w : NULL, Rr, H, off, n);
-    expert_backward(m, w->dxe, G(m, gu), s->dgu, x->xe, gu, off, n, 2 * H, D, Rr, DOUT_T_MAKE);
+    expert_backward(m, w->dxe, G(m, gu), s->dgu, x->xe, kept_cols(&x->xe_t), gu, off, n, 2 * H, D, Rr, DOUT_T_MAKE);
 }
 
 // With several expert-parallel ranks the combine gradient dy goes straight into the exchange
@@ -1071,7 +1133,7 @@ static void attention_backward(Model *m, int l, LayerActs *x, void *din, const v
     const LayerParams *p = &m->layer[l];
     const Scratch *s = &m->s;
     size_t T = d.B * d.S, D = c->d_model, C = model_qkv_width(c);
-    dense_backward(m, s->datt, G(m, p->wo), dout, x->att, p->wo, T, D, d.Hq * d.hd, false);
+    dense_backward(m, s->datt, G(m, p->wo), dout, x->att, NULL, p->wo, T, D, d.Hq * d.hd, false);
     if (m->recompute == RECOMPUTE_SELECTIVE) // the forward's values again (the same kernel on the same inputs)
         ops->qkv_norm_rope_forward(x->qkv, x->qk_rstd, x->qkv_raw, W(m, p->q_norm), W(m, p->k_norm), m->rope, d,
                                    c->qk_norm, (float)c->norm_eps);
@@ -1079,7 +1141,7 @@ static void attention_backward(Model *m, int l, LayerActs *x, void *din, const v
     ops->qkv_norm_rope_backward(s->dqkv_raw, G(m, p->q_norm), G(m, p->k_norm), s->dqkv, x->qkv_raw,
                                 W(m, p->q_norm), W(m, p->k_norm), x->qk_rstd, m->rope, d,
                                 c->qk_norm);
-    dense_backward(m, din, G(m, p->wqkv), s->dqkv_raw, in, p->wqkv, T, C, D, accumulate);
+    dense_backward(m, din, G(m, p->wqkv), s->dqkv_raw, in, kept_cols(&x->n1_t), p->wqkv, T, C, D, accumulate);
 }
 
 // Selective recompute, pre-norm: a norm's output again from its kept input (the forward's kernel
@@ -1105,7 +1167,7 @@ static void residual_recompute(const Model *m, LayerActs *x, const LayerParams *
     if (m->recompute != RECOMPUTE_SELECTIVE) return;
     const ModelConfig *c = &m->cfg;
     size_t D = c->d_model;
-    dense_forward(m, x->ap, x->att, false, p->wo, T, D, (size_t)c->n_heads * c->head_dim, false);
+    dense_forward(m, x->ap, x->att, false, NULL, p->wo, T, D, (size_t)c->n_heads * c->head_dim, false);
     m->ops->add(x->h, in, x->ap, T * D);
 }
 

@@ -21,11 +21,20 @@ typedef struct {
     size_t dense_gu, dense_down;      // (2Hd, D), (D, Hd)
 } LayerParams;
 
+// A token-major FP8 copy of a product's input x (R, K), kept from the forward for the weight
+// gradient (fp8_quantize_cols' layout; q NULL: not kept, the backward quantises x itself).
+typedef struct {
+    void *q;                   // e4m3 (K, Tt)
+    void *scales;              // f32 (Tt / 128, K)
+} Fp8Cols;
+
 // Activations of one layer for its backward. T = B S tokens, R routed rows of this rank,
 // Rr rows its experts receive (R when not expert-parallel). A buffer that train.recompute drops
 // points into Model.shared (one buffer for every layer and slot); `aux` is always the layer's own.
 typedef struct {
     void *n1, *n1_rstd;        // act (T, D), f32 (T): attention-side norm output and 1/rms
+    Fp8Cols n1_t;              // (D, fp8_expert_cols(T, 1)): n1's token-major FP8 copy, the QKV weight
+                               // gradient's operand, where the model keeps it (model_keeps_fp8_n1)
     void *qkv_raw, *qkv;       // act (T, C): projection, then QK-norm + RoPE
     void *qk_rstd;             // f32 (T, Hq + Hkv)
     void *att, *att_lse;       // act (T, Hq hd), f32 (B, Hq, S)
@@ -44,6 +53,8 @@ typedef struct {
     void *xp, *y;              // act (R, D): dispatched rows, their expert outputs (same order; y
                                // only with several expert-parallel ranks, else scratch A until the combine)
     void *xe;                  // act (Rr, D) rows for this rank's experts, expert-major (== xp)
+    Fp8Cols xe_t;              // (D, fp8_expert_cols(Rr, El)): xe's token-major FP8 copy, the experts'
+                               // gate|up weight gradient's operand, where kept (model_keeps_fp8_xe)
     ExchangeRoutes routes;     // how this call's rows travel to the experts' ranks and back
     void *sgu, *sact;          // act (T, 2Hs), (T, Hs): shared expert
 } LayerActs;
@@ -57,7 +68,7 @@ typedef struct {
     void *scales, *scales_t;   // f32 (El, Kb, Nb), (El, Nb, Kb)
 } Fp8Weights;
 
-// The FP8 products' operands (model_enable_fp8; docs/FP8.md): the weights of every product in FP8
+// The FP8 products' operands (model_init with modes.fp8; docs/FP8.md): the weights of every product in FP8
 // held here, kept from one change of the compute weights to the next, and the activation operands,
 // scratch shared by every layer and product (nothing in it outlives a product). A product (N, K)
 // reads rows of its input (T, K) or output gradient (T, N) and token-major copies (N, Tt), (K, Tt):
@@ -106,7 +117,8 @@ typedef struct {
 // only: feed-forward dy (A) -> dhact (B) -> dgu (A) -> dxp (B, with one expert-parallel rank;
 // with several it is an exchange buffer peers write), attention dqkv (A) -> dqkv_raw (B). With one
 // expert-parallel rank dy (A) is also read by the down projection's weight gradient after dhact
-// (B), and A holds a MoE forward's expert outputs until the combine.
+// (B), and A holds a MoE forward's expert outputs until the combine. With FP8 inputs kept
+// (model_keeps_fp8_n1, _xe) dn is the buffer the forward's n1 shares, and B the one its xp shares.
 typedef struct {
     void *dres;               // act (T, D) gradient of the residual stream (stage in/out gradient)
     void *dn;                 // act (T, D)
@@ -147,6 +159,17 @@ typedef struct {
                                                // reads its weights (NULL: not)
     void *hook_ctx;                            // ctx of both
 } ForwardArgs;
+
+// What a model allocates beyond its shape: the activations train.recompute drops, and whether the
+// expert products run in FP8 (train.precision = fp8), with which scaling (train.fp8_recipe) and
+// with the dense linear layers' products too (train.fp8_dense: QKV, output projection, dense and
+// shared MLPs; never the router nor the LM head).
+typedef struct {
+    Recompute recompute;
+    bool fp8;
+    Fp8Scaling how;
+    bool fp8_dense;
+} ModelModes;
 
 typedef struct {
     ModelConfig cfg;
@@ -191,7 +214,7 @@ typedef struct {
     size_t logit_rows;           // rows per chunk
     Scratch s;
     MoeExchange xchg;            // how expert rows travel between expert-parallel ranks
-    Fp8Operands *fp8;            // the expert (and dense) products in FP8 (model_enable_fp8); NULL: in act precision
+    Fp8Operands *fp8;            // the expert (and dense) products in FP8 (ModelModes.fp8); NULL: in act precision
     MemPool mem;                 // every backend allocation (mem.bytes: their total size)
 } Model;
 
@@ -204,12 +227,14 @@ static inline size_t model_metric_router(const ModelConfig *c, int moe_index) {
     return METRIC_ROUTER + (size_t)moe_index * router_stats_len((size_t)c->n_experts);
 }
 
-// Runs the expert products of every MoE layer in FP8 with the given scaling (train.precision =
-// fp8) and, with `dense` (train.fp8_dense), the dense linear layers' products too (QKV, output
-// projection, dense and shared MLPs; not the router nor the LM head), allocating their operand
-// buffers: the FP8 copies of their weights, quantised here from the compute weights as they are,
-// and scratch for the activations (nothing in it outlives a product). After model_init.
-void model_enable_fp8(Model *m, Fp8Scaling how, bool dense);
+// Whether the forward keeps the token-major FP8 copy of a product's input for the weight gradient in
+// place of the input itself (docs/FP8.md, "In the model"): with FP8 products and train.recompute =
+// none, of the attention norm's output (the QKV projection's input; the dense layers in FP8,
+// pre-norm), and of the experts' rows (the gate|up projection's input; one expert-parallel rank
+// and one exchange chunk). The act tensor is then read by the forward only: one buffer serves
+// every layer and slot, and the backward as scratch (n1's is Scratch.dn, xp's scratch B).
+bool model_keeps_fp8_n1(const Model *m);
+bool model_keeps_fp8_xe(const Model *m);
 // Quantises the FP8 copies of the weights at flat offsets [lo, hi) again from the compute weights
 // (nothing when no product is in FP8), counted in the class FP8_CLASS_WEIGHTS. Whatever changes the
 // compute weights calls it once they are final: model_sync_compute_weights (initialisation,
@@ -219,10 +244,12 @@ void model_quantize_fp8_weights(Model *m, size_t lo, size_t hi);
 // Builds the registry of this rank's tensors and allocates parameters, activations for n_slots
 // micro-batches in flight in each chunk (0: as many as the pipeline schedule of n_micro micro-batches
 // keeps, pipeline_slots) and token buffers for n_micro per step, each B x S (B sequences on this
-// rank), keeping what `recompute` does not recompute. Exits when the backend's limits (Ops.limits)
-// refuse cfg.
+// rank), keeping what modes.recompute does not recompute, and with modes.fp8 the FP8 products'
+// operands: the FP8 copies of their weights, quantised here from the compute weights as they are,
+// and scratch for the activations. Exits when the backend's limits (Ops.limits) refuse cfg, or
+// when modes.fp8 asks for FP8 products the backend lacks.
 void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel *par, size_t B,
-                size_t S, int n_slots, int n_micro, Recompute recompute);
+                size_t S, int n_slots, int n_micro, ModelModes modes);
 void model_free(Model *m);
 // Random initial weights (params_init_values) and zero bias. Collective over the regions' groups
 // (model_sync_compute_weights).

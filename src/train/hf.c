@@ -46,7 +46,7 @@ static HfTensors hf_model_tensors(const Config *cfg, HfClass cls, bool export, b
     Parallel par;
     Model m;
     setup_single_process(&par, cfg);
-    model_init(&m, &cfg->model, ops_counting(false), &par, 1, 1, 1, 1, RECOMPUTE_NONE); // the registry alone
+    model_init(&m, &cfg->model, ops_counting(false), &par, 1, 1, 1, 1, (ModelModes){0}); // the registry alone
     HfTensors l = {0};
     for (size_t i = 0; i < m.reg.n; i++) {
         const ParamInfo *p = &m.reg.p[i];

@@ -73,10 +73,11 @@ void setup_single_process(Parallel *par, const Config *cfg) {
     par->owned_world = par->world; // freed by parallel_free
 }
 
-void setup_precision(Model *m, const Config *cfg) {
-    if (cfg->train.precision == PRECISION_FP8)
-        model_enable_fp8(m, cfg->train.fp8_recipe == FP8_RECIPE_BLOCKWISE_POW2 ? FP8_SCALE_POW2 : FP8_SCALE_AMAX,
-                         cfg->train.fp8_dense);
+ModelModes setup_model_modes(const Config *cfg) {
+    const TrainConfig *t = &cfg->train;
+    return (ModelModes){.recompute = t->recompute, .fp8 = t->precision == PRECISION_FP8,
+                        .how = t->fp8_recipe == FP8_RECIPE_BLOCKWISE_POW2 ? FP8_SCALE_POW2 : FP8_SCALE_AMAX,
+                        .fp8_dense = t->fp8_dense};
 }
 
 void setup_plan_rank(const Config *cfg, int world, int rank, const Ops *ops, Parallel *par, Comm groups[4],
@@ -85,8 +86,7 @@ void setup_plan_rank(const Config *cfg, int world, int rank, const Ops *ops, Par
     ParallelSpec spec = setup_parallel_spec(cfg); // exchange auto is planned as direct (one node)
     if (parallel_plan(par, groups, world, rank, &spec, err)) moe_fatal("%s", err);
     model_init(m, &cfg->model, ops, par, (size_t)par->lay.micro_per_rank, (size_t)cfg->train.seq_len, 0,
-               cfg->train.micro_batches, cfg->train.recompute);
-    setup_precision(m, cfg);
+               cfg->train.micro_batches, setup_model_modes(cfg));
     optim_init(o, m);
 }
 
@@ -183,6 +183,6 @@ void setup_model_from_ckpt(const char *arg, Config *cfg, Parallel *par, Model *m
     setup_check_memory(cfg, ops, 1, 0, false);
     setup_single_process(par, cfg);
     model_init(m, &cfg->model, ops, par, B ? B : (size_t)cfg->train.micro_batch,
-               S ? S : (size_t)cfg->train.seq_len, 1, 1, RECOMPUTE_NONE); // no backward
+               S ? S : (size_t)cfg->train.seq_len, 1, 1, (ModelModes){0}); // no backward
     if (ckpt_load(dir, m, NULL, err)) moe_fatal("%s", err);
 }

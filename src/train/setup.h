@@ -23,9 +23,9 @@ ParallelSpec setup_parallel_spec(const Config *cfg);
 // A one-process layout (every layer and expert here), for the commands that do not train.
 void setup_single_process(Parallel *par, const Config *cfg);
 
-// The number format of cfg's expert GEMMs and dense linear layers (train.precision, train.fp8_recipe,
-// train.fp8_dense) on a model just made.
-void setup_precision(Model *m, const Config *cfg);
+// What a training model of cfg allocates beyond its shape (model_init): train.recompute, and the number
+// format of its expert GEMMs and dense linear layers (train.precision, train.fp8_recipe, train.fp8_dense).
+ModelModes setup_model_modes(const Config *cfg);
 
 typedef struct {
     double params, optimizer, total; // per rank: parameters held, optimizer state bytes, all bytes

@@ -535,8 +535,7 @@ static void trainer_open(Trainer *t, const Config *cfg, Comm *host, const char *
     if (t->root && !synthetic && fs_mkdir_p(tc->out, err)) moe_fatal("train.out: %s", err);
     startup_done(t, STARTUP_PLAN);
     model_init(&t->model, mc, ops, &t->par, (size_t)l->micro_per_rank, (size_t)tc->seq_len, 0, tc->micro_batches,
-               tc->recompute);
-    setup_precision(&t->model, &t->cfg);
+               setup_model_modes(&t->cfg));
     optim_init(&t->opt, &t->model);
     t->opt.overlap = tc->optimizer_overlap;
     ops->sync();

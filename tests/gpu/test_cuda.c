@@ -1001,7 +1001,7 @@ static double rel_l2(const float *got, const float *want, size_t n, double *norm
 static void model_prepare(Model *m, const ModelConfig *c, const Ops *o, Parallel *par, Recompute r,
                           const float *host, const int32_t *seqs, size_t B, size_t S) {
     StepInfo info = {.lr = 1e-3f, .step = 1, .seed = 3};
-    model_init(m, c, o, par, B, S, 1, 1, r);
+    model_init(m, c, o, par, B, S, 1, 1, (ModelModes){.recompute = r});
     o->upload_f32(m->params, host, m->reg.total);
     o->zero(m->expert_bias, (size_t)c->n_layers * c->n_experts * 4);
     model_sync_compute_weights(m);
@@ -1064,7 +1064,7 @@ static void model_compare(const char *name, ModelConfig c, size_t B, size_t S) {
     test_single_parallel(&pc, &c);
     test_single_parallel(&pg, &c);
     Model mc, mg;
-    model_init(&mc, &c, cpu, &pc, B, S, 1, 1, RECOMPUTE_NONE);
+    model_init(&mc, &c, cpu, &pc, B, S, 1, 1, (ModelModes){0});
     model_init_weights(&mc, 5);
     size_t P = mc.reg.total, len = model_metrics_len(&c);
     float *host = malloc(P * sizeof(float)), *gc = malloc(P * sizeof(float)), *gg = malloc(P * sizeof(float));
@@ -1118,7 +1118,8 @@ static void test_init_model(void) {
     Parallel pc, pg;
     test_single_parallel(&pc, &c), test_single_parallel(&pg, &c);
     Model mc, mg;
-    model_init(&mc, &c, cpu, &pc, 1, 8, 1, 1, RECOMPUTE_NONE), model_init(&mg, &c, gpu, &pg, 1, 8, 1, 1, RECOMPUTE_NONE);
+    model_init(&mc, &c, cpu, &pc, 1, 8, 1, 1, (ModelModes){0});
+    model_init(&mg, &c, gpu, &pg, 1, 8, 1, 1, (ModelModes){0});
     model_init_weights(&mc, 7), model_init_weights(&mg, 7);
     size_t P = mc.reg.total, bad = 0, bad_act = 0;
     float *w = malloc(P * sizeof(float)), *wa = malloc(P * sizeof(float));
