@@ -218,7 +218,8 @@ bool model_keeps_fp8_n1(const Model *m) {
 }
 
 bool model_keeps_fp8_xe(const Model *m) {
-    return m->fp8 && m->recompute == RECOMPUTE_NONE && m->par->ep->size == 1 && m->xchg.chunks == 1;
+    return m->fp8 && m->recompute == RECOMPUTE_NONE && m->par->ep->size == 1 && m->xchg.chunks == 1 &&
+           n_local_moe_layers(m) > 0;
 }
 
 // A kept token-major FP8 copy (Fp8Cols) of an input of K columns, R rows in El groups.
@@ -319,7 +320,7 @@ static size_t scratch_b_elems(const Model *m, size_t T) {
 // (T, D), xp is B (with one expert-parallel rank at least (R, D)).
 static void alloc_fp8_kept_shared(Model *m, size_t T) {
     if (model_keeps_fp8_n1(m)) m->shared.n1 = act_buf(m, T * m->cfg.d_model);
-    if (model_keeps_fp8_xe(m) && n_local_moe_layers(m)) m->shared.xp = act_buf(m, scratch_b_elems(m, T));
+    if (model_keeps_fp8_xe(m)) m->shared.xp = act_buf(m, scratch_b_elems(m, T));
 }
 
 // With one expert-parallel rank no MoE layer keeps its experts' SwiGLU output (Model.expert_hact):
@@ -353,8 +354,7 @@ static void alloc_scratch(Model *m, size_t T) {
     s->dres = act_buf(m, T * D), s->datt = act_buf(m, T * Dq);
     s->dn = model_keeps_fp8_n1(m) ? m->shared.n1 : act_buf(m, T * D); // alloc_fp8_kept_shared's
     void *a = act_buf(m, max_size(max_size(R * D, 2 * hidden), T * C));          // dy, dgu, dqkv
-    void *b = model_keeps_fp8_xe(m) && m->shared.xp ? m->shared.xp              // dhact, dxp, dqkv_raw
-                                                    : act_buf(m, scratch_b_elems(m, T));
+    void *b = model_keeps_fp8_xe(m) ? m->shared.xp : act_buf(m, scratch_b_elems(m, T)); // dhact, dxp, dqkv_raw
     s->dqkv = a, s->dqkv_raw = b;
     s->dgu = a, s->dhact = b;
     s->dxf = act_buf(m, T * D);
@@ -943,6 +943,13 @@ static void ffn_forward(Model *m, int l, LayerActs *x, const void *in, const For
                             m->cfg.dense_hidden, false);
 }
 
+// The attention output's projection, ap (T, D) = att . Wo^T: the forward's, and selective
+// recompute's again (residual_recompute) with the same product, so the same values.
+static void attention_projection(const Model *m, LayerActs *x, const LayerParams *p, size_t T) {
+    const ModelConfig *c = &m->cfg;
+    dense_forward(m, x->ap, x->att, false, NULL, p->wo, T, c->d_model, (size_t)c->n_heads * c->head_dim, false);
+}
+
 // Attention from the layer's input `in` (with in_t non-NULL: keeping its token-major FP8 copy there).
 static void attention_forward(Model *m, int l, LayerActs *x, const void *in, const Fp8Cols *in_t, AttnDims d) {
     const Ops *ops = m->ops;
@@ -953,7 +960,7 @@ static void attention_forward(Model *m, int l, LayerActs *x, const void *in, con
     ops->qkv_norm_rope_forward(x->qkv, x->qk_rstd, x->qkv_raw, W(m, p->q_norm), W(m, p->k_norm),
                                m->rope, d, c->qk_norm, (float)c->norm_eps);
     ops->attention_forward(x->att, x->att_lse, x->qkv, d);
-    dense_forward(m, x->ap, x->att, false, NULL, p->wo, T, D, d.Hq * d.hd, false);
+    attention_projection(m, x, p, T);
 }
 
 // pre-norm:   h = x + attn(norm1(x));  out = h + ffn(norm2(h))
@@ -1162,13 +1169,12 @@ static void layer_recompute(Model *m, int l, const ForwardArgs *a) {
 }
 
 // Selective recompute, pre-norm: the residual stream after attention, h = in + att Wo^T, again (the
-// forward's kernels on the same inputs, FP8 or not, so the same values) into its shared buffer.
+// forward's projection and add on the same inputs, FP8 or not, so the same values) into its shared
+// buffer.
 static void residual_recompute(const Model *m, LayerActs *x, const LayerParams *p, const void *in, size_t T) {
     if (m->recompute != RECOMPUTE_SELECTIVE) return;
-    const ModelConfig *c = &m->cfg;
-    size_t D = c->d_model;
-    dense_forward(m, x->ap, x->att, false, NULL, p->wo, T, D, (size_t)c->n_heads * c->head_dim, false);
-    m->ops->add(x->h, in, x->ap, T * D);
+    attention_projection(m, x, p, T);
+    m->ops->add(x->h, in, x->ap, T * m->cfg.d_model);
 }
 
 // On entry s.dres holds d(layer output); on return d(layer input).

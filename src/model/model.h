@@ -230,8 +230,8 @@ static inline size_t model_metric_router(const ModelConfig *c, int moe_index) {
 // Whether the forward keeps the token-major FP8 copy of a product's input for the weight gradient in
 // place of the input itself (docs/FP8.md, "In the model"): with FP8 products and train.recompute =
 // none, of the attention norm's output (the QKV projection's input; the dense layers in FP8,
-// pre-norm), and of the experts' rows (the gate|up projection's input; one expert-parallel rank
-// and one exchange chunk). The act tensor is then read by the forward only: one buffer serves
+// pre-norm), and of the experts' rows (the gate|up projection's input; one expert-parallel rank,
+// one exchange chunk, MoE layers held here). The act tensor is then read by the forward only: one buffer serves
 // every layer and slot, and the backward as scratch (n1's is Scratch.dn, xp's scratch B).
 bool model_keeps_fp8_n1(const Model *m);
 bool model_keeps_fp8_xe(const Model *m);

@@ -63,15 +63,17 @@ __device__ __noinline__ void fp8_count_piece(uint64_t *counts, const bf16 *x, co
     }
 }
 
-// Adds to counts (NULL: nothing) what a piece of n values quantised to the codes packed in words
-// (4 a word) flushes, saturates and holds as NaN (FP8_COUNT_VALUES aside: fp8_count_values); the
-// rest as fp8_count_piece. A flushed or NaN value has a code of magnitude 0 or 0x7f, so a piece
-// without such a code or a value that may saturate (nearly every piece) costs one packed test.
+// Whether a piece (its codes packed in words, sat as fp8_count_piece's) takes the rare path: a
+// flushed or NaN value has a code of magnitude 0 or 0x7f, so a piece without such a code or a value
+// that may saturate (nearly every piece) costs this one packed test.
 template <int n>
 __device__ __forceinline__ bool fp8_needs_count(const uint32_t *words, uint32_t sat) {
     return sat || fp8_codes_zero_or_nan<n>(words);
 }
 
+// Adds to counts (NULL: nothing) what a piece of n values quantised to the codes packed in words
+// (4 a word) flushes, saturates and holds as NaN (FP8_COUNT_VALUES aside: fp8_count_values); the
+// rest as fp8_count_piece, which runs only where fp8_needs_count.
 template <int n>
 __device__ __forceinline__ void fp8_count(uint64_t *counts, const uint32_t *words, uint32_t sat, const bf16 *x,
                                           const uint8_t *q, int valid, float s, const float *col) {
