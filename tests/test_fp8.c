@@ -95,13 +95,17 @@ static void test_block_scales(void) {
     CHECK(fp8_block_scale(448, FP8_SCALE_AMAX) == 1 && fp8_block_scale(896, FP8_SCALE_AMAX) == 2);
     CHECK(fp8_block_scale(500, FP8_SCALE_POW2) == 2 && fp8_block_scale(1792, FP8_SCALE_POW2) == 4);
     CHECK(fp8_block_scale(1, FP8_SCALE_POW2) == 0x1p-8f && fp8_block_scale(448, FP8_SCALE_POW2) == 1);
+    // Scales stay normal, so that their inverses are finite; an infinite scale's inverse is 0.
+    CHECK(fp8_block_scale(1e-40f, FP8_SCALE_AMAX) == 0x1p-126f && fp8_block_scale(1e-40f, FP8_SCALE_POW2) == 0x1p-126f);
+    CHECK(fp8_scale_inverse(0x1p-126f) == 0x1p126f && fp8_scale_inverse(INFINITY) == 0);
+    CHECK(fp8_quantize(1e-40f, fp8_scale_inverse(0x1p-126f)) == fp8_e4m3_encode(1e-40f * 0x1p126f));
     // The largest magnitude of a block lands on +-448 (or just below with power-of-two scales).
     float amaxes[] = {1e-3f, 0.37f, 1, 3.3e3f, 1e30f};
     for (size_t i = 0; i < sizeof amaxes / sizeof amaxes[0]; i++) {
         float a = amaxes[i];
-        CHECK_MSG(fp8_quantize(-a, fp8_block_scale(a, FP8_SCALE_AMAX)) == 0xfe, "amax %g", a);
+        CHECK_MSG(fp8_quantize(-a, fp8_scale_inverse(fp8_block_scale(a, FP8_SCALE_AMAX))) == 0xfe, "amax %g", a);
         float s = fp8_block_scale(a, FP8_SCALE_POW2);
-        double back = fp8_e4m3_decode(fp8_quantize(a, s)) * (double)s;
+        double back = fp8_e4m3_decode(fp8_quantize(a, fp8_scale_inverse(s))) * (double)s;
         CHECK_MSG(fabs(back - a) <= a / 16 && a / s <= 448 && a / s > 224, "pow2 amax %g: scale %g", a, s);
     }
 }
@@ -346,9 +350,9 @@ static void expect_counts(const char *what, const uint64_t n[FP8_COUNTS], uint64
 // 448 holding ten values of 2^-11 and one of 2^-10 (a tie: to the even code, 0) that flush, one
 // just above 2^-10 that does not, a zero; its short block (72 values) holds an infinity: the block's
 // scale is infinite (AMAX), so the infinity saturates and the 71 others flush. Row 1: a NaN and a
-// -0 (neither flushed), then five -2^-11 beside -448. Row 2: a block of amax 2^-140, whose scale
-// (2^-149, subnormal) lost bits: 512 and 470 scale past 464 and saturate, 460 (code 448, its
-// nearest) and 256 do not. Row 3: ones.
+// -0 (neither flushed), then five -2^-11 beside -448. Row 2: a block of amax 2^-120, whose scale
+// (2^-120 / 448, subnormal) is raised to 2^-126: 2^-120 scales to 64, 2^-136 to 2^-10 (a tie: to
+// 0, flushed), 2^-135 to 2^-9 (the smallest subnormal code). Row 3: ones.
 static real *crafted_rows(size_t K) {
     real *x = malloc(4 * K * sizeof(real));
     for (size_t i = 0; i < 4 * K; i++) x[i] = i / K == 2 ? 0 : 1;
@@ -357,8 +361,7 @@ static real *crafted_rows(size_t K) {
     x[11] = 0x1p-10f, x[12] = nextafterf(0x1p-10f, 1), x[13] = 0, x[133] = INFINITY;
     x[K + 3] = NAN, x[K + 4] = -0.0f, x[K + 128] = -448;
     for (size_t i = 129; i <= 133; i++) x[K + i] = -0x1p-11f;
-    x[2 * K] = 512 * 0x1p-149f, x[2 * K + 1] = 470 * 0x1p-149f, x[2 * K + 2] = 460 * 0x1p-149f;
-    x[2 * K + 3] = 256 * 0x1p-149f;
+    x[2 * K] = 0x1p-120f, x[2 * K + 1] = 0x1p-136f, x[2 * K + 2] = 0x1p-135f;
     return x;
 }
 
@@ -369,14 +372,15 @@ static void test_fp8_counts_rows(void) {
     uint64_t n[FP8_COUNTS] = {0}, pow2[FP8_COUNTS] = {0}, last3[FP8_COUNTS] = {0};
     static const int32_t LAST3[2] = {1, 4};
     ops->fp8_quantize_rows(q, scales, x, NULL, 0, 4, K, FP8_SCALE_AMAX, n);
-    expect_counts("rows, amax scales", n, 4 * K, 11 + 71 + 5, 1 + 2, 1);
-    CHECK(q[2 * K] == 0x7e && q[2 * K + 2] == 0x7e && q[133] == FP8_E4M3_NAN && q[K + 3] == FP8_E4M3_NAN);
+    expect_counts("rows, amax scales", n, 4 * K, 11 + 71 + 5 + 1, 1, 1);
+    CHECK(q[2 * K] == fp8_e4m3_encode(64) && q[2 * K + 1] == 0 && q[2 * K + 2] == 1);
+    CHECK(q[133] == FP8_E4M3_NAN && q[K + 3] == FP8_E4M3_NAN);
     ops->fp8_quantize_rows(q, scales, x, NULL, 0, 4, K, FP8_SCALE_POW2, pow2); // the same scales but row 1's first
-    expect_counts("rows, power-of-two scales", pow2, 4 * K, 87, 3, 1);
+    expect_counts("rows, power-of-two scales", pow2, 4 * K, 88, 1, 1);
     ops->fp8_quantize_rows(q, scales, x, LAST3, 1, 4, K, FP8_SCALE_AMAX, last3); // rows 1-3: no infinity
-    expect_counts("rows 1-3 as a group", last3, 3 * K, 5, 2, 1);
+    expect_counts("rows 1-3 as a group", last3, 3 * K, 6, 0, 1);
     ops->fp8_quantize_rows(q, scales, x, NULL, 0, 4, K, FP8_SCALE_AMAX, n); // counters add up
-    expect_counts("rows twice", n, 8 * K, 2 * 87, 2 * 3, 2);
+    expect_counts("rows twice", n, 8 * K, 2 * 88, 2, 2);
     free(x), free(scales), free(q);
 }
 

@@ -61,26 +61,43 @@ FP8_FN uint8_t fp8_e4m3_encode(float x) {
 #endif
 }
 
+// The codes of a and b as they lie in memory, a's first; on sm_89 and later one conversion for both.
+FP8_FN uint16_t fp8_e4m3_encode2(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    return (uint16_t)__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+#else
+    return (uint16_t)(fp8_e4m3_encode(a) | fp8_e4m3_encode(b) << 8);
+#endif
+}
+
 FP8_FN float fp8_e4m3_decode(uint8_t c) {
     int e = (c >> 3) & 15, m = c & 7;
     float a = e == 15 && m == 7 ? NAN : e == 0 ? ldexpf((float)m, -9) : ldexpf((float)(8 + m), e - 10);
     return c & 0x80 ? -a : a;
 }
 
-// The scale of a block whose largest magnitude is amax: values are stored as e4m3(x / scale) and
-// read as e4m3 x scale. An all-zero block (or one so small that amax / 448 is 0) gets scale 1, so
-// its codes are zeros and no division by zero happens; a block holding an infinity gets an infinite
-// scale (either scaling: frexpf of an infinity leaves its exponent unspecified).
+// The scale of a block whose largest magnitude is amax: values are stored as e4m3(x inv), inv =
+// fp8_scale_inverse(scale), one division a block and a product a value, and read as e4m3 x scale.
+// An all-zero block (or one so small that amax / 448 is 0) gets scale 1, so its codes are zeros; a
+// scale below the smallest normal float is raised to it, so that its inverse is finite (a block of
+// amax below 448 x 2^-126, smaller than any value training meets, then uses less of E4M3's range);
+// a block holding an infinity gets an infinite scale (either scaling: frexpf of an infinity leaves
+// its exponent unspecified), whose inverse 0 codes its finite values 0 and its infinities NaN.
 FP8_FN float fp8_block_scale(float amax, Fp8Scaling how) {
     float s = amax / FP8_E4M3_MAX;
     if (!(s > 0)) return s != s ? s : 1.0f;
+    if (s < 0x1p-126f) return 0x1p-126f;
     if (how == FP8_SCALE_AMAX || s == INFINITY) return s;
     int e;
     float m = frexpf(s, &e); // s = m 2^e, m in [0.5, 1)
     return ldexpf(1.0f, m == 0.5f ? e - 1 : e);
 }
 
-FP8_FN uint8_t fp8_quantize(float x, float scale) { return fp8_e4m3_encode(x / scale); }
+// What values of a block of scale s are multiplied by before rounding to E4M3 (finite for every
+// scale fp8_block_scale gives but an infinite one, whose inverse is 0).
+FP8_FN float fp8_scale_inverse(float s) { return 1.0f / s; }
+
+FP8_FN uint8_t fp8_quantize(float x, float inv) { return fp8_e4m3_encode(x * inv); }
 
 // What quantisation counts (docs/FP8.md, "Overflow and underflow"): per tensor class, u64 counters
 // in backend memory, FP8_COUNTS of them a class, that the quantisation ops add to. VALUES: the
@@ -97,15 +114,15 @@ typedef enum { FP8_CLASS_WEIGHTS, FP8_CLASS_ACTIVATIONS, FP8_CLASS_GRADIENTS, FP
 // infinity +-448, or NaN under an infinite scale.)
 FP8_FN bool fp8_flushed(float x, uint8_t c) { return x != 0 && (c & 0x7f) == 0; }
 
-// x quantised under scale s saturates: an infinity, or a magnitude past FP8_E4M3_SATURATE once
-// scaled. Scales from the block's amax keep finite values at 448 and below (up to one rounding of
-// the division) unless the scale is a subnormal so small that its rounding exceeds 3.5% (the block's
-// amax below about 2^-136, smaller than any bf16), so in practice saturation flags infinities.
-FP8_FN bool fp8_saturated(float x, float s) { return fabsf(x) == INFINITY || fabsf(x / s) > FP8_E4M3_SATURATE; }
+// x quantised under a scale of inverse inv (fp8_scale_inverse) saturates: an infinity, or a
+// magnitude past FP8_E4M3_SATURATE once scaled. Scales from the block's amax keep finite values at
+// 448 and below (up to the roundings of the inverse and the product), so in practice saturation
+// flags infinities.
+FP8_FN bool fp8_saturated(float x, float inv) { return fabsf(x) == INFINITY || fabsf(x * inv) > FP8_E4M3_SATURATE; }
 
 // Whether a block of largest finite magnitude amax (an infinity: INFINITY) can hold saturated values
-// under its scale s: the division rounds monotonically, so none can when amax cannot.
-FP8_FN bool fp8_block_may_saturate(float amax, float s) { return !(amax / s <= FP8_E4M3_SATURATE); }
+// under a scale of inverse inv: the product rounds monotonically, so none can when amax cannot.
+FP8_FN bool fp8_block_may_saturate(float amax, float inv) { return !(amax * inv <= FP8_E4M3_SATURATE); }
 
 // Blocks along a dimension of n elements (the last one may be short).
 FP8_FN size_t fp8_blocks(size_t n) { return (n + FP8_BLOCK - 1) / FP8_BLOCK; }

@@ -15,14 +15,14 @@ static float fp8_quantize_block(uint8_t *q, size_t qr, size_t qc, const real *x,
     float amax = 0;
     for (size_t r = 0; r < rows; r++)
         for (size_t c = 0; c < cols; c++) amax = fmaxf(amax, fabsf((float)x[r * xr + c * xc]));
-    float s = fp8_block_scale(amax, how);
+    float s = fp8_block_scale(amax, how), inv = fp8_scale_inverse(s);
     uint64_t n[FP8_COUNTS] = {rows * cols, 0, 0, 0};
     for (size_t r = 0; r < rows; r++)
         for (size_t c = 0; c < cols; c++) {
             float v = (float)x[r * xr + c * xc];
-            uint8_t code = q[r * qr + c * qc] = fp8_quantize(v, s);
+            uint8_t code = q[r * qr + c * qc] = fp8_quantize(v, inv);
             n[FP8_COUNT_FLUSHED] += fp8_flushed(v, code);
-            n[FP8_COUNT_SATURATED] += fp8_saturated(v, s);
+            n[FP8_COUNT_SATURATED] += fp8_saturated(v, inv);
             n[FP8_COUNT_NAN] += v != v;
         }
     for (int i = 0; counts && i < FP8_COUNTS; i++) {

@@ -8,7 +8,7 @@
 
 // The group of row r among offsets (E + 1) i32 (NULL: one group of R rows): its first row and its
 // row count; false for rows of no group (before the first, as in a chunk of experts, or past the last).
-__device__ bool fp8_row_group(const int32_t *offsets, int E, int64_t R, int64_t r, int64_t *r0, int64_t *rows) {
+__device__ bool fp8_row_group(const int32_t *offsets, int E, int R, int r, int *r0, int *rows) {
     if (!offsets) {
         *r0 = 0, *rows = R;
         return true;
@@ -39,20 +39,21 @@ __device__ __forceinline__ bool fp8_codes_zero_or_nan(const uint32_t *words) {
 }
 
 // What the first `valid` (up to n) values of a piece, x (bf16, as quantised) with their codes q as
-// stored, flush, saturate and hold as NaN under scale s (col: column i's scale col[i] instead),
+// stored, flush, saturate and hold as NaN under a scale of inverse inv (col: column i's inverse
+// col[i] instead),
 // added to counts; bit i of sat: value i may saturate (fp8_block_may_saturate of a bound of its
 // magnitude), fp8_saturated evaluated for those only. The lanes of the warp that got here add their
 // sums with one atomic per counter. The rare path of fp8_count: it reloads what it reads (from L1
 // or L2, just read or written by this thread), so that the kernels' registers stay those of the
 // quantisation alone.
 template <int n>
-__device__ __noinline__ void fp8_count_piece(uint64_t *counts, const bf16 *x, const uint8_t *q, int valid, float s,
+__device__ __noinline__ void fp8_count_piece(uint64_t *counts, const bf16 *x, const uint8_t *q, int valid, float inv,
                                              const float *col, uint32_t sat) {
     uint32_t c[3] = {0, 0, 0}; // flushed, saturated, NaN
     for (int i = 0; i < n && i < valid; i++) {
         float v = bf(x[i]);
         c[0] += fp8_flushed(v, q[i]);
-        c[1] += ((sat >> i) & 1) && fp8_saturated(v, col ? col[i] : s);
+        c[1] += ((sat >> i) & 1) && fp8_saturated(v, col ? col[i] : inv);
         c[2] += v != v;
     }
     const int at[3] = {FP8_COUNT_FLUSHED, FP8_COUNT_SATURATED, FP8_COUNT_NAN};
@@ -76,8 +77,8 @@ __device__ __forceinline__ bool fp8_needs_count(const uint32_t *words, uint32_t 
 // rest as fp8_count_piece, which runs only where fp8_needs_count.
 template <int n>
 __device__ __forceinline__ void fp8_count(uint64_t *counts, const uint32_t *words, uint32_t sat, const bf16 *x,
-                                          const uint8_t *q, int valid, float s, const float *col) {
-    if (counts && fp8_needs_count<n>(words, sat)) fp8_count_piece<n>(counts, x, q, valid, s, col, sat);
+                                          const uint8_t *q, int valid, float inv, const float *col) {
+    if (counts && fp8_needs_count<n>(words, sat)) fp8_count_piece<n>(counts, x, q, valid, inv, col, sat);
 }
 
 // The values a launch quantises (the rows of the groups of offsets, as fp8_row_group, times width),
@@ -88,72 +89,17 @@ __device__ void fp8_count_values(uint64_t *counts, const int32_t *offsets, int E
     atomicAdd((unsigned long long *)&counts[FP8_COUNT_VALUES], (unsigned long long)(rows * width));
 }
 
-// sat for fp8_count: all n values may saturate, or none.
-__device__ __forceinline__ uint32_t fp8_may_saturate_all(float amax, float s) {
-    return fp8_block_may_saturate(amax, s) ? 0xffffffffu : 0u;
-}
-
-// The 1x128 block of a row that a warp quantises (a warp per (row, block)): the row r, its group's
-// first row r0 and row count, the block kb, the lane's first column k and element at; vec: whole
-// 4-value pieces (K % 4 == 0), moved 8 bytes (bf16) or 4 (codes) at a time.
-typedef struct {
-    int64_t r, r0, rows, kb, k, at;
-    bool vec;
-} Fp8RowBlock;
-
-// This warp's block of R rows of K among offsets (as fp8_row_group); false: the row is in no group.
-__device__ bool fp8_row_block(const int32_t *offsets, int E, int64_t R, int K, Fp8RowBlock *b) {
-    int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5, Kb = (int64_t)fp8_blocks((size_t)K);
-    b->r = warp / Kb, b->kb = warp % Kb;
-    b->k = b->kb * FP8_BLOCK + 4 * (threadIdx.x & 31), b->at = b->r * K + b->k;
-    b->vec = (K & 3) == 0 && b->k < K;
-    return b->r < R && fp8_row_group(offsets, E, R, b->r, &b->r0, &b->rows);
-}
-
-// The lane's 4 values from p (n of them in the row; the rest 0), and back as bf16.
-__device__ __forceinline__ void fp8_load4(float v[4], const bf16 *p, int64_t n, bool vec) {
-    if (vec) {
-        uint2 u = *reinterpret_cast<const uint2 *>(p);
-        const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
-        float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
-        v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
-    } else {
-        for (int i = 0; i < 4; i++) v[i] = i < n ? bf(p[i]) : 0.0f;
-    }
-}
-
-__device__ __forceinline__ void fp8_store4(bf16 *p, const float v[4], int64_t n, bool vec) {
-    if (vec) {
-        __nv_bfloat162 h[2] = {__floats2bfloat162_rn(v[0], v[1]), __floats2bfloat162_rn(v[2], v[3])};
-        *reinterpret_cast<uint2 *>(p) = *reinterpret_cast<const uint2 *>(h);
-    } else {
-        for (int i = 0; i < 4 && i < n; i++) p[i] = to_bf(v[i]);
-    }
-}
-
-// The block's scale from the warp's values (4 a lane) and their codes into q and scales, laid out
-// as fp8_quantize_rows writes them; counted in counts (fp8_count).
-__device__ void fp8_store_row_block(uint8_t *q, float *scales, const Fp8RowBlock *b, const float v[4], const bf16 *x,
-                                    int K, Fp8Scaling how, uint64_t *counts) {
-    float amax = 0;
-    for (int i = 0; i < 4; i++) amax = fmaxf(amax, fabsf(v[i]));
-    amax = warp_max(amax);
-    float s = fp8_block_scale(amax, how);
-    uint32_t codes = 0;
-    for (int i = 0; i < 4; i++) codes |= (uint32_t)fp8_quantize(v[i], s) << (8 * i);
-    if (b->vec) *reinterpret_cast<uint32_t *>(q + b->at) = codes;
-    else
-        for (int i = 0; i < 4; i++)
-            if (b->k + i < K) q[b->at + i] = (uint8_t)(codes >> (8 * i));
-    fp8_count<4>(counts, &codes, fp8_may_saturate_all(amax, s), x + b->at, q + b->at, K - (int)b->k, s, NULL);
-    if ((threadIdx.x & 31) == 0) scales[(int64_t)fp8_blocks((size_t)K) * b->r0 + b->kb * b->rows + (b->r - b->r0)] = s;
+// sat for fp8_count: all n values of a block of largest magnitude amax and scale inverse inv may
+// saturate, or none.
+__device__ __forceinline__ uint32_t fp8_may_saturate_all(float amax, float inv) {
+    return fp8_block_may_saturate(amax, inv) ? 0xffffffffu : 0u;
 }
 
 static bool aligned16(const void *p) { return (uintptr_t)p % 16 == 0; }
 
 // 8 values of a row from p as packed bf16 (n of them in the row, the rest 0): one 16-byte load
 // (vec: the piece whole or wholly outside, and aligned) or value by value.
-__device__ __forceinline__ uint4 fp8_load_piece(const bf16 *p, int64_t n, bool vec) {
+__device__ __forceinline__ uint4 fp8_load_piece(const bf16 *p, int n, bool vec) {
     if (vec) return n > 0 ? *reinterpret_cast<const uint4 *>(p) : make_uint4(0, 0, 0, 0);
     uint32_t w[4] = {0, 0, 0, 0};
 #pragma unroll
@@ -162,106 +108,169 @@ __device__ __forceinline__ uint4 fp8_load_piece(const bf16 *p, int64_t n, bool v
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// The 8 codes of values v, value i under scale s[step i], packed as they lie in memory.
-__device__ __forceinline__ uint2 fp8_codes8(const float v[8], const float *s, int step) {
+// The first n (up to 8) of values v to p as bf16: one 16-byte store (vec, n 8) or value by value.
+__device__ __forceinline__ void fp8_store_piece(bf16 *p, const float v[8], int n, bool vec) {
+    if (vec && n >= 8) {
+        __nv_bfloat162 h[4];
+        for (int i = 0; i < 4; i++) h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+        *reinterpret_cast<uint4 *>(p) = *reinterpret_cast<const uint4 *>(h);
+    } else {
+        for (int i = 0; i < 8 && i < n; i++) p[i] = to_bf(v[i]);
+    }
+}
+
+// The 4 codes of values v under the scale of inverse inv, packed as they lie in memory.
+__device__ __forceinline__ uint32_t fp8_codes4(const float v[4], float inv) {
+    return (uint32_t)fp8_e4m3_encode2(v[0] * inv, v[1] * inv) | (uint32_t)fp8_e4m3_encode2(v[2] * inv, v[3] * inv) << 16;
+}
+
+// The 8 codes of values v, value i under the scale of inverse inv[step i], packed as they lie in
+// memory: 4 conversions of two values each.
+__device__ __forceinline__ uint2 fp8_codes8(const float v[8], const float *inv, int step) {
     uint32_t w[2] = {0, 0};
-    for (int i = 0; i < 8; i++) w[i / 4] |= (uint32_t)fp8_quantize(v[i], s[step * i]) << (8 * (i % 4));
+#pragma unroll
+    for (int i = 0; i < 8; i += 2)
+        w[i / 4] |= (uint32_t)fp8_e4m3_encode2(v[i] * inv[step * i], v[i + 1] * inv[step * (i + 1)]) << (8 * (i % 4));
     return make_uint2(w[0], w[1]);
 }
 
-// The rows' kernel: a half-warp per 1x128 block, a 16-byte piece (8 values) a lane; a warp covers
-// FP8_R_PAIRS pairs of consecutive blocks (in row-major (row, block) order, so each load of the warp
-// reads 512 contiguous bytes) and issues all their loads before the first amax, so that a thread
-// has FP8_R_PAIRS x 16 bytes in flight. The block's amax by 4 shuffles within the half-warp, its
-// codes 8 bytes a lane; its group (a binary search of offsets, once for the pieces of a group) only
-// matters for the stores.
+// The rows' kernels (fp8_quantize_rows, and the SwiGLU that produces rows): a half-warp per 1x128
+// block, a 16-byte piece (8 values) a lane; a warp covers FP8_R_PAIRS pairs of consecutive blocks
+// (in row-major (row, block) order, so each load of the warp reads 512 contiguous bytes) and issues
+// all their loads before the first amax, so that a thread has FP8_R_PAIRS x 16 bytes (or twice
+// that) in flight. The block's amax by 4 shuffles within the half-warp, its codes 8 bytes a lane;
+// its group (a binary search of offsets, once for the pieces of a group) only matters for the
+// stores. Indices are 32-bit (fp8_rows_launch checks that R blocks of Kb fit), addresses 64-bit.
 #define FP8_R_THREADS 256
 #define FP8_R_PAIRS 4
 
+// The row r[j] and block kb[j] of each of this thread's FP8_R_PAIRS pieces among R rows of Kb
+// blocks (r[j] >= R: no piece).
+__device__ void fp8_row_pieces(int R, int Kb, int r[FP8_R_PAIRS], int kb[FP8_R_PAIRS]) {
+    int warp = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+    int block = warp * 2 * FP8_R_PAIRS + ((threadIdx.x >> 4) & 1), rr = block / Kb, bb = block % Kb;
+#pragma unroll
+    for (int j = 0; j < FP8_R_PAIRS; j++) {
+        r[j] = min(rr, R), kb[j] = bb;
+        for (bb += 2; bb >= Kb; bb -= Kb) rr++;
+    }
+}
+
+// Whether row r (of R) is in a group of offsets: that of the last lookup (*rows nonzero) when it
+// holds r, else fp8_row_group's, into r0 and rows.
+__device__ __forceinline__ bool fp8_row_in_group(const int32_t *offsets, int E, int R, int r, int *r0, int *rows) {
+    return r < R && ((*rows && r >= *r0 && r < *r0 + *rows) || fp8_row_group(offsets, E, R, r, r0, rows));
+}
+
 // Lane's piece v (8 values, columns from 8 (lane % 16)) of block kb of row r, a half-warp a block:
 // the block's scale and codes into q and scales (the row in the group of rows from r0), counted in
-// counts (fp8_count), unless !store (the whole half-warp computes the amax first, as the shuffles
-// need).
-__device__ void fp8_store_row_piece(uint8_t *q, float *scales, const bf16 *x, int64_t K, int64_t r, int64_t r0,
-                                    int64_t rows, int64_t kb, const float v[8], bool store, bool vec, Fp8Scaling how,
-                                    uint64_t *counts) {
+// counts (fp8_count; x: the values as quantised), unless !store (the whole half-warp computes the
+// amax first, as the shuffles need).
+__device__ void fp8_store_row_piece(uint8_t *q, float *scales, const bf16 *x, int K, int r, int r0, int rows, int kb,
+                                    const float v[8], bool store, bool vec, Fp8Scaling how, uint64_t *counts) {
     float amax = 0;
     for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(v[i]));
     for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    int64_t k = kb * FP8_BLOCK + 8 * (threadIdx.x & 15);
+    int k = kb * FP8_BLOCK + 8 * (threadIdx.x & 15);
     if (!store) return;
-    float s = fp8_block_scale(amax, how);
-    uint2 codes = fp8_codes8(v, &s, 0);
-    uint8_t *dst = q + r * K + k;
+    float s = fp8_block_scale(amax, how), inv = fp8_scale_inverse(s);
+    uint2 codes = fp8_codes8(v, &inv, 0);
+    size_t at = (size_t)r * K + k;
+    uint8_t *dst = q + at;
     if (vec && k < K) *reinterpret_cast<uint2 *>(dst) = codes;
     else
 #pragma unroll
         for (int i = 0; i < 8; i++)
             if (k + i < K) dst[i] = (uint8_t)((i < 4 ? codes.x : codes.y) >> (8 * (i % 4)));
     const uint32_t words[2] = {codes.x, codes.y};
-    fp8_count<8>(counts, words, fp8_may_saturate_all(amax, s), x + r * K + k, dst, (int)(K - k), s, NULL);
-    if ((threadIdx.x & 15) == 0) scales[(int64_t)fp8_blocks((size_t)K) * r0 + kb * rows + (r - r0)] = s;
+    fp8_count<8>(counts, words, fp8_may_saturate_all(amax, inv), x + at, dst, K - k, inv, NULL);
+    if ((threadIdx.x & 15) == 0) scales[(size_t)fp8_blocks((size_t)K) * r0 + (size_t)kb * rows + (r - r0)] = s;
 }
 
 // vec: K a multiple of 8, x 16-byte and q 8-byte aligned (every piece whole or wholly outside).
 __global__ void __launch_bounds__(FP8_R_THREADS)
-fp8_quantize_rows_kernel(uint8_t *q, float *scales, const bf16 *x, const int32_t *offsets, int E, int64_t R, int K,
+fp8_quantize_rows_kernel(uint8_t *q, float *scales, const bf16 *x, const int32_t *offsets, int E, int R, int K,
                          bool vec, Fp8Scaling how, uint64_t *counts) {
     fp8_count_values(counts, offsets, E, R, K);
-    int64_t Kb = (int64_t)fp8_blocks((size_t)K), warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    int64_t block = warp * 2 * FP8_R_PAIRS + ((threadIdx.x >> 4) & 1), r = block / Kb, kb = block % Kb;
-    int64_t rs[FP8_R_PAIRS], kbs[FP8_R_PAIRS];
+    int rs[FP8_R_PAIRS], kbs[FP8_R_PAIRS], c = 8 * (threadIdx.x & 15);
+    fp8_row_pieces(R, (int)fp8_blocks((size_t)K), rs, kbs);
     uint4 raw[FP8_R_PAIRS];
 #pragma unroll
     for (int j = 0; j < FP8_R_PAIRS; j++) {
-        int64_t k = kb * FP8_BLOCK + 8 * (threadIdx.x & 15);
-        raw[j] = r < R ? fp8_load_piece(x + r * K + k, K - k, vec) : make_uint4(0, 0, 0, 0);
-        rs[j] = r, kbs[j] = kb;
-        for (kb += 2; kb >= Kb; kb -= Kb) r++;
+        int k = kbs[j] * FP8_BLOCK + c;
+        raw[j] = rs[j] < R ? fp8_load_piece(x + (size_t)rs[j] * K + k, K - k, vec) : make_uint4(0, 0, 0, 0);
     }
-    int64_t r0 = 0, rows = 0; // the group of the last row looked up: the next pieces' rows are mostly in it
+    int r0 = 0, rows = 0; // the group of the last row looked up: the next pieces' rows are mostly in it
 #pragma unroll
     for (int j = 0; j < FP8_R_PAIRS; j++) {
-        bool in = rs[j] < R && ((rows && rs[j] >= r0 && rs[j] < r0 + rows) || fp8_row_group(offsets, E, R, rs[j], &r0, &rows));
+        bool in = fp8_row_in_group(offsets, E, R, rs[j], &r0, &rows);
         float v[8];
         unpack8(v, raw[j]);
         fp8_store_row_piece(q, scales, x, K, rs[j], r0, rows, kbs[j], v, in, vec, how, counts);
     }
 }
 
+// SwiGLU with its output's quantised rows in the same pass (the pieces of the rows' kernel, the
+// gate's and the up projection's loads all issued first): the values rounded to bf16 as stored,
+// then quantised, so that the codes are those of fp8_quantize_rows on the stored output. vec: H a
+// multiple of 8, gu and out 16-byte and q 8-byte aligned.
+__global__ void __launch_bounds__(FP8_R_THREADS)
+swiglu_forward_fp8_kernel(bf16 *out, uint8_t *q, float *scales, const bf16 *gu, const int32_t *offsets, int E, int R,
+                          int H, bool vec, Fp8Scaling how, uint64_t *counts) {
+    fp8_count_values(counts, offsets, E, R, H);
+    int rs[FP8_R_PAIRS], kbs[FP8_R_PAIRS], c = 8 * (threadIdx.x & 15);
+    fp8_row_pieces(R, (int)fp8_blocks((size_t)H), rs, kbs);
+    uint4 gate[FP8_R_PAIRS], up[FP8_R_PAIRS];
+#pragma unroll
+    for (int j = 0; j < FP8_R_PAIRS; j++) {
+        int k = kbs[j] * FP8_BLOCK + c;
+        const bf16 *g = gu + (size_t)rs[j] * 2 * H + k;
+        gate[j] = rs[j] < R ? fp8_load_piece(g, H - k, vec) : make_uint4(0, 0, 0, 0);
+        up[j] = rs[j] < R ? fp8_load_piece(g + H, H - k, vec) : make_uint4(0, 0, 0, 0);
+    }
+    int r0 = 0, rows = 0;
+#pragma unroll
+    for (int j = 0; j < FP8_R_PAIRS; j++) {
+        bool in = fp8_row_in_group(offsets, E, R, rs[j], &r0, &rows);
+        int k = kbs[j] * FP8_BLOCK + c;
+        float g[8], u[8], v[8];
+        unpack8(g, gate[j]), unpack8(u, up[j]);
+        for (int i = 0; i < 8; i++) v[i] = bf(to_bf(swiglu_value(g[i], u[i])));
+        if (in) fp8_store_piece(out + (size_t)rs[j] * H + k, v, H - k, vec);
+        fp8_store_row_piece(q, scales, out, H, rs[j], r0, rows, kbs[j], v, in, vec, how, counts);
+    }
+}
+
+// The quantisation kernels index rows, columns and row blocks in 32 bits (addresses in 64): R rows
+// (or token-major columns) of K must keep R times K's blocks, and R and K, below INT_MAX.
+static void fp8_check_index(size_t R, size_t K) {
+    if (R * fp8_blocks(K) + K + (size_t)FP8_R_THREADS * 2 * FP8_R_PAIRS >= (size_t)INT_MAX)
+        moe_fatal("%s:%d: FP8 quantisation of %zu rows of %zu: past the kernels' 32-bit indices; use a smaller "
+                  "train.micro_batch", __FILE__, __LINE__, R, K);
+}
+
+// The grid of the rows' kernels for R rows of K: a warp per 2 FP8_R_PAIRS blocks.
+static unsigned fp8_rows_grid(size_t R, size_t K) {
+    fp8_check_index(R, K);
+    size_t warps = (R * fp8_blocks(K) + 2 * FP8_R_PAIRS - 1) / (2 * FP8_R_PAIRS);
+    return cuda_blocks(warps * 32, FP8_R_THREADS);
+}
+
 extern "C" void cuda_fp8_quantize_rows(void *q, void *scales, const void *x, const int32_t *offsets, size_t E, size_t R,
                                        size_t K, Fp8Scaling how, uint64_t *counts) {
     if (!R || !K) return;
     bool vec = K % 8 == 0 && aligned16(x) && (uintptr_t)q % 8 == 0;
-    size_t warps = (R * fp8_blocks(K) + 2 * FP8_R_PAIRS - 1) / (2 * FP8_R_PAIRS);
-    fp8_quantize_rows_kernel<<<cuda_blocks(warps * 32, FP8_R_THREADS), FP8_R_THREADS, 0, cuda_ctx.stream>>>(
-        (uint8_t *)q, (float *)scales, (const bf16 *)x, offsets, (int)E, (int64_t)R, (int)K, vec, how, counts);
+    fp8_quantize_rows_kernel<<<fp8_rows_grid(R, K), FP8_R_THREADS, 0, cuda_ctx.stream>>>(
+        (uint8_t *)q, (float *)scales, (const bf16 *)x, offsets, (int)E, (int)R, (int)K, vec, how, counts);
     CUDA_LAUNCH_CHECK();
-}
-
-// SwiGLU with its output's quantised rows in the same pass (a warp per (row, 128-block), as the
-// quantisation alone): the values rounded to bf16 as stored, then quantised, so that the codes are
-// those of fp8_quantize_rows on the stored output.
-__global__ void swiglu_forward_fp8_kernel(bf16 *out, uint8_t *q, float *scales, const bf16 *gu,
-                                          const int32_t *offsets, int E, int64_t R, int H, Fp8Scaling how,
-                                          uint64_t *counts) {
-    fp8_count_values(counts, offsets, E, R, H);
-    Fp8RowBlock b;
-    if (!fp8_row_block(offsets, E, R, H, &b)) return; // the whole warp (a warp per row block)
-    float g[4], u[4], v[4];
-    const bf16 *gate = gu + b.r * 2 * H + b.k;
-    fp8_load4(g, gate, H - b.k, b.vec), fp8_load4(u, gate + H, H - b.k, b.vec);
-    for (int i = 0; i < 4; i++) v[i] = bf(to_bf(swiglu_value(g[i], u[i])));
-    fp8_store4(out + b.at, v, H - b.k, b.vec);
-    fp8_store_row_block(q, scales, &b, v, out, H, how, counts);
 }
 
 extern "C" void cuda_swiglu_forward_fp8(void *out, void *q, void *scales, const void *gu, const int32_t *offsets,
                                         size_t E, size_t R, size_t H, Fp8Scaling how, uint64_t *counts) {
-    if (!R) return;
-    size_t warps = R * fp8_blocks(H);
-    swiglu_forward_fp8_kernel<<<cuda_blocks(warps * 32, 256), 256, 0, cuda_ctx.stream>>>(
-        (bf16 *)out, (uint8_t *)q, (float *)scales, (const bf16 *)gu, offsets, (int)E, (int64_t)R, (int)H, how,
+    if (!R || !H) return;
+    bool vec = H % 8 == 0 && aligned16(gu) && aligned16(out) && (uintptr_t)q % 8 == 0;
+    swiglu_forward_fp8_kernel<<<fp8_rows_grid(R, H), FP8_R_THREADS, 0, cuda_ctx.stream>>>(
+        (bf16 *)out, (uint8_t *)q, (float *)scales, (const bf16 *)gu, offsets, (int)E, (int)R, (int)H, vec, how,
         counts);
     CUDA_LAUNCH_CHECK();
 }
@@ -270,17 +279,17 @@ extern "C" void cuda_swiglu_forward_fp8(void *out, void *q, void *scales, const 
 // count, 0 rows for a block of no expert (past an expert's rows, or before the first expert's when
 // offsets[0] > 0, as for a chunk of experts). Its expert, returned, is the last one starting at or
 // before it.
-__device__ int fp8_block_rows(const int32_t *offsets, int E, int64_t b, int64_t *first, int64_t *n) {
+__device__ int fp8_block_rows(const int32_t *offsets, int E, int b, int *first, int *n) {
     int lo = 0, hi = E - 1;
     while (lo < hi) {
         int mid = (lo + hi + 1) / 2;
-        if ((int64_t)fp8_expert_col((size_t)offsets[mid], (size_t)mid) <= FP8_BLOCK * b) lo = mid;
+        if ((int)fp8_expert_col((size_t)offsets[mid], (size_t)mid) <= FP8_BLOCK * b) lo = mid;
         else hi = mid - 1;
     }
-    int64_t into = FP8_BLOCK * b - (int64_t)fp8_expert_col((size_t)offsets[lo], (size_t)lo);
-    int64_t rows = offsets[lo + 1] - offsets[lo];
+    int into = FP8_BLOCK * b - (int)fp8_expert_col((size_t)offsets[lo], (size_t)lo);
+    int rows = offsets[lo + 1] - offsets[lo];
     *first = offsets[lo] + into;
-    *n = into >= 0 && into < rows ? min((int64_t)FP8_BLOCK, rows - into) : 0;
+    *n = into >= 0 && into < rows ? min(FP8_BLOCK, rows - into) : 0;
     return lo;
 }
 
@@ -340,9 +349,9 @@ __device__ __forceinline__ void fp8_store_transposed(const uint4 (*tile)[FP8_BLO
 #define FP8_C_THREADS 256
 #define FP8_C_PIECES (FP8_BLOCK * FP8_BLOCK / 8 / FP8_C_THREADS)
 
-// The columns' scales of the block into scale (shared) and scales (the block's row of them), from
-// each thread's maxima of its 8 columns.
-__device__ void fp8_column_scales(float *scale, float *scales, float amax[8], int64_t cols, Fp8Scaling how) {
+// The columns' scales of the block into scales (the block's row of them) and their inverses into
+// inv (shared), from each thread's maxima of its 8 columns.
+__device__ void fp8_column_scales(float *inv, float *scales, float amax[8], int64_t cols, Fp8Scaling how) {
     __shared__ float part[FP8_C_THREADS / 32][FP8_BLOCK];
     int t = threadIdx.x, c8 = t % 16;
     for (int j = 0; j < 8; j++) amax[j] = fmaxf(amax[j], __shfl_xor_sync(0xffffffffu, amax[j], 16));
@@ -352,8 +361,9 @@ __device__ void fp8_column_scales(float *scale, float *scales, float amax[8], in
     if (t < FP8_BLOCK) {
         float m = 0;
         for (int w = 0; w < FP8_C_THREADS / 32; w++) m = fmaxf(m, part[w][t]);
-        scale[t] = fp8_block_scale(m, how);
-        if (t < cols) scales[t] = scale[t];
+        float s = fp8_block_scale(m, how);
+        inv[t] = fp8_scale_inverse(s);
+        if (t < cols) scales[t] = s;
     }
     __syncthreads();
 }
@@ -362,35 +372,33 @@ __device__ void fp8_column_scales(float *scale, float *scales, float amax[8], in
 template <bool ROWS>
 __global__ void __launch_bounds__(FP8_C_THREADS, ROWS ? 2 : 3)
 fp8_quantize_cols_kernel(uint8_t *qt, float *scales_t, uint8_t *q, float *scales, const bf16 *x, const int32_t *offsets,
-                         int E, int64_t C, int64_t Rt, bool vec, Fp8Scaling how, uint64_t *counts) {
+                         int E, int C, int Rt, bool vec, Fp8Scaling how, uint64_t *counts) {
     fp8_count_values(counts, offsets, E, 0, ROWS ? 2 * C : C); // with ROWS: counted as two quantisations
     __shared__ uint4 tile[FP8_BLOCK][FP8_BLOCK / 16];
-    __shared__ float scale[FP8_BLOCK];
-    int t = threadIdx.x, c8 = t % 16;
-    int64_t c0 = (int64_t)blockIdx.x * FP8_BLOCK, c = c0 + 8 * c8, b = blockIdx.y, first, n;
+    __shared__ float inv[FP8_BLOCK]; // the columns' scale inverses
+    int t = threadIdx.x, c8 = t % 16, c0 = blockIdx.x * FP8_BLOCK, c = c0 + 8 * c8, b = blockIdx.y, first, n;
     int e = fp8_block_rows(offsets, E, b, &first, &n);
-    int64_t r0 = offsets[e], rows = offsets[e + 1] - r0; // the expert's rows (ROWS: the row scales' layout)
+    int r0 = offsets[e], rows = offsets[e + 1] - r0; // the expert's rows (ROWS: the row scales' layout)
+    const bf16 *xt = x + (size_t)(first + t / 16) * C + c; // the thread's first piece; piece p 16 p rows on
     uint4 raw[FP8_C_PIECES];
 #pragma unroll
-    for (int p = 0; p < FP8_C_PIECES; p++) {
-        int i = t / 16 + 16 * p;
-        raw[p] = i < n ? fp8_load_piece(x + (first + i) * C + c, C - c, vec) : make_uint4(0, 0, 0, 0);
-    }
+    for (int p = 0; p < FP8_C_PIECES; p++)
+        raw[p] = t / 16 + 16 * p < n ? fp8_load_piece(xt + (size_t)16 * p * C, C - c, vec) : make_uint4(0, 0, 0, 0);
     float amax[8] = {0, 0, 0, 0, 0, 0, 0, 0}, v[8];
 #pragma unroll
     for (int p = 0; p < FP8_C_PIECES; p++) {
         unpack8(v, raw[p]);
         for (int j = 0; j < 8; j++) amax[j] = fmaxf(amax[j], fabsf(v[j]));
     }
-    fp8_column_scales(scale, scales_t + b * C + c0, amax, C - c0, how);
+    fp8_column_scales(inv, scales_t + (size_t)b * C + c0, amax, C - c0, how);
     uint32_t sat = 0; // amax[j] bounds the thread's values of column j
-    for (int j = 0; j < 8; j++) sat |= (uint32_t)fp8_block_may_saturate(amax[j], scale[8 * c8 + j]) << j;
+    for (int j = 0; j < 8; j++) sat |= (uint32_t)fp8_block_may_saturate(amax[j], inv[8 * c8 + j]) << j;
     uint32_t flagged = 0; // bit p: piece p takes fp8_count's rare path, after the loop (fewer live registers)
 #pragma unroll
     for (int p = 0; p < FP8_C_PIECES; p++) {
         int i = t / 16 + 16 * p;
         unpack8(v, raw[p]);
-        uint2 codes = fp8_codes8(v, scale + 8 * c8, 1);
+        uint2 codes = fp8_codes8(v, inv + 8 * c8, 1);
         reinterpret_cast<uint2 *>(&tile[i][fp8_tile_chunk(i, c8 / 2)])[c8 % 2] = codes;
         const uint32_t words[2] = {codes.x, codes.y};
         flagged |= (uint32_t)fp8_needs_count<8>(words, sat) << p;
@@ -400,11 +408,11 @@ fp8_quantize_cols_kernel(uint8_t *qt, float *scales_t, uint8_t *q, float *scales
     for (int p = 0; counts && p < FP8_C_PIECES; p++) {
         int i = t / 16 + 16 * p;
         if ((flagged >> p) & 1)
-            fp8_count_piece<8>(counts, x + (first + i) * C + c, (const uint8_t *)&tile[i][fp8_tile_chunk(i, c8 / 2)] + 8 * (c8 % 2),
-                               i < n ? (int)(C - c) : 0, 0, scale + 8 * c8, sat);
+            fp8_count_piece<8>(counts, xt + (size_t)16 * p * C, (const uint8_t *)&tile[i][fp8_tile_chunk(i, c8 / 2)] + 8 * (c8 % 2),
+                               i < n ? C - c : 0, 0, inv + 8 * c8, sat);
     }
     __syncthreads();
-    fp8_store_transposed(tile, qt + c0 * Rt + FP8_BLOCK * b, Rt, C - c0, FP8_BLOCK, vec);
+    fp8_store_transposed(tile, qt + (size_t)c0 * Rt + (size_t)FP8_BLOCK * b, Rt, C - c0, FP8_BLOCK, vec);
 }
 
 // The token-major copies of x (R, C), and with q its rows too (q NULL: the copies alone).
@@ -414,12 +422,13 @@ static void fp8_quantize_cols_launch(void *qt, void *scales_t, void *q, void *sc
     if (!C) return;
     if (!offsets) offsets = cuda_fp8_one_group(R);
     size_t Rt = fp8_expert_cols(R, E);
+    fp8_check_index(Rt, C);
     bool vec = C % 8 == 0 && aligned16(x) && aligned16(qt) && (uintptr_t)q % 8 == 0;
     dim3 grid((unsigned)fp8_blocks(C), (unsigned)(Rt / FP8_BLOCK));
     auto kernel = q ? fp8_quantize_cols_kernel<true> : fp8_quantize_cols_kernel<false>;
     kernel<<<grid, FP8_C_THREADS, 0, cuda_ctx.stream>>>((uint8_t *)qt, (float *)scales_t, (uint8_t *)q,
                                                           (float *)scales, (const bf16 *)x, offsets, (int)E,
-                                                          (int64_t)C, (int64_t)Rt, vec, how, counts);
+                                                          (int)C, (int)Rt, vec, how, counts);
     CUDA_LAUNCH_CHECK();
 }
 
@@ -466,19 +475,19 @@ fp8_quantize_weights_kernel(uint8_t *q, uint8_t *qt, float *scales, float *scale
         for (int j = 0; j < 16; j++) amax = fmaxf(amax, fabsf(v[p][j]));
     }
     amax = block_max(amax, scratch);
-    float s = fp8_block_scale(amax, how);
-    uint32_t sat = fp8_may_saturate_all(amax, s);
+    float s = fp8_block_scale(amax, how), inv = fp8_scale_inverse(s);
+    uint32_t sat = fp8_may_saturate_all(amax, inv);
 #pragma unroll
     for (int p = 0; p < FP8_W_PIECES; p++) {
         int u = threadIdx.x + p * FP8_W_THREADS, i = u / 8, c = u % 8;
         int64_t n = n0 + i, k = k0 + 16 * c;
-        uint32_t word[4] = {0, 0, 0, 0};
+        uint32_t word[4];
 #pragma unroll
-        for (int j = 0; j < 16; j++) word[j / 4] |= (uint32_t)fp8_quantize(v[p][j], s) << (8 * (j % 4));
+        for (int j = 0; j < 4; j++) word[j] = fp8_codes4(v[p] + 4 * j, inv);
         uint4 codes = make_uint4(word[0], word[1], word[2], word[3]);
         tile[i][fp8_tile_chunk(i, c)] = codes;
         fp8_count<16>(counts, word, sat, we + n * K + k, (const uint8_t *)&tile[i][fp8_tile_chunk(i, c)],
-                      n < N ? (int)(K - k) : 0, s, NULL);
+                      n < N ? (int)(K - k) : 0, inv, NULL);
         uint8_t *dst = q + e * N * K + n * K + k;
         if (vec && n < N && k < K) *reinterpret_cast<uint4 *>(dst) = codes;
         else
