@@ -279,14 +279,30 @@ static size_t swiglu_elems(const Model *m, size_t T) {
     return rows * max_size(hidden, moe ? (size_t)c->expert_hidden : 0);
 }
 
+// Rows of the LM-head logits computed at a time (the backend's chunk of logits), for calls of T tokens.
+static size_t head_logit_rows(const Model *m, size_t T) {
+    size_t rows = m->ops->logits_chunk / m->cfg.vocab_size;
+    return rows < 1 ? 1 : rows > T ? T : rows;
+}
+
+// Elements of gradient scratch A (Scratch), for calls of T tokens; on the last stage the head's
+// logits too (alloc_head).
+static size_t scratch_a_elems(const Model *m, size_t T) {
+    const ModelConfig *c = &m->cfg;
+    size_t R = model_n_moe_layers(c) > 0 ? model_routed_rows(c, T) : 0;
+    size_t logits = m->last_stage ? head_logit_rows(m, T) * c->vocab_size : 0;
+    return max_size(max_size(R * (size_t)c->d_model, 2 * swiglu_elems(m, T)), max_size(T * model_qkv_width(c), logits));
+}
+
 // Elements of gradient scratch B (Scratch), for calls of T tokens: with selective recompute it also
-// holds the shared SwiGLU activations at its top, beside dhact at its bottom (alloc_selective_shared).
+// holds the shared SwiGLU activations at its top, beside dhact at its bottom (alloc_selective_shared);
+// on the last stage the final norm's output (alloc_head).
 static size_t scratch_b_elems(const Model *m, size_t T) {
     const ModelConfig *c = &m->cfg;
     bool moe = model_n_moe_layers(c) > 0, ep = m->par->ep->size > 1;
-    size_t R = moe && !ep ? model_routed_rows(c, T) : 0;
+    size_t R = moe && !ep ? model_routed_rows(c, T) : 0, xf = m->last_stage ? T * (size_t)c->d_model : 0;
     size_t swiglu = (m->recompute == RECOMPUTE_SELECTIVE ? 2 : 1) * swiglu_elems(m, T);
-    return max_size(max_size(R * (size_t)c->d_model, swiglu), T * model_qkv_width(c));
+    return max_size(max_size(R * (size_t)c->d_model, swiglu), max_size(T * model_qkv_width(c), xf));
 }
 
 // Elements of scratch datt: (T, Hq hd), with selective recompute and pre-norm at least (T, D) for h.
@@ -324,14 +340,19 @@ static size_t scratch_datt_elems(const Model *m, size_t T) {
 // - h (pre-norm) in datt: last read by the feed-forward norm's backward, before the attention
 //   backward writes datt; ap and f (pre-norm) in dn: ap is read once, by the add that recomputes h,
 //   before the feed-forward backward writes dn; f is not read by the backward.
+// - n1 and n2 in dxf, which the head alone uses as its gradient, after the layers, and FP8 only as
+//   the sum of an accumulating dense product: the shared expert's down projection (forward: n2's last
+//   reader, the gate|up product, came before; reordered, n1 was added to h before and n2 comes
+//   after), and with reordered norms the QKV and gate|up input gradients (whose backward reads no
+//   norm output); a pre-norm backward accumulates through no FP8 dense product.
 static void alloc_selective_shared(Model *m, size_t T) {
     const ModelConfig *c = &m->cfg;
     const Scratch *g = &m->s;
     LayerActs *s = &m->shared;
-    size_t D = c->d_model, E = c->n_experts, K = c->top_k, swiglu = swiglu_elems(m, T);
+    size_t E = c->n_experts, K = c->top_k, swiglu = swiglu_elems(m, T);
     bool pre = c->norm_placement == NORM_PRE;
     s->qkv = g->dqkv_raw, s->qk_rstd = f32_buf(m, T * (c->n_heads + c->n_kv_heads));
-    s->n1 = s->n2 = act_buf(m, T * D);
+    s->n1 = s->n2 = g->dxf;
     if (pre) s->ap = s->f = g->dn, s->h = g->datt, s->n1_rstd = s->n2_rstd = f32_buf(m, T);
     s->hact = s->sact = model_act(m, g->dhact, scratch_b_elems(m, T) - swiglu);
     if (n_local_moe_layers(m) == 0) return;
@@ -372,15 +393,14 @@ static void alloc_full_shared(Model *m, size_t T) {
 
 static void alloc_scratch(Model *m, size_t T) {
     const ModelConfig *c = &m->cfg;
-    size_t D = c->d_model, C = model_qkv_width(c);
+    size_t D = c->d_model;
     bool moe = model_n_moe_layers(c) > 0;
     size_t R = moe ? model_routed_rows(c, T) : 0, Rr = moe ? moe_exchange_received_rows(&m->xchg, T) : 0;
-    size_t hidden = swiglu_elems(m, T);
     bool ep = m->par->ep->size > 1;
     Scratch *s = &m->s;
     s->dres = act_buf(m, T * D), s->datt = act_buf(m, scratch_datt_elems(m, T)), s->dn = act_buf(m, T * D);
-    void *a = act_buf(m, max_size(max_size(R * D, 2 * hidden), T * C)); // dy, dgu, dqkv
-    void *b = act_buf(m, scratch_b_elems(m, T));                         // dhact, dxp, dqkv_raw
+    void *a = act_buf(m, scratch_a_elems(m, T)); // dy, dgu, dqkv
+    void *b = act_buf(m, scratch_b_elems(m, T)); // dhact, dxp, dqkv_raw
     s->dqkv = a, s->dqkv_raw = b;
     s->dgu = a, s->dhact = b;
     s->dxf = act_buf(m, T * D);
@@ -390,6 +410,16 @@ static void alloc_scratch(Model *m, size_t T) {
         if (ep) s->dxe = moe_exchange_buf(&m->xchg, Rr);
         else s->row_w = f32_buf(m, Rr), s->row_dot = f32_buf(m, Rr);
     }
+}
+
+// The head's buffers (last stage): its final-norm output xf in scratch B and a chunk of logits in
+// scratch A. The head runs after the layers, whose scratch and shared buffers are then free (none
+// holds anything from one layer's forward or backward to the next), and no forward or backward
+// calls it between two steps of theirs.
+static void alloc_head(Model *m, size_t T) {
+    m->xf = m->s.dqkv_raw, m->xf_rstd = f32_buf(m, T);
+    m->logit_rows = head_logit_rows(m, T);
+    m->logits = m->s.dqkv;
 }
 
 // cos and sin of position s times frequency theta^(-2i / hd), for i < hd / 2
@@ -550,7 +580,7 @@ void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel
     m->B = B, m->S = S, m->n_micro = n_micro, m->recompute = modes.recompute;
     if (modes.fp8) m->fp8 = fp8_operands_new(m, modes.how, modes.fp8_dense);
     register_params(m);
-    size_t P = m->reg.total, T = B * S, D = cfg->d_model;
+    size_t P = m->reg.total, T = B * S;
     init_master(m);
     m->params = f32_buf(m, m->master_len);
     m->params_act = ops->act_aliases_f32 ? m->params : act_buf(m, P);
@@ -578,12 +608,7 @@ void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel
         for (int i = 0; i < k->n_slots; i++) alloc_slot(m, k, &k->slots[i], T);
     }
     m->act_bytes = m->exchange_bytes + m->mem.bytes - before_acts;
-    if (m->last_stage) {
-        m->xf = act_buf(m, T * D), m->xf_rstd = f32_buf(m, T);
-        size_t chunk = ops->logits_chunk / cfg->vocab_size;
-        m->logit_rows = chunk < 1 ? 1 : chunk > T ? T : chunk;
-        m->logits = act_buf(m, m->logit_rows * cfg->vocab_size);
-    }
+    if (m->last_stage) alloc_head(m, T);
     if (ops->attention_workspace) m->mem.bytes += ops->attention_workspace(attn_dims(m, B, S)); // the library's
     if (m->fp8) alloc_fp8_operands(m);
 }
