@@ -442,12 +442,22 @@ size_t model_metrics_len(const ModelConfig *c) {
     return METRIC_ROUTER + (size_t)model_n_moe_layers(c) * router_stats_len((size_t)c->n_experts);
 }
 
+// The output of a chunk's last layer: the head's input in the last chunk, read by the head alone,
+// within the forward that writes it, so scratch dn (no backward reads it, and the head reads no dn;
+// the last layer's forward reads dn's other tenants, n1 with FP8 inputs kept and selective
+// recompute's f, before its output add writes it, which may alias f); else the slot's own, which the
+// next chunk reads.
+static void *chunk_output(Model *m, const ModelChunk *k, size_t T) {
+    return k->last && chunk_layers(k) > 0 ? m->s.dn : act_buf(m, T * m->cfg.d_model);
+}
+
 // One slot of a chunk; the gradient of its output waits in a buffer of its own when several chunks
 // interleave (a chunk's backward is then not right after the one that produced it).
 static void alloc_slot(Model *m, const ModelChunk *k, SlotActs *slot, size_t T) {
     int n = chunk_layers(k);
     slot->resid = moe_calloc((size_t)n + 1, sizeof(void *));
-    for (int i = 0; i <= n; i++) slot->resid[i] = act_buf(m, T * m->cfg.d_model);
+    for (int i = 0; i < n; i++) slot->resid[i] = act_buf(m, T * m->cfg.d_model);
+    slot->resid[n] = chunk_output(m, k, T);
     slot->layer = moe_calloc((size_t)n, sizeof(LayerActs));
     for (int i = 0; i < n; i++) {
         bool moe = model_layer_is_moe(&m->cfg, k->layer_begin + i);
