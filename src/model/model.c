@@ -327,7 +327,7 @@ static size_t scratch_datt_elems(const Model *m, size_t T) {
 //
 // The large ones live in the backward's scratch (alloc_scratch), which no forward reads (FP8's
 // Fp8Operands.sum is Scratch.dxf, lent to none of them), where no backward step reads them while
-// it writes that scratch (layer_backward's order; docs/ARCHITECTURE.md, "Selective recompute"):
+// it writes that scratch (layer_backward's order; docs/ARCHITECTURE.md, activation memory):
 // - qkv in B: written just before the attention kernel's backward reads it, which writes dqkv to A;
 //   B then takes dqkv_raw, computed from dqkv and the kept projection (not from qkv).
 // - the SwiGLU activations at B's top, dhact at its bottom (B holds both: scratch_b_elems); B's
