@@ -279,48 +279,96 @@ static size_t swiglu_elems(const Model *m, size_t T) {
     return rows * max_size(hidden, moe ? (size_t)c->expert_hidden : 0);
 }
 
-// Selective recompute: one buffer per dropped activation for every layer and slot (sized for the
-// largest layer). Recomputed in the backward, cheaply: the QK-norm + RoPE output (from the kept
-// projection), the RMSNorm outputs (one buffer: a pre-norm backward reruns each norm just before
-// its use, a reordered backward reads neither), the SwiGLU activations of experts, dense and shared
-// MLPs (one buffer, from the kept gate|up rows), router scores (from the kept logits) and, with one
-// expert-parallel rank, the dispatched rows (gathered again from the layer's kept input). With
-// pre-norm, the residual stream after attention too (h = in + att Wo^T again, from the kept
-// attention output: one dense product a layer, residual_recompute), in the QK-norm output's buffer:
-// h is last read by the feed-forward norm's backward, before the attention backward rewrites qkv.
-// Not read by the backward at all: with pre-norm the attention projection and the feed-forward
-// output (one buffer, which also takes the recomputed projection); with several expert-parallel
-// ranks the rows sent to the experts. The rows this rank's experts received (xe) stay kept per
-// layer there: recomputing them would redo the exchange.
-static void alloc_selective_shared(Model *m, size_t T) {
-    const ModelConfig *c = &m->cfg;
-    LayerActs *s = &m->shared;
-    size_t D = c->d_model, E = c->n_experts;
-    s->qkv = act_buf(m, T * max_size(model_qkv_width(c), D)); // (T, C); pre-norm h (T, D) too
-    s->n1 = s->n2 = act_buf(m, T * D);
-    if (c->norm_placement == NORM_PRE) s->ap = s->f = act_buf(m, T * D), s->h = s->qkv;
-    s->hact = s->sact = act_buf(m, swiglu_elems(m, T));
-    if (n_local_moe_layers(m) == 0) return;
-    s->scores = f32_buf(m, T * E);
-    s->aux = f32_buf(m, router_aux_len(E)); // a recomputed router's own summary (not the kept one)
-    s->xp = act_buf(m, model_routed_rows(c, T) * D);
+// Rows of the LM-head logits computed at a time (the backend's chunk of logits), for calls of T tokens.
+static size_t head_logit_rows(const Model *m, size_t T) {
+    size_t rows = m->ops->logits_chunk / m->cfg.vocab_size;
+    return rows < 1 ? 1 : rows > T ? T : rows;
 }
 
-// Elements of gradient scratch B (Scratch), for calls of T tokens.
+// Elements of gradient scratch A (Scratch), for calls of T tokens; on the last stage the head's
+// logits too (alloc_head).
+static size_t scratch_a_elems(const Model *m, size_t T) {
+    const ModelConfig *c = &m->cfg;
+    size_t R = model_n_moe_layers(c) > 0 ? model_routed_rows(c, T) : 0;
+    size_t logits = m->last_stage ? head_logit_rows(m, T) * c->vocab_size : 0;
+    return max_size(max_size(R * (size_t)c->d_model, 2 * swiglu_elems(m, T)), max_size(T * model_qkv_width(c), logits));
+}
+
+// Elements of gradient scratch B (Scratch), for calls of T tokens: with selective recompute it also
+// holds the shared SwiGLU activations at its top, beside dhact at its bottom (alloc_selective_shared);
+// on the last stage the final norm's output (alloc_head).
 static size_t scratch_b_elems(const Model *m, size_t T) {
     const ModelConfig *c = &m->cfg;
     bool moe = model_n_moe_layers(c) > 0, ep = m->par->ep->size > 1;
-    size_t R = moe && !ep ? model_routed_rows(c, T) : 0;
-    return max_size(max_size(R * (size_t)c->d_model, swiglu_elems(m, T)), T * model_qkv_width(c));
+    size_t R = moe && !ep ? model_routed_rows(c, T) : 0, xf = m->last_stage ? T * (size_t)c->d_model : 0;
+    size_t swiglu = (m->recompute == RECOMPUTE_SELECTIVE ? 2 : 1) * swiglu_elems(m, T);
+    return max_size(max_size(R * (size_t)c->d_model, swiglu), max_size(T * model_qkv_width(c), xf));
+}
+
+// Elements of scratch datt: (T, Hq hd), with selective recompute and pre-norm at least (T, D) for h.
+static size_t scratch_datt_elems(const Model *m, size_t T) {
+    const ModelConfig *c = &m->cfg;
+    bool h = m->recompute == RECOMPUTE_SELECTIVE && c->norm_placement == NORM_PRE;
+    return T * max_size((size_t)c->n_heads * c->head_dim, h ? (size_t)c->d_model : 0);
+}
+
+// Selective recompute: the activations it drops are recomputed in the backward, cheaply, into one
+// buffer each for every layer and slot (sized for the largest layer): the QK-norm + RoPE output and
+// its 1/rms (from the kept projection), the RMSNorm outputs (one buffer: a pre-norm backward reruns
+// each norm just before its use, a reordered backward reads neither) and with pre-norm their 1/rms,
+// the SwiGLU activations of experts, dense and shared MLPs (one buffer, from the kept gate|up rows),
+// the router's logits (one small product from the layer's input), scores, choice, weights and
+// counts, and with one expert-parallel rank the dispatched rows (gathered again from the layer's
+// input). With pre-norm, the residual stream after attention too (h = in + att Wo^T again, from the
+// kept attention output: one dense product a layer, residual_recompute). Not read by the backward
+// at all: with pre-norm the attention projection and the feed-forward output; with several
+// expert-parallel ranks the rows sent to the experts. The rows this rank's experts received (xe)
+// stay kept per layer there: recomputing them would redo the exchange.
+//
+// The large ones live in the backward's scratch (alloc_scratch), which no forward reads (FP8's
+// Fp8Operands.sum is Scratch.dxf, lent to none of them), where no backward step reads them while
+// it writes that scratch (layer_backward's order; docs/ARCHITECTURE.md, activation memory):
+// - qkv in B: written just before the attention kernel's backward reads it, which writes dqkv to A;
+//   B then takes dqkv_raw, computed from dqkv and the kept projection (not from qkv).
+// - the SwiGLU activations at B's top, dhact at its bottom (B holds both: scratch_b_elems); B's
+//   later contents (dgu is A; the rows' gradient dxp, B) come after their last read.
+// - xp (one expert-parallel rank) in B from its bottom: the forward gathers it after attention
+//   and its gate|up product reads it before the SwiGLU writes B's top; the backward gathers it again
+//   after the SwiGLU backward has read dhact (rows_recompute), and the gate|up product's backward
+//   reads it for the weight gradient before writing dxp over it (expert_backward). With several
+//   ranks xp is read by the forward alone: A, which their forward leaves alone (y is kept).
+// - h (pre-norm) in datt: last read by the feed-forward norm's backward, before the attention
+//   backward writes datt; ap and f (pre-norm) in dn: ap is read once, by the add that recomputes h,
+//   before the feed-forward backward writes dn; f is not read by the backward.
+// - n1 and n2 in dxf, which the head alone uses as its gradient, after the layers, and FP8 only as
+//   the sum of an accumulating dense product: the shared expert's down projection (forward: n2's last
+//   reader, the gate|up product, came before; reordered, n1 was added to h before and n2 comes
+//   after), and with reordered norms the QKV and gate|up input gradients (whose backward reads no
+//   norm output); a pre-norm backward accumulates through no FP8 dense product.
+static void alloc_selective_shared(Model *m, size_t T) {
+    const ModelConfig *c = &m->cfg;
+    const Scratch *g = &m->s;
+    LayerActs *s = &m->shared;
+    size_t E = c->n_experts, K = c->top_k, swiglu = swiglu_elems(m, T);
+    bool pre = c->norm_placement == NORM_PRE;
+    s->qkv = g->dqkv_raw, s->qk_rstd = f32_buf(m, T * (c->n_heads + c->n_kv_heads));
+    s->n1 = s->n2 = g->dxf;
+    if (pre) s->ap = s->f = g->dn, s->h = g->datt, s->n1_rstd = s->n2_rstd = f32_buf(m, T);
+    s->hact = s->sact = model_act(m, g->dhact, scratch_b_elems(m, T) - swiglu);
+    if (n_local_moe_layers(m) == 0) return;
+    s->logits = act_buf(m, T * E), s->scores = f32_buf(m, T * E);
+    s->topk_idx = i32_buf(m, T * K), s->topk_w = f32_buf(m, T * K), s->counts = i32_buf(m, E);
+    s->aux = f32_buf(m, router_aux_len(E)); // a recomputed router's own summary (not the kept one)
+    s->xp = m->par->ep->size > 1 ? g->dy : g->dhact;
 }
 
 // Recompute none with FP8 copies kept in place of the attention norm's output or the experts' rows
 // (model_keeps_fp8_n1, _xe): the forward alone reads those, so one buffer serves every layer and
-// slot, and the backward's scratch (alloc_scratch) as well, as no forward reads its dn or B: n1 is dn
-// (T, D), xp is B (with one expert-parallel rank at least (R, D)).
-static void alloc_fp8_kept_shared(Model *m, size_t T) {
-    if (model_keeps_fp8_n1(m)) m->shared.n1 = act_buf(m, T * m->cfg.d_model);
-    if (model_keeps_fp8_xe(m)) m->shared.xp = act_buf(m, scratch_b_elems(m, T));
+// slot: the backward's scratch (alloc_scratch), as no forward reads its dn or B: n1 is dn (T, D), xp
+// is B (with one expert-parallel rank at least (R, D)).
+static void alloc_fp8_kept_shared(Model *m) {
+    if (model_keeps_fp8_n1(m)) m->shared.n1 = m->s.dn;
+    if (model_keeps_fp8_xe(m)) m->shared.xp = m->s.dhact;
 }
 
 // With one expert-parallel rank no MoE layer keeps its experts' SwiGLU output (Model.expert_hact):
@@ -345,16 +393,14 @@ static void alloc_full_shared(Model *m, size_t T) {
 
 static void alloc_scratch(Model *m, size_t T) {
     const ModelConfig *c = &m->cfg;
-    size_t D = c->d_model, C = model_qkv_width(c), Dq = (size_t)c->n_heads * c->head_dim;
+    size_t D = c->d_model;
     bool moe = model_n_moe_layers(c) > 0;
     size_t R = moe ? model_routed_rows(c, T) : 0, Rr = moe ? moe_exchange_received_rows(&m->xchg, T) : 0;
-    size_t hidden = swiglu_elems(m, T);
     bool ep = m->par->ep->size > 1;
     Scratch *s = &m->s;
-    s->dres = act_buf(m, T * D), s->datt = act_buf(m, T * Dq);
-    s->dn = model_keeps_fp8_n1(m) ? m->shared.n1 : act_buf(m, T * D); // alloc_fp8_kept_shared's
-    void *a = act_buf(m, max_size(max_size(R * D, 2 * hidden), T * C));          // dy, dgu, dqkv
-    void *b = model_keeps_fp8_xe(m) ? m->shared.xp : act_buf(m, scratch_b_elems(m, T)); // dhact, dxp, dqkv_raw
+    s->dres = act_buf(m, T * D), s->datt = act_buf(m, scratch_datt_elems(m, T)), s->dn = act_buf(m, T * D);
+    void *a = act_buf(m, scratch_a_elems(m, T)); // dy, dgu, dqkv
+    void *b = act_buf(m, scratch_b_elems(m, T)); // dhact, dxp, dqkv_raw
     s->dqkv = a, s->dqkv_raw = b;
     s->dgu = a, s->dhact = b;
     s->dxf = act_buf(m, T * D);
@@ -364,6 +410,16 @@ static void alloc_scratch(Model *m, size_t T) {
         if (ep) s->dxe = moe_exchange_buf(&m->xchg, Rr);
         else s->row_w = f32_buf(m, Rr), s->row_dot = f32_buf(m, Rr);
     }
+}
+
+// The head's buffers (last stage): its final-norm output xf in scratch B and a chunk of logits in
+// scratch A. The head runs after the layers, whose scratch and shared buffers are then free (none
+// holds anything from one layer's forward or backward to the next), and no forward or backward
+// calls it between two steps of theirs.
+static void alloc_head(Model *m, size_t T) {
+    m->xf = m->s.dqkv_raw, m->xf_rstd = f32_buf(m, T);
+    m->logit_rows = head_logit_rows(m, T);
+    m->logits = m->s.dqkv;
 }
 
 // cos and sin of position s times frequency theta^(-2i / hd), for i < hd / 2
@@ -386,12 +442,22 @@ size_t model_metrics_len(const ModelConfig *c) {
     return METRIC_ROUTER + (size_t)model_n_moe_layers(c) * router_stats_len((size_t)c->n_experts);
 }
 
+// The output of a chunk's last layer: the head's input in the last chunk, read by the head alone,
+// within the forward that writes it, so scratch dn (no backward reads it, and the head reads no dn;
+// the last layer's forward reads dn's other tenants, n1 with FP8 inputs kept and selective
+// recompute's f, before its output add writes it, which may alias f); else the slot's own, which the
+// next chunk reads.
+static void *chunk_output(Model *m, const ModelChunk *k, size_t T) {
+    return k->last && chunk_layers(k) > 0 ? m->s.dn : act_buf(m, T * m->cfg.d_model);
+}
+
 // One slot of a chunk; the gradient of its output waits in a buffer of its own when several chunks
 // interleave (a chunk's backward is then not right after the one that produced it).
 static void alloc_slot(Model *m, const ModelChunk *k, SlotActs *slot, size_t T) {
     int n = chunk_layers(k);
     slot->resid = moe_calloc((size_t)n + 1, sizeof(void *));
-    for (int i = 0; i <= n; i++) slot->resid[i] = act_buf(m, T * m->cfg.d_model);
+    for (int i = 0; i < n; i++) slot->resid[i] = act_buf(m, T * m->cfg.d_model);
+    slot->resid[n] = chunk_output(m, k, T);
     slot->layer = moe_calloc((size_t)n, sizeof(LayerActs));
     for (int i = 0; i < n; i++) {
         bool moe = model_layer_is_moe(&m->cfg, k->layer_begin + i);
@@ -524,7 +590,7 @@ void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel
     m->B = B, m->S = S, m->n_micro = n_micro, m->recompute = modes.recompute;
     if (modes.fp8) m->fp8 = fp8_operands_new(m, modes.how, modes.fp8_dense);
     register_params(m);
-    size_t P = m->reg.total, T = B * S, D = cfg->d_model;
+    size_t P = m->reg.total, T = B * S;
     init_master(m);
     m->params = f32_buf(m, m->master_len);
     m->params_act = ops->act_aliases_f32 ? m->params : act_buf(m, P);
@@ -535,13 +601,15 @@ void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel
     m->metrics_scratch = f32_buf(m, model_metrics_len(cfg));
     upload_rope(m, S);
     m->tokens = i32_buf(m, (size_t)n_micro * T), m->targets = i32_buf(m, (size_t)n_micro * T);
-    size_t before_acts = m->mem.bytes;
+    size_t before_exchange = m->mem.bytes;
     int kept_calls = moe_calls(m); // calls whose expert rows are kept
     if (m->recompute == RECOMPUTE_FULL && kept_calls) kept_calls = 1;
     moe_exchange_init(&m->xchg, cfg, ops, par, &m->mem, T, kept_calls);
-    m->exchange_bytes = m->mem.bytes - before_acts;
+    m->exchange_bytes = m->mem.bytes - before_exchange;
+    alloc_scratch(m, T); // first: selective recompute and FP8 lend parts of it to activations
+    size_t before_acts = m->mem.bytes;
     if (m->recompute == RECOMPUTE_SELECTIVE) alloc_selective_shared(m, T);
-    alloc_fp8_kept_shared(m, T);
+    alloc_fp8_kept_shared(m);
     alloc_expert_hact(m, T);
     if (m->recompute == RECOMPUTE_FULL) alloc_full_shared(m, T);
     for (int c = 0; c < m->n_chunks; c++) {
@@ -549,14 +617,8 @@ void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel
         k->slots = moe_calloc((size_t)k->n_slots, sizeof(SlotActs));
         for (int i = 0; i < k->n_slots; i++) alloc_slot(m, k, &k->slots[i], T);
     }
-    m->act_bytes = m->mem.bytes - before_acts;
-    if (m->last_stage) {
-        m->xf = act_buf(m, T * D), m->xf_rstd = f32_buf(m, T);
-        size_t chunk = ops->logits_chunk / cfg->vocab_size;
-        m->logit_rows = chunk < 1 ? 1 : chunk > T ? T : chunk;
-        m->logits = act_buf(m, m->logit_rows * cfg->vocab_size);
-    }
-    alloc_scratch(m, T);
+    m->act_bytes = m->exchange_bytes + m->mem.bytes - before_acts;
+    if (m->last_stage) alloc_head(m, T);
     if (ops->attention_workspace) m->mem.bytes += ops->attention_workspace(attn_dims(m, B, S)); // the library's
     if (m->fp8) alloc_fp8_operands(m);
 }
@@ -715,14 +777,19 @@ static void router_choose(Model *m, int l, LayerActs *x, void *aux, const Forwar
                            router_args(m, l, a));
 }
 
+// The router's logits from the layer's feed-forward input, then router_choose.
+static void router_logits_choose(Model *m, int l, LayerActs *x, const void *in, void *aux, const ForwardArgs *a) {
+    const ModelConfig *c = &m->cfg;
+    m->ops->matmul_forward(x->logits, in, W(m, m->layer[l].router), a->B * a->S, c->n_experts, c->d_model, false);
+    router_choose(m, l, x, aux, a);
+}
+
 // Router: local choice, then the micro-batch's aux summary summed over the data-parallel ranks. A
 // recompute's summary goes to scratch: the kept one is already summed and counted in the metrics.
 static void route(Model *m, int l, LayerActs *x, const void *in, const ForwardArgs *a) {
     const Ops *ops = m->ops;
-    const ModelConfig *c = &m->cfg;
-    size_t E = c->n_experts;
-    ops->matmul_forward(x->logits, in, W(m, m->layer[l].router), a->B * a->S, E, c->d_model, false);
-    router_choose(m, l, x, a->recompute ? m->shared.aux : x->aux, a);
+    size_t E = m->cfg.n_experts;
+    router_logits_choose(m, l, x, in, a->recompute ? m->shared.aux : x->aux, a);
     if (a->recompute) return;
     Comm *dp = m->par->dp;
     dp->ops->all_reduce_sum(dp, x->aux, router_aux_len(E), COMM_F32);
@@ -816,11 +883,17 @@ static void expert_forward(const Model *m, void *out, const void *x, bool x_quan
 }
 
 // dx (Rr, K) = dout . w[e]; dw (El, N, K) f32 += dout^T . x per expert (either skipped when NULL),
-// with the compute weights at offset w: in act precision, or in FP8 (fp8_backward, x_t and dout_t as there).
+// with the compute weights at offset w: in act precision, or in FP8 (fp8_backward, x_t and dout_t as
+// there). Every read of x comes before dx is written, so dx may be x's buffer (selective recompute's
+// xp and dxp): the weight gradient first, then the input gradient (two products either way).
 static void expert_backward(const Model *m, void *dx, void *dw, const void *dout, const void *x, const Fp8Cols *x_t,
                             size_t w, const int32_t *off, size_t El, size_t N, size_t K, size_t Rr, DoutCopy dout_t) {
-    if (m->fp8) fp8_backward(m, dx, dw, dout, x, x_t, w, off, El, N, K, Rr, dout_t);
-    else m->ops->grouped_matmul_backward(dx, dw, dout, x, W(m, w), off, El, N, K, Rr);
+    if (m->fp8) {
+        fp8_backward(m, dx, dw, dout, x, x_t, w, off, El, N, K, Rr, dout_t);
+        return;
+    }
+    if (dw) m->ops->grouped_matmul_backward(NULL, dw, dout, x, W(m, w), off, El, N, K, Rr);
+    if (dx) m->ops->grouped_matmul_backward(dx, NULL, dout, x, W(m, w), off, El, N, K, Rr);
 }
 
 // The FP8 operands of the dense linear layers' products; NULL: those run in act precision.
@@ -894,6 +967,9 @@ typedef struct {
     void *ye;             // forward: (Rr, D) the experts' outputs
     const Fp8Cols *xe_t;  // forward: where xe's token-major FP8 copy is kept (NULL: not kept)
     void *dye, *dxe;      // backward: (Rr, D) gradients of the experts' outputs and inputs
+    const void *in;       // backward: the layer's feed-forward input (T, D), whose rows rows_recompute
+                          // gathers again
+    const ForwardArgs *a; // backward: the call's
 } ExpertWork;
 
 // The offsets of experts [e0, ...) of a call, and their weights (or weight gradients) in the
@@ -1063,14 +1139,23 @@ static void swiglu_mlp_backward(const Model *m, void *din, const void *dout, con
     dense_backward(m, din, G(m, gu_w), m->s.dgu, in, NULL, gu_w, T, 2 * H, D, accumulate);
 }
 
-// Selective recompute: router scores again from the kept logits and, with one expert-parallel rank,
-// the dispatched rows from the layer's kept input (the forward's kernels on the same inputs: they
-// rewrite the kept choice, offsets and positions with the same values; the call's summary and
-// drop counts go to scratch). Several ranks keep the received rows (no exchange is redone).
+// Selective recompute: the router's logits, scores, choice, weights and counts again from the
+// layer's feed-forward input (the forward's kernels on the same inputs; the call's summary goes to
+// scratch).
 static void moe_recompute(Model *m, int l, LayerActs *x, const void *in, const ForwardArgs *a) {
-    if (m->recompute != RECOMPUTE_SELECTIVE) return;
-    router_choose(m, l, x, m->shared.aux, a);
-    if (m->par->ep->size == 1) dispatch(m, x, in, router_stats(m, m->metrics_scratch, l), a->B * a->S);
+    if (m->recompute == RECOMPUTE_SELECTIVE) router_logits_choose(m, l, x, in, m->shared.aux, a);
+}
+
+// Selective recompute with one expert-parallel rank: the dispatched rows xp again from the layer's
+// input, for the gate|up product's weight gradient, once the SwiGLU backward has read dhact in
+// scratch B, which xp shares (alloc_selective_shared; the forward's kernel on the same inputs: it
+// rewrites the kept offsets and positions with the same values; the drop counts go to scratch).
+// Several ranks keep the received rows (no exchange is redone).
+static void rows_recompute(const ExpertWork *w) {
+    Model *m = w->m;
+    if (m->recompute != RECOMPUTE_SELECTIVE || m->par->ep->size > 1) return;
+    MOE_ASSERT(m->xchg.chunks == 1); // one call over every expert: no chunk's rows are read after this
+    dispatch(m, w->x, w->in, router_stats(m, m->metrics_scratch, w->l), w->a->B * w->a->S);
 }
 
 static void experts_backward(void *ctx, size_t e0, size_t e1) {
@@ -1092,6 +1177,7 @@ static void experts_backward(void *ctx, size_t e0, size_t e1) {
         expert_backward(m, s->dhact, G(m, down), w->dye, x->hact, NULL, down, off, n, D, H, Rr, DOUT_T_MAKE);
     }
     ops->swiglu_backward(s->dgu, s->dhact, x->gu, m->expert_hact ? s->row_w : NULL, Rr, H, off, n);
+    rows_recompute(w);
     expert_backward(m, w->dxe, G(m, gu), s->dgu, x->xe, kept_cols(&x->xe_t), gu, off, n, 2 * H, D, Rr, DOUT_T_MAKE);
 }
 
@@ -1116,7 +1202,7 @@ static void moe_backward(Model *m, int l, LayerActs *x, void *din, const void *d
     void *dy = ep ? s->dxp : s->dy;
     ops->moe_combine_backward(dy, s->dtopk_w, s->row_w, dout, x->y, x->slot_pos, x->topk_w, T, K, D);
     ExpertWork w = {.m = m, .l = l, .x = x, .Rr = moe_exchange_received_rows(&m->xchg, T),
-                    .dye = ep ? s->dxe : s->dy, .dxe = ep ? s->dxe : s->dxp};
+                    .dye = ep ? s->dxe : s->dy, .dxe = ep ? s->dxe : s->dxp, .in = in, .a = a};
     moe_exchange_pipeline(&m->xchg, &x->routes, dy, w.dye, w.dxe, s->dxp, experts_backward, &w);
     if (!x->y) ops->moe_slot_values(s->dtopk_w, s->row_dot, x->slot_pos, T * K);
     ops->moe_dispatch_backward(din, s->dxp, x->slot_pos, T, K, D, accumulate);

@@ -30,7 +30,8 @@ typedef struct {
 
 // Activations of one layer for its backward. T = B S tokens, R routed rows of this rank,
 // Rr rows its experts receive (R when not expert-parallel). A buffer that train.recompute drops
-// points into Model.shared (one buffer for every layer and slot); `aux` is always the layer's own.
+// points into Model.shared (one buffer for every layer and slot; selective recompute's largest ones
+// are gradient scratch, Scratch); `aux` is always the layer's own.
 typedef struct {
     void *n1, *n1_rstd;        // act (T, D), f32 (T): attention-side norm output and 1/rms
     Fp8Cols n1_t;              // (D, fp8_expert_cols(T, 1)): n1's token-major FP8 copy, the QKV weight
@@ -118,11 +119,13 @@ typedef struct {
 // with several it is an exchange buffer peers write), attention dqkv (A) -> dqkv_raw (B). With one
 // expert-parallel rank dy (A) is also read by the down projection's weight gradient after dhact
 // (B), and A holds a MoE forward's expert outputs until the combine. With FP8 inputs kept
-// (model_keeps_fp8_n1, _xe) dn is the buffer the forward's n1 shares, and B the one its xp shares.
+// (model_keeps_fp8_n1, _xe) dn is the buffer the forward's n1 shares, and B the one its xp shares;
+// selective recompute lends B, A, datt, dn and dxf to its recomputed values (model.c,
+// alloc_selective_shared), and the head's xf and logits are B and A (alloc_head).
 typedef struct {
     void *dres;               // act (T, D) gradient of the residual stream (stage in/out gradient)
     void *dn;                 // act (T, D)
-    void *datt;               // act (T, Hq hd)
+    void *datt;               // act (T, Hq hd); selective recompute with pre-norm: (T, max(Hq hd, D))
     void *dqkv, *dqkv_raw;    // act (T, C): A, B
     void *dgu, *dhact;        // act (max rows, 2 max hidden), (max rows, max hidden): A, B
     void *dy, *dxp;           // act (R, D) in dispatch order: A, B (or an exchange buffer)
@@ -132,7 +135,7 @@ typedef struct {
     void *row_w, *row_dot;    // f32 (Rr), one expert-parallel rank: each expert row's combine weight,
                               // and the gradient of that weight (moe_combine_weight_backward)
     void *dxf;                // act (T, D) gradient of the final-norm output (within the head's forward; the
-                              // FP8 dense products' Fp8Operands.sum outside it)
+                              // FP8 dense products' Fp8Operands.sum and selective recompute's n1, n2 outside it)
 } Scratch;
 
 // d(total loss) / d(each summed quantity a forward produces)
@@ -209,8 +212,8 @@ typedef struct {
                                  // and the expert exchange's (moe inspect)
     size_t exchange_bytes;       // of act_bytes: the expert exchange's own (peer memory, rows in transit)
     int32_t *tokens, *targets;   // (n_micro, B S): every batch of a step, uploaded before it runs
-    void *xf, *xf_rstd;          // act (T, D), f32 (T): final norm (last stage)
-    void *logits;                // act (chunk, V) LM-head logits, one chunk at a time
+    void *xf, *xf_rstd;          // act (T, D) (scratch B), f32 (T): final norm (last stage)
+    void *logits;                // act (chunk, V) LM-head logits, one chunk at a time (scratch A)
     size_t logit_rows;           // rows per chunk
     Scratch s;
     MoeExchange xchg;            // how expert rows travel between expert-parallel ranks
