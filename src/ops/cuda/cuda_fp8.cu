@@ -108,15 +108,30 @@ __device__ __forceinline__ uint4 fp8_load_piece(const bf16 *p, int n, bool vec) 
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// The first n (up to 8) of values v to p as bf16: one 16-byte store (vec, n 8) or value by value.
-__device__ __forceinline__ void fp8_store_piece(bf16 *p, const float v[8], int n, bool vec) {
-    if (vec && n >= 8) {
-        __nv_bfloat162 h[4];
-        for (int i = 0; i < 4; i++) h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
-        *reinterpret_cast<uint4 *>(p) = *reinterpret_cast<const uint4 *>(h);
-    } else {
-        for (int i = 0; i < 8 && i < n; i++) p[i] = to_bf(v[i]);
+// Values v as packed bf16 (rounded to nearest), and the first n (up to 8) of such a piece to p: one
+// 16-byte store (vec, n 8) or value by value.
+__device__ __forceinline__ uint4 fp8_pack_piece(const float v[8]) {
+    uint32_t w[4];
+    for (int i = 0; i < 4; i++) {
+        __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+        w[i] = *reinterpret_cast<const uint32_t *>(&h);
     }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+__device__ __forceinline__ void fp8_store_piece(bf16 *p, uint4 piece, int n, bool vec) {
+    if (vec && n >= 8) *reinterpret_cast<uint4 *>(p) = piece;
+    else
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            if (i < n) p[i] = __ushort_as_bfloat16((uint16_t)((&piece.x)[i / 2] >> (16 * (i % 2))));
+}
+
+// The largest magnitude of a piece's 8 values.
+__device__ __forceinline__ float fp8_piece_amax(const float v[8]) {
+    float amax = 0;
+    for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(v[i]));
+    return amax;
 }
 
 // The 4 codes of values v under the scale of inverse inv, packed as they lie in memory.
@@ -134,13 +149,73 @@ __device__ __forceinline__ uint2 fp8_codes8(const float v[8], const float *inv, 
     return make_uint2(w[0], w[1]);
 }
 
+// The row blocks' quantisation shared by the rows' kernels and the one pass: a half-warp holds N
+// 1x128 blocks, piece j of each lane (8 values, columns from 8 (lane % 16)) in block j, amax[j] its
+// largest magnitude. The blocks' maxima come from a transposed butterfly: each of the first log2 N
+// steps halves the maxima a lane carries (sending the half its partner keeps), so that after N - 1 +
+// 4 - log2 N shuffles (not 4 N) lanes 16 / N j to 16 / N (j + 1) - 1 of the half-warp hold block
+// j's; those lanes compute its scale and inverse (one division pair a lane, not N), and N shuffles
+// bring every lane the inverses. Returns the lane's block (*own; -1 for all but the block's first
+// lane, which stores its scale *s), inv[j] and sat (bit j: block j may saturate).
+template <int N>
+__device__ void fp8_row_scales(const float amax[N], float inv[N], uint32_t *sat, float *s, int *own, Fp8Scaling how) {
+    constexpr int SPAN = 16 / N; // lanes that end up holding a block's maximum
+    int lane = threadIdx.x & 15, half = threadIdx.x & 16;
+    float a[N];
+#pragma unroll
+    for (int j = 0; j < N; j++) a[j] = amax[j];
+#pragma unroll
+    for (int o = 8, n = N; n > 1; o >>= 1, n >>= 1) {
+        bool upper = lane & o;
+#pragma unroll
+        for (int i = 0; i < n / 2; i++) {
+            float send = upper ? a[i] : a[i + n / 2], keep = upper ? a[i + n / 2] : a[i];
+            a[i] = fmaxf(keep, __shfl_xor_sync(0xffffffffu, send, o));
+        }
+    }
+#pragma unroll
+    for (int o = SPAN / 2; o > 0; o >>= 1) a[0] = fmaxf(a[0], __shfl_xor_sync(0xffffffffu, a[0], o));
+    *s = fp8_block_scale(a[0], how);
+    float mine = fp8_scale_inverse(*s);
+    uint32_t may = __ballot_sync(0xffffffffu, fp8_block_may_saturate(a[0], mine));
+    *sat = 0, *own = lane % SPAN ? -1 : lane / SPAN;
+#pragma unroll
+    for (int j = 0; j < N; j++) {
+        inv[j] = __shfl_sync(0xffffffffu, mine, half + SPAN * j);
+        *sat |= ((may >> (half + SPAN * j)) & 1u) << j;
+    }
+}
+
+// Lane's piece v of block kb of row r (as fp8_row_scales) to codes under inverse inv into q,
+// counted in counts (fp8_count; sat: the block may saturate; x: the values as quantised).
+__device__ void fp8_store_row_codes(uint8_t *q, const bf16 *x, int K, int r, int kb, const float v[8], float inv,
+                                    bool sat, bool vec, uint64_t *counts) {
+    int k = kb * FP8_BLOCK + 8 * (threadIdx.x & 15);
+    uint2 codes = fp8_codes8(v, &inv, 0);
+    size_t at = (size_t)r * K + k;
+    uint8_t *dst = q + at;
+    if (vec && k < K) *reinterpret_cast<uint2 *>(dst) = codes;
+    else
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            if (k + i < K) dst[i] = (uint8_t)((i < 4 ? codes.x : codes.y) >> (8 * (i % 4)));
+    const uint32_t words[2] = {codes.x, codes.y};
+    fp8_count<8>(counts, words, sat ? 0xffffffffu : 0u, x + at, dst, K - k, inv, NULL);
+}
+
+// Scale s of block kb of row r (in the group of rows from r0) into scales, laid out as
+// fp8_quantize_rows writes them.
+__device__ __forceinline__ void fp8_store_row_scale(float *scales, int K, int r, int r0, int rows, int kb, float s) {
+    scales[(size_t)fp8_blocks((size_t)K) * r0 + (size_t)kb * rows + (r - r0)] = s;
+}
+
 // The rows' kernels (fp8_quantize_rows, and the SwiGLU that produces rows): a half-warp per 1x128
 // block, a 16-byte piece (8 values) a lane; a warp covers FP8_R_PAIRS pairs of consecutive blocks
 // (in row-major (row, block) order, so each load of the warp reads 512 contiguous bytes) and issues
 // all their loads before the first amax, so that a thread has FP8_R_PAIRS x 16 bytes (or twice
-// that) in flight. The block's amax by 4 shuffles within the half-warp, its codes 8 bytes a lane;
-// its group (a binary search of offsets, once for the pieces of a group) only matters for the
-// stores. Indices are 32-bit (fp8_rows_launch checks that R blocks of Kb fit), addresses 64-bit.
+// that) in flight. The blocks' scales by fp8_row_scales, codes 8 bytes a lane; a block's group (a
+// binary search of offsets, once for the pieces of a group) only matters for the stores. Indices
+// are 32-bit (fp8_check_index), addresses 64-bit.
 #define FP8_R_THREADS 256
 #define FP8_R_PAIRS 4
 
@@ -162,29 +237,26 @@ __device__ __forceinline__ bool fp8_row_in_group(const int32_t *offsets, int E, 
     return r < R && ((*rows && r >= *r0 && r < *r0 + *rows) || fp8_row_group(offsets, E, R, r, r0, rows));
 }
 
-// Lane's piece v (8 values, columns from 8 (lane % 16)) of block kb of row r, a half-warp a block:
-// the block's scale and codes into q and scales (the row in the group of rows from r0), counted in
-// counts (fp8_count; x: the values as quantised), unless !store (the whole half-warp computes the
-// amax first, as the shuffles need).
-__device__ void fp8_store_row_piece(uint8_t *q, float *scales, const bf16 *x, int K, int r, int r0, int rows, int kb,
-                                    const float v[8], bool store, bool vec, Fp8Scaling how, uint64_t *counts) {
-    float amax = 0;
-    for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(v[i]));
-    for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    int k = kb * FP8_BLOCK + 8 * (threadIdx.x & 15);
-    if (!store) return;
-    float s = fp8_block_scale(amax, how), inv = fp8_scale_inverse(s);
-    uint2 codes = fp8_codes8(v, &inv, 0);
-    size_t at = (size_t)r * K + k;
-    uint8_t *dst = q + at;
-    if (vec && k < K) *reinterpret_cast<uint2 *>(dst) = codes;
-    else
+// The codes and scales of the rows' kernels' pieces, packed as bf16 in piece (the values as stored
+// at x), a block at a time (fp8_row_scales of one block: one pass over a piece's values; measured,
+// the scales of a half-warp's FP8_R_PAIRS blocks at once ran slower here, as the values had to be
+// read twice and the kernel lost a block an SM to registers).
+__device__ void fp8_store_row_pieces(uint8_t *q, float *scales, const bf16 *x, const int32_t *offsets, int E, int R,
+                                     int K, const int rs[FP8_R_PAIRS], const int kbs[FP8_R_PAIRS],
+                                     const uint4 piece[FP8_R_PAIRS], bool vec, Fp8Scaling how, uint64_t *counts) {
+    int r0 = 0, rows = 0; // the group of the last row looked up: the next pieces' rows are mostly in it
 #pragma unroll
-        for (int i = 0; i < 8; i++)
-            if (k + i < K) dst[i] = (uint8_t)((i < 4 ? codes.x : codes.y) >> (8 * (i % 4)));
-    const uint32_t words[2] = {codes.x, codes.y};
-    fp8_count<8>(counts, words, fp8_may_saturate_all(amax, inv), x + at, dst, K - k, inv, NULL);
-    if ((threadIdx.x & 15) == 0) scales[(size_t)fp8_blocks((size_t)K) * r0 + (size_t)kb * rows + (r - r0)] = s;
+    for (int j = 0; j < FP8_R_PAIRS; j++) {
+        float v[8], inv, s;
+        uint32_t sat;
+        int own;
+        unpack8(v, piece[j]);
+        float amax = fp8_piece_amax(v);
+        fp8_row_scales<1>(&amax, &inv, &sat, &s, &own, how); // by the whole half-warp: before any exit
+        if (!fp8_row_in_group(offsets, E, R, rs[j], &r0, &rows)) continue;
+        fp8_store_row_codes(q, x, K, rs[j], kbs[j], v, inv, sat, vec, counts);
+        if (own == 0) fp8_store_row_scale(scales, K, rs[j], r0, rows, kbs[j], s);
+    }
 }
 
 // vec: K a multiple of 8, x 16-byte and q 8-byte aligned (every piece whole or wholly outside).
@@ -200,14 +272,7 @@ fp8_quantize_rows_kernel(uint8_t *q, float *scales, const bf16 *x, const int32_t
         int k = kbs[j] * FP8_BLOCK + c;
         raw[j] = rs[j] < R ? fp8_load_piece(x + (size_t)rs[j] * K + k, K - k, vec) : make_uint4(0, 0, 0, 0);
     }
-    int r0 = 0, rows = 0; // the group of the last row looked up: the next pieces' rows are mostly in it
-#pragma unroll
-    for (int j = 0; j < FP8_R_PAIRS; j++) {
-        bool in = fp8_row_in_group(offsets, E, R, rs[j], &r0, &rows);
-        float v[8];
-        unpack8(v, raw[j]);
-        fp8_store_row_piece(q, scales, x, K, rs[j], r0, rows, kbs[j], v, in, vec, how, counts);
-    }
+    fp8_store_row_pieces(q, scales, x, offsets, E, R, K, rs, kbs, raw, vec, how, counts);
 }
 
 // SwiGLU with its output's quantised rows in the same pass (the pieces of the rows' kernel, the
@@ -231,14 +296,15 @@ swiglu_forward_fp8_kernel(bf16 *out, uint8_t *q, float *scales, const bf16 *gu, 
     int r0 = 0, rows = 0;
 #pragma unroll
     for (int j = 0; j < FP8_R_PAIRS; j++) {
-        bool in = fp8_row_in_group(offsets, E, R, rs[j], &r0, &rows);
         int k = kbs[j] * FP8_BLOCK + c;
         float g[8], u[8], v[8];
         unpack8(g, gate[j]), unpack8(u, up[j]);
         for (int i = 0; i < 8; i++) v[i] = bf(to_bf(swiglu_value(g[i], u[i])));
-        if (in) fp8_store_piece(out + (size_t)rs[j] * H + k, v, H - k, vec);
-        fp8_store_row_piece(q, scales, out, H, rs[j], r0, rows, kbs[j], v, in, vec, how, counts);
+        gate[j] = fp8_pack_piece(v); // the output as stored (exact: v is bf16 already)
+        if (fp8_row_in_group(offsets, E, R, rs[j], &r0, &rows))
+            fp8_store_piece(out + (size_t)rs[j] * H + k, gate[j], H - k, vec);
     }
+    fp8_store_row_pieces(q, scales, out, offsets, E, R, H, rs, kbs, gate, vec, how, counts);
 }
 
 // The quantisation kernels index rows, columns and row blocks in 32 bits (addresses in 64): R rows
@@ -384,13 +450,18 @@ fp8_quantize_cols_kernel(uint8_t *qt, float *scales_t, uint8_t *q, float *scales
 #pragma unroll
     for (int p = 0; p < FP8_C_PIECES; p++)
         raw[p] = t / 16 + 16 * p < n ? fp8_load_piece(xt + (size_t)16 * p * C, C - c, vec) : make_uint4(0, 0, 0, 0);
-    float amax[8] = {0, 0, 0, 0, 0, 0, 0, 0}, v[8];
+    float amax[8] = {0, 0, 0, 0, 0, 0, 0, 0}, rmax[FP8_C_PIECES], v[8]; // columns' maxima, pieces' (ROWS)
 #pragma unroll
     for (int p = 0; p < FP8_C_PIECES; p++) {
         unpack8(v, raw[p]);
         for (int j = 0; j < 8; j++) amax[j] = fmaxf(amax[j], fabsf(v[j]));
+        if (ROWS) rmax[p] = fp8_piece_amax(v);
     }
     fp8_column_scales(inv, scales_t + (size_t)b * C + c0, amax, C - c0, how);
+    float rinv[FP8_C_PIECES], rs; // ROWS: the row blocks' inverses, the scale this lane stores
+    uint32_t rsat;
+    int own;
+    if (ROWS) fp8_row_scales<FP8_C_PIECES>(rmax, rinv, &rsat, &rs, &own, how);
     uint32_t sat = 0; // amax[j] bounds the thread's values of column j
     for (int j = 0; j < 8; j++) sat |= (uint32_t)fp8_block_may_saturate(amax[j], inv[8 * c8 + j]) << j;
     uint32_t flagged = 0; // bit p: piece p takes fp8_count's rare path, after the loop (fewer live registers)
@@ -402,8 +473,10 @@ fp8_quantize_cols_kernel(uint8_t *qt, float *scales_t, uint8_t *q, float *scales
         reinterpret_cast<uint2 *>(&tile[i][fp8_tile_chunk(i, c8 / 2)])[c8 % 2] = codes;
         const uint32_t words[2] = {codes.x, codes.y};
         flagged |= (uint32_t)fp8_needs_count<8>(words, sat) << p;
-        if (ROWS)
-            fp8_store_row_piece(q, scales, x, C, first + i, r0, rows, blockIdx.x, v, i < n, vec, how, counts);
+        if (ROWS && i < n) {
+            fp8_store_row_codes(q, x, C, first + i, blockIdx.x, v, rinv[p], (rsat >> p) & 1, vec, counts);
+            if (p == own) fp8_store_row_scale(scales, C, first + i, r0, rows, blockIdx.x, rs);
+        }
     }
     for (int p = 0; counts && p < FP8_C_PIECES; p++) {
         int i = t / 16 + 16 * p;
