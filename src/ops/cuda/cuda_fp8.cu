@@ -409,9 +409,10 @@ __device__ __forceinline__ void fp8_store_transposed(const uint4 (*tile)[FP8_BLO
 // shared row of partial maxima per warp. Codes go to a 128x128 shared tile (8 bytes a piece,
 // swizzled as the weights' so that neither side has bank conflicts) and out, transposed, in
 // 16-byte stores along the token dimension: 128 contiguous bytes per column and 8 lanes. With
-// ROWS, the rows of the tile too (fp8_quantize_rows_cols): a half-warp holds a row's 128 columns,
-// so each row's 1x128 block goes as in the rows' kernel (4 shuffles, 8-byte stores) from the same
-// registers; the rows of an expert are exactly those of its token-major blocks.
+// ROWS, the rows of the tile too (fp8_quantize_rows_cols): a half-warp holds 8 rows' 128 columns,
+// so their 1x128 blocks' scales come from the same registers at once (fp8_row_scales of 8 blocks)
+// and their codes go out in 8-byte stores; the rows of an expert are exactly those of its
+// token-major blocks.
 #define FP8_C_THREADS 256
 #define FP8_C_PIECES (FP8_BLOCK * FP8_BLOCK / 8 / FP8_C_THREADS)
 
