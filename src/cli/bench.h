@@ -37,6 +37,16 @@ void bench_open(Bench *b, const Config *cfg);
 void bench_close(Bench *b);
 void *bench_rand_act(Bench *b, size_t n, uint64_t seed, float scale);
 void *bench_zero_buf(Bench *b, size_t bytes);
+// The FP8 operands of a layer's products (R, N) = (R, K) . w (E, N, K)^T over E groups of rows
+// (ops.h): the quantised rows of x (R, K) and dy (R, N) with their scales, their token-major copies
+// (fp8_expert_cols(R, E) columns) with theirs, and the weights' two layouts with theirs.
+typedef struct {
+    void *xq, *xs, *dyq, *dys, *xt, *xts, *dyt, *dyts, *wq, *wqt, *ws, *wst;
+} BenchFp8;
+
+// Allocates q's buffers (uninitialised) for those products; bench_fp8_free frees them.
+void bench_fp8_alloc(Bench *b, BenchFp8 *q, size_t E, size_t N, size_t K, size_t R);
+void bench_fp8_free(Bench *b, BenchFp8 *q);
 // Row offsets (E + 1) of R = T K routed rows over E experts: "balanced", "zipf" (expert e's share
 // ~ 1 / (e + 1), none above T) or "sparse" (every other expert 0-3 rows, the rest balanced).
 void bench_expert_rows(const char *kind, size_t T, size_t K, size_t E, int32_t *offsets);

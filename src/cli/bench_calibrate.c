@@ -2,8 +2,11 @@
 // measured on this backend. Each kernel family is timed at three token counts of the config's
 // shapes (a sixteenth, a quarter and all of train.micro_batch x train.seq_len); the work of each
 // timed call (FLOPs or bytes, and its problem size) is what the costing backend reports for the
-// same call, so the rates mean exactly what the planner multiplies them by. On several ranks
-// (mpirun) the communication rates are measured too; rank 0 writes the file.
+// same call, so the rates mean exactly what the planner multiplies them by. The FP8 recipe's
+// families are measured on every backend that has its kernels (train.precision need not be fp8);
+// on one without them (the CUDA backend off Hopper) they are written as the bf16 families they
+// replace (calib_fill_fallbacks). On several ranks (mpirun) the communication rates are measured
+// too; rank 0 writes the file.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +17,7 @@
 #include "dist/comm_nccl.h"
 #include "ops/cost_ops.h"
 #include "plan/calib.h"
+#include "train/setup.h"
 
 // What the calls of one family at one token count did: their work, seconds and sizes.
 typedef struct {
@@ -28,6 +32,7 @@ typedef struct {
     double work, size; // of the call being reported
     int reps;          // timed calls at least
     double sustain_ms; // and as many more as fill this much time back to back (the clocks of a busy GPU)
+    Fp8Scaling fp8_how; // the scales of the config's FP8 recipe
     LevelSum level[KERNEL_N_FAMILIES];
     Calib cal;
 } Calibration;
@@ -75,11 +80,19 @@ static int sustained_reps(const Calibration *c, double est_ms) {
         calibrate_record(c, ms_);                                                                \
     } while (0)
 
-// Dense products of the model's shapes: QKV projection, output projection, LM head.
+// The dense products (N, K) of the model's shapes: QKV projection, output projection, LM head (last:
+// the one that never runs in FP8).
+enum { DENSE_SHAPES = 3 };
+static void dense_shapes(const ModelConfig *m, size_t shapes[DENSE_SHAPES][2]) {
+    size_t D = (size_t)m->d_model, s[DENSE_SHAPES][2] = {{model_qkv_width(m), D}, {D, (size_t)m->n_heads * m->head_dim},
+                                                         {(size_t)m->vocab_size, D}};
+    memcpy(shapes, s, sizeof s);
+}
+
 static void measure_dense(Calibration *c, const ModelConfig *m, size_t T) {
-    size_t D = (size_t)m->d_model, shapes[3][2] = {{model_qkv_width(m), D}, {D, (size_t)m->n_heads * m->head_dim},
-                                                   {(size_t)m->vocab_size, D}};
-    for (int s = 0; s < 3; s++) {
+    size_t shapes[DENSE_SHAPES][2];
+    dense_shapes(m, shapes);
+    for (int s = 0; s < DENSE_SHAPES; s++) {
         size_t N = shapes[s][0], K = shapes[s][1];
         Bench *b = &c->b;
         void *x = bench_rand_act(b, T * K, 31, 1), *w = bench_rand_act(b, N * K, 32, 0.02f);
@@ -91,16 +104,24 @@ static void measure_dense(Calibration *c, const ModelConfig *m, size_t T) {
     }
 }
 
+// The backend's row offsets (E + 1) of T tokens' top-k rows spread evenly over the experts, with the
+// costing backend charging grouped kernels that many rows (free them with the backend's free).
+static int32_t *balanced_offsets(Calibration *c, const ModelConfig *m, size_t T) {
+    size_t E = (size_t)m->n_experts, bytes = (E + 1) * sizeof(int32_t);
+    int32_t *off = moe_malloc(bytes), *doff = c->b.o->alloc(bytes);
+    bench_expert_rows("balanced", T, (size_t)m->top_k, E, off);
+    c->b.o->upload(doff, off, bytes);
+    free(off);
+    c->sink.routed_rows = T * (size_t)m->top_k;
+    return doff;
+}
+
 // Both expert products (up+gate, down) forward, input and weight gradient, balanced loads.
 static void measure_grouped(Calibration *c, const ModelConfig *m, size_t T) {
-    size_t E = (size_t)m->n_experts, K = (size_t)m->top_k, R = T * K, D = (size_t)m->d_model, H = (size_t)m->expert_hidden;
+    size_t E = (size_t)m->n_experts, R = T * (size_t)m->top_k, D = (size_t)m->d_model, H = (size_t)m->expert_hidden;
     size_t shapes[2][2] = {{2 * H, D}, {D, H}};
     Bench *b = &c->b;
-    int32_t *off = moe_malloc((E + 1) * sizeof(int32_t));
-    bench_expert_rows("balanced", T, K, E, off);
-    void *doff = b->o->alloc((E + 1) * sizeof(int32_t));
-    b->o->upload(doff, off, (E + 1) * sizeof(int32_t));
-    c->sink.routed_rows = R;
+    int32_t *doff = balanced_offsets(c, m, T);
     for (int s = 0; s < 2; s++) {
         size_t N = shapes[s][0], Kd = shapes[s][1];
         void *x = bench_rand_act(b, R * Kd, 21, 1), *w = bench_rand_act(b, E * N * Kd, 22, 0.02f);
@@ -112,7 +133,55 @@ static void measure_grouped(Calibration *c, const ModelConfig *m, size_t T) {
         BENCH_FREE_ALL(b, x, w, dy, y, dx, dw);
     }
     b->o->free(doff);
-    free(off);
+}
+
+// An FP8 product out (R, N) = a (R, K) . b[e] (N, K)^T per group of off, or with off NULL
+// fp8_matmul's one group of all R rows (a dense layer's), as the model runs them.
+static void fp8_product(const Ops *o, void *out, const void *a, const void *as, const void *b, const void *bs,
+                        const int32_t *off, size_t E, size_t N, size_t K, size_t R) {
+    if (off) o->fp8_grouped_matmul(out, a, as, b, bs, off, E, N, K, R);
+    else o->fp8_matmul(out, a, as, b, bs, R, N, K);
+}
+
+// An FP8 linear layer w (E, N, K) on R rows in the groups of off (NULL: one group, a dense layer's)
+// with the ops the model runs: the weights' two copies (once a step); x's rows and token-major copy
+// from one read, the forward; dy's likewise, the input gradient; the rows of dy and the copy of x
+// alone (a backward that makes one without the other); the weight gradient.
+static void measure_fp8_layer(Calibration *c, const int32_t *off, size_t E, size_t N, size_t K, size_t R) {
+    Bench *b = &c->b;
+    Fp8Scaling h = c->fp8_how;
+    BenchFp8 q;
+    bench_fp8_alloc(b, &q, E, N, K, R);
+    void *x = bench_rand_act(b, R * K, 51, 1), *w = bench_rand_act(b, E * N * K, 52, 0.02f);
+    void *dy = bench_rand_act(b, R * N, 53, 1), *y = b->o->alloc(R * N * b->o->act_size);
+    void *dx = b->o->alloc(R * K * b->o->act_size), *dw = bench_zero_buf(b, E * N * K * b->o->f32_size);
+    CALIBRATE(c, o->fp8_quantize_weights(q.wq, q.wqt, q.ws, q.wst, w, E, N, K, h, NULL));
+    CALIBRATE(c, o->fp8_quantize_rows_cols(q.xq, q.xs, q.xt, q.xts, x, off, E, R, K, h, NULL));
+    CALIBRATE(c, fp8_product(o, y, q.xq, q.xs, q.wq, q.ws, off, E, N, K, R));
+    CALIBRATE(c, o->fp8_quantize_rows_cols(q.dyq, q.dys, q.dyt, q.dyts, dy, off, E, R, N, h, NULL));
+    CALIBRATE(c, fp8_product(o, dx, q.dyq, q.dys, q.wqt, q.wst, off, E, K, N, R));
+    CALIBRATE(c, o->fp8_quantize_rows(q.dyq, q.dys, dy, off, E, R, N, h, NULL));
+    CALIBRATE(c, o->fp8_quantize_cols(q.xt, q.xts, x, off, E, R, K, h, NULL));
+    CALIBRATE(c, o->fp8_grouped_matmul_wgrad(dw, q.dyt, q.dyts, q.xt, q.xts, off, E, N, K, R));
+    bench_fp8_free(b, &q);
+    BENCH_FREE_ALL(b, x, w, dy, y, dx, dw);
+}
+
+// The FP8 recipe's kernels: both expert layers (balanced loads) and SwiGLU with its quantised
+// output between them, the dense products but the LM head (train.fp8_dense).
+static void measure_fp8(Calibration *c, const ModelConfig *m, size_t T) {
+    size_t E = (size_t)m->n_experts, R = T * (size_t)m->top_k, D = (size_t)m->d_model, H = (size_t)m->expert_hidden;
+    size_t f = c->b.o->f32_size, dense[DENSE_SHAPES][2];
+    Bench *b = &c->b;
+    int32_t *doff = balanced_offsets(c, m, T);
+    measure_fp8_layer(c, doff, E, 2 * H, D, R);
+    measure_fp8_layer(c, doff, E, D, H, R);
+    void *gu = bench_rand_act(b, R * 2 * H, 54, 1), *act = b->o->alloc(R * H * b->o->act_size);
+    void *q = b->o->alloc(R * H), *qs = b->o->alloc(fp8_blocks(H) * R * f);
+    CALIBRATE(c, o->swiglu_forward_fp8(act, q, qs, gu, doff, E, R, H, c->fp8_how, NULL));
+    BENCH_FREE_ALL(b, gu, act, q, qs, doff);
+    dense_shapes(m, dense);
+    for (int s = 0; s < DENSE_SHAPES - 1; s++) measure_fp8_layer(c, NULL, 1, dense[s][0], dense[s][1], T);
 }
 
 // Attention and the QK-norm + RoPE passes on T tokens (sequences of seq_len, or one of T).
@@ -228,10 +297,10 @@ static void print_calibration(const Calib *c, const char *out) {
     for (int f = 0; f < KERNEL_N_FAMILIES; f++) {
         const CalibCurve *k = &c->family[f];
         bool matrix = kernel_family_is_matrix((KernelFamily)f);
-        printf("  %-14s", KERNEL_FAMILY_NAMES[f]);
+        printf("  %-17s", KERNEL_FAMILY_NAMES[f]);
         for (int i = 0; i < k->n; i++)
             printf(" %.3g%s: %.4g", k->size[i], matrix ? " FLOP" : " B", k->rate[i] / (matrix ? 1e12 : 1e9));
-        printf(" %s\n", matrix ? "TFLOP/s" : "GB/s");
+        printf(" %s%s%s\n", matrix ? "TFLOP/s" : "GB/s", k->fallback ? "; " : "", k->fallback ? k->from : "");
     }
     if (c->has_comm)
         printf("  comm: latency %.1f us, collective %.1f GB/s, exchange %.1f GB/s, p2p %.1f GB/s\n", c->latency_s * 1e6,
@@ -241,7 +310,7 @@ static void print_calibration(const Calib *c, const char *out) {
 
 void bench_calibrate(const Config *cfg, Comm *world, const char *device, const char *out) {
     bool gpu = !strcmp(cfg->train.device, "cuda");
-    Calibration c = {.reps = gpu ? 10 : 2, .sustain_ms = gpu ? 200 : 0};
+    Calibration c = {.reps = gpu ? 10 : 2, .sustain_ms = gpu ? 200 : 0, .fp8_how = setup_model_modes(cfg).how};
     double start_rss = runtime_bytes(ops_cpu());
     bench_open(&c.b, cfg);
     c.sink = (CostSink){.kernel = record_work, .push_rows = record_push, .ctx = &c};
@@ -258,6 +327,7 @@ void bench_calibrate(const Config *cfg, Comm *world, const char *device, const c
         size_t t = T / div > 0 ? T / div : 1;
         measure_dense(&c, m, t);
         measure_grouped(&c, m, t);
+        if (c.b.o->fp8_grouped_matmul) measure_fp8(&c, m, t);
         measure_attention(&c, m, t, (size_t)cfg->train.seq_len);
         measure_memory_bound(&c, m, t);
         measure_optimizer(&c, params / div > 0 ? params / div : 1);
@@ -270,6 +340,7 @@ void bench_calibrate(const Config *cfg, Comm *world, const char *device, const c
              "not measured (0)", c.b.o->stream ? "device memory in use" : "this process's resident memory");
     bench_close(&c.b);
     if (w != world) w->ops->free(w);
+    calib_fill_fallbacks(&c.cal);
     MoeErr err;
     if (calib_check(&c.cal, out, err)) moe_fatal("%s", err);
     if (world->rank != 0) return;

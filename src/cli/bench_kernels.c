@@ -26,6 +26,19 @@ void *bench_zero_buf(Bench *b, size_t bytes) {
     return p;
 }
 
+void bench_fp8_alloc(Bench *b, BenchFp8 *q, size_t E, size_t N, size_t K, size_t R) {
+    const Ops *o = b->o;
+    size_t Kb = fp8_blocks(K), Nb = fp8_blocks(N), Rt = fp8_expert_cols(R, E), f = o->f32_size;
+    *q = (BenchFp8){.xq = o->alloc(R * K), .xs = o->alloc(Kb * R * f), .dyq = o->alloc(R * N),
+                    .dys = o->alloc(Nb * R * f), .xt = o->alloc(K * Rt), .xts = o->alloc(Rt / FP8_BLOCK * K * f),
+                    .dyt = o->alloc(N * Rt), .dyts = o->alloc(Rt / FP8_BLOCK * N * f), .wq = o->alloc(E * N * K),
+                    .wqt = o->alloc(E * N * K), .ws = o->alloc(E * Kb * Nb * f), .wst = o->alloc(E * Kb * Nb * f)};
+}
+
+void bench_fp8_free(Bench *b, BenchFp8 *q) {
+    BENCH_FREE_ALL(b, q->xq, q->xs, q->dyq, q->dys, q->xt, q->xts, q->dyt, q->dyts, q->wq, q->wqt, q->ws, q->wst);
+}
+
 // One line of the table: a matrix kernel (flops > 0, against the matrix ceiling) or a memory-bound
 // one (bytes, against the copy bandwidth). aim: TFLOP/s or GB/s to reach (0: none set).
 static void report(const Bench *b, const char *name, const char *shape, double ms, double flops, double bytes, double aim) {
@@ -107,36 +120,36 @@ static void bench_grouped_fp8(Bench *b, const char *what, const char *shape, con
                               const double bf16_ms[3]) {
     const Ops *o = b->o;
     size_t Kb = fp8_blocks(Kd), Nb = fp8_blocks(N), Rt = fp8_expert_cols(R, E), a = o->act_size, f = o->f32_size;
-    void *xq = o->alloc(R * Kd), *xs = o->alloc(Kb * R * f), *dyq = o->alloc(R * N), *dys = o->alloc(Nb * R * f);
-    void *wq = o->alloc(E * N * Kd), *wqt = o->alloc(E * N * Kd), *ws = o->alloc(E * Kb * Nb * f), *wst = o->alloc(E * Kb * Nb * f);
-    void *xt = o->alloc(Kd * Rt), *xts = o->alloc(Rt / FP8_BLOCK * Kd * f), *dyt = o->alloc(N * Rt);
-    void *dyts = o->alloc(Rt / FP8_BLOCK * N * f), *y = o->alloc(R * N * a), *dx = o->alloc(R * Kd * a);
-    void *dw = bench_zero_buf(b, E * N * Kd * f);
+    BenchFp8 q;
+    bench_fp8_alloc(b, &q, E, N, Kd, R);
+    void *y = o->alloc(R * N * a), *dx = o->alloc(R * Kd * a), *dw = bench_zero_buf(b, E * N * Kd * f);
     uint64_t *n = bench_zero_buf(b, FP8_COUNTS * sizeof(uint64_t));
     char name[64];
     double flops = 2.0 * rows * N * Kd, ms;
     // bytes written: the rows' codes and scales of `rows` rows, the token-major copies' of Rt columns
     double code = 1 + (double)f / FP8_BLOCK, rows_out = (double)rows * Kd * code, cols_out = (double)Rt * Kd * code;
     double dy_out = ((double)rows + Rt) * N * code;
-    ms = BENCH_TIME_MS(b, 10, o->fp8_quantize_rows(xq, xs, x, doff, E, R, Kd, FP8_SCALE_AMAX, n));
+    ms = BENCH_TIME_MS(b, 10, o->fp8_quantize_rows(q.xq, q.xs, x, doff, E, R, Kd, FP8_SCALE_AMAX, n));
     report(b, "  fp8 quantise rows (x)", shape, ms, 0, (double)rows * Kd * a + rows_out, 0);
-    ms = BENCH_TIME_MS(b, 10, o->fp8_quantize_cols(xt, xts, x, doff, E, R, Kd, FP8_SCALE_AMAX, n));
+    ms = BENCH_TIME_MS(b, 10, o->fp8_quantize_cols(q.xt, q.xts, x, doff, E, R, Kd, FP8_SCALE_AMAX, n));
     report(b, "  fp8 quantise token-major (x)", shape, ms, 0, (double)rows * Kd * a + cols_out, 0);
-    ms = BENCH_TIME_MS(b, 10, o->fp8_quantize_rows_cols(dyq, dys, dyt, dyts, dy, doff, E, R, N, FP8_SCALE_AMAX, n));
+    ms = BENCH_TIME_MS(b, 10,
+                       o->fp8_quantize_rows_cols(q.dyq, q.dys, q.dyt, q.dyts, dy, doff, E, R, N, FP8_SCALE_AMAX, n));
     report(b, "  fp8 quantise rows+cols (dy)", shape, ms, 0, (double)rows * N * a + dy_out, 0);
-    ms = BENCH_TIME_MS(b, 10, o->fp8_quantize_weights(wq, wqt, ws, wst, w, E, N, Kd, FP8_SCALE_AMAX, n));
+    ms = BENCH_TIME_MS(b, 10, o->fp8_quantize_weights(q.wq, q.wqt, q.ws, q.wst, w, E, N, Kd, FP8_SCALE_AMAX, n));
     report(b, "  fp8 quantise weights (2 layouts)", shape, ms, 0, (double)E * N * Kd * (a + 2) + 2.0 * E * Kb * Nb * f,
            2000);
     snprintf(name, sizeof name, "fp8 %s forward", what);
-    ms = BENCH_TIME_MS(b, 10, o->fp8_grouped_matmul(y, xq, xs, wq, ws, doff, E, N, Kd, R));
+    ms = BENCH_TIME_MS(b, 10, o->fp8_grouped_matmul(y, q.xq, q.xs, q.wq, q.ws, doff, E, N, Kd, R));
     report(b, name, shape, ms, flops, 0, 1.6 * flops / (bf16_ms[0] * 1e-3) / 1e12);
     snprintf(name, sizeof name, "fp8 %s input grad", what);
-    ms = BENCH_TIME_MS(b, 10, o->fp8_grouped_matmul(dx, dyq, dys, wqt, wst, doff, E, Kd, N, R));
+    ms = BENCH_TIME_MS(b, 10, o->fp8_grouped_matmul(dx, q.dyq, q.dys, q.wqt, q.wst, doff, E, Kd, N, R));
     report(b, name, shape, ms, flops, 0, 1.6 * flops / (bf16_ms[1] * 1e-3) / 1e12);
     snprintf(name, sizeof name, "fp8 %s weight grad", what);
-    ms = BENCH_TIME_MS(b, 10, o->fp8_grouped_matmul_wgrad(dw, dyt, dyts, xt, xts, doff, E, N, Kd, R));
+    ms = BENCH_TIME_MS(b, 10, o->fp8_grouped_matmul_wgrad(dw, q.dyt, q.dyts, q.xt, q.xts, doff, E, N, Kd, R));
     report(b, name, shape, ms, flops, 0, 1.6 * flops / (bf16_ms[2] * 1e-3) / 1e12);
-    BENCH_FREE_ALL(b, xq, xs, dyq, dys, wq, wqt, ws, wst, xt, xts, dyt, dyts, y, dx, dw, n);
+    bench_fp8_free(b, &q);
+    BENCH_FREE_ALL(b, y, dx, dw, n);
 }
 
 static void bench_grouped_case(Bench *b, const Config *cfg, const char *kind, const char *what, size_t N, size_t Kd) {

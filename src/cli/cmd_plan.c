@@ -61,6 +61,10 @@ static void print_header(const char *what, const Config *cfg, int world, const P
     printf("links        inside a node %.0f GB/s (expert rows %.0f GB/s), between nodes %.0f GB/s per device; "
            "latency %.0f us\n", m->intra_bps / 1e9, m->exchange_bps / 1e9, m->inter_bps / 1e9, m->latency_s * 1e6);
     printf("calibration  %s (%s, %s): %s\n", calib, m->calib->device, m->calib->backend, m->calib->source);
+    char fallbacks[256];
+    calib_fallback_names(m->calib, fallbacks, sizeof fallbacks);
+    if (fallbacks[0])
+        printf("             FP8 families not in it, priced as the bf16 ones they replace: %s\n", fallbacks);
     if (m->matrix_scale != 1 || m->memory_scale != 1)
         printf("             carried to %s by datasheet ratios: matrix rates x %.3g, memory-bound x %.3g "
                "(an estimate)\n", m->dev->name, m->matrix_scale, m->memory_scale);

@@ -6,7 +6,8 @@
 
 const char *const KERNEL_FAMILY_NAMES[KERNEL_N_FAMILIES] = {
     "dense_gemm", "grouped_fwd", "grouped_dgrad", "grouped_wgrad", "attention_fwd", "attention_bwd",
-    "elementwise", "qk_norm_rope", "routing", "optimizer"};
+    "fp8_grouped", "fp8_grouped_wgrad", "fp8_dense", "elementwise", "qk_norm_rope", "routing", "optimizer",
+    "fp8_quantize"};
 
 static CostSink *sink;
 static double A; // bytes of an act element
@@ -140,7 +141,8 @@ static void cost_push_rows(void *const *p, size_t off, const void *in, PushBlock
 // gradient (N, K) f32 += dout_e^T . x_e; the size a rate is read at is the FLOPs per expert.
 static void grouped(KernelFamily f, size_t E, size_t N, size_t K, size_t R) {
     double rows = share_rows(R, E, sink->local_experts), flops = 2 * rows * N * K, weights = (double)E * N * K;
-    double moved = rows * (N + K) * A + (f == KERNEL_GROUPED_WGRAD ? 2 * F : A) * weights;
+    bool wgrad = f == KERNEL_GROUPED_WGRAD || f == KERNEL_FP8_GROUPED_WGRAD;
+    double moved = rows * (N + K) * A + (wgrad ? 2 * F : A) * weights;
     charge(f, flops, flops / (double)E, moved);
 }
 static void cost_grouped_forward(void *o, const void *x, const void *w, const int32_t *off, size_t E, size_t N,
@@ -152,43 +154,46 @@ static void cost_grouped_backward(void *dx, void *dw, const void *d, const void 
     if (dx) grouped(KERNEL_GROUPED_DGRAD, E, N, K, R);
     if (dw) grouped(KERNEL_GROUPED_WGRAD, E, N, K, R);
 }
-// FP8 (train.precision = fp8): the quantisations read act values and write a byte each (scales
-// aside); the products are priced at the bf16 families' rates (grouped for the experts, dense for
-// the dense layers) until a calibration of their own exists: the expert forward and input gradient
-// share one op. Offsets NULL: one group of all R rows, a dense layer's operand.
+// FP8 (train.precision = fp8), in families of their own: the quantisations (and SwiGLU with its
+// quantised output) read act values and write a byte each (scales aside), in KERNEL_FP8_QUANTIZE;
+// the products count as the bf16 ones do, the experts' forward and input gradient (one op) in
+// KERNEL_FP8_GROUPED, their weight gradient in KERNEL_FP8_GROUPED_WGRAD, the dense layers' three
+// products in KERNEL_FP8_DENSE. A calibration without these families prices them at the rates of
+// the bf16 families they replace (grouped_fwd, grouped_wgrad, dense_gemm, elementwise: plan/calib.h).
+// Offsets NULL: one group of all R rows, a dense layer's operand.
 static double fp8_rows(size_t R, const int32_t *off) { return off ? expert_rows(R) : (double)R; }
 static void cost_fp8_rows(void *q, void *s, const void *x, const int32_t *off, size_t E, size_t R, size_t K,
                           Fp8Scaling h, uint64_t *n) {
-    bytes(KERNEL_ELEMENTWISE, fp8_rows(R, off) * K * (A + 1));
+    bytes(KERNEL_FP8_QUANTIZE, fp8_rows(R, off) * K * (A + 1));
 }
 static void cost_swiglu_fp8(void *o, void *q, void *s, const void *g, const int32_t *off, size_t E, size_t R,
                             size_t H, Fp8Scaling h, uint64_t *n) {
-    bytes(KERNEL_ELEMENTWISE, swiglu_rows(R, off, E) * H * (3 * A + 1));
+    bytes(KERNEL_FP8_QUANTIZE, swiglu_rows(R, off, E) * H * (3 * A + 1));
 }
 static void cost_fp8_cols(void *q, void *s, const void *x, const int32_t *off, size_t E, size_t R, size_t C,
                           Fp8Scaling h, uint64_t *n) {
-    bytes(KERNEL_ELEMENTWISE, fp8_rows(R, off) * C * (A + 1));
+    bytes(KERNEL_FP8_QUANTIZE, fp8_rows(R, off) * C * (A + 1));
 }
 static void cost_fp8_rows_cols(void *q, void *s, void *qt, void *st, const void *x, const int32_t *off, size_t E,
                                size_t R, size_t K, Fp8Scaling h, uint64_t *n) {
-    bytes(KERNEL_ELEMENTWISE, fp8_rows(R, off) * K * (A + 2));
+    bytes(KERNEL_FP8_QUANTIZE, fp8_rows(R, off) * K * (A + 2));
 }
 static void cost_fp8_weights(void *q, void *qt, void *s, void *st, const void *w, size_t E, size_t N, size_t K,
                              Fp8Scaling h, uint64_t *n) {
-    bytes(KERNEL_ELEMENTWISE, (double)E * N * K * (A + 2));
+    bytes(KERNEL_FP8_QUANTIZE, (double)E * N * K * (A + 2));
 }
 static void cost_fp8_grouped(void *o, const void *a, const void *as, const void *b, const void *bs,
                              const int32_t *off, size_t E, size_t N, size_t K, size_t R) {
-    grouped(KERNEL_GROUPED_FWD, E, N, K, R);
+    grouped(KERNEL_FP8_GROUPED, E, N, K, R);
 }
 static void cost_fp8_wgrad(void *dw, const void *d, const void *ds, const void *x, const void *xs,
                            const int32_t *off, size_t E, size_t N, size_t K, size_t R) {
-    if (off) grouped(KERNEL_GROUPED_WGRAD, E, N, K, R);
-    else product(KERNEL_DENSE_GEMM, (double)N, (double)K, (double)R, 1);
+    if (off) grouped(KERNEL_FP8_GROUPED_WGRAD, E, N, K, R);
+    else product(KERNEL_FP8_DENSE, (double)N, (double)K, (double)R, 1);
 }
 static void cost_fp8_matmul(void *o, const void *a, const void *as, const void *b, const void *bs, size_t M, size_t N,
                             size_t K) {
-    product(KERNEL_DENSE_GEMM, (double)M, (double)N, (double)K, 1);
+    product(KERNEL_FP8_DENSE, (double)M, (double)N, (double)K, 1);
 }
 static void cost_bias_update(void *b, const void *l, size_t E, float g) { bytes(KERNEL_OPTIMIZER, 3.0 * E * F); }
 static void cost_cross_entropy(void *l, void *acc, const int32_t *t, size_t N, size_t V, float ce, float z, bool g) {

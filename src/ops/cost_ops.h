@@ -13,16 +13,22 @@ typedef enum {
     KERNEL_GROUPED_WGRAD,
     KERNEL_ATTENTION_FWD,  // FLOPs (causal at half); size: FLOPs of the call
     KERNEL_ATTENTION_BWD,  // counted as 2.5 x the forward
+    // train.precision = fp8 (docs/FP8.md); a calibration without them prices these at the bf16
+    // families' rates (plan/calib.h)
+    KERNEL_FP8_GROUPED,    // FLOPs; size: FLOPs per expert (the expert forward and input gradient: one kernel)
+    KERNEL_FP8_GROUPED_WGRAD,
+    KERNEL_FP8_DENSE,      // FLOPs; size: FLOPs of the call (the dense layers' products, weight gradient too)
     KERNEL_ELEMENTWISE,    // bytes; size: bytes of the call (norms, adds, SwiGLU, loss, embedding)
     KERNEL_QK_NORM_ROPE,   // bytes
     KERNEL_ROUTING,        // bytes (router, dispatch, combine, exchange plan)
     KERNEL_OPTIMIZER,      // bytes (AdamW, gradient norm)
+    KERNEL_FP8_QUANTIZE,   // bytes (the FP8 quantisations, SwiGLU with its quantised output)
     KERNEL_N_FAMILIES
 } KernelFamily;
 
 extern const char *const KERNEL_FAMILY_NAMES[KERNEL_N_FAMILIES];
 // Matrix families are measured in FLOPs (rates in TFLOP/s), the rest in bytes (GB/s).
-static inline bool kernel_family_is_matrix(KernelFamily f) { return f <= KERNEL_ATTENTION_BWD; }
+static inline bool kernel_family_is_matrix(KernelFamily f) { return f <= KERNEL_FP8_DENSE; }
 
 // Where the calls are reported. Grouped GEMMs and SwiGLU over expert rows see only the rows their
 // buffers can hold (the real counts stay on the device): they are charged `routed_rows` rows, what

@@ -14,6 +14,18 @@ static const double GIB = 1073741824.0;
 // The file's units: TFLOP/s for matrix families, GB/s for the rest.
 static double unit(KernelFamily f) { return kernel_family_is_matrix(f) ? 1e12 : 1e9; }
 
+// The bf16 family whose points FP8 family f takes where it has none (calib_fill_fallbacks); f itself
+// for the families every file must have.
+static KernelFamily fallback_of(KernelFamily f) {
+    switch (f) {
+    case KERNEL_FP8_GROUPED: return KERNEL_GROUPED_FWD;
+    case KERNEL_FP8_GROUPED_WGRAD: return KERNEL_GROUPED_WGRAD;
+    case KERNEL_FP8_DENSE: return KERNEL_DENSE_GEMM;
+    case KERNEL_FP8_QUANTIZE: return KERNEL_ELEMENTWISE;
+    default: return f;
+    }
+}
+
 static int read_text(json_t *obj, const char *key, char *out, size_t len, bool required, const char *path,
                      MoeErr err) {
     json_t *v = json_object_get(obj, key);
@@ -36,8 +48,9 @@ static int read_number(json_t *obj, const char *section, const char *key, double
 static int read_curve(json_t *kernels, KernelFamily f, Calib *c, const char *path, MoeErr err) {
     const char *name = KERNEL_FAMILY_NAMES[f];
     json_t *fam = json_object_get(kernels, name), *pts = json_object_get(fam, "points");
-    if (!json_is_array(pts))
-        return moe_err(err, "%s: kernels.%s.points is missing (a list of [size, rate] pairs; %s)", path, name,
+    if (!fam && fallback_of(f) != f) return 0; // an optional family: calib_fill_fallbacks
+    if (!json_is_array(pts) || !json_array_size(pts))
+        return moe_err(err, "%s: kernels.%s.points is missing or empty (a list of [size, rate] pairs; %s)", path, name,
                        kernel_family_is_matrix(f) ? "FLOPs and TFLOP/s" : "bytes and GB/s");
     CalibCurve *k = &c->family[f];
     size_t i;
@@ -98,6 +111,7 @@ static int read_root(json_t *root, Calib *c, const char *path, MoeErr err) {
         return moe_err(err, "%s: backend '%s' must be cuda or cpu", path, c->backend);
     for (int f = 0; f < KERNEL_N_FAMILIES; f++)
         if (read_curve(json_object_get(root, "kernels"), (KernelFamily)f, c, path, err)) return -1;
+    calib_fill_fallbacks(c);
     if (read_comm(json_object_get(root, "comm"), c, path, err) ||
         read_memory(json_object_get(root, "memory"), c, path, err))
         return -1;
@@ -124,6 +138,25 @@ int calib_check(const Calib *c, const char *source, MoeErr err) {
                                KERNEL_FAMILY_NAMES[f], i);
     }
     return 0;
+}
+
+void calib_fill_fallbacks(Calib *c) {
+    for (int f = 0; f < KERNEL_N_FAMILIES; f++) {
+        KernelFamily from = fallback_of((KernelFamily)f);
+        CalibCurve *k = &c->family[f];
+        if (from == (KernelFamily)f || k->n) continue;
+        *k = c->family[from];
+        k->fallback = true;
+        snprintf(k->from, sizeof k->from, "no rates of its own: the points of %s", KERNEL_FAMILY_NAMES[from]);
+    }
+}
+
+void calib_fallback_names(const Calib *c, char *out, size_t len) {
+    out[0] = '\0';
+    for (int f = 0; f < KERNEL_N_FAMILIES; f++)
+        if (c->family[f].fallback)
+            snprintf(out + strlen(out), len - strlen(out), "%s%s as %s", out[0] ? ", " : "", KERNEL_FAMILY_NAMES[f],
+                     KERNEL_FAMILY_NAMES[fallback_of((KernelFamily)f)]);
 }
 
 void calib_add_point(Calib *c, KernelFamily f, double size, double rate) {

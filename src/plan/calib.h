@@ -2,7 +2,8 @@
 // communication rates of one node and the memory a run takes beside its plan, for one device and
 // backend (`moe bench --calibrate OUT.json` writes one; `moe plan` reads it). Rates between
 // measured sizes are interpolated linearly in log(size)-log(rate); outside, the nearest holds.
-// The format is described in docs/SCALING.md.
+// The FP8 families are optional in a file (older ones have none): a missing one takes the points of
+// the bf16 family it replaces (calib_fill_fallbacks). The format is described in docs/SCALING.md.
 #pragma once
 #include <stdbool.h>
 
@@ -18,6 +19,7 @@ typedef struct {
     int n;
     double size[CALIB_MAX_POINTS], rate[CALIB_MAX_POINTS];
     char from[CALIB_TEXT_LEN]; // how the points were obtained (optional)
+    bool fallback;             // not in the file or not measured: the points of the family it replaces
 } CalibCurve;
 
 typedef struct {
@@ -45,6 +47,12 @@ int calib_load(Calib *c, const char *path, MoeErr err);
 int calib_save(const Calib *c, const char *path, MoeErr err);
 // Checks the points of every family (at least one, sizes increasing, all positive).
 int calib_check(const Calib *c, const char *source, MoeErr err);
+// Gives each FP8 family without points those of the bf16 family it replaces (fp8_grouped: grouped_fwd,
+// fp8_grouped_wgrad: grouped_wgrad, fp8_dense: dense_gemm, fp8_quantize: elementwise), marked fallback:
+// the FP8 ops priced as they were before they had families.
+void calib_fill_fallbacks(Calib *c);
+// "fp8_dense as dense_gemm, ..." for the families that are fallbacks; "" when none is.
+void calib_fallback_names(const Calib *c, char *out, size_t len);
 // Adds a measured point to a family, keeping sizes increasing (a repeated size keeps the faster).
 void calib_add_point(Calib *c, KernelFamily f, double size, double rate);
 // FLOP/s or bytes/s of family f at a call of `size`.

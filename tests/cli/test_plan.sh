@@ -2,7 +2,7 @@
 # moe plan and moe bench --calibrate: the planner against every recorded measurement in
 # tests/data/plan-measured.tsv (prints each prediction's error; fails when memory is off by more than
 # 3%, or a GPU step time by more than 10%), the calibration file format written on the CPU (one rank
-# and, with MPI, two), the layout search and its errors.
+# and, with MPI, two) and read without its optional FP8 families, the layout search and its errors.
 # Prints one line per test and ends with "N passed, N failed".
 set -u
 cd "$(dirname "$0")/../.."
@@ -40,11 +40,44 @@ done < tests/data/plan-measured.tsv
 TINY="model.d_model=32 model.n_layers=2 model.n_heads=2 model.n_kv_heads=1 model.n_experts=4 model.top_k=2
       model.expert_hidden=32 train.seq_len=32 train.micro_batch=4 train.threads=1"
 out=$(./moe bench --calibrate "$tmp/cpu.json" $TINY 2>&1)
-families=$(grep -oE '"(dense_gemm|grouped_fwd|grouped_dgrad|grouped_wgrad|attention_fwd|attention_bwd|elementwise|qk_norm_rope|routing|optimizer)"' "$tmp/cpu.json" 2>/dev/null | sort -u | wc -l)
-if [ "$families" -eq 10 ] && grep -q '"comm": null' "$tmp/cpu.json"; then ok "bench --calibrate on one CPU rank: 10 kernel families, no comm"
+families=$(grep -oE '"(dense_gemm|grouped_fwd|grouped_dgrad|grouped_wgrad|attention_fwd|attention_bwd|fp8_grouped|fp8_grouped_wgrad|fp8_dense|elementwise|qk_norm_rope|routing|optimizer|fp8_quantize)"' "$tmp/cpu.json" 2>/dev/null | sort -u | wc -l)
+if [ "$families" -eq 14 ] && ! grep -q "no rates of its own" "$tmp/cpu.json" && grep -q '"comm": null' "$tmp/cpu.json"; then
+    ok "bench --calibrate on one CPU rank: 14 kernel families, no comm"
 else bad "bench --calibrate on one CPU rank" "$out"; fi
 out=$(./moe plan configs/bench/scale-E8.json $TINY --gpu cpu --calibration "$tmp/cpu.json" --gpus 1 --layout pp=1 2>&1)
 [ -n "$(field step "$out")" ] && ok "plan reads a calibration written here" || bad "plan reads a calibration written here" "$out"
+
+# The FP8 families are optional: a calibration from before them (the one written here less those
+# families) prices fp8 exactly as one whose FP8 families are the bf16 ones they replace, and says so;
+# the FP8 families measured here (the CPU's emulation: far slower) change the fp8 step, not bf16's.
+without_fp8() { # the calibration $1 less its FP8 families (the comma of the block before a removed last one too)
+    awk '/^    "fp8_[a-z_]+": \{$/ { skip = 1; next }
+         skip { if (/^    \},?$/) skip = 0; next }
+         { if (n++) { if (/^  \},?$/) sub(/,$/, "", prev); print prev } prev = $0 }
+         END { print prev }' "$1"
+}
+fp8_as_bf16() { # the calibration $1 (no FP8 families) with each FP8 family a copy of the bf16 one it replaces
+    awk 'BEGIN { m["grouped_fwd"] = "fp8_grouped"; m["grouped_wgrad"] = "fp8_grouped_wgrad"
+                 m["dense_gemm"] = "fp8_dense"; m["elementwise"] = "fp8_quantize" }
+         { print }
+         /^    "[a-z0-9_]+": \{$/ { split($0, q, "\""); copy = q[2] in m; if (copy) block = "    \"" m[q[2]] "\": {"; next }
+         copy { block = block "\n" $0; if (/^    \},$/) { print block; copy = 0 } }' "$1"
+}
+without_fp8 "$tmp/cpu.json" > "$tmp/old.json"
+fp8_as_bf16 "$tmp/old.json" > "$tmp/copied.json"
+plan_tiny() { ./moe plan configs/bench/scale-E8.json $TINY "$@" --gpu cpu --gpus 1 --layout pp=1 2>&1; }
+old=$(plan_tiny train.precision=fp8 --calibration "$tmp/old.json")
+copied=$(plan_tiny train.precision=fp8 --calibration "$tmp/copied.json")
+measured=$(plan_tiny train.precision=fp8 --calibration "$tmp/cpu.json")
+if ! grep -q fp8_ "$tmp/old.json" && [ -n "$(field step "$old")" ] && [ "$(field step "$old")" = "$(field step "$copied")" ] &&
+    grep -qE "^ +FP8 families not in it, .*: fp8_grouped as grouped_fwd, fp8_grouped_wgrad as grouped_wgrad, fp8_dense as dense_gemm, fp8_quantize as elementwise$" <<<"$old" &&
+    ! grep -q "FP8 families not in it" <<<"$copied"; then
+    ok "a calibration without FP8 families prices them as bf16"
+else bad "a calibration without FP8 families prices them as bf16" "$old" "$copied"; fi
+if [ "$(field step "$measured")" != "$(field step "$old")" ] &&
+    [ "$(field step "$(plan_tiny --calibration "$tmp/cpu.json")")" = "$(field step "$(plan_tiny --calibration "$tmp/old.json")")" ]; then
+    ok "measured FP8 families change the fp8 step only"
+else bad "measured FP8 families change the fp8 step only" "$measured" "$old"; fi
 out=$(./moe plan configs/bench/scale-E8.json $TINY --gpu cpu --calibration "$tmp/cpu.json" --gpus 2 2>&1)
 grep -q "no communication rates" <<<"$out" && ok "plan refuses ranks a calibration has no links for" \
     || bad "plan refuses ranks a calibration has no links for" "$out"
