@@ -428,8 +428,9 @@ __device__ __forceinline__ void fp8_store_transposed(const uint4 (*tile)[FP8_BLO
 // come from the same registers at once (fp8_row_scales of 8 blocks) and their codes go out in 8-byte
 // stores; the rows of an expert are exactly those of its token-major blocks. The pieces are read from
 // shared memory by each pass that needs them rather than held in registers, so that 4 blocks fit an
-// SM (measured: 2 blocks with the pieces in registers, 2,200-2,700 GB/s; 4 staged, 2,450-2,950, and
-// 1.6 ms less a scale-E8 step; a persistent kernel with two tiles in flight, slower than either).
+// SM (measured on scale-E8's shapes: 2 blocks with the pieces in registers, 2,180-2,720 GB/s; 4
+// staged, 2,450-2,950, and the step's expert passes 12.33 ms against 13.82; a persistent kernel with
+// two tiles in flight was slower than either).
 #define FP8_C_THREADS 256
 #define FP8_C_PIECES (FP8_BLOCK * FP8_BLOCK / 8 / FP8_C_THREADS)
 #define FP8_C_RESIDENT 4
