@@ -399,7 +399,9 @@ static void test_regroup_round_trip(void) {
     free(in), free(mid), free(back);
 }
 
-// Expert 1 gets no tokens; capacity 2 drops the third slot of expert 0 (token order kept).
+// Expert 1 gets no tokens; capacity 2 drops the third slot of expert 0 (token order kept). The
+// rows' tokens (moe_row_tokens) name the rows the dispatch gathers; without xp it gathers nothing
+// and sorts the same, and the combine's backward without dy writes only the rows' weights.
 static void test_dispatch_combine_capacity(void) {
     size_t T = 4, K = 2, E = 3, D = 3;
     int32_t idx[8] = {0, 2, 0, 2, 2, 0, 0, 2}, counts[3] = {4, 0, 4}, slot[8], offsets[4];
@@ -410,6 +412,13 @@ static void test_dispatch_combine_capacity(void) {
     CHECK_MSG(!memcmp(slot, want_slot, sizeof want_slot), "slot positions differ (first: %d %d %d %d)", slot[0], slot[1], slot[2], slot[3]);
     CHECK_CLOSE(stats[router_stat_dropped(E)], 4, 0, 0);
     for (size_t j = 0; j < D; j++) CHECK_CLOSE(xp[1 * D + j], x[1 * D + j], 0, 0); // row 1 = token 1
+    int32_t tokens[4], want_tokens[4] = {0, 1, 0, 1}, slot2[8], offsets2[4];
+    ops->moe_row_tokens(tokens, slot, T, K);
+    CHECK_MSG(!memcmp(tokens, want_tokens, sizeof tokens), "row tokens %d %d %d %d", tokens[0], tokens[1], tokens[2],
+              tokens[3]);
+    ops->moe_dispatch_forward(NULL, slot2, offsets2, stats, x, idx, counts, T, K, E, D, 2);
+    CHECK_MSG(!memcmp(slot2, slot, sizeof slot) && !memcmp(offsets2, offsets, sizeof offsets),
+              "the dispatch without rows sorts otherwise");
     // combine: dropped slots contribute nothing and get zero weight gradient
     real w[8] = {.5, .5, .3, .7, .2, .8, .6, .4}, *y = rnd(4 * D, 25, 1), *out = poisoned(T * D);
     ops->moe_combine_forward(out, y, slot, w, T, K, D, false);
@@ -417,7 +426,10 @@ static void test_dispatch_combine_capacity(void) {
         CHECK_CLOSE(out[0 * D + j], .5 * y[0 * D + j] + .5 * y[2 * D + j], 1e-12, 1e-12);
         CHECK_CLOSE(out[3 * D + j], 0, 0, 0);
     }
-    real *dout = rnd(T * D, 26, 1), *dy = poisoned(4 * D), dw[8];
+    real *dout = rnd(T * D, 26, 1), *dy = poisoned(4 * D), dw[8], row_w[4];
+    ops->moe_combine_backward(NULL, NULL, row_w, dout, NULL, slot, w, T, K, D);
+    for (size_t i = 0; i < T * K; i++)
+        if (slot[i] >= 0) CHECK_CLOSE(row_w[slot[i]], w[i], 0, 0);
     ops->moe_combine_backward(dy, dw, NULL, dout, y, slot, w, T, K, D);
     CHECK_CLOSE(dw[4], 0, 0, 0);
     CHECK_CLOSE(dw[0], dot(dout, y, D), 1e-12, 1e-12);

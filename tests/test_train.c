@@ -171,15 +171,17 @@ static void test_micro_batch_accumulation(void) {
 }
 
 // How a test step runs its products in FP8 (NULL: all in act precision): the expert products with
-// scaling `how`, and the dense linear layers' too or not.
+// scaling `how`, the dense linear layers' too or not, and the experts' operands read from the
+// tokens' rows or not (train.fp8_fused_dispatch).
 typedef struct {
     Fp8Scaling how;
-    bool dense;
+    bool dense, fused;
 } TestFp8;
 
 // What a test model of recompute mode r with products as *fp8 says (NULL: act precision) allocates.
 static ModelModes test_modes(Recompute r, const TestFp8 *fp8) {
-    return fp8 ? (ModelModes){.recompute = r, .fp8 = true, .how = fp8->how, .fp8_dense = fp8->dense}
+    return fp8 ? (ModelModes){.recompute = r, .fp8 = true, .how = fp8->how, .fp8_dense = fp8->dense,
+                              .fp8_fused_dispatch = fp8->fused}
                : (ModelModes){.recompute = r};
 }
 
@@ -225,7 +227,8 @@ static size_t recompute_step(const ModelConfig *c, Recompute mode, const TestFp8
 // counted twice, the same routing), with less activation memory: selective < none, full < selective;
 // so does every mode with the expert and dense products in FP8 (the dense layers' accumulating
 // products included: the shared expert's down projection, and with reordered norms the input
-// gradients of the QKV and gate|up projections).
+// gradients of the QKV and gate|up projections), keeping everything with the experts' operands read
+// from the tokens' rows (train.fp8_fused_dispatch; the other modes gather them).
 static void test_recompute_bitwise(void) {
     ModelConfig cfgs[4];
     const char *names[4] = {"pre-norm, full qk-norm, dense first, shared expert, bias",
@@ -240,7 +243,7 @@ static void test_recompute_bitwise(void) {
     cfgs[2].qk_norm = QK_NORM_NONE, cfgs[2].random_routing = true, cfgs[2].capacity_factor = 0.75;
     cfgs[2].n_dense_layers = 0;
     cfgs[3].norm_placement = NORM_REORDERED, cfgs[3].random_routing = true;
-    const TestFp8 fp8 = {FP8_SCALE_AMAX, true};
+    const TestFp8 fp8 = {FP8_SCALE_AMAX, true, true};
     for (int i = 0; i < 4 * 2; i++) {
         const ModelConfig *c = &cfgs[i / 2];
         const char *name = names[i / 2], *precision = i % 2 ? "FP8" : "exact";
@@ -438,7 +441,7 @@ static void test_fp8_weight_copies(void) {
     test_single_parallel(&par, &c);
     Model m;
     Optimizer o;
-    const TestFp8 fp8 = {FP8_SCALE_AMAX, true};
+    const TestFp8 fp8 = {FP8_SCALE_AMAX, true, false};
     model_init(&m, &c, ops_cpu(), &par, B, S, 1, 1, test_modes(RECOMPUTE_NONE, &fp8));
     optim_init(&o, &m);
     model_init_weights(&m, 3);
@@ -501,7 +504,7 @@ static void plan_bytes(const ModelConfig *c, size_t B, size_t S, Recompute r, co
 // layers in FP8 or not: under full recompute, which keeps no FP8 input (nor lends scratch).
 static size_t fp8_plan_bytes(const ModelConfig *c, size_t B, size_t S, bool dense) {
     size_t all, acts, all0, acts0;
-    plan_bytes(c, B, S, RECOMPUTE_FULL, &(TestFp8){FP8_SCALE_AMAX, dense}, &all, &acts);
+    plan_bytes(c, B, S, RECOMPUTE_FULL, &(TestFp8){FP8_SCALE_AMAX, dense, false}, &all, &acts);
     plan_bytes(c, B, S, RECOMPUTE_FULL, NULL, &all0, &acts0);
     return (all - acts) - (all0 - acts0);
 }
@@ -534,9 +537,10 @@ static void test_fp8_dense_memory(void) {
 // = 128 (16 + 4) = 2560 (a block past each expert's rows). The one buffer of each replaced tensor
 // that the forward still writes, shared by every layer, is the backward's scratch (n1's dn, xp's
 // scratch B), which the plan counts there already. So the activations change by the copies less the
-// tensors, the rest of the plan by the FP8 operands. With reordered norms n1 is no QKV input (no
-// copy); with the dense layers in act precision neither; recompute full and selective keep as in
-// act precision.
+// tensors, the rest of the plan by the FP8 operands and, with train.fp8_fused_dispatch, the token of
+// each expert row (Scratch.row_token, R i32: the copies are then quantised from the layer's
+// tensors). With reordered norms n1 is no QKV input (no copy); with the dense layers in act
+// precision neither; recompute full and selective keep as in act precision.
 static void test_fp8_kept_inputs_memory(void) {
     ModelConfig c = small_model(), reordered = small_model();
     reordered.norm_placement = NORM_REORDERED;
@@ -546,21 +550,24 @@ static void test_fp8_kept_inputs_memory(void) {
     const struct {
         const ModelConfig *c;
         Recompute r;
-        bool dense;
+        bool dense, fused;
         ptrdiff_t acts;
         const char *name;
-    } cases[] = {{&c, RECOMPUTE_NONE, true, acts_n1 + acts_xe, "pre-norm"},
-                 {&c, RECOMPUTE_NONE, false, acts_xe, "pre-norm, dense layers in act precision"},
-                 {&reordered, RECOMPUTE_NONE, true, acts_xe, "reordered norms"},
-                 {&c, RECOMPUTE_SELECTIVE, true, 0, "selective recompute"},
-                 {&c, RECOMPUTE_FULL, true, 0, "full recompute"}};
+    } cases[] = {{&c, RECOMPUTE_NONE, true, false, acts_n1 + acts_xe, "pre-norm"},
+                 {&c, RECOMPUTE_NONE, true, true, acts_n1 + acts_xe, "pre-norm, fused dispatch"},
+                 {&c, RECOMPUTE_NONE, false, false, acts_xe, "pre-norm, dense layers in act precision"},
+                 {&reordered, RECOMPUTE_NONE, true, false, acts_xe, "reordered norms"},
+                 {&c, RECOMPUTE_SELECTIVE, true, true, 0, "selective recompute"},
+                 {&c, RECOMPUTE_FULL, true, true, 0, "full recompute"}};
     CHECK_MSG(acts_n1 + acts_xe < 0, "the copies keep more than the tensors they replace");
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         size_t all, acts, all0, acts0;
-        plan_bytes(cases[i].c, 2, T / 2, cases[i].r, &(TestFp8){FP8_SCALE_AMAX, cases[i].dense}, &all, &acts);
+        plan_bytes(cases[i].c, 2, T / 2, cases[i].r, &(TestFp8){FP8_SCALE_AMAX, cases[i].dense, cases[i].fused}, &all,
+                   &acts);
         plan_bytes(cases[i].c, 2, T / 2, cases[i].r, NULL, &all0, &acts0);
         ptrdiff_t got = (ptrdiff_t)acts - (ptrdiff_t)acts0, rest = (ptrdiff_t)(all - acts) - (ptrdiff_t)(all0 - acts0);
-        ptrdiff_t want_rest = (ptrdiff_t)fp8_plan_bytes(cases[i].c, 2, T / 2, cases[i].dense);
+        ptrdiff_t want_rest = (ptrdiff_t)fp8_plan_bytes(cases[i].c, 2, T / 2, cases[i].dense) +
+                              (cases[i].fused && cases[i].r == RECOMPUTE_NONE ? (ptrdiff_t)(R * sizeof(int32_t)) : 0);
         CHECK_MSG(got == cases[i].acts && rest == want_rest, "%s: FP8 keeps %td activation bytes more than act "
                   "precision (want %td) and %td more beside them (want %td)", cases[i].name, got, cases[i].acts,
                   rest, want_rest);
@@ -568,8 +575,9 @@ static void test_fp8_kept_inputs_memory(void) {
 }
 
 // With recompute none an FP8 step keeps the token-major copies of the QKV and expert gate|up inputs
-// from the forward (two micro-batches in flight, each its own): the gradients and metrics are bitwise
-// those of full recompute (which makes them in the backward), and each product input is still
+// from the forward (two micro-batches in flight, each its own; the experts' operands read from the
+// tokens' rows, train.fp8_fused_dispatch): the gradients and metrics are bitwise those of full
+// recompute (which makes them in the backward, from gathered rows), and each product input is still
 // quantised twice a micro-batch, as rows and token-major (class activations): per layer the inputs
 // of QKV (T, D), the output projection (T, Hq hd) and the MLP's gate|up (T, D) and down (T, H)
 // (dense_fp8_values), per MoE layer the experts' rows (T K, D) and (T K, He); the output gradients
@@ -583,7 +591,7 @@ static void test_fp8_kept_inputs_step(void) {
     size_t P = sizing.reg.total, len = model_metrics_len(&c);
     model_free(&sizing);
     test_free_parallel(&par);
-    const TestFp8 fp8 = {FP8_SCALE_AMAX, true};
+    const TestFp8 fp8 = {FP8_SCALE_AMAX, true, true};
     real *grads[2] = {calloc(P, sizeof(real)), calloc(P, sizeof(real))};
     real *metrics[2] = {calloc(len, sizeof(real)), calloc(len, sizeof(real))};
     uint64_t counts[MODEL_FP8_COUNTS], full_counts[MODEL_FP8_COUNTS];

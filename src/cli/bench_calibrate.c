@@ -156,9 +156,9 @@ static void measure_fp8_layer(Calibration *c, const int32_t *off, size_t E, size
     void *dy = bench_rand_act(b, R * N, 53, 1), *y = b->o->alloc(R * N * b->o->act_size);
     void *dx = b->o->alloc(R * K * b->o->act_size), *dw = bench_zero_buf(b, E * N * K * b->o->f32_size);
     CALIBRATE(c, o->fp8_quantize_weights(q.wq, q.wqt, q.ws, q.wst, w, E, N, K, h, NULL));
-    CALIBRATE(c, o->fp8_quantize_rows_cols(q.xq, q.xs, q.xt, q.xts, x, off, E, R, K, h, NULL));
+    CALIBRATE(c, o->fp8_quantize_rows_cols(q.xq, q.xs, q.xt, q.xts, x, NULL, off, E, R, K, h, NULL));
     CALIBRATE(c, fp8_product(o, y, q.xq, q.xs, q.wq, q.ws, off, E, N, K, R));
-    CALIBRATE(c, o->fp8_quantize_rows_cols(q.dyq, q.dys, q.dyt, q.dyts, dy, off, E, R, N, h, NULL));
+    CALIBRATE(c, o->fp8_quantize_rows_cols(q.dyq, q.dys, q.dyt, q.dyts, dy, NULL, off, E, R, N, h, NULL));
     CALIBRATE(c, fp8_product(o, dx, q.dyq, q.dys, q.wqt, q.wst, off, E, K, N, R));
     CALIBRATE(c, o->fp8_quantize_rows(q.dyq, q.dys, dy, off, E, R, N, h, NULL));
     CALIBRATE(c, o->fp8_quantize_cols(q.xt, q.xts, x, off, E, R, K, h, NULL));

@@ -11,6 +11,7 @@
 
 #include "bench.h"
 #include "cli.h"
+#include "common/rng.h"
 #include "train/setup.h"
 #include "train/train.h"
 
@@ -114,7 +115,9 @@ void bench_expert_rows(const char *kind, size_t T, size_t K, size_t E, int32_t *
 // weight-gradient times), aimed at 1.6x the bf16 rates, and the quantisations they read (bytes
 // read and written; scales counted), counting what they flush and saturate as training does: x's
 // rows and token-major copy, dy's both from one pass (as the backward makes them). The weights'
-// (both layouts: once a step, for every expert weight) is aimed at 2 TB/s, half the copy rate.
+// (both layouts: once a step, for every expert weight) is aimed at 2 TB/s, half the copy rate. dy's
+// pass also from rows gathered through a map (as the model reads the layer's output gradient: each
+// expert row a token's row, here a random one of dy's).
 static void bench_grouped_fp8(Bench *b, const char *what, const char *shape, const void *doff, size_t rows, size_t E,
                               size_t N, size_t Kd, size_t R, const void *x, const void *w, const void *dy,
                               const double bf16_ms[3]) {
@@ -133,9 +136,17 @@ static void bench_grouped_fp8(Bench *b, const char *what, const char *shape, con
     report(b, "  fp8 quantise rows (x)", shape, ms, 0, (double)rows * Kd * a + rows_out, 0);
     ms = BENCH_TIME_MS(b, 10, o->fp8_quantize_cols(q.xt, q.xts, x, doff, E, R, Kd, FP8_SCALE_AMAX, n));
     report(b, "  fp8 quantise token-major (x)", shape, ms, 0, (double)rows * Kd * a + cols_out, 0);
-    ms = BENCH_TIME_MS(b, 10,
-                       o->fp8_quantize_rows_cols(q.dyq, q.dys, q.dyt, q.dyts, dy, doff, E, R, N, FP8_SCALE_AMAX, n));
+    ms = BENCH_TIME_MS(b, 10, o->fp8_quantize_rows_cols(q.dyq, q.dys, q.dyt, q.dyts, dy, NULL, doff, E, R, N,
+                                                        FP8_SCALE_AMAX, n));
     report(b, "  fp8 quantise rows+cols (dy)", shape, ms, 0, (double)rows * N * a + dy_out, 0);
+    int32_t *map = moe_malloc(R * sizeof(int32_t)), *dmap = o->alloc(R * sizeof(int32_t));
+    for (size_t r = 0; r < R; r++) map[r] = (int32_t)(rng_hash64(7, r) % (rows ? rows : 1));
+    o->upload(dmap, map, R * sizeof(int32_t));
+    free(map);
+    ms = BENCH_TIME_MS(b, 10, o->fp8_quantize_rows_cols(q.dyq, q.dys, q.dyt, q.dyts, dy, dmap, doff, E, R, N,
+                                                        FP8_SCALE_AMAX, n));
+    report(b, "  fp8 quantise rows+cols gathered", shape, ms, 0, (double)rows * N * a + dy_out, 0);
+    o->free(dmap);
     ms = BENCH_TIME_MS(b, 10, o->fp8_quantize_weights(q.wq, q.wqt, q.ws, q.wst, w, E, N, Kd, FP8_SCALE_AMAX, n));
     report(b, "  fp8 quantise weights (2 layouts)", shape, ms, 0, (double)E * N * Kd * (a + 2) + 2.0 * E * Kb * Nb * f,
            2000);

@@ -409,6 +409,7 @@ static void alloc_scratch(Model *m, size_t T) {
         s->dlogits = act_buf(m, T * c->n_experts), s->dtopk_w = f32_buf(m, T * c->top_k);
         if (ep) s->dxe = moe_exchange_buf(&m->xchg, Rr);
         else s->row_w = f32_buf(m, Rr), s->row_dot = f32_buf(m, Rr);
+        if (model_keeps_fp8_xe(m) && m->fp8->fused_dispatch) s->row_token = i32_buf(m, Rr);
     }
 }
 
@@ -545,12 +546,12 @@ static void alloc_fp8_scratch(Model *m, const Fp8Extent *x, int n) {
 }
 
 // The FP8 products' operands (ModelModes.fp8); their buffers come after the model's (alloc_fp8_operands).
-static Fp8Operands *fp8_operands_new(const Model *m, Fp8Scaling how, bool dense) {
+static Fp8Operands *fp8_operands_new(const Model *m, Fp8Scaling how, bool dense, bool fused_dispatch) {
     if (!m->ops->fp8_grouped_matmul && !m->ops->sizing_only)
         moe_fatal("train.precision = fp8: the %s backend has no FP8 products here (the CUDA backend's need a "
                   "Hopper GPU, compute capability 9.0); use train.precision = bf16", m->ops->name);
     Fp8Operands *o = moe_calloc(1, sizeof *o);
-    o->how = how, o->dense = dense;
+    o->how = how, o->dense = dense, o->fused_dispatch = fused_dispatch;
     return o;
 }
 
@@ -588,7 +589,7 @@ void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel
     m->n_experts_local = par->lay.expert_end - par->lay.expert_begin;
     m->first_stage = layout_first_stage(&par->lay), m->last_stage = layout_last_stage(&par->lay);
     m->B = B, m->S = S, m->n_micro = n_micro, m->recompute = modes.recompute;
-    if (modes.fp8) m->fp8 = fp8_operands_new(m, modes.how, modes.fp8_dense);
+    if (modes.fp8) m->fp8 = fp8_operands_new(m, modes.how, modes.fp8_dense, modes.fp8_fused_dispatch);
     register_params(m);
     size_t P = m->reg.total, T = B * S;
     init_master(m);
@@ -796,10 +797,11 @@ static void route(Model *m, int l, LayerActs *x, const void *in, const ForwardAr
     ops->router_aux_loss(router_stats(m, a->metrics, l), x->aux, router_args(m, l, a), dp->rank == 0 ? 1.0f : 0.0f);
 }
 
-// Counting sort of the routed slots and the gather of their rows (dropped slots counted in stats).
-static void dispatch(const Model *m, LayerActs *x, const void *in, void *stats, size_t T) {
+// Counting sort of the routed slots (dropped slots counted in stats) and the gather of their rows
+// of `in` into xp (NULL: not gathered, reads_token_rows).
+static void dispatch(const Model *m, LayerActs *x, void *xp, const void *in, void *stats, size_t T) {
     const ModelConfig *c = &m->cfg;
-    m->ops->moe_dispatch_forward(x->xp, x->slot_pos, x->offsets, stats, in, x->topk_idx, x->counts, T, c->top_k,
+    m->ops->moe_dispatch_forward(xp, x->slot_pos, x->offsets, stats, in, x->topk_idx, x->counts, T, c->top_k,
                                  c->n_experts, c->d_model, model_expert_capacity(c, T));
 }
 
@@ -832,15 +834,17 @@ static void fp8_product(const Model *m, void *out, const void *b, const void *b_
 // Per group of rows of off (El experts; NULL: one group of all R rows), out (R, N) = x (R, K) .
 // w[e] (N, K)^T in FP8 with the compute weights at offset w: from the weights' FP8 copy and x's
 // rows, quantised here unless the kernel that wrote x wrote them too (x_quantised: swiglu_fp8);
-// with x_t (non-NULL) also x's token-major copy for the backward, from the same read of x.
-static void fp8_forward(const Model *m, void *out, const void *x, bool x_quantised, const Fp8Cols *x_t, size_t w,
-                        const int32_t *off, size_t El, size_t N, size_t K, size_t R) {
+// with x_t (non-NULL) also x's token-major copy for the backward, from the same read of x, where
+// x_rows (non-NULL) may name the rows of x that make the operand (fp8_quantize_rows_cols).
+static void fp8_forward(const Model *m, void *out, const void *x, const int32_t *x_rows, bool x_quantised,
+                        const Fp8Cols *x_t, size_t w, const int32_t *off, size_t El, size_t N, size_t K, size_t R) {
     const Fp8Operands *q = m->fp8;
     Fp8Weights wq = fp8_weights_at(m, w, N, K);
     uint64_t *acts = fp8_counts(q, FP8_CLASS_ACTIVATIONS);
-    MOE_ASSERT(!(x_quantised && x_t));
+    MOE_ASSERT(!(x_quantised && x_t) && (!x_rows || x_t));
     if (x_t)
-        m->ops->fp8_quantize_rows_cols(q->rows, q->row_scales, x_t->q, x_t->scales, x, off, El, R, K, q->how, acts);
+        m->ops->fp8_quantize_rows_cols(q->rows, q->row_scales, x_t->q, x_t->scales, x, x_rows, off, El, R, K, q->how,
+                                       acts);
     else if (!x_quantised) m->ops->fp8_quantize_rows(q->rows, q->row_scales, x, off, El, R, K, q->how, acts);
     fp8_product(m, out, wq.q, wq.scales, off, El, N, K, R);
 }
@@ -853,18 +857,21 @@ typedef enum { DOUT_T_MAKE, DOUT_T_KEEP, DOUT_T_KEPT } DoutCopy;
 // Its backward in FP8 (groups as fp8_forward's): dx (R, K) = dout . w[e] from quantised rows of dout
 // and the weights' transposed FP8 copy; dw (El, N, K) f32 += dout^T . x per group from token-major
 // copies of dout and x (either skipped when NULL): x's the forward kept (x_t, x unread) or, with
-// x_t NULL, made here; dout's two copies from one read of it when both are made here.
-static void fp8_backward(const Model *m, void *dx, void *dw, const void *dout, const void *x, const Fp8Cols *x_t,
-                         size_t w, const int32_t *off, size_t El, size_t N, size_t K, size_t R, DoutCopy dout_t) {
+// x_t NULL, made here; dout's two copies from one read of it when both are made here, where
+// dout_rows (non-NULL) may name the rows of dout that make the operand (fp8_quantize_rows_cols).
+static void fp8_backward(const Model *m, void *dx, void *dw, const void *dout, const int32_t *dout_rows,
+                         const void *x, const Fp8Cols *x_t, size_t w, const int32_t *off, size_t El, size_t N,
+                         size_t K, size_t R, DoutCopy dout_t) {
     const Ops *ops = m->ops;
     const Fp8Operands *q = m->fp8;
     Fp8Weights wq = fp8_weights_at(m, w, N, K);
     // every read of dout and x before dx is written
     uint64_t *grads = fp8_counts(q, FP8_CLASS_GRADIENTS);
     bool make_t = dout_t == DOUT_T_KEEP || (dw && dout_t == DOUT_T_MAKE);
+    MOE_ASSERT(!dout_rows || (dx && make_t));
     if (dx && make_t)
-        ops->fp8_quantize_rows_cols(q->rows, q->row_scales, q->dout_t, q->dout_t_scales, dout, off, El, R, N, q->how,
-                                    grads);
+        ops->fp8_quantize_rows_cols(q->rows, q->row_scales, q->dout_t, q->dout_t_scales, dout, dout_rows, off, El, R,
+                                    N, q->how, grads);
     else if (dx) ops->fp8_quantize_rows(q->rows, q->row_scales, dout, off, El, R, N, q->how, grads);
     else if (make_t) ops->fp8_quantize_cols(q->dout_t, q->dout_t_scales, dout, off, El, R, N, q->how, grads);
     Fp8Cols xt = x_t ? *x_t : (Fp8Cols){.q = q->x_t, .scales = q->x_t_scales};
@@ -875,21 +882,22 @@ static void fp8_backward(const Model *m, void *dx, void *dw, const void *dout, c
 }
 
 // Per expert, out (Rr, N) = x (Rr, K) . w[e] (N, K)^T with the compute weights at offset w: in act
-// precision, or in FP8 (fp8_forward; x_quantised and x_t as there).
-static void expert_forward(const Model *m, void *out, const void *x, bool x_quantised, const Fp8Cols *x_t, size_t w,
-                           const int32_t *off, size_t El, size_t N, size_t K, size_t Rr) {
-    if (m->fp8) fp8_forward(m, out, x, x_quantised, x_t, w, off, El, N, K, Rr);
+// precision, or in FP8 (fp8_forward; x_rows, x_quantised and x_t as there).
+static void expert_forward(const Model *m, void *out, const void *x, const int32_t *x_rows, bool x_quantised,
+                           const Fp8Cols *x_t, size_t w, const int32_t *off, size_t El, size_t N, size_t K, size_t Rr) {
+    if (m->fp8) fp8_forward(m, out, x, x_rows, x_quantised, x_t, w, off, El, N, K, Rr);
     else m->ops->grouped_matmul_forward(out, x, W(m, w), off, El, N, K, Rr);
 }
 
 // dx (Rr, K) = dout . w[e]; dw (El, N, K) f32 += dout^T . x per expert (either skipped when NULL),
 // with the compute weights at offset w: in act precision, or in FP8 (fp8_backward, x_t and dout_t as
-// there). Every read of x comes before dx is written, so dx may be x's buffer (selective recompute's
-// xp and dxp): the weight gradient first, then the input gradient (two products either way).
-static void expert_backward(const Model *m, void *dx, void *dw, const void *dout, const void *x, const Fp8Cols *x_t,
-                            size_t w, const int32_t *off, size_t El, size_t N, size_t K, size_t Rr, DoutCopy dout_t) {
+// there; dout_rows too). Every read of x comes before dx is written, so dx may be x's buffer (selective
+// recompute's xp and dxp): the weight gradient first, then the input gradient (two products either way).
+static void expert_backward(const Model *m, void *dx, void *dw, const void *dout, const int32_t *dout_rows,
+                            const void *x, const Fp8Cols *x_t, size_t w, const int32_t *off, size_t El, size_t N,
+                            size_t K, size_t Rr, DoutCopy dout_t) {
     if (m->fp8) {
-        fp8_backward(m, dx, dw, dout, x, x_t, w, off, El, N, K, Rr, dout_t);
+        fp8_backward(m, dx, dw, dout, dout_rows, x, x_t, w, off, El, N, K, Rr, dout_t);
         return;
     }
     if (dw) m->ops->grouped_matmul_backward(NULL, dw, dout, x, W(m, w), off, El, N, K, Rr);
@@ -921,7 +929,7 @@ static void dense_forward(const Model *m, void *out, const void *x, bool x_quant
         m->ops->matmul_forward(out, x, W(m, w), T, N, K, accumulate);
         return;
     }
-    fp8_forward(m, fp8_target(m, out, accumulate, N), x, x_quantised, x_t, w, NULL, 1, N, K, T);
+    fp8_forward(m, fp8_target(m, out, accumulate, N), x, NULL, x_quantised, x_t, w, NULL, 1, N, K, T);
     fp8_accumulate(m, out, accumulate, T * N);
 }
 
@@ -933,7 +941,7 @@ static void dense_backward(const Model *m, void *dx, void *dw, const void *dout,
         m->ops->matmul_backward(dx, dw, dout, x, W(m, w), T, N, K, accumulate_dx);
         return;
     }
-    fp8_backward(m, fp8_target(m, dx, accumulate_dx, K), dw, dout, x, x_t, w, NULL, 1, N, K, T, DOUT_T_MAKE);
+    fp8_backward(m, fp8_target(m, dx, accumulate_dx, K), dw, dout, NULL, x, x_t, w, NULL, 1, N, K, T, DOUT_T_MAKE);
     fp8_accumulate(m, dx, accumulate_dx, T * K);
 }
 
@@ -967,8 +975,11 @@ typedef struct {
     void *ye;             // forward: (Rr, D) the experts' outputs
     const Fp8Cols *xe_t;  // forward: where xe's token-major FP8 copy is kept (NULL: not kept)
     void *dye, *dxe;      // backward: (Rr, D) gradients of the experts' outputs and inputs
-    const void *in;       // backward: the layer's feed-forward input (T, D), whose rows rows_recompute
-                          // gathers again
+    const void *in;       // the layer's feed-forward input (T, D), whose rows rows_recompute gathers again
+    const void *dout;     // backward: the gradient of the layer's feed-forward output (T, D)
+    const int32_t *rows;  // the token of each expert row (Scratch.row_token) where the experts' inputs are
+                          // quantised from `in` and the down projection's output gradients from `dout`
+                          // (reads_token_rows): xe and dye then hold no rows; NULL: they do
     const ForwardArgs *a; // backward: the call's
 } ExpertWork;
 
@@ -988,10 +999,24 @@ static void experts_forward(void *ctx, size_t e0, size_t e1) {
     size_t D = m->cfg.d_model, H = m->cfg.expert_hidden, n = e1 - e0;
     const int32_t *off = chunk_offsets(w, e0);
     void *hact = experts_hact(m, w->x);
-    expert_forward(m, w->x->gu, w->x->xe, false, w->xe_t, expert_tensor(p->experts_gu, e0, 2 * H, D), off, n, 2 * H,
-                   D, w->Rr);
+    expert_forward(m, w->x->gu, w->rows ? w->in : w->x->xe, w->rows, false, w->xe_t,
+                   expert_tensor(p->experts_gu, e0, 2 * H, D), off, n, 2 * H, D, w->Rr);
     swiglu_fp8(m, m->fp8, hact, w->x->gu, off, n, H, w->Rr);
-    expert_forward(m, w->ye, hact, true, NULL, expert_tensor(p->experts_down, e0, D, H), off, n, D, H, w->Rr);
+    expert_forward(m, w->ye, hact, NULL, true, NULL, expert_tensor(p->experts_down, e0, D, H), off, n, D, H, w->Rr);
+}
+
+// Where the experts' inputs keep their token-major FP8 copy (model_keeps_fp8_xe: one rank, a training
+// forward (xe_t non-NULL) and its backward), nothing but the one-pass quantisations reads the
+// dispatched rows (the backward reads the kept copy) or the combine's gradient rows (the down
+// projection's input gradient and the kept copy for its weight gradient): with
+// Fp8Operands.fused_dispatch those read the rows of the layer's input and output gradient through
+// Scratch.row_token instead, so that neither is made (two full-size passes a layer less).
+static bool reads_token_rows(const Model *m, const Fp8Cols *xe_t) { return xe_t && m->s.row_token; }
+
+// The token of each expert row of layer acts x into Scratch.row_token, returned.
+static const int32_t *row_tokens(Model *m, const LayerActs *x, size_t T) {
+    m->ops->moe_row_tokens(m->s.row_token, x->slot_pos, T, (size_t)m->cfg.top_k);
+    return m->s.row_token;
 }
 
 static void moe_forward(Model *m, int l, LayerActs *x, const void *in, const ForwardArgs *a) {
@@ -999,12 +1024,15 @@ static void moe_forward(Model *m, int l, LayerActs *x, const void *in, const For
     const LayerParams *p = &m->layer[l];
     size_t T = a->B * a->S, D = c->d_model, E = c->n_experts, K = c->top_k;
     void *stats = router_stats(m, a->metrics, l);
+    const Fp8Cols *xe_t = forward_cols(&x->xe_t, a);
+    bool token_rows = reads_token_rows(m, xe_t);
     route(m, l, x, in, a);
-    dispatch(m, x, in, stats, T);
+    dispatch(m, x, token_rows ? NULL : x->xp, in, stats, T);
     moe_exchange_route(&m->xchg, &x->routes, x->offsets, model_f32(m, stats, router_stat_dropped(E)), T);
     void *y = x->y ? x->y : m->s.dy; // one expert-parallel rank: not kept (scratch A until the combine)
     ExpertWork w = {.m = m, .l = l, .x = x, .Rr = moe_exchange_received_rows(&m->xchg, T),
-                    .ye = m->par->ep->size > 1 ? m->s.dxe : y, .xe_t = forward_cols(&x->xe_t, a)};
+                    .ye = m->par->ep->size > 1 ? m->s.dxe : y, .xe_t = xe_t, .in = in,
+                    .rows = token_rows ? row_tokens(m, x, T) : NULL};
     moe_exchange_pipeline(&m->xchg, &x->routes, x->xp, x->xe, w.ye, y, experts_forward, &w);
     m->ops->moe_combine_forward(x->f, y, x->slot_pos, x->topk_w, T, K, D, false);
     if (c->shared_hidden)
@@ -1155,7 +1183,7 @@ static void rows_recompute(const ExpertWork *w) {
     Model *m = w->m;
     if (m->recompute != RECOMPUTE_SELECTIVE || m->par->ep->size > 1) return;
     MOE_ASSERT(m->xchg.chunks == 1); // one call over every expert: no chunk's rows are read after this
-    dispatch(m, w->x, w->in, router_stats(m, m->metrics_scratch, w->l), w->a->B * w->a->S);
+    dispatch(m, w->x, w->x->xp, w->in, router_stats(m, m->metrics_scratch, w->l), w->a->B * w->a->S);
 }
 
 static void experts_backward(void *ctx, size_t e0, size_t e1) {
@@ -1169,16 +1197,19 @@ static void experts_backward(void *ctx, size_t e0, size_t e1) {
     size_t down = expert_tensor(p->experts_down, e0, D, H), gu = expert_tensor(p->experts_gu, e0, 2 * H, D);
     const int32_t *off = chunk_offsets(w, e0);
     if (m->expert_hact) { // the rows' unweighted gradients: the combine weights' gradients from here
-        expert_backward(m, s->dhact, NULL, w->dye, NULL, NULL, down, off, n, D, H, Rr, DOUT_T_KEEP);
+        expert_backward(m, s->dhact, NULL, w->rows ? w->dout : w->dye, w->rows, NULL, NULL, down, off, n, D, H, Rr,
+                        DOUT_T_KEEP);
         ops->moe_combine_weight_backward(s->row_dot, m->expert_hact, s->dhact, x->gu, s->row_w, Rr, H, off, n);
-        expert_backward(m, NULL, G(m, down), w->dye, m->expert_hact, NULL, down, off, n, D, H, Rr, DOUT_T_KEPT);
+        expert_backward(m, NULL, G(m, down), w->dye, NULL, m->expert_hact, NULL, down, off, n, D, H, Rr, DOUT_T_KEPT);
     } else {
         swiglu_recompute(m, x->hact, x->gu, Rr, H, off, n);
-        expert_backward(m, s->dhact, G(m, down), w->dye, x->hact, NULL, down, off, n, D, H, Rr, DOUT_T_MAKE);
+        MOE_ASSERT(!w->rows);
+        expert_backward(m, s->dhact, G(m, down), w->dye, NULL, x->hact, NULL, down, off, n, D, H, Rr, DOUT_T_MAKE);
     }
     ops->swiglu_backward(s->dgu, s->dhact, x->gu, m->expert_hact ? s->row_w : NULL, Rr, H, off, n);
     rows_recompute(w);
-    expert_backward(m, w->dxe, G(m, gu), s->dgu, x->xe, kept_cols(&x->xe_t), gu, off, n, 2 * H, D, Rr, DOUT_T_MAKE);
+    expert_backward(m, w->dxe, G(m, gu), s->dgu, NULL, x->xe, kept_cols(&x->xe_t), gu, off, n, 2 * H, D, Rr,
+                    DOUT_T_MAKE);
 }
 
 // With several expert-parallel ranks the combine gradient dy goes straight into the exchange
@@ -1200,9 +1231,11 @@ static void moe_backward(Model *m, int l, LayerActs *x, void *din, const void *d
         accumulate = true;
     }
     void *dy = ep ? s->dxp : s->dy;
-    ops->moe_combine_backward(dy, s->dtopk_w, s->row_w, dout, x->y, x->slot_pos, x->topk_w, T, K, D);
+    const int32_t *rows = reads_token_rows(m, kept_cols(&x->xe_t)) ? row_tokens(m, x, T) : NULL;
+    ops->moe_combine_backward(rows ? NULL : dy, s->dtopk_w, s->row_w, dout, x->y, x->slot_pos, x->topk_w, T, K, D);
     ExpertWork w = {.m = m, .l = l, .x = x, .Rr = moe_exchange_received_rows(&m->xchg, T),
-                    .dye = ep ? s->dxe : s->dy, .dxe = ep ? s->dxe : s->dxp, .in = in, .a = a};
+                    .dye = ep ? s->dxe : s->dy, .dxe = ep ? s->dxe : s->dxp, .in = in, .dout = dout, .rows = rows,
+                    .a = a};
     moe_exchange_pipeline(&m->xchg, &x->routes, dy, w.dye, w.dxe, s->dxp, experts_backward, &w);
     if (!x->y) ops->moe_slot_values(s->dtopk_w, s->row_dot, x->slot_pos, T * K);
     ops->moe_dispatch_backward(din, s->dxp, x->slot_pos, T, K, D, accumulate);

@@ -80,6 +80,9 @@ typedef struct {
     Fp8Scaling how;
     bool dense;                 // the dense linear layers' products too (QKV, output projection, dense
                                 // and shared MLPs), not only the experts'
+    bool fused_dispatch;        // where the experts' inputs keep their FP8 copy, their operands and the
+                                // down projections' output gradients read from the tokens' rows
+                                // (Scratch.row_token: the dispatch and the combine's backward copy none)
     Fp8Weights *weights;        // (n_weights): per layer held, with `dense` its wqkv (C, D), wo (D, Hq hd),
                                 // then the dense or shared MLP's gate|up (2H, D) and down (D, H); in a
                                 // MoE layer its experts' gate|up (El, 2H, D) then down (El, D, H)
@@ -134,6 +137,11 @@ typedef struct {
     void *dtopk_w;            // f32 (T, K)
     void *row_w, *row_dot;    // f32 (Rr), one expert-parallel rank: each expert row's combine weight,
                               // and the gradient of that weight (moe_combine_weight_backward)
+    int32_t *row_token;       // i32 (Rr) with Fp8Operands.fused_dispatch where the experts' FP8 inputs are
+                              // kept (model_keeps_fp8_xe): the
+                              // token of each expert row (moe_row_tokens), whose rows of the layer's input
+                              // and output gradient the one-pass quantisations read in place of the
+                              // dispatched rows and the combine's gradient rows, which are then not made
     void *dxf;                // act (T, D) gradient of the final-norm output (within the head's forward; the
                               // FP8 dense products' Fp8Operands.sum and selective recompute's n1, n2 outside it)
 } Scratch;
@@ -172,6 +180,7 @@ typedef struct {
     bool fp8;
     Fp8Scaling how;
     bool fp8_dense;
+    bool fp8_fused_dispatch; // train.fp8_fused_dispatch (Fp8Operands.fused_dispatch)
 } ModelModes;
 
 typedef struct {

@@ -106,7 +106,7 @@ static void cost_router_backward(void *dl, const void *dw, const void *l, const 
 }
 static void cost_dispatch_forward(void *xp, int32_t *p, int32_t *o, void *s, const void *x, const int32_t *i,
                                   const int32_t *c, size_t T, size_t K, size_t E, size_t D, size_t cap) {
-    bytes(KERNEL_ROUTING, 2.0 * T * K * D * A + 8.0 * T * K);
+    bytes(KERNEL_ROUTING, (xp ? 2.0 * T * K * D * A : 0) + 8.0 * T * K);
 }
 static void cost_dispatch_backward(void *dx, const void *dxp, const int32_t *p, size_t T, size_t K, size_t D,
                                    bool acc) {
@@ -118,7 +118,7 @@ static void cost_combine_forward(void *o, const void *y, const int32_t *p, const
 }
 static void cost_combine_backward(void *dy, void *dw, void *rw, const void *d, const void *y, const int32_t *p,
                                   const void *w, size_t T, size_t K, size_t D) {
-    bytes(KERNEL_ROUTING, (double)((y ? 2 : 1) * T * K + T) * D * A);
+    bytes(KERNEL_ROUTING, dy ? (double)((y ? 2 : 1) * T * K + T) * D * A : 12.0 * T * K);
 }
 // reads du and gu, writes hw: 4 H per row
 static void cost_combine_weight_backward(void *dot, void *hw, const void *du, const void *g, const void *w, size_t R,
@@ -126,6 +126,7 @@ static void cost_combine_weight_backward(void *dot, void *hw, const void *du, co
     bytes(KERNEL_ROUTING, 4.0 * swiglu_rows(R, rows, n) * H * A);
 }
 static void cost_slot_values(void *dw, const void *d, const int32_t *p, size_t n) { bytes(KERNEL_ROUTING, 12.0 * n); }
+static void cost_row_tokens(int32_t *rt, const int32_t *p, size_t T, size_t K) { bytes(KERNEL_ROUTING, 8.0 * T * K); }
 static void cost_regroup(void *o, const void *i, const int32_t *c, size_t ep, size_t El, size_t D, bool f) {
     bytes(KERNEL_ROUTING, 2.0 * (double)sink->routed_rows * D * A);
 }
@@ -174,8 +175,8 @@ static void cost_fp8_cols(void *q, void *s, const void *x, const int32_t *off, s
                           Fp8Scaling h, uint64_t *n) {
     bytes(KERNEL_FP8_QUANTIZE, fp8_rows(R, off) * C * (A + 1));
 }
-static void cost_fp8_rows_cols(void *q, void *s, void *qt, void *st, const void *x, const int32_t *off, size_t E,
-                               size_t R, size_t K, Fp8Scaling h, uint64_t *n) {
+static void cost_fp8_rows_cols(void *q, void *s, void *qt, void *st, const void *x, const int32_t *xr,
+                               const int32_t *off, size_t E, size_t R, size_t K, Fp8Scaling h, uint64_t *n) {
     bytes(KERNEL_FP8_QUANTIZE, fp8_rows(R, off) * K * (A + 2));
 }
 static void cost_fp8_weights(void *q, void *qt, void *s, void *st, const void *w, size_t E, size_t N, size_t K,
@@ -223,6 +224,7 @@ const Ops *ops_costing(bool bf16_activations, CostSink *s) {
     o.moe_dispatch_forward = cost_dispatch_forward, o.moe_dispatch_backward = cost_dispatch_backward;
     o.moe_combine_forward = cost_combine_forward, o.moe_combine_backward = cost_combine_backward;
     o.moe_combine_weight_backward = cost_combine_weight_backward, o.moe_slot_values = cost_slot_values;
+    o.moe_row_tokens = cost_row_tokens;
     o.moe_regroup = cost_regroup, o.moe_exchange_plan = cost_exchange_plan, o.moe_push_rows = cost_push_rows;
     o.grouped_matmul_forward = cost_grouped_forward, o.grouped_matmul_backward = cost_grouped_backward;
     o.fp8_quantize_rows = cost_fp8_rows, o.fp8_quantize_cols = cost_fp8_cols, o.fp8_quantize_weights = cost_fp8_weights;

@@ -219,8 +219,9 @@ typedef struct Ops {
                             const void *aux, RouterArgs a);
     // Counting sort of the routed slots into expert-contiguous rows: offsets (E + 1) i32 (rows of
     // expert e are [offsets[e], offsets[e+1])), slot_pos (T, K) i32 (row of each slot, -1 when
-    // dropped), xp (R, D) act rows gathered from x (T, D). Within an expert, rows keep token order.
-    // capacity 0 = dropless; else at most `capacity` rows per expert, the rest dropped and counted.
+    // dropped), xp (R, D) act rows gathered from x (T, D) (xp NULL: not gathered; a consumer reads
+    // them from x through moe_row_tokens). Within an expert, rows keep token order. capacity 0 =
+    // dropless; else at most `capacity` rows per expert, the rest dropped and counted.
     void (*moe_dispatch_forward)(void *xp, int32_t *slot_pos, int32_t *offsets, void *stats,
                                  const void *x, const int32_t *topk_idx, const int32_t *counts,
                                  size_t T, size_t K, size_t E, size_t D, size_t capacity);
@@ -233,7 +234,8 @@ typedef struct Ops {
     // For kept slots: with the expert outputs y (R, D) act, dy (R, D) act = topk_w dout rows and
     // dtopk_w (T, K) f32 = dout . y (0 for dropped slots). Without them (y NULL: the combine
     // weights' gradients come from the expert rows, moe_combine_weight_backward), dy = the dout rows
-    // unweighted and row_w (R) f32 = the weight of each row's slot; dtopk_w is not written.
+    // unweighted (dy NULL: not copied; a consumer reads them from dout through moe_row_tokens) and
+    // row_w (R) f32 = the weight of each row's slot; dtopk_w is not written.
     void (*moe_combine_backward)(void *dy, void *dtopk_w, void *row_w, const void *dout, const void *y,
                                  const int32_t *slot_pos, const void *topk_w, size_t T, size_t K,
                                  size_t D);
@@ -247,6 +249,10 @@ typedef struct Ops {
                                         size_t n);
     // dtopk_w (n) f32 [i] = row_dot[slot_pos[i]] (0 for a dropped slot)
     void (*moe_slot_values)(void *dtopk_w, const void *row_dot, const int32_t *slot_pos, size_t n);
+    // The token of each expert row: row_token[slot_pos[t, k]] = t for the kept slots of slot_pos (T,
+    // K) i32 (rows of no kept slot are not written), so that row r of the dispatched rows is row
+    // row_token[r] of the tokens' (T, D) tensor.
+    void (*moe_row_tokens)(int32_t *row_token, const int32_t *slot_pos, size_t T, size_t K);
     // Rows grouped by (source rank, local expert) <-> by (local expert, source rank), for the rows
     // an expert-parallel rank receives: counts (ep, El) i32 rows per source and expert; out, in
     // (rows, D) act. to_expert_major false applies the inverse.
@@ -311,9 +317,12 @@ typedef struct Ops {
     // Both copies of one tensor from one read of it (the output gradient of a product, for
     // the input and the weight gradient): q, scales bit for bit as fp8_quantize_rows(q, scales, x,
     // offsets, E, R, K, how) writes them and qt, scales_t as fp8_quantize_cols(qt, scales_t, x,
-    // offsets, E, R, K, how) does; counted as those two quantisations are.
+    // offsets, E, R, K, how) does; counted as those two quantisations are. With x_rows (R) i32, row r
+    // of the tensor quantised is row x_rows[r] of x (the dispatched rows read from the tokens' tensor,
+    // moe_row_tokens; NULL: row r), for the rows of the groups.
     void (*fp8_quantize_rows_cols)(void *q, void *scales, void *qt, void *scales_t, const void *x,
-                                   const int32_t *offsets, size_t E, size_t R, size_t K, Fp8Scaling how, uint64_t *counts);
+                                   const int32_t *x_rows, const int32_t *offsets, size_t E, size_t R, size_t K,
+                                   Fp8Scaling how, uint64_t *counts);
     // w (E, N, K) act in 128x128 blocks: q (E, N, K) e4m3 and its transpose qt (E, K, N) e4m3 (the
     // same codes), scales (E, Kb, Nb) f32 and scales_t (E, Nb, Kb) f32 (those of the transpose).
     void (*fp8_quantize_weights)(void *q, void *qt, void *scales, void *scales_t, const void *w, size_t E,

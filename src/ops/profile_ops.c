@@ -94,6 +94,7 @@ WRAP(moe_combine_weight_backward, PHASE_ROUTING,
       size_t n),
      (dot, hw, du, g, w, R, H, r, n))
 WRAP(moe_slot_values, PHASE_ROUTING, (void *dw, const void *d, const int32_t *p, size_t n), (dw, d, p, n))
+WRAP(moe_row_tokens, PHASE_ROUTING, (int32_t *rt, const int32_t *p, size_t T, size_t K), (rt, p, T, K))
 WRAP(moe_regroup, PHASE_ROUTING, (void *o, const void *i, const int32_t *c, size_t ep, size_t El, size_t D, bool f),
      (o, i, c, ep, El, D, f))
 WRAP(moe_exchange_plan, PHASE_ROUTING,
@@ -122,9 +123,9 @@ WRAP(fp8_quantize_cols, fp8_phase(off),
      (void *q, void *s, const void *x, const int32_t *off, size_t E, size_t R, size_t C, Fp8Scaling h, uint64_t *n),
      (q, s, x, off, E, R, C, h, n))
 WRAP(fp8_quantize_rows_cols, fp8_phase(off),
-     (void *q, void *s, void *qt, void *st, const void *x, const int32_t *off, size_t E, size_t R, size_t K,
-      Fp8Scaling h, uint64_t *n),
-     (q, s, qt, st, x, off, E, R, K, h, n))
+     (void *q, void *s, void *qt, void *st, const void *x, const int32_t *xr, const int32_t *off, size_t E, size_t R,
+      size_t K, Fp8Scaling h, uint64_t *n),
+     (q, s, qt, st, x, xr, off, E, R, K, h, n))
 WRAP(fp8_quantize_weights, PHASE_EXPERT_GEMM,
      (void *q, void *qt, void *s, void *st, const void *w, size_t E, size_t N, size_t K, Fp8Scaling h, uint64_t *n),
      (q, qt, s, st, w, E, N, K, h, n))
@@ -158,7 +159,7 @@ const Ops *ops_profiled(const Ops *backend) {
     SET(attention_forward), SET(attention_backward), SET(swiglu_forward), SET(swiglu_backward);
     SET(router_forward), SET(router_aux_loss), SET(router_backward), SET(moe_dispatch_forward);
     SET(moe_dispatch_backward), SET(moe_combine_forward), SET(moe_combine_backward), SET(moe_regroup);
-    SET(moe_combine_weight_backward), SET(moe_slot_values);
+    SET(moe_combine_weight_backward), SET(moe_slot_values), SET(moe_row_tokens);
     SET(moe_exchange_plan), SET(moe_push_rows);
     SET(grouped_matmul_forward), SET(grouped_matmul_backward), SET(router_bias_update), SET(cross_entropy);
     SET(fp8_quantize_rows), SET(swiglu_forward_fp8), SET(fp8_quantize_cols), SET(fp8_quantize_weights);

@@ -103,6 +103,10 @@ static const ConfigKey KEYS[] = {
     BOOL(train, fp8_dense, "with precision fp8: the dense linear layers (QKV and output projections, dense and "
                            "shared MLPs) in FP8 too; false keeps them in bf16 beside FP8 experts (the router and "
                            "the LM head always are)"),
+    BOOL(train, fp8_fused_dispatch, "with precision fp8, recompute none and one expert-parallel rank: the "
+                                    "experts' FP8 inputs and output gradients quantised straight from the "
+                                    "tokens' rows, so the dispatch and the combine's backward copy none (the "
+                                    "same results, two passes a layer less; off until measured on a GPU)"),
     BOOL(train, deterministic, "GPU runs bitwise reproducible: cuDNN's deterministic attention backward "
                                "(every other kernel sums in a fixed order always; the CPU always is)"),
     REAL(train, comm_timeout, "seconds without progress before a rank of a multi-rank run ends "

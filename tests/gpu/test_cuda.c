@@ -455,7 +455,18 @@ static void test_dispatch_case(size_t T, size_t K, size_t E, size_t D, size_t ca
         gpu->moe_combine_forward(out.g, y.g, pos.g, w.g, T, K, D, acc);
         check(acc ? "  combine forward +=" : "  combine forward", &out, T * D, BF);
     }
+    Buf rt = buf_new(K_I32, R), pos0 = buf_new(K_I32, T * K), off0 = buf_new(K_I32, E + 1);
+    buf_poison(&rt), buf_poison(&pos0), buf_poison(&off0), buf_values(&stats, zero);
+    cpu->moe_row_tokens(rt.c, pos.c, T, K), gpu->moe_row_tokens(rt.g, pos.g, T, K);
+    check("  row tokens", &rt, R, 0, 0);
+    cpu->moe_dispatch_forward(NULL, pos0.c, off0.c, stats.c, x.c, idx.c, counts.c, T, K, E, D, capacity);
+    gpu->moe_dispatch_forward(NULL, pos0.g, off0.g, stats.g, x.g, idx.g, counts.g, T, K, E, D, capacity);
+    check("  dispatch without rows: offsets", &off0, E + 1, 0, 0), check("  slot positions", &pos0, T * K, 0, 0);
     Buf rw = buf_new(K_F32, R), dot = buf_new(K_F32, R);
+    buf_poison(&rw);
+    cpu->moe_combine_backward(NULL, NULL, rw.c, out.c, NULL, pos.c, w.c, T, K, D);
+    gpu->moe_combine_backward(NULL, NULL, rw.g, out.g, NULL, pos.g, w.g, T, K, D);
+    check("  combine backward without rows, row weights", &rw, R, 0, 0);
     buf_poison(&xp), buf_poison(&rw);
     cpu->moe_combine_backward(xp.c, NULL, rw.c, out.c, NULL, pos.c, w.c, T, K, D);
     gpu->moe_combine_backward(xp.g, NULL, rw.g, out.g, NULL, pos.g, w.g, T, K, D);
@@ -473,7 +484,7 @@ static void test_dispatch_case(size_t T, size_t K, size_t E, size_t D, size_t ca
         gpu->moe_dispatch_backward(x.g, xp.g, pos.g, T, K, D, acc);
         check(acc ? "  dispatch backward +=" : "  dispatch backward", &x, T * D, BF);
     }
-    Buf *all[] = {&idx, &counts, &x, &xp, &pos, &off, &stats, &w, &y, &out, &dw, &rw, &dot};
+    Buf *all[] = {&idx, &counts, &x, &xp, &pos, &off, &stats, &w, &y, &out, &dw, &rw, &dot, &rt, &pos0, &off0};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) buf_free(all[i]);
 }
 
@@ -759,7 +770,7 @@ static void test_fp8_case(size_t E, const int *rows, size_t N, size_t K, Fp8Scal
     // the gradient's rows and token-major copy from one pass on the GPU (as the model's backward)
     cpu->fp8_quantize_rows(dyq.c, dys.c, dy.c, off.c, E, Rb, N, how, n.c);
     cpu->fp8_quantize_cols(dyt.c, dyts.c, dy.c, off.c, E, Rb, N, how, n.c);
-    gpu->fp8_quantize_rows_cols(dyq.g, dys.g, dyt.g, dyts.g, dy.g, off.g, E, Rb, N, how, n.g);
+    gpu->fp8_quantize_rows_cols(dyq.g, dys.g, dyt.g, dyts.g, dy.g, NULL, off.g, E, Rb, N, how, n.g);
     check(what, &xq, Rb * K, 0, 0), check("  row scales", &xs, Kb * Rb, 0, 0);
     check("  gradient rows (rows and token-major in one pass)", &dyq, Rb * N, 0, 0);
     check("  gradient row scales", &dys, Nb * Rb, 0, 0);
@@ -781,6 +792,18 @@ static void test_fp8_case(size_t E, const int *rows, size_t N, size_t K, Fp8Scal
     check_counts("  counters of the quantisations (rows, weights, token-major copies)", &n);
     cpu->fp8_quantize_cols(xt.c, xts.c, x.c, off.c, E, Rb, K, how, NULL);
     gpu->fp8_quantize_cols(xt.g, xts.g, x.g, off.g, E, Rb, K, how, NULL);
+    // the gradient's rows and token-major copy from rows named by a map (the model's fused dispatch
+    // and combine backward read each expert row from a token's row): the products below take these
+    Buf map = buf_new(K_I32, Rb);
+    for (size_t r = 0; r < Rb; r++) map.ref[r] = (float)((r * 7 + 3) % Rb);
+    buf_push(&map);
+    Counts ng = counts_new();
+    cpu->fp8_quantize_rows_cols(dyq.c, dys.c, dyt.c, dyts.c, dy.c, map.c, off.c, E, Rb, N, how, ng.c);
+    gpu->fp8_quantize_rows_cols(dyq.g, dys.g, dyt.g, dyts.g, dy.g, map.g, off.g, E, Rb, N, how, ng.g);
+    check("  gradient rows through a map (one pass)", &dyq, Rb * N, 0, 0), check("  their scales", &dys, Nb * Rb, 0, 0);
+    check("  their token-major copy", &dyt, N * Rt, 0, 0), check("  its scales", &dyts, Rt / FP8_BLOCK * N, 0, 0);
+    check_counts("  their counters", &ng);
+    buf_free(&map);
 
     void *axq = abs_codes(&xq), *awq = abs_codes(&wq), *adyq = abs_codes(&dyq), *awqt = abs_codes(&wqt);
     void *axt = abs_codes(&xt), *adyt = abs_codes(&dyt);
@@ -883,7 +906,7 @@ static void fp8_quantize_acts(Buf *q, Buf *s, Buf *qt, Buf *st, const Buf *x, co
         void *so = i ? s->g : s->c, *sto = i ? st->g : st->c;
         const void *xo = (const char *)(i ? x->g : x->c) + shift * o[i]->act_size;
         const int32_t *oo = (const int32_t *)(i ? off->g : off->c) + first;
-        if (fused) o[i]->fp8_quantize_rows_cols(qo, so, qto, sto, xo, oo, E - first, Rb, K, how, co);
+        if (fused) o[i]->fp8_quantize_rows_cols(qo, so, qto, sto, xo, NULL, oo, E - first, Rb, K, how, co);
         else {
             o[i]->fp8_quantize_rows(qo, so, xo, oo, E - first, Rb, K, how, co);
             o[i]->fp8_quantize_cols(qto, sto, xo, oo, E - first, Rb, K, how, co);

@@ -102,6 +102,7 @@ static const Ops CPU_OPS = {
     .moe_combine_backward = cpu_moe_combine_backward,
     .moe_combine_weight_backward = cpu_moe_combine_weight_backward,
     .moe_slot_values = cpu_moe_slot_values,
+    .moe_row_tokens = cpu_moe_row_tokens,
     .moe_regroup = cpu_moe_regroup,
     .moe_exchange_plan = cpu_moe_exchange_plan,
     .moe_push_rows = cpu_moe_push_rows,

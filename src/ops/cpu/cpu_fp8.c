@@ -2,8 +2,10 @@
 // fp32 block scales, bit for bit as the CUDA kernels do it, and the products as Hopper runs them:
 // per 128-long block of the reduction, the exact products of two E4M3 values summed in fp32, times
 // the two blocks' scales, added to an fp32 accumulator. The oracle of every FP8 CUDA kernel.
+#include <stdlib.h>
 #include <string.h>
 
+#include "common/util.h"
 #include "cpu_ops.h"
 
 // ---------------------------------------------------------------- quantisation
@@ -89,11 +91,21 @@ void cpu_fp8_quantize_cols(void *qt_, void *scales_, const void *x_, const int32
     }
 }
 
-// The two ops one after the other (the oracle of the one-pass kernel).
-void cpu_fp8_quantize_rows_cols(void *q, void *scales, void *qt, void *scales_t, const void *x, const int32_t *offsets,
-                                size_t E, size_t R, size_t K, Fp8Scaling how, uint64_t *counts) {
-    cpu_fp8_quantize_rows(q, scales, x, offsets, E, R, K, how, counts);
-    cpu_fp8_quantize_cols(qt, scales_t, x, offsets, E, R, K, how, counts);
+// The two ops one after the other (the oracle of the one-pass kernel), on the rows gathered first
+// where x_rows maps them (rows of no group zero).
+void cpu_fp8_quantize_rows_cols(void *q, void *scales, void *qt, void *scales_t, const void *x_,
+                                const int32_t *x_rows, const int32_t *offsets, size_t E, size_t R, size_t K,
+                                Fp8Scaling how, uint64_t *counts) {
+    const real *x = x_;
+    real *rows = NULL; // (R, K) the rows of x_rows
+    if (x_rows) {
+        size_t lo = offsets ? (size_t)offsets[0] : 0, hi = offsets ? (size_t)offsets[E] : R;
+        rows = moe_calloc(R * K, sizeof(real));
+        for (size_t r = lo; r < hi; r++) memcpy(rows + r * K, x + (size_t)x_rows[r] * K, K * sizeof(real));
+    }
+    cpu_fp8_quantize_rows(q, scales, rows ? rows : x, offsets, E, R, K, how, counts);
+    cpu_fp8_quantize_cols(qt, scales_t, rows ? rows : x, offsets, E, R, K, how, counts);
+    free(rows);
 }
 
 void cpu_fp8_quantize_weights(void *q_, void *qt_, void *scales_, void *scales_t_, const void *w_, size_t E,

@@ -164,7 +164,7 @@ void cpu_moe_dispatch_forward(void *xp_, int32_t *slot_pos, int32_t *offsets, vo
     free(fill);
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < T * K; i++)
-        if (slot_pos[i] >= 0) memcpy(xp + (size_t)slot_pos[i] * D, x + (i / K) * D, D * sizeof(real));
+        if (xp && slot_pos[i] >= 0) memcpy(xp + (size_t)slot_pos[i] * D, x + (i / K) * D, D * sizeof(real));
 }
 
 // out[t] (= or +=) sum over the kept slots k of token t of w[t, k] * rows[slot_pos[t, k]]
@@ -206,7 +206,7 @@ void cpu_moe_combine_backward(void *dy_, void *dtopk_w_, void *row_w_, const voi
         if (pos < 0) {
             if (y) dw[i] = 0;
         } else if (!y) {
-            memcpy(dy + (size_t)pos * D, g, D * sizeof(real));
+            if (dy) memcpy(dy + (size_t)pos * D, g, D * sizeof(real));
             row_w[pos] = w[i];
         } else {
             real *d = dy + (size_t)pos * D;
@@ -221,6 +221,11 @@ void cpu_moe_slot_values(void *dtopk_w_, const void *row_dot_, const int32_t *sl
     real *dw = dtopk_w_;
     const real *row_dot = row_dot_;
     for (size_t i = 0; i < n; i++) dw[i] = slot_pos[i] < 0 ? 0 : row_dot[slot_pos[i]];
+}
+
+void cpu_moe_row_tokens(int32_t *row_token, const int32_t *slot_pos, size_t T, size_t K) {
+    for (size_t i = 0; i < T * K; i++)
+        if (slot_pos[i] >= 0) row_token[slot_pos[i]] = (int32_t)(i / K);
 }
 
 // Rows arrive grouped by source rank, each source's rows by local expert; experts want their rows

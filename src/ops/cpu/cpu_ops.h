@@ -67,6 +67,7 @@ void cpu_moe_combine_forward(void *out, const void *y, const int32_t *slot_pos, 
 void cpu_moe_combine_backward(void *dy, void *dtopk_w, void *row_w, const void *dout, const void *y,
                               const int32_t *slot_pos, const void *topk_w, size_t T, size_t K, size_t D);
 void cpu_moe_slot_values(void *dtopk_w, const void *row_dot, const int32_t *slot_pos, size_t n);
+void cpu_moe_row_tokens(int32_t *row_token, const int32_t *slot_pos, size_t T, size_t K);
 void cpu_grouped_matmul_forward(void *out, const void *x, const void *w, const int32_t *offsets,
                                 size_t E, size_t N, size_t K, size_t R);
 void cpu_grouped_matmul_backward(void *dx, void *dw, const void *dout, const void *x, const void *w,
@@ -80,8 +81,9 @@ void cpu_swiglu_forward_fp8(void *out, void *q, void *scales, const void *gu, co
                             size_t R, size_t H, Fp8Scaling how, uint64_t *counts);
 void cpu_fp8_quantize_cols(void *qt, void *scales, const void *x, const int32_t *offsets, size_t E,
                            size_t R, size_t C, Fp8Scaling how, uint64_t *counts);
-void cpu_fp8_quantize_rows_cols(void *q, void *scales, void *qt, void *scales_t, const void *x, const int32_t *offsets,
-                                size_t E, size_t R, size_t K, Fp8Scaling how, uint64_t *counts);
+void cpu_fp8_quantize_rows_cols(void *q, void *scales, void *qt, void *scales_t, const void *x, const int32_t *x_rows,
+                                const int32_t *offsets, size_t E, size_t R, size_t K, Fp8Scaling how,
+                                uint64_t *counts);
 void cpu_fp8_quantize_weights(void *q, void *qt, void *scales, void *scales_t, const void *w, size_t E,
                               size_t N, size_t K, Fp8Scaling how, uint64_t *counts);
 void cpu_fp8_grouped_matmul(void *out, const void *a, const void *a_scales, const void *b,

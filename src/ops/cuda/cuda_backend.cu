@@ -271,6 +271,7 @@ static Ops make_cuda_ops(void) {
     o.moe_dispatch_forward = cuda_moe_dispatch_forward, o.moe_dispatch_backward = cuda_moe_dispatch_backward;
     o.moe_combine_forward = cuda_moe_combine_forward, o.moe_combine_backward = cuda_moe_combine_backward;
     o.moe_combine_weight_backward = cuda_moe_combine_weight_backward, o.moe_slot_values = cuda_moe_slot_values;
+    o.moe_row_tokens = cuda_moe_row_tokens;
     o.moe_regroup = cuda_moe_regroup, o.moe_exchange_plan = cuda_moe_exchange_plan;
     o.moe_push_rows = cuda_moe_push_rows;
     o.grouped_matmul_forward = cuda_grouped_matmul_forward;

@@ -201,20 +201,20 @@ __device__ void fp8_row_scales(const float amax[N], float inv[N], uint32_t *sat,
 }
 
 // Lane's piece v of block kb of row r (as fp8_row_scales) to codes under inverse inv into q,
-// counted in counts (fp8_count; sat: the block may saturate; x: the values as quantised).
-__device__ void fp8_store_row_codes(uint8_t *q, const bf16 *x, int K, int r, int kb, const float v[8], float inv,
-                                    bool sat, bool vec, uint64_t *counts) {
+// counted in counts (fp8_count; sat: the block may saturate; x: the values as quantised, row r of
+// them at row xr of x).
+__device__ void fp8_store_row_codes(uint8_t *q, const bf16 *x, int K, int r, int xr, int kb, const float v[8],
+                                    float inv, bool sat, bool vec, uint64_t *counts) {
     int k = kb * FP8_BLOCK + 8 * (threadIdx.x & 15);
     uint2 codes = fp8_codes8(v, &inv, 0);
-    size_t at = (size_t)r * K + k;
-    uint8_t *dst = q + at;
+    uint8_t *dst = q + (size_t)r * K + k;
     if (vec && k < K) *reinterpret_cast<uint2 *>(dst) = codes;
     else
 #pragma unroll
         for (int i = 0; i < 8; i++)
             if (k + i < K) dst[i] = (uint8_t)((i < 4 ? codes.x : codes.y) >> (8 * (i % 4)));
     const uint32_t words[2] = {codes.x, codes.y};
-    fp8_count<8>(counts, words, sat ? 0xffffffffu : 0u, x + at, dst, K - k, inv, NULL);
+    fp8_count<8>(counts, words, sat ? 0xffffffffu : 0u, x + (size_t)xr * K + k, dst, K - k, inv, NULL);
 }
 
 // Scale s of block kb of row r (in the group of rows from r0) into scales, laid out as
@@ -268,7 +268,7 @@ __device__ void fp8_store_row_pieces(uint8_t *q, float *scales, const bf16 *x, c
         float amax = fp8_piece_amax(piece[j]);
         fp8_row_scales<1>(&amax, &inv, &sat, &s, &own, how); // by the whole half-warp: before any exit
         if (!fp8_row_in_group(offsets, E, R, rs[j], &r0, &rows)) continue;
-        fp8_store_row_codes(q, x, K, rs[j], kbs[j], v, inv, sat, vec, counts);
+        fp8_store_row_codes(q, x, K, rs[j], rs[j], kbs[j], v, inv, sat, vec, counts);
         if (own == 0) fp8_store_row_scale(scales, K, rs[j], r0, rows, kbs[j], s);
     }
 }
@@ -455,28 +455,38 @@ __device__ void fp8_column_scales(float *inv, float *scales, float amax[8], int6
     __syncthreads();
 }
 
-// This thread's pieces of x (R, C) at xt (the first; piece p 16 p rows on), the first n - t / 16 of
-// them rows: into its slots (piece p at slots[p FP8_C_THREADS], so that a warp's 32 slots are 512
+// Row r of the tensor quantised is row fp8_source_row(x_rows, r) of x (x_rows NULL: r itself);
+// its piece at column c starts at fp8_piece_src.
+__device__ __forceinline__ int fp8_source_row(const int32_t *x_rows, int r) { return x_rows ? x_rows[r] : r; }
+__device__ __forceinline__ const bf16 *fp8_piece_src(const bf16 *x, const int32_t *x_rows, int r, int C, int c) {
+    return x + (size_t)fp8_source_row(x_rows, r) * C + c;
+}
+
+// This thread's pieces of the tile's rows [first, first + n) at column c (piece p: tile row t / 16 +
+// 16 p) into its slots (piece p at slots[p FP8_C_THREADS], so that a warp's 32 slots are 512
 // contiguous bytes) by cp.async where a piece is whole (vec) or past the rows (zeros), else value by
 // value; waited for.
-__device__ void fp8_cols_stage(uint4 *slots, const bf16 *x, const bf16 *xt, int C, int c, int n, bool vec) {
+__device__ void fp8_cols_stage(uint4 *slots, const bf16 *x, const int32_t *x_rows, int first, int n, int C, int c,
+                               bool vec) {
 #pragma unroll
     for (int p = 0; p < FP8_C_PIECES; p++) {
-        bool row = (int)threadIdx.x / 16 + 16 * p < n;
+        int i = (int)threadIdx.x / 16 + 16 * p;
+        bool row = i < n;
+        const bf16 *src = row ? fp8_piece_src(x, x_rows, first + i, C, c) : x;
         uint4 *slot = slots + p * FP8_C_THREADS;
-        if (!row || (vec && c < C)) cp_async16(slot, row ? xt + (size_t)16 * p * C : x, row);
-        else *slot = fp8_load_piece(xt + (size_t)16 * p * C, C - c, vec);
+        if (!row || (vec && c < C)) cp_async16(slot, src, row);
+        else *slot = fp8_load_piece(src, C - c, vec);
     }
     cp_async_commit();
     cp_async_wait_all();
 }
 
-// vec: C a multiple of 8, x and qt 16-byte aligned (and q 8-byte aligned with ROWS). Dynamic shared
-// memory: FP8_C_STAGE_BYTES, the threads' slots.
+// vec: C a multiple of 8, x and qt 16-byte aligned (and q 8-byte aligned with ROWS). x_rows: as
+// fp8_source_row. Dynamic shared memory: FP8_C_STAGE_BYTES, the threads' slots.
 template <bool ROWS>
 __global__ void __launch_bounds__(FP8_C_THREADS, FP8_C_RESIDENT)
-fp8_quantize_cols_kernel(uint8_t *qt, float *scales_t, uint8_t *q, float *scales, const bf16 *x, const int32_t *offsets,
-                         int E, int C, int Rt, bool vec, Fp8Scaling how, uint64_t *counts) {
+fp8_quantize_cols_kernel(uint8_t *qt, float *scales_t, uint8_t *q, float *scales, const bf16 *x, const int32_t *x_rows,
+                         const int32_t *offsets, int E, int C, int Rt, bool vec, Fp8Scaling how, uint64_t *counts) {
     fp8_count_values(counts, offsets, E, 0, ROWS ? 2 * C : C); // with ROWS: counted as two quantisations
     __shared__ uint4 tile[FP8_BLOCK][FP8_BLOCK / 16];
     __shared__ float inv[FP8_BLOCK]; // the columns' scale inverses
@@ -484,9 +494,8 @@ fp8_quantize_cols_kernel(uint8_t *qt, float *scales_t, uint8_t *q, float *scales
     int t = threadIdx.x, c8 = t % 16, c0 = blockIdx.x * FP8_BLOCK, c = c0 + 8 * c8, b = blockIdx.y, first, n;
     int e = fp8_block_rows(offsets, E, b, &first, &n);
     int r0 = offsets[e], rows = offsets[e + 1] - r0; // the expert's rows (ROWS: the row scales' layout)
-    const bf16 *xt = x + (size_t)(first + t / 16) * C + c; // the thread's first piece; piece p 16 p rows on
     const uint4 *raw = stage + t; // piece p at raw[p FP8_C_THREADS]
-    fp8_cols_stage(stage + t, x, xt, C, c, n, vec);
+    fp8_cols_stage(stage + t, x, x_rows, first, n, C, c, vec);
     uint4 cmax = make_uint4(0, 0, 0, 0); // the thread's columns' maxima as packed bf16 pairs
     float amax[8], rmax[FP8_C_PIECES], v[8];  // the columns' maxima, the pieces' (ROWS)
 #pragma unroll
@@ -515,24 +524,27 @@ fp8_quantize_cols_kernel(uint8_t *qt, float *scales_t, uint8_t *q, float *scales
         const uint32_t words[2] = {codes.x, codes.y};
         flagged |= (uint32_t)fp8_needs_count<8>(words, sat) << p;
         if (ROWS && i < n) {
-            fp8_store_row_codes(q, x, C, first + i, blockIdx.x, v, rinv[p], (rsat >> p) & 1, vec, counts);
+            fp8_store_row_codes(q, x, C, first + i, fp8_source_row(x_rows, first + i), blockIdx.x, v, rinv[p],
+                                (rsat >> p) & 1, vec, counts);
             if (p == own) fp8_store_row_scale(scales, C, first + i, r0, rows, blockIdx.x, rs);
         }
     }
     for (int p = 0; counts && p < FP8_C_PIECES; p++) {
         int i = t / 16 + 16 * p;
         if ((flagged >> p) & 1)
-            fp8_count_piece<8>(counts, xt + (size_t)16 * p * C, (const uint8_t *)&tile[i][fp8_tile_chunk(i, c8 / 2)] + 8 * (c8 % 2),
+            fp8_count_piece<8>(counts, i < n ? fp8_piece_src(x, x_rows, first + i, C, c) : x,
+                               (const uint8_t *)&tile[i][fp8_tile_chunk(i, c8 / 2)] + 8 * (c8 % 2),
                                i < n ? C - c : 0, 0, inv + 8 * c8, sat);
     }
     __syncthreads();
     fp8_store_transposed(tile, qt + (size_t)c0 * Rt + (size_t)FP8_BLOCK * b, Rt, C - c0, FP8_BLOCK, vec);
 }
 
-// The token-major copies of x (R, C), and with q its rows too (q NULL: the copies alone).
+// The token-major copies of x (R, C), and with q its rows too (q NULL: the copies alone); x_rows as
+// fp8_source_row.
 static void fp8_quantize_cols_launch(void *qt, void *scales_t, void *q, void *scales, const void *x,
-                                     const int32_t *offsets, size_t E, size_t R, size_t C, Fp8Scaling how,
-                                     uint64_t *counts) {
+                                     const int32_t *x_rows, const int32_t *offsets, size_t E, size_t R, size_t C,
+                                     Fp8Scaling how, uint64_t *counts) {
     if (!C) return;
     if (!offsets) offsets = cuda_fp8_one_group(R);
     size_t Rt = fp8_expert_cols(R, E);
@@ -546,20 +558,20 @@ static void fp8_quantize_cols_launch(void *qt, void *scales_t, void *q, void *sc
         sized[q != NULL] = true;
     }
     kernel<<<grid, FP8_C_THREADS, FP8_C_STAGE_BYTES, cuda_ctx.stream>>>(
-        (uint8_t *)qt, (float *)scales_t, (uint8_t *)q, (float *)scales, (const bf16 *)x, offsets, (int)E, (int)C,
-        (int)Rt, vec, how, counts);
+        (uint8_t *)qt, (float *)scales_t, (uint8_t *)q, (float *)scales, (const bf16 *)x, x_rows, offsets, (int)E,
+        (int)C, (int)Rt, vec, how, counts);
     CUDA_LAUNCH_CHECK();
 }
 
 extern "C" void cuda_fp8_quantize_cols(void *qt, void *scales, const void *x, const int32_t *offsets, size_t E,
                                        size_t R, size_t C, Fp8Scaling how, uint64_t *counts) {
-    fp8_quantize_cols_launch(qt, scales, NULL, NULL, x, offsets, E, R, C, how, counts);
+    fp8_quantize_cols_launch(qt, scales, NULL, NULL, x, NULL, offsets, E, R, C, how, counts);
 }
 
 extern "C" void cuda_fp8_quantize_rows_cols(void *q, void *scales, void *qt, void *scales_t, const void *x,
-                                            const int32_t *offsets, size_t E, size_t R, size_t K, Fp8Scaling how,
-                                            uint64_t *counts) {
-    fp8_quantize_cols_launch(qt, scales_t, q, scales, x, offsets, E, R, K, how, counts);
+                                            const int32_t *x_rows, const int32_t *offsets, size_t E, size_t R,
+                                            size_t K, Fp8Scaling how, uint64_t *counts) {
+    fp8_quantize_cols_launch(qt, scales_t, q, scales, x, x_rows, offsets, E, R, K, how, counts);
 }
 
 // The weights' kernel: a block of FP8_W_THREADS threads per 128x128 block, each thread holding

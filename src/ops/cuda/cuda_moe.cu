@@ -247,7 +247,8 @@ extern "C" void cuda_moe_dispatch_forward(void *xp, int32_t *slot_pos, int32_t *
     CUDA_LAUNCH_CHECK();
     sort_rank_kernel<<<blocks, SORT_CHUNK, 0, STREAM>>>(slot_pos, block_counts, offsets, topk_idx, n, (int)E);
     CUDA_LAUNCH_CHECK();
-    if (n) gather_rows_kernel<<<cuda_blocks(n, 8), 256, 0, STREAM>>>((bf16 *)xp, (const bf16 *)x, slot_pos, n, (int)K, D);
+    if (!n || !xp) return;
+    gather_rows_kernel<<<cuda_blocks(n, 8), 256, 0, STREAM>>>((bf16 *)xp, (const bf16 *)x, slot_pos, n, (int)K, D);
     CUDA_LAUNCH_CHECK();
 }
 
@@ -286,7 +287,7 @@ extern "C" void cuda_moe_combine_forward(void *out, const void *y, const int32_t
 }
 
 // A warp per slot: dy[pos] = w dout[t]; dw = dout[t] . y[pos] (0 for a dropped slot). Without y:
-// dy[pos] = dout[t] and row_w[pos] = w.
+// dy[pos] = dout[t] (not with dy NULL) and row_w[pos] = w.
 __global__ void combine_backward_kernel(bf16 *__restrict__ dy, float *dtopk_w, float *row_w,
                                         const bf16 *__restrict__ dout, const bf16 *__restrict__ y,
                                         const int32_t *slot_pos, const float *topk_w, size_t n, int K, size_t D) {
@@ -303,6 +304,7 @@ __global__ void combine_backward_kernel(bf16 *__restrict__ dy, float *dtopk_w, f
     if (!y) {
         w = 1.0f;
         if (lane == 0) row_w[pos] = topk_w[i];
+        if (!dy) return;
     }
 #pragma unroll 4
     for (size_t j = 8 * lane; j < D; j += 256) {
@@ -363,6 +365,18 @@ extern "C" void cuda_moe_combine_weight_backward(void *row_dot, void *hw, const 
 __global__ void slot_values_kernel(float *dtopk_w, const float *row_dot, const int32_t *slot_pos, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) dtopk_w[i] = slot_pos[i] < 0 ? 0.0f : row_dot[slot_pos[i]];
+}
+
+__global__ void row_tokens_kernel(int32_t *row_token, const int32_t *slot_pos, size_t n, int K) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n && slot_pos[i] >= 0) row_token[slot_pos[i]] = (int32_t)(i / K);
+}
+
+extern "C" void cuda_moe_row_tokens(int32_t *row_token, const int32_t *slot_pos, size_t T, size_t K) {
+    size_t n = T * K;
+    if (!n) return;
+    row_tokens_kernel<<<(unsigned)((n + 255) / 256), 256, 0, STREAM>>>(row_token, slot_pos, n, (int)K);
+    CUDA_LAUNCH_CHECK();
 }
 
 extern "C" void cuda_moe_slot_values(void *dtopk_w, const void *row_dot, const int32_t *slot_pos, size_t n) {

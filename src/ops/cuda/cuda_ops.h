@@ -52,7 +52,7 @@ void cuda_swiglu_forward_fp8(void *out, void *q, void *scales, const void *gu, c
                              size_t R, size_t H, Fp8Scaling how, uint64_t *counts);
 void cuda_fp8_quantize_cols(void *qt, void *scales, const void *x, const int32_t *offsets, size_t E, size_t R,
                             size_t C, Fp8Scaling how, uint64_t *counts);
-void cuda_fp8_quantize_rows_cols(void *q, void *scales, void *qt, void *scales_t, const void *x,
+void cuda_fp8_quantize_rows_cols(void *q, void *scales, void *qt, void *scales_t, const void *x, const int32_t *x_rows,
                                  const int32_t *offsets, size_t E, size_t R, size_t K, Fp8Scaling how, uint64_t *counts);
 void cuda_fp8_quantize_weights(void *q, void *qt, void *scales, void *scales_t, const void *w, size_t E, size_t N,
                                size_t K, Fp8Scaling how, uint64_t *counts);
@@ -100,6 +100,7 @@ void cuda_moe_combine_backward(void *dy, void *dtopk_w, void *row_w, const void 
 void cuda_moe_combine_weight_backward(void *row_dot, void *hw, const void *du, const void *gu, const void *row_w,
                                       size_t R, size_t H, const int32_t *rows, size_t n);
 void cuda_moe_slot_values(void *dtopk_w, const void *row_dot, const int32_t *slot_pos, size_t n);
+void cuda_moe_row_tokens(int32_t *row_token, const int32_t *slot_pos, size_t T, size_t K);
 void cuda_moe_exchange_plan(int32_t *plan, const int32_t *all_offsets, size_t n, size_t El, size_t rank,
                             size_t cap, void *dropped);
 void cuda_moe_push_rows(void *const *peers, size_t dst_offset, const void *in, PushBlocks sel, size_t D, size_t R,
