@@ -4,8 +4,8 @@
 # move checkpoints between devices, time each kernel alone (library and built-in variants), and
 # benchmark the configs of configs/bench/. Numbers and logs go to $OUT (the device tool brings them
 # back). Stages: all (default) or a list, e.g. "build test kernels"; "fp8" (not in the default list)
-# checks and measures the FP8 recipe (scale-E8 in bf16, in fp8, and in fp8 with the dense layers in
-# bf16), "fp8loss" (neither) trains 2,000 steps in bf16 and in fp8 (and in bf16 again, and from
+# checks and measures the FP8 recipe (scale-E8 in bf16, in fp8, in fp8 with the dense layers in bf16
+# and with train.fp8_fused_dispatch), "fp8loss" (neither) trains 2,000 steps in bf16 and in fp8 (and in bf16 again, and from
 # another seed), "overlap" (neither) checks and times train.optimizer_overlap. Carry .deps/include
 # (CUTLASS and cuDNN frontend headers from scripts/setup.sh) and .deps/debs (the JSON, xxHash and
 # PCRE2 packages).
@@ -127,11 +127,13 @@ if has fp8; then
         cat runs/curve_$p.log >> "$OUT/train.log"; cat runs/bench_scale-E8_$p.txt >> "$OUT/bench.txt"
         say "train.precision=$p: step-300 loss $(losses runs/curve-$p | tail -1), $(grep -o 'val loss [0-9.]*' runs/curve_$p.log | tail -1); scale-E8 $(grep -E '^throughput' runs/bench_scale-E8_$p.txt | tr -s ' ')"
     done
-    # fp8 above runs the dense layers in FP8 too (train.fp8_dense); the experts alone for comparison.
-    timeout 240 ./moe bench configs/bench/scale-E8.json train.precision=fp8 train.fp8_dense=false \
-        > runs/bench_scale-E8_fp8_experts.txt 2>&1
-    cat runs/bench_scale-E8_fp8_experts.txt >> "$OUT/bench.txt"
-    say "train.precision=fp8 train.fp8_dense=false: scale-E8 $(grep -E '^throughput' runs/bench_scale-E8_fp8_experts.txt | tr -s ' ')"
+    # fp8 above runs the dense layers in FP8 too (train.fp8_dense): the experts alone for comparison;
+    # and the experts' operands read from the tokens' rows (train.fp8_fused_dispatch).
+    for v in fp8_dense=false fp8_fused_dispatch=true; do
+        timeout 240 ./moe bench configs/bench/scale-E8.json train.precision=fp8 train.$v > runs/bench_scale-E8_$v.txt 2>&1
+        cat runs/bench_scale-E8_$v.txt >> "$OUT/bench.txt"
+        say "train.precision=fp8 train.$v: scale-E8 $(grep -E '^throughput' runs/bench_scale-E8_$v.txt | tr -s ' ')"
+    done
 fi
 
 if has fp8loss; then

@@ -1170,7 +1170,9 @@ static void test_init(void) {
 }
 
 // Each option set twice: random routing (every gradient compared) and learned routing; the first
-// two also with every FP8 product on (experts and dense layers).
+// two also with every FP8 product on (experts and dense layers), their operands read from the tokens'
+// rows (train.fp8_fused_dispatch) where everything is kept, so that the recompute modes' comparison
+// (which gather them) checks that path bitwise on the GPU.
 static void test_models(void) {
     ModelConfig cfgs[3];
     const char *names[3] = {"pre-norm, full qk-norm, softmax", "reordered, head qk-norm, sigmoid renorm, dense first, shared",
@@ -1183,7 +1185,8 @@ static void test_models(void) {
     cfgs[2] = small_config();
     cfgs[2].capacity_factor = 0.5, cfgs[2].qk_norm = QK_NORM_NONE, cfgs[2].n_heads = 2, cfgs[2].n_kv_heads = 2;
     const ModelModes exact = {.recompute = RECOMPUTE_NONE};
-    const ModelModes fp8 = {.recompute = RECOMPUTE_NONE, .fp8 = true, .how = FP8_SCALE_AMAX, .fp8_dense = true};
+    const ModelModes fp8 = {.recompute = RECOMPUTE_NONE, .fp8 = true, .how = FP8_SCALE_AMAX, .fp8_dense = true,
+                            .fp8_fused_dispatch = true};
     for (int i = 0; i < 5; i++)
         for (int random = 1; random >= 0; random--) {
             char name[200];
