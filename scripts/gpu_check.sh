@@ -6,7 +6,9 @@
 # back). Stages: all (default) or a list, e.g. "build test kernels"; "fp8" (not in the default list)
 # checks and measures the FP8 recipe (scale-E8 in bf16, in fp8, in fp8 with the dense layers in bf16
 # and with train.fp8_fused_dispatch), "fp8loss" (neither) trains 2,000 steps in bf16 and in fp8 (and in bf16 again, and from
-# another seed), "overlap" (neither) checks and times train.optimizer_overlap. Carry .deps/include
+# another seed), "overlap" (neither) checks and times train.optimizer_overlap, "calibrate" (neither)
+# writes $OUT/h200-measured.json by `moe bench --calibrate` on scale-E8's shapes (every kernel
+# family, FP8's included: configs/calibration/h200-measured.json is that file). Carry .deps/include
 # (CUTLASS and cuDNN frontend headers from scripts/setup.sh) and .deps/debs (the JSON, xxHash and
 # PCRE2 packages).
 set -uo pipefail
@@ -169,6 +171,11 @@ if has fp8loss; then
                for (c = 2; c <= n; c++) printf " %.2f%% (%s, step %d)", 100 * w[c], name[c], at[c]
                printf "\n" }' "$OUT/fp8_loss.tsv" | tee -a "$OUT/summary.txt"
     for r in $runs; do say "$r validation: $(grep -o 'val loss [0-9.]*' runs/loss_$r.log | tr '\n' ' ')"; done
+fi
+
+if has calibrate; then
+    timeout 300 ./moe bench --calibrate "$OUT/h200-measured.json" configs/bench/scale-E8.json > "$OUT/calibrate.txt" 2>&1
+    say "calibration: $(tail -1 "$OUT/calibrate.txt")"
 fi
 
 if has overlap; then
