@@ -17,15 +17,17 @@ void moe_set_fatal_hook(void (*hook)(void)) { fatal_hook = hook; }
 void moe_set_rank_label(int rank) { fatal_rank = rank; }
 
 void moe_fatal(const char *fmt, ...) {
+    char msg[4096], rank[32] = "";
     va_list ap;
     va_start(ap, fmt);
-    fflush(stdout);
-    fputs("error: ", stderr);
-    if (fatal_rank >= 0) fprintf(stderr, "[rank %d] ", fatal_rank);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    fflush(stderr);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    fflush(stdout);
+    if (fatal_rank >= 0) snprintf(rank, sizeof rank, "[rank %d] ", fatal_rank);
+    // one write: unbuffered stderr would otherwise go out in pieces, which a launcher collecting
+    // several ranks' output (mpirun) may interleave with other lines
+    fprintf(stderr, "error: %s%s\n", rank, msg);
+    fflush(stderr);
     if (fatal_hook) fatal_hook();
     exit(1);
 }
