@@ -158,8 +158,8 @@ if has fp8loss; then
         say "loss run $r: $((SECONDS - start)) s, $(losses runs/loss-$r | wc -l) steps"
         cat runs/loss_$r.log >> "$OUT/train.log"
     done
-    paste <(losses runs/loss-bf16) <(losses runs/loss-fp8) <(losses runs/loss-bf16-again) <(losses runs/loss-bf16-seed2) \
-        > "$OUT/fp8_loss.tsv"
+    for r in $runs; do losses runs/loss-$r > runs/loss_$r.tsv; done
+    paste $(printf 'runs/loss_%s.tsv ' $runs) > "$OUT/fp8_loss.tsv"
     # Columns as $runs; each run's 20-step averages against the first's.
     awk -v names="$runs" 'BEGIN { n = split(names, name, " ") }
          { for (c = 1; c <= n; c++) { v[c, NR] = $c; s[c] += $c; if (NR > 20) s[c] -= v[c, NR - 20] }

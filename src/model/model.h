@@ -138,10 +138,10 @@ typedef struct {
     void *row_w, *row_dot;    // f32 (Rr), one expert-parallel rank: each expert row's combine weight,
                               // and the gradient of that weight (moe_combine_weight_backward)
     int32_t *row_token;       // i32 (Rr) with Fp8Operands.fused_dispatch where the experts' FP8 inputs are
-                              // kept (model_keeps_fp8_xe): the
-                              // token of each expert row (moe_row_tokens), whose rows of the layer's input
-                              // and output gradient the one-pass quantisations read in place of the
-                              // dispatched rows and the combine's gradient rows, which are then not made
+                              // kept (model_keeps_fp8_xe): the token of each expert row (moe_row_tokens),
+                              // whose rows of the layer's input and output gradient the one-pass
+                              // quantisations read in place of the dispatched rows and the combine's
+                              // gradient rows, which are then not made
     void *dxf;                // act (T, D) gradient of the final-norm output (within the head's forward; the
                               // FP8 dense products' Fp8Operands.sum and selective recompute's n1, n2 outside it)
 } Scratch;

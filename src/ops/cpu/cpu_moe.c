@@ -162,9 +162,10 @@ void cpu_moe_dispatch_forward(void *xp_, int32_t *slot_pos, int32_t *offsets, vo
     }
     stats[router_stat_dropped(E)] += (real)dropped;
     free(fill);
+    if (!xp) return;
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < T * K; i++)
-        if (xp && slot_pos[i] >= 0) memcpy(xp + (size_t)slot_pos[i] * D, x + (i / K) * D, D * sizeof(real));
+        if (slot_pos[i] >= 0) memcpy(xp + (size_t)slot_pos[i] * D, x + (i / K) * D, D * sizeof(real));
 }
 
 // out[t] (= or +=) sum over the kept slots k of token t of w[t, k] * rows[slot_pos[t, k]]
