@@ -4,13 +4,17 @@
 # move checkpoints between devices, time each kernel alone (library and built-in variants), and
 # benchmark the configs of configs/bench/. Numbers and logs go to $OUT (the device tool brings them
 # back). Stages: all (default) or a list, e.g. "build test kernels"; "fp8" (not in the default list)
-# checks and measures the FP8 recipe (scale-E8 in bf16, in fp8, in fp8 with the dense layers in bf16
-# and with train.fp8_fused_dispatch), "fp8loss" (neither) trains 2,000 steps in bf16 and in fp8 (and in bf16 again, and from
-# another seed), "overlap" (neither) checks and times train.optimizer_overlap, "calibrate" (neither)
-# writes $OUT/h200-measured.json by `moe bench --calibrate` on scale-E8's shapes (every kernel
-# family, FP8's included: configs/calibration/h200-measured.json is that file). Carry .deps/include
-# (CUTLASS and cuDNN frontend headers from scripts/setup.sh) and .deps/debs (the JSON, xxHash and
-# PCRE2 packages).
+# checks and measures the FP8 recipe (scale-E8 in bf16, in fp8, and in fp8 with the dense layers in
+# bf16, with the experts' rows gathered, with the dense products on CUTLASS), "fp8loss" (neither)
+# trains 2,000 steps in bf16 and in fp8 (and in bf16 again, and from another seed; FP8LOSS_RUNS
+# picks some, e.g. "bf16-seed2 fp8-seed2"), "overlap" (neither) checks and times
+# train.optimizer_overlap, "calibrate" (neither) writes $OUT/h200-measured.json by `moe bench
+# --calibrate` on scale-E8's shapes (every kernel family, FP8's included:
+# configs/calibration/h200-measured.json is that file). Carry .deps/include (CUTLASS and cuDNN
+# frontend headers from scripts/setup.sh) and .deps/debs (the JSON, xxHash and PCRE2 packages).
+# PREBUILT=1: the build stage takes ./moe and build/test_cuda from build/prebuilt/ instead (built
+# on a machine with the same CUDA toolkit by `make CUDA=1 MPI=0 PLOT=0 moe build/test_cuda` and
+# carried along, with data/*.npy), when they run here; a build takes 90-165 s of a GPU call.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 STAGES=${1:-build test curves ckpt kernels bench}
@@ -50,7 +54,23 @@ cudnn_home() {
     export LD_LIBRARY_PATH="$d/lib:${LD_LIBRARY_PATH:-}"
 }
 
-if has build; then
+# The carried binaries of PREBUILT=1 as ./moe and build/test_cuda, if their libraries resolve here.
+use_prebuilt() {
+    [ "${PREBUILT:-0}" = 1 ] && [ -x build/prebuilt/moe ] && [ -x build/prebuilt/test_cuda ] || return 1
+    mkdir -p .deps/root && for d in .deps/debs/*.deb; do dpkg -x "$d" .deps/root; done
+    export LD_LIBRARY_PATH="$(pwd)/.deps/root/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+    local usage
+    usage=$(build/prebuilt/moe 2>&1) # its usage (exit status 1)
+    grep -q "^usage" <<<"$usage" || { say "build/prebuilt/moe does not run here: $(head -2 <<<"$usage")"; return 1; }
+    cp build/prebuilt/moe moe && cp build/prebuilt/test_cuda build/test_cuda
+    [ -e data/tinyshakespeare_train.npy ] || ./moe data prepare data/tinyshakespeare.txt \
+        data/tinyshakespeare_train.npy --val-out data/tinyshakespeare_val.npy --val-fraction 0.1 > /dev/null
+}
+
+if has build && use_prebuilt; then
+    say "machine: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1)"
+    say "prebuilt binaries (build/prebuilt) run here: no build"
+elif has build; then
     say "machine: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1)"
     say "nvcc: $(nvcc --version | tail -1); cc: $(cc --version | head -1)"
     deb_flags
@@ -129,12 +149,13 @@ if has fp8; then
         cat runs/curve_$p.log >> "$OUT/train.log"; cat runs/bench_scale-E8_$p.txt >> "$OUT/bench.txt"
         say "train.precision=$p: step-300 loss $(losses runs/curve-$p | tail -1), $(grep -o 'val loss [0-9.]*' runs/curve_$p.log | tail -1); scale-E8 $(grep -E '^throughput' runs/bench_scale-E8_$p.txt | tr -s ' ')"
     done
-    # fp8 above runs the dense layers in FP8 too (train.fp8_dense): the experts alone for comparison;
-    # and the experts' operands read from the tokens' rows (train.fp8_fused_dispatch).
-    for v in fp8_dense=false fp8_fused_dispatch=true; do
-        timeout 240 ./moe bench configs/bench/scale-E8.json train.precision=fp8 train.$v > runs/bench_scale-E8_$v.txt 2>&1
+    # fp8 above runs the dense layers in FP8 too (train.fp8_dense) on cuBLASLt, and reads the experts'
+    # operands from the tokens' rows (train.fp8_fused_dispatch): each left out in turn for comparison.
+    for v in train.fp8_dense=false train.fp8_fused_dispatch=false MOE_KERNELS=fp8_dense=cutlass; do
+        if [[ $v == MOE_KERNELS=* ]]; then env "$v" timeout 240 ./moe bench configs/bench/scale-E8.json train.precision=fp8
+        else timeout 240 ./moe bench configs/bench/scale-E8.json train.precision=fp8 "$v"; fi > runs/bench_scale-E8_$v.txt 2>&1
         cat runs/bench_scale-E8_$v.txt >> "$OUT/bench.txt"
-        say "train.precision=fp8 train.$v: scale-E8 $(grep -E '^throughput' runs/bench_scale-E8_$v.txt | tr -s ' ')"
+        say "train.precision=fp8, $v: scale-E8 $(grep -E '^throughput' runs/bench_scale-E8_$v.txt | tr -s ' ')"
     done
 fi
 
@@ -148,9 +169,9 @@ if has fp8loss; then
     # from step ~1,200).
     LOSS_RUN="configs/bench/scale-E8.json model.vocab_size=257 train.seq_len=1024 train.micro_batch=${FP8LOSS_MICRO:-1} train.steps=2000
               train.warmup=200 train.eval_every=200 train.ckpt_every=0"
-    runs="bf16 fp8 bf16-again bf16-seed2"
+    runs=${FP8LOSS_RUNS:-bf16 fp8 bf16-again bf16-seed2} # the first is the others' reference
     for r in $runs; do
-        p=${r%%-*}; seed=$([ "$r" = bf16-seed2 ] && echo 2 || echo 1)
+        p=${r%%-*}; seed=1; [[ "$r" == *-seed* ]] && seed=${r##*-seed}
         rm -rf runs/loss-$r
         start=$SECONDS
         timeout ${FP8LOSS_TIMEOUT:-560} ./moe train $LOSS_RUN train.precision=$p train.seed=$seed \

@@ -9,15 +9,17 @@
 
 CudaContext cuda_ctx;
 
-// MOE_KERNELS=builtin (every choice), or a comma list of attention=builtin|cudnn and
-// grouped=builtin|cutlass: lets one build compare kernel variants. The CUTLASS grouped GEMM needs
-// a Hopper GPU (compute capability 9.0); elsewhere the built-in kernel runs.
+// MOE_KERNELS=builtin (every choice), or a comma list of attention=builtin|cudnn,
+// grouped=builtin|cutlass and fp8_dense=cublas|cutlass: lets one build compare kernel variants. The
+// CUTLASS grouped GEMM needs a Hopper GPU (compute capability 9.0); elsewhere the built-in kernel
+// runs. The dense FP8 products run on cuBLASLt where it takes the shape, else on CUTLASS's kernel.
 static void cuda_choose_kernels(int major) {
     const char *k = getenv("MOE_KERNELS");
     bool all = k && !strcmp(k, "builtin");
     cuda_ctx.builtin_attention = all || (k && strstr(k, "attention=builtin"));
     cuda_ctx.builtin_grouped = all || (k && strstr(k, "grouped=builtin")) || major != 9;
     cuda_ctx.fp8 = major == 9;
+    cuda_ctx.cutlass_fp8_dense = k && strstr(k, "fp8_dense=cutlass");
 }
 
 // Device memory in use (every allocation of the process, libraries' and the context's included),

@@ -32,6 +32,7 @@ typedef struct {
     // library kernels (cuDNN attention, CUTLASS sm90 grouped GEMM) or the built-in mma.sync ones.
     bool builtin_attention, builtin_grouped;
     bool fp8; // the FP8 recipe's products (CUTLASS sm90 kernels) run here: a Hopper GPU
+    bool cutlass_fp8_dense; // the dense FP8 products on CUTLASS's grouped kernel, not cuBLASLt's
     // train.deterministic: kernels with a faster order-dependent variant take the fixed-order one
     // (cuDNN's attention backward; every other kernel sums in a fixed order always).
     bool deterministic;
@@ -43,6 +44,13 @@ void cuda_init(void);
 // Grow-only device scratch of one call site: sized by its first call, which runs before any step is
 // recorded as a graph (a captured step never reallocates).
 void *cuda_grow_scratch(void **buf, size_t *have, size_t bytes);
+
+// The dense FP8 products through cuBLASLt (cuda_gemm.cu): false, nothing run, where it has no
+// kernel for the shape or the operands' alignment (the caller runs CUTLASS's then).
+bool cuda_lt_fp8_matmul(void *out, const void *a, const void *a_scales, const void *b, const void *b_scales,
+                        size_t M, size_t N, size_t K);
+bool cuda_lt_fp8_wgrad(float *dw, const void *dout_t, const void *dout_scales, const void *x_t, const void *x_scales,
+                       size_t N, size_t K, size_t R, size_t Rt);
 
 // Row offsets {0, rows} (2) i32 of one group in device memory, written in stream order before the
 // next kernel reads them (cuda_fp8.cu): the FP8 ops' NULL offsets, one group of all rows.

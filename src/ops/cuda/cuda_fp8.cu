@@ -655,6 +655,7 @@ const int32_t *cuda_fp8_one_group(size_t rows) {
 
 extern "C" void cuda_fp8_matmul(void *out, const void *a, const void *a_scales, const void *b, const void *b_scales,
                                 size_t M, size_t N, size_t K) {
+    if (cuda_lt_fp8_matmul(out, a, a_scales, b, b_scales, M, N, K)) return;
     cuda_fp8_grouped_matmul(out, a, a_scales, b, b_scales, cuda_fp8_one_group(M), 1, N, K, M);
 }
 

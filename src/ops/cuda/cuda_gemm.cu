@@ -1,7 +1,7 @@
 // Matrix products on the GPU. Dense layers go through cuBLASLt (bf16 inputs, fp32 accumulation;
-// weight gradients accumulate into fp32). Experts go through a grouped GEMM that reads the
-// per-expert row offsets in device memory, so no count ever travels to the host and one launch
-// covers every expert: on Hopper CUTLASS's wgmma kernel (cuda_grouped_sm90.cu), elsewhere (or with
+// weight gradients accumulate into fp32; in FP8 its block-scaled E4M3 kernels where it takes the
+// shape). Experts go through a grouped GEMM that reads the per-expert row offsets in device
+// memory, so no count ever travels to the host and one launch covers every expert: on Hopper CUTLASS's wgmma kernel (cuda_grouped_sm90.cu), elsewhere (or with
 // MOE_KERNELS=grouped=builtin) the built-in one below: tensor cores (mma.sync, a 3-stage cp.async
 // pipeline) over tiles that each block assigns itself from the offsets.
 #include "cuda_common.cuh"
@@ -10,12 +10,20 @@
 
 // ---------------------------------------------------------------- cuBLASLt
 
-// Column-major C (m, n) = op(A) op(B) + beta C; descriptors and the chosen algorithm are cached
-// per shape (the heuristic query costs more than a small product).
+// A column-major product C (m, n) = op(A) op(B) + beta C: transposes, sizes, leading dimensions,
+// the operands' type (bf16, or E4M3 with block scales of the modes a_scale and b_scale) and C's.
 typedef struct {
     bool ta, tb;
     int m, n, k, lda, ldb, ldc;
-    cudaDataType_t ctype;
+    cudaDataType_t ab, c;
+    int a_scale, b_scale; // cublasLtMatmulMatrixScale_t of E4M3 operands (unused with bf16)
+} LtShape;
+
+// A shape's descriptors and the algorithm the heuristic chose, cached (the query costs more than a
+// small product); found false where cuBLASLt has none (FP8 shapes it does not take).
+typedef struct {
+    LtShape s;
+    bool found;
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, c;
     cublasLtMatmulAlgo_t algo;
@@ -25,46 +33,86 @@ typedef struct {
 static LtPlan lt_cache[LT_CACHE];
 static int lt_cached;
 
-static const LtPlan *lt_plan(bool ta, bool tb, int m, int n, int k, int lda, int ldb, int ldc, cudaDataType_t ctype) {
-    for (int i = 0; i < lt_cached; i++) {
-        const LtPlan *p = &lt_cache[i];
-        if (p->ta == ta && p->tb == tb && p->m == m && p->n == n && p->k == k && p->lda == lda &&
-            p->ldb == ldb && p->ldc == ldc && p->ctype == ctype)
-            return p;
-    }
-    LtPlan *p = &lt_cache[lt_cached < LT_CACHE ? lt_cached++ : (lt_cached = 1) - 1]; // reuse when full
-    if (p->op) {
-        cublasLtMatmulDescDestroy(p->op), cublasLtMatrixLayoutDestroy(p->a);
-        cublasLtMatrixLayoutDestroy(p->b), cublasLtMatrixLayoutDestroy(p->c);
-    }
-    *p = (LtPlan){ta, tb, m, n, k, lda, ldb, ldc, ctype};
-    cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+static bool lt_same(const LtShape *x, const LtShape *y) {
+    return x->ta == y->ta && x->tb == y->tb && x->m == y->m && x->n == y->n && x->k == y->k && x->lda == y->lda &&
+           x->ldb == y->ldb && x->ldc == y->ldc && x->ab == y->ab && x->c == y->c && x->a_scale == y->a_scale &&
+           x->b_scale == y->b_scale;
+}
+
+// Sets the FP8 operands' scale pointers of p's descriptor (cuBLASLt's heuristic wants them set too).
+static void lt_set_scales(const LtPlan *p, const float *a_scales, const float *b_scales) {
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scales,
+                                                sizeof a_scales));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scales,
+                                                sizeof b_scales));
+}
+
+// p's descriptors and algorithm; an FP8 shape's heuristic runs with the scales of its first call.
+static void lt_describe(LtPlan *p, const float *a_scales, const float *b_scales) {
+    const LtShape *s = &p->s;
+    cublasOperation_t opa = s->ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = s->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, ta ? k : m, ta ? m : k, lda));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, tb ? n : k, tb ? k : n, ldb));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, ctype, m, n, ldc));
+    if (s->ab == CUDA_R_8F_E4M3) {
+        cublasLtMatmulMatrixScale_t am = (cublasLtMatmulMatrixScale_t)s->a_scale;
+        cublasLtMatmulMatrixScale_t bm = (cublasLtMatmulMatrixScale_t)s->b_scale;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &am, sizeof am));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &bm, sizeof bm));
+        lt_set_scales(p, a_scales, b_scales);
+    }
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, s->ab, s->ta ? s->k : s->m, s->ta ? s->m : s->k, s->lda));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, s->ab, s->tb ? s->n : s->k, s->tb ? s->k : s->n, s->ldb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, s->c, s->m, s->n, s->ldc));
     cublasLtMatmulPreference_t pref;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                       &cuda_ctx.workspace_bytes, sizeof(size_t)));
     cublasLtMatmulHeuristicResult_t result;
     int found = 0;
-    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(cuda_ctx.lt, p->op, p->a, p->b, p->c, p->c, pref, 1, &result, &found));
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(cuda_ctx.lt, p->op, p->a, p->b, p->c, p->c, pref, 1, &result,
+                                                       &found);
     cublasLtMatmulPreferenceDestroy(pref);
-    if (!found) moe_fatal("cuBLASLt has no algorithm for a %dx%dx%d product (transposes %d%d)", m, n, k, ta, tb);
-    p->algo = result.algo;
+    bool refused = st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE;
+    if (!(s->ab == CUDA_R_8F_E4M3 && refused)) CUBLAS_CHECK(st); // an FP8 shape cuBLASLt refuses: not found
+    p->found = st == CUBLAS_STATUS_SUCCESS && found;
+    if (p->found) p->algo = result.algo;
+}
+
+static const LtPlan *lt_plan(const LtShape *s, const float *a_scales, const float *b_scales) {
+    for (int i = 0; i < lt_cached; i++)
+        if (lt_same(&lt_cache[i].s, s)) return &lt_cache[i];
+    LtPlan *p = &lt_cache[lt_cached < LT_CACHE ? lt_cached++ : (lt_cached = 1) - 1]; // reuse when full
+    if (p->op) {
+        cublasLtMatmulDescDestroy(p->op), cublasLtMatrixLayoutDestroy(p->a);
+        cublasLtMatrixLayoutDestroy(p->b), cublasLtMatrixLayoutDestroy(p->c);
+    }
+    *p = (LtPlan){.s = *s};
+    lt_describe(p, a_scales, b_scales);
     return p;
+}
+
+// C = op(A) op(B) + beta C for the shape s, with E4M3 operands' block scales a_scales and b_scales;
+// false (nothing run) where cuBLASLt has no algorithm for an FP8 shape. Every bf16 shape has one.
+static bool lt_run(const LtShape *s, const void *A, const void *B, void *C, float beta, const float *a_scales,
+                   const float *b_scales) {
+    const LtPlan *p = lt_plan(s, a_scales, b_scales);
+    if (!p->found) {
+        if (s->ab == CUDA_R_8F_E4M3) return false;
+        moe_fatal("cuBLASLt has no algorithm for a %dx%dx%d product (transposes %d%d)", s->m, s->n, s->k, s->ta, s->tb);
+    }
+    if (s->ab == CUDA_R_8F_E4M3) lt_set_scales(p, a_scales, b_scales);
+    float alpha = 1.0f;
+    CUBLAS_CHECK(cublasLtMatmul(cuda_ctx.lt, p->op, &alpha, A, p->a, B, p->b, &beta, C, p->c, C, p->c, &p->algo,
+                                cuda_ctx.workspace, cuda_ctx.workspace_bytes, cuda_ctx.stream));
+    return true;
 }
 
 static void lt_matmul(bool ta, bool tb, int m, int n, int k, const void *A, int lda, const void *B, int ldb,
                       void *C, int ldc, cudaDataType_t ctype, float beta) {
     if (!m || !n) return;
-    const LtPlan *p = lt_plan(ta, tb, m, n, k, lda, ldb, ldc, ctype);
-    float alpha = 1.0f;
-    CUBLAS_CHECK(cublasLtMatmul(cuda_ctx.lt, p->op, &alpha, A, p->a, B, p->b, &beta, C, p->c, C, p->c, &p->algo,
-                                cuda_ctx.workspace, cuda_ctx.workspace_bytes, cuda_ctx.stream));
+    LtShape s = {ta, tb, m, n, k, lda, ldb, ldc, CUDA_R_16BF, ctype, 0, 0};
+    lt_run(&s, A, B, C, beta, NULL, NULL);
 }
 
 // Row-major out (M, N) = x (M, K) w (N, K)^T is column-major out^T = w^T-as-stored x^T.
@@ -79,6 +127,62 @@ extern "C" void cuda_matmul_backward(void *dx, void *dw, const void *dout, const
                   accumulate_dx ? 1.0f : 0.0f);
     // dw (N, K) += dout^T x, into fp32
     lt_matmul(false, true, (int)K, (int)N, (int)M, x, (int)K, dout, (int)N, dw, (int)K, CUDA_R_32F, 1.0f);
+}
+
+// ---------------------------------------------------------------- FP8 products through cuBLASLt
+
+// The recipe's dense products (ops.h fp8_matmul, and fp8_grouped_matmul_wgrad of one group) through
+// cuBLASLt's block-scaled FP8 kernels (Hopper, cuBLAS 12.9 on: VEC128_32F, a scale per row and 128
+// along K; BLK128x128_32F, one per 128x128 block), 1.3-1.5x the rate of CUTLASS's grouped kernel on
+// one group (docs/PERF.md, 2026-12-01, ninth session). cuBLASLt reads activation scales in our layout
+// ((Kb, rows), the row index fastest) but weight scales as (Nb, Kb rounded up to 4) with Kb fastest,
+// so a weight's are copied into that order first (a few KB). Each returns false, running nothing,
+// where cuBLASLt has no kernel for the shape (rows not a multiple of 4, for one) or an operand lacks
+// the 256-byte alignment its kernels may assume; the caller then runs CUTLASS's. MOE_KERNELS=
+// fp8_dense=cutlass keeps every product on CUTLASS's (cuda_choose_kernels).
+#define LT_VEC128 CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+#define LT_BLK128 CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+
+static bool lt_aligned(const void *p, size_t bytes) { return (uintptr_t)p % bytes == 0; }
+
+// dst (Nb, ld) = the transpose of src (Kb, Nb): block (nb, kb)'s scale at dst[nb ld + kb].
+__global__ void lt_weight_scales_kernel(float *dst, const float *src, int Kb, int Nb, int ld) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < Kb * Nb) dst[(i % Nb) * ld + i / Nb] = src[i];
+}
+
+// out (M, N) bf16 = a (M, K) . b (N, K)^T: a's rows with scales (Kb, M), b weights with (Kb, Nb).
+bool cuda_lt_fp8_matmul(void *out, const void *a, const void *a_scales, const void *b, const void *b_scales,
+                        size_t M, size_t N, size_t K) {
+    if (cuda_ctx.cutlass_fp8_dense || !M || !N || !lt_aligned(out, 256) || !lt_aligned(a, 256) ||
+        !lt_aligned(b, 256) || !lt_aligned(a_scales, 16))
+        return false;
+    // column-major out^T (N, M) = b^T-as-stored (K, N)^T . a^T-as-stored (K, M)
+    LtShape s = {true, false, (int)N, (int)M, (int)K, (int)K, (int)K, (int)N, CUDA_R_8F_E4M3, CUDA_R_16BF, LT_BLK128,
+                 LT_VEC128};
+    static void *buf;
+    static size_t have;
+    int Kb = (int)fp8_blocks(K), Nb = (int)fp8_blocks(N), ld = (Kb + 3) / 4 * 4;
+    float *scales = (float *)cuda_grow_scratch(&buf, &have, (size_t)Nb * ld * sizeof(float));
+    if (!lt_plan(&s, scales, (const float *)a_scales)->found) return false;
+    lt_weight_scales_kernel<<<cuda_blocks((size_t)Kb * Nb, 256), 256, 0, cuda_ctx.stream>>>(
+        scales, (const float *)b_scales, Kb, Nb, ld);
+    CUDA_LAUNCH_CHECK();
+    return lt_run(&s, b, a, out, 0.0f, scales, (const float *)a_scales);
+}
+
+// dw (N, K) f32 += dout^T . x over R rows from their token-major copies (fp8_quantize_cols of one
+// group): dout_t (N, Rt) with scales (Rt / 128, N), x_t (K, Rt) with (Rt / 128, K).
+bool cuda_lt_fp8_wgrad(float *dw, const void *dout_t, const void *dout_scales, const void *x_t, const void *x_scales,
+                       size_t N, size_t K, size_t R, size_t Rt) {
+    if (cuda_ctx.cutlass_fp8_dense || !lt_aligned(dw, 256) || !lt_aligned(dout_t, 256) || !lt_aligned(x_t, 256) ||
+        !lt_aligned(dout_scales, 16) || !lt_aligned(x_scales, 16))
+        return false;
+    if (!R || !N || !K) return true; // nothing to add
+    // column-major dw^T (K, N) += x_t-as-stored (Rt, K)^T . dout_t-as-stored (Rt, N), over R's blocks
+    LtShape s = {true, false, (int)K, (int)N, (int)(fp8_blocks(R) * FP8_BLOCK), (int)Rt, (int)Rt, (int)K,
+                 CUDA_R_8F_E4M3, CUDA_R_32F, LT_VEC128, LT_VEC128};
+    return lt_run(&s, x_t, dout_t, dw, 1.0f, (const float *)x_scales, (const float *)dout_scales);
 }
 
 // ---------------------------------------------------------------- grouped GEMM

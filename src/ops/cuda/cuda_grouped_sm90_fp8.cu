@@ -92,7 +92,10 @@ extern "C" void cuda_fp8_grouped_matmul(void *out, const void *a, const void *a_
 extern "C" void cuda_fp8_grouped_matmul_wgrad(void *dw, const void *dout_t, const void *dout_scales, const void *x_t,
                                               const void *x_scales, const int32_t *offsets, size_t E, size_t N,
                                               size_t K, size_t R) {
-    if (!offsets) offsets = cuda_fp8_one_group(R);
+    if (!offsets) {
+        if (cuda_lt_fp8_wgrad((float *)dw, dout_t, dout_scales, x_t, x_scales, N, K, R, fp8_expert_cols(R, 1))) return;
+        offsets = cuda_fp8_one_group(R);
+    }
     grouped_sm90_launch<Fp8Wgrad>((int)E, [&](Fp8Wgrad::Table *table) {
         grouped_sm90_fp8_prepare_wgrad<<<1, 256, 0, cuda_ctx.stream>>>(
             table, (const uint8_t *)dout_t, (const float *)dout_scales, (const uint8_t *)x_t, (const float *)x_scales,
