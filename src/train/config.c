@@ -106,7 +106,7 @@ static const ConfigKey KEYS[] = {
     BOOL(train, fp8_fused_dispatch, "with precision fp8, recompute none and one expert-parallel rank: the "
                                     "experts' FP8 inputs and output gradients quantised straight from the "
                                     "tokens' rows, so the dispatch and the combine's backward copy none (the "
-                                    "same results, two passes a layer less: +1.2% tokens/s on scale-E8)"),
+                                    "same results, two passes a layer less: +0.8-1.2% tokens/s on scale-E8)"),
     BOOL(train, deterministic, "GPU runs bitwise reproducible: cuDNN's deterministic attention backward "
                                "(every other kernel sums in a fixed order always; the CPU always is)"),
     REAL(train, comm_timeout, "seconds without progress before a rank of a multi-rank run ends "

@@ -1,9 +1,10 @@
 // Matrix products on the GPU. Dense layers go through cuBLASLt (bf16 inputs, fp32 accumulation;
 // weight gradients accumulate into fp32; in FP8 its block-scaled E4M3 kernels where it takes the
 // shape). Experts go through a grouped GEMM that reads the per-expert row offsets in device
-// memory, so no count ever travels to the host and one launch covers every expert: on Hopper CUTLASS's wgmma kernel (cuda_grouped_sm90.cu), elsewhere (or with
-// MOE_KERNELS=grouped=builtin) the built-in one below: tensor cores (mma.sync, a 3-stage cp.async
-// pipeline) over tiles that each block assigns itself from the offsets.
+// memory, so no count ever travels to the host and one launch covers every expert: on Hopper
+// CUTLASS's wgmma kernel (cuda_grouped_sm90.cu), elsewhere (or with MOE_KERNELS=grouped=builtin)
+// the built-in one below: tensor cores (mma.sync, a 3-stage cp.async pipeline) over tiles that each
+// block assigns itself from the offsets.
 #include "cuda_common.cuh"
 #include "cuda_mma.cuh"
 #include "cuda_ops.h"
@@ -133,13 +134,14 @@ extern "C" void cuda_matmul_backward(void *dx, void *dw, const void *dout, const
 
 // The recipe's dense products (ops.h fp8_matmul, and fp8_grouped_matmul_wgrad of one group) through
 // cuBLASLt's block-scaled FP8 kernels (Hopper, cuBLAS 12.9 on: VEC128_32F, a scale per row and 128
-// along K; BLK128x128_32F, one per 128x128 block), 1.3-1.5x the rate of CUTLASS's grouped kernel on
-// one group (docs/PERF.md, 2026-12-01, ninth session). cuBLASLt reads activation scales in our layout
-// ((Kb, rows), the row index fastest) but weight scales as (Nb, Kb rounded up to 4) with Kb fastest,
-// so a weight's are copied into that order first (a few KB). Each returns false, running nothing,
-// where cuBLASLt has no kernel for the shape (rows not a multiple of 4, for one) or an operand lacks
-// the 256-byte alignment its kernels may assume; the caller then runs CUTLASS's. MOE_KERNELS=
-// fp8_dense=cutlass keeps every product on CUTLASS's (cuda_choose_kernels).
+// along K; BLK128x128_32F, one per 128x128 block), 1.16-1.18x the rate of CUTLASS's grouped kernel
+// on one group in a training step (docs/PERF.md, 2026-12-01, ninth session; alone 1.51-1.55x cuBLAS
+// bf16 on scale-E8's projections). cuBLASLt reads activation scales in our layout ((Kb, rows), the
+// row index fastest) but weight scales as (Nb, Kb rounded up to 4) with Kb fastest, so a weight's
+// are copied into that order first (a few KB). Each returns false, running nothing, where cuBLASLt
+// has no kernel for the shape (rows not a multiple of 4, for one) or an operand lacks the 256-byte
+// alignment its kernels may assume; the caller then runs CUTLASS's. MOE_KERNELS=fp8_dense=cutlass
+// keeps every product on CUTLASS's (cuda_choose_kernels).
 #define LT_VEC128 CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
 #define LT_BLK128 CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
 
