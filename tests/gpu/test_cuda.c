@@ -1059,20 +1059,30 @@ static float model_step(Model *m, void *met, size_t B, size_t S, float *grads) {
     return loss;
 }
 
+// A model of its own on backend o (one rank, as model_prepare makes it) through one forward and
+// backward: the summed CE, and every gradient into grads (P, host).
+static float model_run(const ModelConfig *c, const Ops *o, ModelModes modes, const float *host, const int32_t *seqs,
+                       size_t B, size_t S, void *met, float *grads) {
+    Parallel par;
+    test_single_parallel(&par, c);
+    Model m;
+    model_prepare(&m, c, o, &par, modes, host, seqs, B, S);
+    float loss = model_step(&m, met, B, S, grads);
+    model_free(&m);
+    test_free_parallel(&par);
+    return loss;
+}
+
 // The GPU model under each recompute mode against the GPU keeping everything (loss, gn): bitwise
 // with train.deterministic, else within the attention backward's atomic-order noise.
 static void recompute_compare(const char *name, const ModelConfig *c, ModelModes modes, const float *host,
-                              const int32_t *seqs, size_t B, size_t S, float loss, const float *gn, void *met) {
+                              const int32_t *seqs, size_t B, size_t S, size_t P, float loss, const float *gn,
+                              void *met) {
     const Recompute recompute[2] = {RECOMPUTE_SELECTIVE, RECOMPUTE_FULL};
     for (int i = 0; i < 2; i++) {
         const char *what = recompute[i] == RECOMPUTE_SELECTIVE ? "selective" : "full";
-        Parallel par;
-        test_single_parallel(&par, c);
-        Model m;
         modes.recompute = recompute[i];
-        model_prepare(&m, c, gpu, &par, modes, host, seqs, B, S);
-        size_t P = m.reg.total;
-        float *g = malloc(P * sizeof(float)), lr = model_step(&m, met, B, S, g);
+        float *g = malloc(P * sizeof(float)), lr = model_run(c, gpu, modes, host, seqs, B, S, met, g);
         if (deterministic && (memcmp(&lr, &loss, sizeof loss) || memcmp(g, gn, P * sizeof(float))))
             FAIL("%s: train.recompute=%s on the GPU: loss %.9g vs %.9g or gradients not bitwise those of none",
                  name, what, lr, loss);
@@ -1081,8 +1091,6 @@ static void recompute_compare(const char *name, const ModelConfig *c, ModelModes
             FAIL("%s: train.recompute=%s on the GPU: loss %.9g vs %.9g, gradient relative L2 %.3g", name, what, lr,
                  loss, rel);
         free(g);
-        model_free(&m);
-        test_free_parallel(&par);
     }
 }
 
@@ -1122,15 +1130,8 @@ static void model_compare(const char *name, ModelConfig c, size_t B, size_t S, M
     model_prepare(&mg, &c, gpu, &pg, modes, host, seqs, B, S);
     void *metc = cpu->alloc(len * 4), *metg = gpu->alloc(len * 4);
     float loss[3] = {model_step(&mc, metc, B, S, gc), model_step(&mg, metg, B, S, gg), model_step(&mg, metg, B, S, gg2)};
-    if (ge) { // the same model in exact products on the CPU
-        Parallel px;
-        test_single_parallel(&px, &c);
-        Model mx;
-        model_prepare(&mx, &c, cpu, &px, (ModelModes){.recompute = modes.recompute}, host, seqs, B, S);
-        model_step(&mx, metc, B, S, ge);
-        model_free(&mx);
-        test_free_parallel(&px);
-    }
+    if (ge) // FP8's yardstick: the same model in exact products on the CPU
+        model_run(&c, cpu, (ModelModes){.recompute = modes.recompute}, host, seqs, B, S, metc, ge);
     if (deterministic && (memcmp(&loss[1], &loss[2], sizeof(float)) || memcmp(gg, gg2, P * sizeof(float))))
         FAIL("%s: two GPU runs differ (loss %.9g vs %.9g) with train.deterministic", name, loss[1], loss[2]);
     if (!(fabsf(loss[1] - loss[0]) <= 1e-2f * fabsf(loss[0]))) FAIL("%s: summed CE gpu %g, cpu %g", name, loss[1], loss[0]);
@@ -1148,7 +1149,7 @@ static void model_compare(const char *name, ModelConfig c, size_t B, size_t S, M
     }
     printf("    %s: CE gpu %.6g cpu %.6g; worst gradient error %.3g of its bound (%s)\n", name, loss[1], loss[0],
            worst, worst_name);
-    recompute_compare(name, &c, modes, host, seqs, B, S, loss[1], gg, metg);
+    recompute_compare(name, &c, modes, host, seqs, B, S, P, loss[1], gg, metg);
     free(host), free(gc), free(gg), free(gg2), free(ge), free(seqs);
     cpu->free(metc), gpu->free(metg);
     model_free(&mc), model_free(&mg);
