@@ -185,7 +185,7 @@ static void test_swiglu_fd_and_row_range(void) {
     SwiCtx c = {.R = 5, .H = 4, .gu = rnd(40, 11, 2), .out = poisoned(20), .Rw = rnd(20, 12, 1), .rows = rows};
     real *dgu = poisoned(40);
     swiglu_loss(&c);
-    ops->swiglu_backward(dgu, c.Rw, c.gu, NULL, 5, 4, rows, 2);
+    ops->swiglu_backward(dgu, NULL, NULL, c.Rw, c.gu, NULL, 5, 4, rows, 2);
     fd_check("swiglu d gu (used rows)", swiglu_loss, &c, c.gu + 8, 3 * 8, dgu + 8);
     bool untouched = true;
     for (size_t i = 0; i < 20; i++) untouched &= isnan(c.out[i]) == (i < 4 || i >= 16);
@@ -421,7 +421,7 @@ static void test_dispatch_combine_capacity(void) {
               "the dispatch without rows sorts otherwise");
     // combine: dropped slots contribute nothing and get zero weight gradient
     real w[8] = {.5, .5, .3, .7, .2, .8, .6, .4}, *y = rnd(4 * D, 25, 1), *out = poisoned(T * D);
-    ops->moe_combine_forward(out, y, slot, w, T, K, D, false);
+    ops->moe_combine_forward(out, NULL, y, slot, w, T, K, D);
     for (size_t j = 0; j < D; j++) {
         CHECK_CLOSE(out[0 * D + j], .5 * y[0 * D + j] + .5 * y[2 * D + j], 1e-12, 1e-12);
         CHECK_CLOSE(out[3 * D + j], 0, 0, 0);
@@ -446,7 +446,8 @@ static void test_dispatch_combine_capacity(void) {
 // One MoE call's backward from the expert rows (one expert-parallel rank: the outputs y are not
 // kept) against the one from y: the combine weights' gradients dout . y = (dout W) . h, the down
 // projection's weight gradient from unweighted rows and weighted h, the gate|up gradient from the
-// weighted SwiGLU backward. Capacity 3 drops a slot of expert 2 (rows past offsets[E] unused).
+// weighted SwiGLU backward, written over the gate|up rows as the model does. Capacity 3 drops a slot
+// of expert 2 (rows past offsets[E] unused).
 static void test_combine_weight_backward(void) {
     size_t T = 5, K = 2, E = 3, D = 4, H = 3, R = T * K;
     int32_t idx[10] = {0, 2, 1, 2, 2, 0, 0, 1, 2, 1}, counts[3] = {3, 3, 4}, slot[10], off[4];
@@ -460,14 +461,14 @@ static void test_combine_weight_backward(void) {
     real *dh = poisoned(R * H), *dgu_ref = poisoned(R * 2 * H);
     ops->moe_combine_backward(dy, dw_ref, NULL, dout, y, slot, w, T, K, D);
     ops->grouped_matmul_backward(dh, dwd_ref, dy, h, wd, off, E, D, H, R);
-    ops->swiglu_backward(dgu_ref, dh, gu, NULL, R, H, off, E);
+    ops->swiglu_backward(dgu_ref, NULL, NULL, dh, gu, NULL, R, H, off, E);
     real row_w[10], row_dot[10], dw[10], *hw = poisoned(R * H), *dwd = calloc(E * D * H, sizeof(real));
-    real *dgu = poisoned(R * 2 * H);
+    real *dgu = malloc(R * 2 * H * sizeof(real));
+    memcpy(dgu, gu, R * 2 * H * sizeof(real));
     ops->moe_combine_backward(dy, NULL, row_w, dout, NULL, slot, w, T, K, D);
     ops->grouped_matmul_backward(dh, NULL, dy, NULL, wd, off, E, D, H, R);
-    ops->moe_combine_weight_backward(row_dot, hw, dh, gu, row_w, R, H, off, E);
+    ops->swiglu_backward(dgu, row_dot, hw, dh, dgu, row_w, R, H, off, E);
     ops->grouped_matmul_backward(NULL, dwd, dy, hw, wd, off, E, D, H, R);
-    ops->swiglu_backward(dgu, dh, gu, row_w, R, H, off, E);
     ops->moe_slot_values(dw, row_dot, slot, T * K);
     CHECK_MSG(slot[8] == -1, "slot 8 (the fourth of expert 2) kept at row %d", slot[8]);
     CHECK_CLOSE(dw_ref[8], 0, 0, 0);

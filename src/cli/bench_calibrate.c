@@ -219,10 +219,10 @@ static void measure_memory_bound(Calibration *c, const ModelConfig *m, size_t T)
     CALIBRATE(c, o->rmsnorm_backward(y, dw, x, x, w, rstd, T, D, false));
     CALIBRATE(c, o->add(y, x, x, T * D));
     CALIBRATE(c, o->swiglu_forward(y, x, R, H, NULL, 0));
-    CALIBRATE(c, o->swiglu_backward(y, x, x, NULL, R, H, NULL, 0));
+    CALIBRATE(c, o->swiglu_backward(y, NULL, NULL, x, x, NULL, R, H, NULL, 0));
     CALIBRATE(c, o->router_forward(scores, idx, topw, counts, aux, logits, NULL, step, ra));
     CALIBRATE(c, o->moe_dispatch_forward(xp, pos, offsets, stats, x, idx, counts, T, K, E, D, 0));
-    CALIBRATE(c, o->moe_combine_forward(y, xp, pos, topw, T, K, D, false));
+    CALIBRATE(c, o->moe_combine_forward(y, NULL, xp, pos, topw, T, K, D));
     CALIBRATE(c, o->moe_dispatch_backward(y, xp, pos, T, K, D, false));
     BENCH_FREE_ALL(b, x, y, w, rstd, dw, logits, scores, topw, aux, stats, xp, step, idx, counts, offsets, pos);
 }

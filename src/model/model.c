@@ -1019,7 +1019,10 @@ static const int32_t *row_tokens(Model *m, const LayerActs *x, size_t T) {
     return m->s.row_token;
 }
 
-static void moe_forward(Model *m, int l, LayerActs *x, const void *in, const ForwardArgs *a) {
+// The feed-forward output f (T, D) = ffn(in) into out; with resid (T, D) non-NULL, resid + f: the
+// residual add in the same pass (the combine's, or the dense MLP's add).
+static void moe_forward(Model *m, int l, LayerActs *x, const void *in, void *out, const void *resid,
+                        const ForwardArgs *a) {
     const ModelConfig *c = &m->cfg;
     const LayerParams *p = &m->layer[l];
     size_t T = a->B * a->S, D = c->d_model, E = c->n_experts, K = c->top_k;
@@ -1034,17 +1037,21 @@ static void moe_forward(Model *m, int l, LayerActs *x, const void *in, const For
                     .ye = m->par->ep->size > 1 ? m->s.dxe : y, .xe_t = xe_t, .in = in,
                     .rows = token_rows ? row_tokens(m, x, T) : NULL};
     moe_exchange_pipeline(&m->xchg, &x->routes, x->xp, x->xe, w.ye, y, experts_forward, &w);
-    m->ops->moe_combine_forward(x->f, y, x->slot_pos, x->topk_w, T, K, D, false);
+    m->ops->moe_combine_forward(out, resid, y, x->slot_pos, x->topk_w, T, K, D);
     if (c->shared_hidden)
-        swiglu_mlp_forward(m, x->f, in, x->sgu, x->sact, p->shared_gu, p->shared_down, T,
-                           c->shared_hidden, true);
+        swiglu_mlp_forward(m, out, in, x->sgu, x->sact, p->shared_gu, p->shared_down, T, c->shared_hidden, true);
 }
 
-static void ffn_forward(Model *m, int l, LayerActs *x, const void *in, const ForwardArgs *a) {
+static void ffn_forward(Model *m, int l, LayerActs *x, const void *in, void *out, const void *resid,
+                        const ForwardArgs *a) {
     const LayerParams *p = &m->layer[l];
-    if (model_layer_is_moe(&m->cfg, l)) moe_forward(m, l, x, in, a);
-    else swiglu_mlp_forward(m, x->f, in, x->gu, x->hact, p->dense_gu, p->dense_down, a->B * a->S,
-                            m->cfg.dense_hidden, false);
+    size_t T = a->B * a->S;
+    if (model_layer_is_moe(&m->cfg, l)) {
+        moe_forward(m, l, x, in, out, resid, a);
+        return;
+    }
+    swiglu_mlp_forward(m, x->f, in, x->gu, x->hact, p->dense_gu, p->dense_down, T, m->cfg.dense_hidden, false);
+    if (resid) m->ops->add(out, resid, x->f, T * m->cfg.d_model);
 }
 
 // The attention output's projection, ap (T, D) = att . Wo^T: the forward's, and selective
@@ -1069,7 +1076,9 @@ static void attention_forward(Model *m, int l, LayerActs *x, const void *in, con
 
 // pre-norm:   h = x + attn(norm1(x));  out = h + ffn(norm2(h))
 // reordered:  h = x + norm1(attn(x));  out = h + norm2(ffn(h))
-// A recompute leaves out alone: it is kept (the next layer's input).
+// A recompute leaves out alone: it is kept (the next layer's input). Pre-norm adds h as the
+// feed-forward output is made (f itself is written only by a recompute, which no backward reads),
+// h's add and the second norm are one pass.
 static void layer_forward(Model *m, int l, const ForwardArgs *a) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
@@ -1083,15 +1092,14 @@ static void layer_forward(Model *m, int l, const ForwardArgs *a) {
     if (c->norm_placement == NORM_PRE) {
         ops->rmsnorm_forward(x->n1, x->n1_rstd, in, W(m, p->attn_norm), T, D, eps);
         attention_forward(m, l, x, x->n1, forward_cols(&x->n1_t, a), d);
-        ops->add(x->h, in, x->ap, T * D);
-        ops->rmsnorm_forward(x->n2, x->n2_rstd, x->h, W(m, p->ffn_norm), T, D, eps);
-        ffn_forward(m, l, x, x->n2, a);
-        if (!a->recompute) ops->add(out, x->h, x->f, T * D);
+        ops->add_rmsnorm_forward(x->h, x->n2, x->n2_rstd, in, x->ap, W(m, p->ffn_norm), T, D, eps);
+        if (a->recompute) ffn_forward(m, l, x, x->n2, x->f, NULL, a);
+        else ffn_forward(m, l, x, x->n2, out, x->h, a);
     } else {
         attention_forward(m, l, x, in, NULL, d);
         ops->rmsnorm_forward(x->n1, x->n1_rstd, x->ap, W(m, p->attn_norm), T, D, eps);
         ops->add(x->h, in, x->n1, T * D);
-        ffn_forward(m, l, x, x->h, a);
+        ffn_forward(m, l, x, x->h, x->f, NULL, a);
         ops->rmsnorm_forward(x->n2, x->n2_rstd, x->f, W(m, p->ffn_norm), T, D, eps);
         if (!a->recompute) ops->add(out, x->h, x->n2, T * D);
     }
@@ -1163,7 +1171,7 @@ static void swiglu_mlp_backward(const Model *m, void *din, const void *dout, con
     size_t D = m->cfg.d_model;
     swiglu_recompute(m, hact, gu, T, H, NULL, 0);
     dense_backward(m, m->s.dhact, G(m, down_w), dout, hact, NULL, down_w, T, D, H, false);
-    m->ops->swiglu_backward(m->s.dgu, m->s.dhact, gu, NULL, T, H, NULL, 0);
+    m->ops->swiglu_backward(m->s.dgu, NULL, NULL, m->s.dhact, gu, NULL, T, H, NULL, 0);
     dense_backward(m, din, G(m, gu_w), m->s.dgu, in, NULL, gu_w, T, 2 * H, D, accumulate);
 }
 
@@ -1196,19 +1204,25 @@ static void experts_backward(void *ctx, size_t e0, size_t e1) {
     size_t D = m->cfg.d_model, H = m->cfg.expert_hidden, n = e1 - e0, Rr = w->Rr;
     size_t down = expert_tensor(p->experts_down, e0, D, H), gu = expert_tensor(p->experts_gu, e0, 2 * H, D);
     const int32_t *off = chunk_offsets(w, e0);
-    if (m->expert_hact) { // the rows' unweighted gradients: the combine weights' gradients from here
+    void *dgu = s->dgu;
+    if (m->expert_hact) {
+        // The rows' unweighted gradients. One SwiGLU backward also gives the combine weights'
+        // gradients and the weighted h for the down projection's weight gradient; it writes the
+        // gate|up gradient over the kept gate|up rows (their last read), as dgu's scratch A still
+        // holds the rows' gradients dye, which that weight gradient reads after it.
         expert_backward(m, s->dhact, NULL, w->rows ? w->dout : w->dye, w->rows, NULL, NULL, down, off, n, D, H, Rr,
                         DOUT_T_KEEP);
-        ops->moe_combine_weight_backward(s->row_dot, m->expert_hact, s->dhact, x->gu, s->row_w, Rr, H, off, n);
+        dgu = x->gu;
+        ops->swiglu_backward(dgu, s->row_dot, m->expert_hact, s->dhact, x->gu, s->row_w, Rr, H, off, n);
         expert_backward(m, NULL, G(m, down), w->dye, NULL, m->expert_hact, NULL, down, off, n, D, H, Rr, DOUT_T_KEPT);
     } else {
         swiglu_recompute(m, x->hact, x->gu, Rr, H, off, n);
         MOE_ASSERT(!w->rows);
         expert_backward(m, s->dhact, G(m, down), w->dye, NULL, x->hact, NULL, down, off, n, D, H, Rr, DOUT_T_MAKE);
+        ops->swiglu_backward(dgu, NULL, NULL, s->dhact, x->gu, NULL, Rr, H, off, n);
     }
-    ops->swiglu_backward(s->dgu, s->dhact, x->gu, m->expert_hact ? s->row_w : NULL, Rr, H, off, n);
     rows_recompute(w);
-    expert_backward(m, w->dxe, G(m, gu), s->dgu, NULL, x->xe, kept_cols(&x->xe_t), gu, off, n, 2 * H, D, Rr,
+    expert_backward(m, w->dxe, G(m, gu), dgu, NULL, x->xe, kept_cols(&x->xe_t), gu, off, n, 2 * H, D, Rr,
                     DOUT_T_MAKE);
 }
 

@@ -44,7 +44,8 @@ typedef struct {
     void *n2, *n2_rstd;        // act (T, D), f32 (T): feed-forward-side norm
     void *f;                   // act (T, D) feed-forward output
     void *gu, *hact;           // act: dense (T, 2Hd), (T, Hd); MoE (Rr, 2H), (Rr, H) expert-major
-                               // (MoE hact only with several expert-parallel ranks: Model.expert_hact)
+                               // (MoE hact only with several expert-parallel ranks: Model.expert_hact;
+                               // with one, the backward writes the gate|up gradient over MoE gu)
     void *logits, *scores;     // act (T, E), f32 (T, E)
     int32_t *topk_idx;         // (T, K)
     void *topk_w;              // f32 (T, K)
@@ -136,7 +137,7 @@ typedef struct {
     void *dlogits;            // act (T, E)
     void *dtopk_w;            // f32 (T, K)
     void *row_w, *row_dot;    // f32 (Rr), one expert-parallel rank: each expert row's combine weight,
-                              // and the gradient of that weight (moe_combine_weight_backward)
+                              // and the gradient of that weight (swiglu_backward's row_dot)
     int32_t *row_token;       // i32 (Rr) with Fp8Operands.fused_dispatch where the experts' FP8 inputs are
                               // kept (model_keeps_fp8_xe): the token of each expert row (moe_row_tokens),
                               // whose rows of the layer's input and output gradient the one-pass
@@ -207,7 +208,7 @@ typedef struct {
                                  // output of the MoE layer running, in the forward, and its rows
                                  // weighted by their combine weights in the backward. Not kept: the
                                  // backward takes the combine weights' gradients as (dout W) . h from the
-                                 // kept gate|up rows (moe_combine_weight_backward), so neither h nor
+                                 // kept gate|up rows (swiglu_backward's row_dot), so neither h nor
                                  // the expert outputs y are kept in any train.recompute mode.
     void *rope;                  // f32 (S, hd / 2, 2)
     StepInfo *step_info;         // backend memory, written before each step

@@ -57,6 +57,10 @@ static void cost_matmul_backward(void *dx, void *dw, const void *d, const void *
 static void cost_rmsnorm_forward(void *o, void *r, const void *x, const void *w, size_t R, size_t W, float eps) {
     bytes(KERNEL_ELEMENTWISE, 2.0 * R * W * A + R * F);
 }
+static void cost_add_rmsnorm_forward(void *s, void *o, void *r, const void *a, const void *b, const void *w, size_t R,
+                                     size_t W, float eps) {
+    bytes(KERNEL_ELEMENTWISE, 4.0 * R * W * A + R * F);
+}
 static void cost_rmsnorm_backward(void *dx, void *dw, const void *d, const void *x, const void *w, const void *r,
                                   size_t R, size_t W, bool acc) {
     bytes(KERNEL_ELEMENTWISE, (acc ? 4.0 : 3.0) * R * W * A + R * F);
@@ -89,9 +93,10 @@ static double swiglu_rows(size_t R, const int32_t *rows, size_t n) {
 static void cost_swiglu_forward(void *o, const void *g, size_t R, size_t H, const int32_t *rows, size_t n) {
     bytes(KERNEL_ELEMENTWISE, 3.0 * swiglu_rows(R, rows, n) * H * A);
 }
-static void cost_swiglu_backward(void *dg, const void *d, const void *g, const void *w, size_t R, size_t H,
-                                 const int32_t *rows, size_t n) {
-    bytes(KERNEL_ELEMENTWISE, 5.0 * swiglu_rows(R, rows, n) * H * A);
+// reads dout and gu, writes dgu (and with the row dots hw): 5 H per row, 6 H
+static void cost_swiglu_backward(void *dg, void *dot, void *hw, const void *d, const void *g, const void *w, size_t R,
+                                 size_t H, const int32_t *rows, size_t n) {
+    bytes(KERNEL_ELEMENTWISE, (dot ? 6.0 : 5.0) * swiglu_rows(R, rows, n) * H * A);
 }
 static void cost_router_forward(void *s, int32_t *i, void *w, int32_t *c, void *aux, const void *l, const void *b,
                                 const StepInfo *st, RouterArgs a) {
@@ -112,18 +117,13 @@ static void cost_dispatch_backward(void *dx, const void *dxp, const int32_t *p, 
                                    bool acc) {
     bytes(KERNEL_ROUTING, (double)(T * K + T) * D * A);
 }
-static void cost_combine_forward(void *o, const void *y, const int32_t *p, const void *w, size_t T, size_t K,
-                                 size_t D, bool acc) {
-    bytes(KERNEL_ROUTING, (double)(T * K + T) * D * A);
+static void cost_combine_forward(void *o, const void *base, const void *y, const int32_t *p, const void *w, size_t T,
+                                 size_t K, size_t D) {
+    bytes(KERNEL_ROUTING, (double)(T * K + (base ? 2 : 1) * T) * D * A);
 }
 static void cost_combine_backward(void *dy, void *dw, void *rw, const void *d, const void *y, const int32_t *p,
                                   const void *w, size_t T, size_t K, size_t D) {
     bytes(KERNEL_ROUTING, dy ? (double)((y ? 2 : 1) * T * K + T) * D * A : 12.0 * T * K);
-}
-// reads du and gu, writes hw: 4 H per row
-static void cost_combine_weight_backward(void *dot, void *hw, const void *du, const void *g, const void *w, size_t R,
-                                         size_t H, const int32_t *rows, size_t n) {
-    bytes(KERNEL_ROUTING, 4.0 * swiglu_rows(R, rows, n) * H * A);
 }
 static void cost_slot_values(void *dw, const void *d, const int32_t *p, size_t n) { bytes(KERNEL_ROUTING, 12.0 * n); }
 static void cost_row_tokens(int32_t *rt, const int32_t *p, size_t T, size_t K) { bytes(KERNEL_ROUTING, 8.0 * T * K); }
@@ -216,6 +216,7 @@ const Ops *ops_costing(bool bf16_activations, CostSink *s) {
     o.embedding_forward = cost_embedding_forward, o.embedding_backward = cost_embedding_backward;
     o.matmul_forward = cost_matmul_forward, o.matmul_backward = cost_matmul_backward;
     o.rmsnorm_forward = cost_rmsnorm_forward, o.rmsnorm_backward = cost_rmsnorm_backward, o.add = cost_add;
+    o.add_rmsnorm_forward = cost_add_rmsnorm_forward;
     o.qkv_norm_rope_forward = cost_qkv_norm_rope_forward, o.qkv_norm_rope_backward = cost_qkv_norm_rope_backward;
     o.attention_forward = cost_attention_forward, o.attention_backward = cost_attention_backward;
     o.swiglu_forward = cost_swiglu_forward, o.swiglu_backward = cost_swiglu_backward;
@@ -223,7 +224,7 @@ const Ops *ops_costing(bool bf16_activations, CostSink *s) {
     o.router_backward = cost_router_backward;
     o.moe_dispatch_forward = cost_dispatch_forward, o.moe_dispatch_backward = cost_dispatch_backward;
     o.moe_combine_forward = cost_combine_forward, o.moe_combine_backward = cost_combine_backward;
-    o.moe_combine_weight_backward = cost_combine_weight_backward, o.moe_slot_values = cost_slot_values;
+    o.moe_slot_values = cost_slot_values;
     o.moe_row_tokens = cost_row_tokens;
     o.moe_regroup = cost_regroup, o.moe_exchange_plan = cost_exchange_plan, o.moe_push_rows = cost_push_rows;
     o.grouped_matmul_forward = cost_grouped_forward, o.grouped_matmul_backward = cost_grouped_backward;

@@ -177,6 +177,10 @@ typedef struct Ops {
                              const void *rstd, size_t R, size_t W, bool accumulate_dx);
     // out = a + b, n elements act (out may alias a or b)
     void (*add)(void *out, const void *a, const void *b, size_t n);
+    // sum (R, W) act = a + b (as add), then out and rstd = rmsnorm_forward of sum: a residual add
+    // and the norm that reads its result, in one pass
+    void (*add_rmsnorm_forward)(void *sum, void *out, void *rstd, const void *a, const void *b, const void *w,
+                                size_t R, size_t W, float eps);
 
     // ---- attention (packed qkv rows: C = (Hq + 2 Hkv) hd, q heads then k heads then v heads) ----
     // qkv (T, C) act = RoPE(QK-norm(qkv_raw)); v copied. wq: (Hq hd) for FULL, (hd) for HEAD;
@@ -199,9 +203,14 @@ typedef struct Ops {
     // out (R, H) act = silu(gate) * up
     void (*swiglu_forward)(void *out, const void *gu, size_t R, size_t H, const int32_t *rows, size_t n);
     // dgu (R, 2H) act from dout (R, H) act, each row's gradient scaled by row_w[r] first (row_w
-    // (R) f32, NULL: 1)
-    void (*swiglu_backward)(void *dgu, const void *dout, const void *gu, const void *row_w, size_t R,
-                            size_t H, const int32_t *rows, size_t n);
+    // (R) f32, NULL: 1). dgu may be gu: each value is read before it is written. With row_dot
+    // non-NULL, the same pass also gives the combine weights' gradients from the expert rows, so the
+    // expert outputs need not be kept: dout . y = dout . (h W^T) = (dout W) . h. Per row, with h =
+    // silu(gate) * up again and dout the down projection's input gradient of the unweighted rows:
+    // row_dot (R) f32 [r] = dout[r] . h[r] and hw (R, H) act = row_w[r] h[r] (the down projection's
+    // weight-gradient input).
+    void (*swiglu_backward)(void *dgu, void *row_dot, void *hw, const void *dout, const void *gu,
+                            const void *row_w, size_t R, size_t H, const int32_t *rows, size_t n);
 
     // ---- mixture of experts ----
     // From logits (T, E) act: scores (T, E) f32 (softmax or sigmoid; real scores even in random
@@ -228,25 +237,18 @@ typedef struct Ops {
     // dx (T, D) act (= or +=) sum over a token's kept slots of dxp rows
     void (*moe_dispatch_backward)(void *dx, const void *dxp, const int32_t *slot_pos, size_t T,
                                   size_t K, size_t D, bool accumulate_dx);
-    // out (T, D) act (= or +=) sum_k topk_w[t, k] * y[slot_pos[t, k]]
-    void (*moe_combine_forward)(void *out, const void *y, const int32_t *slot_pos,
-                                const void *topk_w, size_t T, size_t K, size_t D, bool accumulate);
+    // out (T, D) act = base + sum_k topk_w[t, k] * y[slot_pos[t, k]], summed in fp32 and rounded
+    // once (base (T, D) act, e.g. the residual stream; NULL: 0; may be out)
+    void (*moe_combine_forward)(void *out, const void *base, const void *y, const int32_t *slot_pos,
+                                const void *topk_w, size_t T, size_t K, size_t D);
     // For kept slots: with the expert outputs y (R, D) act, dy (R, D) act = topk_w dout rows and
     // dtopk_w (T, K) f32 = dout . y (0 for dropped slots). Without them (y NULL: the combine
-    // weights' gradients come from the expert rows, moe_combine_weight_backward), dy = the dout rows
+    // weights' gradients come from the expert rows, swiglu_backward's row_dot), dy = the dout rows
     // unweighted (dy NULL: not copied; a consumer reads them from dout through moe_row_tokens) and
     // row_w (R) f32 = the weight of each row's slot; dtopk_w is not written.
     void (*moe_combine_backward)(void *dy, void *dtopk_w, void *row_w, const void *dout, const void *y,
                                  const int32_t *slot_pos, const void *topk_w, size_t T, size_t K,
                                  size_t D);
-    // The combine weights' gradients from the expert rows, so the expert outputs need not be kept:
-    // dout . y = dout . (h W^T) = (dout W) . h. Per row r (rows used as swiglu_forward's), with h =
-    // silu(gate) * up again from gu (R, 2H) act and du (R, H) act the down projection's input
-    // gradient of the unweighted rows: row_dot (R) f32 [r] = du[r] . h[r], hw (R, H) act = row_w[r]
-    // h[r] (the down projection's weight-gradient input; row_w (R) f32).
-    void (*moe_combine_weight_backward)(void *row_dot, void *hw, const void *du, const void *gu,
-                                        const void *row_w, size_t R, size_t H, const int32_t *rows,
-                                        size_t n);
     // dtopk_w (n) f32 [i] = row_dot[slot_pos[i]] (0 for a dropped slot)
     void (*moe_slot_values)(void *dtopk_w, const void *row_dot, const int32_t *slot_pos, size_t n);
     // The token of each expert row: row_token[slot_pos[t, k]] = t for the kept slots of slot_pos (T,

@@ -54,6 +54,9 @@ WRAP(rmsnorm_backward, PHASE_REST,
      (void *dx, void *dw, const void *d, const void *x, const void *w, const void *r, size_t R, size_t W, bool acc),
      (dx, dw, d, x, w, r, R, W, acc))
 WRAP(add, PHASE_REST, (void *o, const void *a, const void *b, size_t n), (o, a, b, n))
+WRAP(add_rmsnorm_forward, PHASE_REST,
+     (void *s, void *o, void *r, const void *a, const void *b, const void *w, size_t R, size_t W, float eps),
+     (s, o, r, a, b, w, R, W, eps))
 WRAP(qkv_norm_rope_forward, PHASE_ATTENTION,
      (void *q, void *r, const void *raw, const void *wq, const void *wk, const void *rope, AttnDims d, QkNorm m, float e),
      (q, r, raw, wq, wk, rope, d, m, e))
@@ -67,8 +70,9 @@ WRAP(attention_backward, PHASE_ATTENTION,
 WRAP(swiglu_forward, PHASE_REST, (void *o, const void *g, size_t R, size_t H, const int32_t *r, size_t n),
      (o, g, R, H, r, n))
 WRAP(swiglu_backward, PHASE_REST,
-     (void *dg, const void *d, const void *g, const void *w, size_t R, size_t H, const int32_t *r, size_t n),
-     (dg, d, g, w, R, H, r, n))
+     (void *dg, void *dot, void *hw, const void *d, const void *g, const void *w, size_t R, size_t H, const int32_t *r,
+      size_t n),
+     (dg, dot, hw, d, g, w, R, H, r, n))
 WRAP(router_forward, PHASE_ROUTING,
      (void *s, int32_t *i, void *w, int32_t *c, void *aux, const void *l, const void *b, const StepInfo *st, RouterArgs a),
      (s, i, w, c, aux, l, b, st, a))
@@ -83,16 +87,12 @@ WRAP(moe_dispatch_forward, PHASE_ROUTING,
 WRAP(moe_dispatch_backward, PHASE_ROUTING,
      (void *dx, const void *dxp, const int32_t *p, size_t T, size_t K, size_t D, bool acc), (dx, dxp, p, T, K, D, acc))
 WRAP(moe_combine_forward, PHASE_ROUTING,
-     (void *o, const void *y, const int32_t *p, const void *w, size_t T, size_t K, size_t D, bool acc),
-     (o, y, p, w, T, K, D, acc))
+     (void *o, const void *b, const void *y, const int32_t *p, const void *w, size_t T, size_t K, size_t D),
+     (o, b, y, p, w, T, K, D))
 WRAP(moe_combine_backward, PHASE_ROUTING,
      (void *dy, void *dw, void *rw, const void *d, const void *y, const int32_t *p, const void *w, size_t T, size_t K,
       size_t D),
      (dy, dw, rw, d, y, p, w, T, K, D))
-WRAP(moe_combine_weight_backward, PHASE_ROUTING,
-     (void *dot, void *hw, const void *du, const void *g, const void *w, size_t R, size_t H, const int32_t *r,
-      size_t n),
-     (dot, hw, du, g, w, R, H, r, n))
 WRAP(moe_slot_values, PHASE_ROUTING, (void *dw, const void *d, const int32_t *p, size_t n), (dw, d, p, n))
 WRAP(moe_row_tokens, PHASE_ROUTING, (int32_t *rt, const int32_t *p, size_t T, size_t K), (rt, p, T, K))
 WRAP(moe_regroup, PHASE_ROUTING, (void *o, const void *i, const int32_t *c, size_t ep, size_t El, size_t D, bool f),
@@ -155,11 +155,12 @@ const Ops *ops_profiled(const Ops *backend) {
     wrapped.capture_begin = NULL; // timed calls run as they are queued
 #define SET(name) wrapped.name = prof_##name
     SET(embedding_forward), SET(embedding_backward), SET(matmul_forward), SET(matmul_backward);
-    SET(rmsnorm_forward), SET(rmsnorm_backward), SET(add), SET(qkv_norm_rope_forward), SET(qkv_norm_rope_backward);
+    SET(rmsnorm_forward), SET(rmsnorm_backward), SET(add), SET(add_rmsnorm_forward), SET(qkv_norm_rope_forward);
+    SET(qkv_norm_rope_backward);
     SET(attention_forward), SET(attention_backward), SET(swiglu_forward), SET(swiglu_backward);
     SET(router_forward), SET(router_aux_loss), SET(router_backward), SET(moe_dispatch_forward);
     SET(moe_dispatch_backward), SET(moe_combine_forward), SET(moe_combine_backward), SET(moe_regroup);
-    SET(moe_combine_weight_backward), SET(moe_slot_values), SET(moe_row_tokens);
+    SET(moe_slot_values), SET(moe_row_tokens);
     SET(moe_exchange_plan), SET(moe_push_rows);
     SET(grouped_matmul_forward), SET(grouped_matmul_backward), SET(router_bias_update), SET(cross_entropy);
     SET(fp8_quantize_rows), SET(swiglu_forward_fp8), SET(fp8_quantize_cols), SET(fp8_quantize_weights);

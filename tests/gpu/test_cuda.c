@@ -154,6 +154,41 @@ static void check(const char *what, const Buf *b, size_t n, double rtol, double 
 
 // ---------------------------------------------------------------- dense ops
 
+// RMSNorm forward and backward (dx = and +=), add, and the add with the norm in one pass (against
+// the CPU, and bit for bit against add then rmsnorm_forward on the GPU), on rows of W values.
+static void check_norms(size_t R, size_t W) {
+    Buf x = buf_new(K_ACT, R * W), w = buf_new(K_ACT, W), y = buf_new(K_ACT, R * W), rstd = buf_new(K_F32, R);
+    Buf dx = buf_new(K_ACT, R * W), dwn = buf_new(K_F32, W), sum = buf_new(K_ACT, R * W);
+    char what[96];
+    buf_random(&x, 11, 1), buf_random(&w, 12, 1), buf_poison(&y), buf_poison(&rstd);
+    cpu->rmsnorm_forward(y.c, rstd.c, x.c, w.c, R, W, 1e-5f), gpu->rmsnorm_forward(y.g, rstd.g, x.g, w.g, R, W, 1e-5f);
+    snprintf(what, sizeof what, "rmsnorm forward %zux%zu", R, W);
+    check(what, &y, R * W, BF), check("rmsnorm rstd", &rstd, R, FP);
+    for (int acc = 0; acc < 2; acc++) {
+        buf_random(&y, 13, 1), buf_random(&dwn, 14, 1);
+        if (acc) buf_random(&dx, 15, 1); else buf_poison(&dx);
+        cpu->rmsnorm_backward(dx.c, dwn.c, y.c, x.c, w.c, rstd.c, R, W, acc);
+        gpu->rmsnorm_backward(dx.g, dwn.g, y.g, x.g, w.g, rstd.g, R, W, acc);
+        check(acc ? "rmsnorm backward dx +=" : "rmsnorm backward dx", &dx, R * W, BF);
+        check("rmsnorm backward dw", &dwn, W, FP);
+    }
+    cpu->add(dx.c, x.c, y.c, R * W), gpu->add(dx.g, x.g, y.g, R * W);
+    check("add", &dx, R * W, BF);
+    buf_poison(&sum), buf_poison(&dx), buf_poison(&rstd);
+    cpu->add_rmsnorm_forward(sum.c, dx.c, rstd.c, x.c, y.c, w.c, R, W, 1e-5f);
+    gpu->add_rmsnorm_forward(sum.g, dx.g, rstd.g, x.g, y.g, w.g, R, W, 1e-5f);
+    check("add + rmsnorm forward: sum", &sum, R * W, BF), check("add + rmsnorm forward: norm", &dx, R * W, BF);
+    check("add + rmsnorm forward: rstd", &rstd, R, FP);
+    float *one = malloc(R * W * sizeof(float)), *two = malloc(R * W * sizeof(float));
+    fetch(gpu, K_ACT, dx.g, R * W, one);
+    gpu->add(sum.g, x.g, y.g, R * W), gpu->rmsnorm_forward(dx.g, rstd.g, sum.g, w.g, R, W, 1e-5f);
+    fetch(gpu, K_ACT, dx.g, R * W, two);
+    if (memcmp(one, two, R * W * sizeof(float)))
+        FAIL("add + rmsnorm forward %zux%zu: not bit for bit add then rmsnorm_forward", R, W);
+    free(one), free(two);
+    buf_free(&x), buf_free(&w), buf_free(&y), buf_free(&rstd), buf_free(&dx), buf_free(&dwn), buf_free(&sum);
+}
+
 static void test_dense(void) {
     size_t T = 37, V = 41, D = 24;
     Buf tok = buf_new(K_I32, T), wte = buf_new(K_ACT, V * D), out = buf_new(K_ACT, T * D), dw = buf_new(K_F32, V * D);
@@ -191,24 +226,8 @@ static void test_dense(void) {
         buf_free(&x), buf_free(&w), buf_free(&y), buf_free(&dx), buf_free(&dwt);
     }
 
-    size_t R = 37, W = 72;
-    Buf x = buf_new(K_ACT, R * W), w = buf_new(K_ACT, W), y = buf_new(K_ACT, R * W), rstd = buf_new(K_F32, R);
-    Buf dx = buf_new(K_ACT, R * W), dwn = buf_new(K_F32, W);
-    buf_random(&x, 11, 1), buf_random(&w, 12, 1), buf_poison(&y), buf_poison(&rstd);
-    cpu->rmsnorm_forward(y.c, rstd.c, x.c, w.c, R, W, 1e-5f), gpu->rmsnorm_forward(y.g, rstd.g, x.g, w.g, R, W, 1e-5f);
-    check("rmsnorm forward", &y, R * W, BF), check("rmsnorm rstd", &rstd, R, FP);
-    for (int acc = 0; acc < 2; acc++) {
-        buf_random(&y, 13, 1), buf_random(&dwn, 14, 1);
-        if (acc) buf_random(&dx, 15, 1); else buf_poison(&dx);
-        cpu->rmsnorm_backward(dx.c, dwn.c, y.c, x.c, w.c, rstd.c, R, W, acc);
-        gpu->rmsnorm_backward(dx.g, dwn.g, y.g, x.g, w.g, rstd.g, R, W, acc);
-        check(acc ? "rmsnorm backward dx +=" : "rmsnorm backward dx", &dx, R * W, BF);
-        check("rmsnorm backward dw", &dwn, W, FP);
-    }
-    cpu->add(dx.c, x.c, y.c, R * W), gpu->add(dx.g, x.g, y.g, R * W);
-    check("add", &dx, R * W, BF);
-    buf_free(&x), buf_free(&w), buf_free(&y), buf_free(&rstd), buf_free(&dx), buf_free(&dwn);
-
+    check_norms(37, 72), check_norms(19, 2056); // rows of 9 and of 257 16-byte pieces
+    size_t R = 37;
     size_t H = 24;
     Buf gu = buf_new(K_ACT, R * 2 * H), h = buf_new(K_ACT, R * H), cnt = buf_new(K_I32, 2), dgu = buf_new(K_ACT, R * 2 * H);
     Buf rw = buf_new(K_F32, R), dot = buf_new(K_F32, R), hw = buf_new(K_ACT, R * H);
@@ -220,33 +239,43 @@ static void test_dense(void) {
         cpu->swiglu_forward(h.c, gu.c, R, H, cc, 1), gpu->swiglu_forward(h.g, gu.g, R, H, cg, 1);
         check(limited ? "swiglu forward (row range; rest untouched)" : "swiglu forward", &h, R * H, BF);
         buf_random(&h, 17, 1), buf_random(&rw, 18, 1);
-        cpu->swiglu_backward(dgu.c, h.c, gu.c, NULL, R, H, cc, 1), gpu->swiglu_backward(dgu.g, h.g, gu.g, NULL, R, H, cg, 1);
+        cpu->swiglu_backward(dgu.c, NULL, NULL, h.c, gu.c, NULL, R, H, cc, 1);
+        gpu->swiglu_backward(dgu.g, NULL, NULL, h.g, gu.g, NULL, R, H, cg, 1);
         check(limited ? "swiglu backward (row range)" : "swiglu backward", &dgu, R * 2 * H, BF);
-        cpu->swiglu_backward(dgu.c, h.c, gu.c, rw.c, R, H, cc, 1), gpu->swiglu_backward(dgu.g, h.g, gu.g, rw.g, R, H, cg, 1);
+        cpu->swiglu_backward(dgu.c, NULL, NULL, h.c, gu.c, rw.c, R, H, cc, 1);
+        gpu->swiglu_backward(dgu.g, NULL, NULL, h.g, gu.g, rw.g, R, H, cg, 1);
         check("swiglu backward, rows weighted", &dgu, R * 2 * H, BF);
-        buf_poison(&dot), buf_poison(&hw);
-        cpu->moe_combine_weight_backward(dot.c, hw.c, h.c, gu.c, rw.c, R, H, cc, 1);
-        gpu->moe_combine_weight_backward(dot.g, hw.g, h.g, gu.g, rw.g, R, H, cg, 1);
-        check(limited ? "combine weight backward, row dots (row range; rest untouched)" : "combine weight backward, row dots",
+        buf_poison(&dot), buf_poison(&hw); // with the combine weights' gradients, over gu (the model's way)
+        cpu->swiglu_backward(gu.c, dot.c, hw.c, h.c, gu.c, rw.c, R, H, cc, 1);
+        gpu->swiglu_backward(gu.g, dot.g, hw.g, h.g, gu.g, rw.g, R, H, cg, 1);
+        check(limited ? "swiglu backward with row dots, dots (row range; rest untouched)" : "swiglu backward with row dots, dots",
               &dot, R, 1e-2, 1e-3);
-        check("combine weight backward, weighted rows", &hw, R * H, BF);
+        check("swiglu backward with row dots, weighted rows", &hw, R * H, BF);
+        check("swiglu backward with row dots, gradient over gu", &gu, R * 2 * H, BF);
     }
     buf_free(&gu), buf_free(&h), buf_free(&cnt), buf_free(&dgu), buf_free(&rw), buf_free(&dot), buf_free(&hw);
 
-    size_t N = 37, Vc = 1003;
-    Buf logits = buf_new(K_ACT, N * Vc), tg = buf_new(K_I32, N), acc = buf_new(K_F32, 2);
-    for (size_t i = 0; i < N; i++) tg.ref[i] = i == 5 ? -1.0f : (float)(rng_hash64(18, i) % Vc);
-    buf_push(&tg);
-    for (int grad = 0; grad < 2; grad++) {
-        buf_random(&logits, 19, 3);
-        float zero[2] = {0, 0};
-        buf_values(&acc, zero);
-        cpu->cross_entropy(logits.c, acc.c, tg.c, N, Vc, 1.0f / N, 1e-3f, grad);
-        gpu->cross_entropy(logits.g, acc.g, tg.g, N, Vc, 1.0f / N, 1e-3f, grad);
-        check("cross-entropy loss and lse^2 sums", &acc, 2, FP);
-        if (grad) check("cross-entropy gradient (ignored target row zero)", &logits, N * Vc, BF);
+    // vocabularies: not a multiple of 8 (a value at a time), short and long rows of 16-byte pieces
+    // (the bench configs' 50304 among them)
+    size_t N = 37, vocabs[] = {1003, 256, 8200, 50304, 70000};
+    for (size_t vi = 0; vi < sizeof vocabs / sizeof *vocabs; vi++) {
+        size_t Vc = vocabs[vi];
+        Buf logits = buf_new(K_ACT, N * Vc), tg = buf_new(K_I32, N), acc = buf_new(K_F32, 2);
+        for (size_t i = 0; i < N; i++) tg.ref[i] = i == 5 ? -1.0f : (float)(rng_hash64(18, i) % Vc);
+        buf_push(&tg);
+        for (int grad = 0; grad < 2; grad++) {
+            buf_random(&logits, 19, 3);
+            float zero[2] = {0, 0};
+            buf_values(&acc, zero);
+            cpu->cross_entropy(logits.c, acc.c, tg.c, N, Vc, 1.0f / N, 1e-3f, grad);
+            gpu->cross_entropy(logits.g, acc.g, tg.g, N, Vc, 1.0f / N, 1e-3f, grad);
+            char what[96];
+            snprintf(what, sizeof what, "cross-entropy loss and lse^2 sums, vocabulary %zu", Vc);
+            check(what, &acc, 2, FP);
+            if (grad) check("cross-entropy gradient (ignored target row zero)", &logits, N * Vc, BF);
+        }
+        buf_free(&logits), buf_free(&tg), buf_free(&acc);
     }
-    buf_free(&logits), buf_free(&tg), buf_free(&acc);
 }
 
 // ---------------------------------------------------------------- optimizer
@@ -449,11 +478,14 @@ static void test_dispatch_case(size_t T, size_t K, size_t E, size_t D, size_t ca
     check("  dispatched rows", &xp, R * D, 0, 0), check("  dropped count", &stats, router_stats_len(E), 0, 0);
     Buf w = buf_new(K_F32, T * K), y = buf_new(K_ACT, R * D), out = buf_new(K_ACT, T * D), dw = buf_new(K_F32, T * K);
     buf_random(&w, 51, 1), buf_random(&y, 52, 1), buf_poison(&out);
-    for (int acc = 0; acc < 2; acc++) {
-        if (acc) buf_random(&out, 53, 1);
-        cpu->moe_combine_forward(out.c, y.c, pos.c, w.c, T, K, D, acc);
-        gpu->moe_combine_forward(out.g, y.g, pos.g, w.g, T, K, D, acc);
-        check(acc ? "  combine forward +=" : "  combine forward", &out, T * D, BF);
+    for (int base = 0; base < 3; base++) { // none, out itself, another tensor (x)
+        if (base == 1) buf_random(&out, 53, 1);
+        else buf_poison(&out);
+        const Buf *b = base == 1 ? &out : &x;
+        cpu->moe_combine_forward(out.c, base ? b->c : NULL, y.c, pos.c, w.c, T, K, D);
+        gpu->moe_combine_forward(out.g, base ? b->g : NULL, y.g, pos.g, w.g, T, K, D);
+        check(base == 0 ? "  combine forward" : base == 1 ? "  combine forward +=" : "  combine forward, base + sum", &out,
+              T * D, BF);
     }
     Buf rt = buf_new(K_I32, R), pos0 = buf_new(K_I32, T * K), off0 = buf_new(K_I32, E + 1);
     buf_poison(&rt), buf_poison(&pos0), buf_poison(&off0), buf_values(&stats, zero);

@@ -92,6 +92,12 @@ void cpu_rmsnorm_forward(void *out_, void *rstd_, const void *x_, const void *w,
     for (size_t r = 0; r < R; r++) rstd[r] = cpu_rms_group_forward(out + r * W, x + r * W, w, W, eps);
 }
 
+void cpu_add_rmsnorm_forward(void *sum, void *out, void *rstd, const void *a, const void *b, const void *w, size_t R,
+                             size_t W, float eps) {
+    cpu_add(sum, a, b, R * W);
+    cpu_rmsnorm_forward(out, rstd, sum, w, R, W, eps);
+}
+
 void cpu_rmsnorm_backward(void *dx_, void *dw, const void *dout_, const void *x_, const void *w,
                           const void *rstd_, size_t R, size_t W, bool accumulate_dx) {
     real *dx = dx_;
@@ -131,38 +137,29 @@ void cpu_swiglu_forward(void *out_, const void *gu_, size_t R, size_t H, const i
         }
 }
 
-void cpu_swiglu_backward(void *dgu_, const void *dout_, const void *gu_, const void *row_w_, size_t R,
-                         size_t H, const int32_t *rows, size_t n) {
-    real *dgu = dgu_;
+// dgu may be gu: a row's gate and up values are read before their gradients are written.
+void cpu_swiglu_backward(void *dgu_, void *row_dot_, void *hw_, const void *dout_, const void *gu_,
+                         const void *row_w_, size_t R, size_t H, const int32_t *rows, size_t n) {
+    real *dgu = dgu_, *row_dot = row_dot_, *hw = hw_;
     const real *dout = dout_, *gu = gu_, *row_w = row_w_;
     size_t first, end;
     rows_used(R, rows, n, &first, &end);
 #pragma omp parallel for schedule(static)
-    for (size_t r = first; r < end; r++)
+    for (size_t r = first; r < end; r++) {
+        real w = row_w ? row_w[r] : 1;
+        double dot = 0;
         for (size_t j = 0; j < H; j++) {
-            real g = gu[r * 2 * H + j], u = gu[r * 2 * H + H + j], d = dout[r * H + j];
-            if (row_w) d *= row_w[r];
-            real s = sigmoid(g);
+            real g = gu[r * 2 * H + j], u = gu[r * 2 * H + H + j], d = dout[r * H + j], s = sigmoid(g);
+            if (row_dot) {
+                real h = swiglu_value(g, u);
+                dot += (double)d * h;
+                hw[r * H + j] = w * h;
+            }
+            d *= w;
             dgu[r * 2 * H + j] = d * u * s * (1 + g * (1 - s));
             dgu[r * 2 * H + H + j] = d * g * s;
         }
-}
-
-void cpu_moe_combine_weight_backward(void *row_dot_, void *hw_, const void *du_, const void *gu_,
-                                     const void *row_w_, size_t R, size_t H, const int32_t *rows, size_t n) {
-    real *row_dot = row_dot_, *hw = hw_;
-    const real *du = du_, *gu = gu_, *row_w = row_w_;
-    size_t first, end;
-    rows_used(R, rows, n, &first, &end);
-#pragma omp parallel for schedule(static)
-    for (size_t r = first; r < end; r++) {
-        double dot = 0;
-        for (size_t j = 0; j < H; j++) {
-            real h = swiglu_value(gu[r * 2 * H + j], gu[r * 2 * H + H + j]);
-            dot += (double)du[r * H + j] * h;
-            hw[r * H + j] = row_w[r] * h;
-        }
-        row_dot[r] = (real)dot;
+        if (row_dot) row_dot[r] = (real)dot;
     }
 }
 

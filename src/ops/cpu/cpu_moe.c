@@ -170,12 +170,14 @@ void cpu_moe_dispatch_forward(void *xp_, int32_t *slot_pos, int32_t *offsets, vo
 
 // out[t] (= or +=) sum over the kept slots k of token t of w[t, k] * rows[slot_pos[t, k]]
 // (w NULL: weight 1). Serves the combine and the backward of the dispatch.
-static void sum_slot_rows(real *out, const real *rows, const int32_t *slot_pos, const real *w,
-                          size_t T, size_t K, size_t D, bool accumulate) {
+// out[t] = base[t] (NULL: 0; may be out) + sum over kept slots of w * rows[pos] (w NULL: 1)
+static void sum_slot_rows(real *out, const real *base, const real *rows, const int32_t *slot_pos, const real *w,
+                          size_t T, size_t K, size_t D) {
 #pragma omp parallel for schedule(static)
     for (size_t t = 0; t < T; t++) {
         real *row = out + t * D;
-        if (!accumulate) memset(row, 0, D * sizeof(real));
+        if (!base) memset(row, 0, D * sizeof(real));
+        else if (base != out) memcpy(row, base + t * D, D * sizeof(real));
         for (size_t k = 0; k < K; k++) {
             int32_t pos = slot_pos[t * K + k];
             if (pos < 0) continue;
@@ -187,12 +189,12 @@ static void sum_slot_rows(real *out, const real *rows, const int32_t *slot_pos, 
 
 void cpu_moe_dispatch_backward(void *dx, const void *dxp, const int32_t *slot_pos, size_t T,
                                size_t K, size_t D, bool accumulate_dx) {
-    sum_slot_rows(dx, dxp, slot_pos, NULL, T, K, D, accumulate_dx);
+    sum_slot_rows(dx, accumulate_dx ? dx : NULL, dxp, slot_pos, NULL, T, K, D);
 }
 
-void cpu_moe_combine_forward(void *out, const void *y, const int32_t *slot_pos,
-                             const void *topk_w, size_t T, size_t K, size_t D, bool accumulate) {
-    sum_slot_rows(out, y, slot_pos, topk_w, T, K, D, accumulate);
+void cpu_moe_combine_forward(void *out, const void *base, const void *y, const int32_t *slot_pos, const void *topk_w,
+                             size_t T, size_t K, size_t D) {
+    sum_slot_rows(out, base, y, slot_pos, topk_w, T, K, D);
 }
 
 void cpu_moe_combine_backward(void *dy_, void *dtopk_w_, void *row_w_, const void *dout_, const void *y_,

@@ -26,11 +26,11 @@ void cpu_rmsnorm_forward(void *out, void *rstd, const void *x, const void *w, si
 void cpu_rmsnorm_backward(void *dx, void *dw, const void *dout, const void *x, const void *w,
                           const void *rstd, size_t R, size_t W, bool accumulate_dx);
 void cpu_add(void *out, const void *a, const void *b, size_t n);
+void cpu_add_rmsnorm_forward(void *sum, void *out, void *rstd, const void *a, const void *b, const void *w, size_t R,
+                             size_t W, float eps);
 void cpu_swiglu_forward(void *out, const void *gu, size_t R, size_t H, const int32_t *rows, size_t n);
-void cpu_swiglu_backward(void *dgu, const void *dout, const void *gu, const void *row_w, size_t R, size_t H,
-                         const int32_t *rows, size_t n);
-void cpu_moe_combine_weight_backward(void *row_dot, void *hw, const void *du, const void *gu, const void *row_w,
-                                     size_t R, size_t H, const int32_t *rows, size_t n);
+void cpu_swiglu_backward(void *dgu, void *row_dot, void *hw, const void *dout, const void *gu, const void *row_w,
+                         size_t R, size_t H, const int32_t *rows, size_t n);
 void cpu_cross_entropy(void *logits, void *loss_acc, const int32_t *targets, size_t N, size_t V,
                        float ce_scale, float z_scale, bool want_grad);
 
@@ -62,8 +62,8 @@ void cpu_moe_dispatch_forward(void *xp, int32_t *slot_pos, int32_t *offsets, voi
                               size_t T, size_t K, size_t E, size_t D, size_t capacity);
 void cpu_moe_dispatch_backward(void *dx, const void *dxp, const int32_t *slot_pos, size_t T,
                                size_t K, size_t D, bool accumulate_dx);
-void cpu_moe_combine_forward(void *out, const void *y, const int32_t *slot_pos, const void *topk_w,
-                             size_t T, size_t K, size_t D, bool accumulate);
+void cpu_moe_combine_forward(void *out, const void *base, const void *y, const int32_t *slot_pos, const void *topk_w,
+                             size_t T, size_t K, size_t D);
 void cpu_moe_combine_backward(void *dy, void *dtopk_w, void *row_w, const void *dout, const void *y,
                               const int32_t *slot_pos, const void *topk_w, size_t T, size_t K, size_t D);
 void cpu_moe_slot_values(void *dtopk_w, const void *row_dot, const int32_t *slot_pos, size_t n);

@@ -262,6 +262,7 @@ static Ops make_cuda_ops(void) {
     o.embedding_forward = cuda_embedding_forward, o.embedding_backward = cuda_embedding_backward;
     o.matmul_forward = cuda_matmul_forward, o.matmul_backward = cuda_matmul_backward;
     o.rmsnorm_forward = cuda_rmsnorm_forward, o.rmsnorm_backward = cuda_rmsnorm_backward;
+    o.add_rmsnorm_forward = cuda_add_rmsnorm_forward;
     o.add = cuda_add;
     o.qkv_norm_rope_forward = cuda_qkv_norm_rope_forward;
     o.qkv_norm_rope_backward = cuda_qkv_norm_rope_backward;
@@ -272,8 +273,7 @@ static Ops make_cuda_ops(void) {
     o.router_backward = cuda_router_backward;
     o.moe_dispatch_forward = cuda_moe_dispatch_forward, o.moe_dispatch_backward = cuda_moe_dispatch_backward;
     o.moe_combine_forward = cuda_moe_combine_forward, o.moe_combine_backward = cuda_moe_combine_backward;
-    o.moe_combine_weight_backward = cuda_moe_combine_weight_backward, o.moe_slot_values = cuda_moe_slot_values;
-    o.moe_row_tokens = cuda_moe_row_tokens;
+    o.moe_slot_values = cuda_moe_slot_values, o.moe_row_tokens = cuda_moe_row_tokens;
     o.moe_regroup = cuda_moe_regroup, o.moe_exchange_plan = cuda_moe_exchange_plan;
     o.moe_push_rows = cuda_moe_push_rows;
     o.grouped_matmul_forward = cuda_grouped_matmul_forward;

@@ -70,16 +70,25 @@ extern "C" void cuda_embedding_backward(void *dwte, const void *dout, const int3
 
 // ---------------------------------------------------------------- RMSNorm
 
-// Forward: one warp per row.
-__global__ void rmsnorm_forward_kernel(bf16 *out, float *rstd, const bf16 *x, const bf16 *w, size_t R, size_t W, float eps) {
+// Forward: one warp per row. ADD: the row is sum = a + b (x = a), rounded to bf16 and written
+// first, then normalised (each lane reads back the values it wrote).
+template <bool ADD>
+__global__ void rmsnorm_forward_kernel(bf16 *out, float *rstd, bf16 *sum, const bf16 *x, const bf16 *b, const bf16 *w,
+                                       size_t R, size_t W, float eps) {
     size_t r = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x & 31;
     if (r >= R) return;
-    const bf16 *xr = x + r * W;
+    const bf16 *xr = ADD ? sum + r * W : x + r * W;
     float ss = 0;
     for (size_t j = 8 * lane; j < W; j += 256) {
         float v[8];
-        load8(v, xr + j);
+        load8(v, x + r * W + j);
+        if (ADD) {
+            float v2[8];
+            load8(v2, b + r * W + j);
+            for (int k = 0; k < 8; k++) v[k] = bf(to_bf(v[k] + v2[k]));
+            store8(sum + r * W + j, v);
+        }
         for (int k = 0; k < 8; k++) ss += v[k] * v[k];
     }
     float rs = rsqrtf(warp_sum(ss) / (float)W + eps);
@@ -93,7 +102,8 @@ __global__ void rmsnorm_forward_kernel(bf16 *out, float *rstd, const bf16 *x, co
 }
 
 // Backward: a block takes ROWS rows at a time, striding over the rows; thread tid holds the
-// 16-byte chunks tid + k blockDim (k < CHUNKS) of each row, so the row dots reduce over the block
+// 16-byte chunks tid + k blockDim (k < CHUNKS) of each row (dout, x and, accumulating, dx's old
+// values, all loaded before the first sum waits on them), so the row dots reduce over the block
 // and each thread sums the weight gradient of its own columns in registers. Each block writes its
 // sums to a row of dw_part, and cuda_add_column_sums adds the rows to dw in a fixed order
 // (deterministic, no atomics).
@@ -111,7 +121,7 @@ __global__ void rmsnorm_backward_kernel(bf16 *dx, float *dw_part, const bf16 *do
         if (c < W8) load8(wv[k], w + 8 * c);
     }
     for (size_t r0 = (size_t)blockIdx.x * ROWS; r0 < R; r0 += (size_t)gridDim.x * ROWS) {
-        uint4 gu[ROWS][CHUNKS], xu[ROWS][CHUNKS];
+        uint4 gu[ROWS][CHUNKS], xu[ROWS][CHUNKS], ou[ROWS][CHUNKS]; // ou: dx's old values (accumulate)
         float dot[ROWS];
 #pragma unroll
         for (int q = 0; q < ROWS; q++) {
@@ -120,8 +130,10 @@ __global__ void rmsnorm_backward_kernel(bf16 *dx, float *dw_part, const bf16 *do
             for (int k = 0; k < CHUNKS; k++) {
                 int c = k * blockDim.x + threadIdx.x;
                 bool in = r0 + q < R && c < W8;
-                gu[q][k] = in ? *reinterpret_cast<const uint4 *>(dout + (r0 + q) * W + 8 * c) : make_uint4(0, 0, 0, 0);
-                xu[q][k] = in ? *reinterpret_cast<const uint4 *>(x + (r0 + q) * W + 8 * c) : make_uint4(0, 0, 0, 0);
+                uint4 zero = make_uint4(0, 0, 0, 0);
+                gu[q][k] = in ? *reinterpret_cast<const uint4 *>(dout + (r0 + q) * W + 8 * c) : zero;
+                xu[q][k] = in ? *reinterpret_cast<const uint4 *>(x + (r0 + q) * W + 8 * c) : zero;
+                ou[q][k] = in && accumulate ? *reinterpret_cast<const uint4 *>(dx + (r0 + q) * W + 8 * c) : zero;
                 float g[8], xv[8];
                 unpack8(g, gu[q][k]), unpack8(xv, xu[q][k]);
                 for (int e = 0; e < 8; e++) dot[q] += c < W8 ? g[e] * wv[k][e] * xv[e] : 0.0f;
@@ -145,14 +157,12 @@ __global__ void rmsnorm_backward_kernel(bf16 *dx, float *dw_part, const bf16 *do
                 int c = k * blockDim.x + threadIdx.x;
                 if (c >= W8) continue;
                 float g[8], xv[8], v[8], old[8];
-                unpack8(g, gu[q][k]), unpack8(xv, xu[q][k]);
-                bf16 *out = dx + (r0 + q) * W + 8 * c;
-                if (accumulate) load8(old, out);
+                unpack8(g, gu[q][k]), unpack8(xv, xu[q][k]), unpack8(old, ou[q][k]);
                 for (int e = 0; e < 8; e++) {
                     dw[k][e] += g[e] * xv[e] * rs;
-                    v[e] = rs * wv[k][e] * g[e] - coef * xv[e] + (accumulate ? old[e] : 0.0f);
+                    v[e] = rs * wv[k][e] * g[e] - coef * xv[e] + old[e];
                 }
-                store8(out, v);
+                store8(dx + (r0 + q) * W + 8 * c, v);
             }
         }
     }
@@ -168,8 +178,16 @@ __global__ void rmsnorm_backward_kernel(bf16 *dx, float *dw_part, const bf16 *do
 
 extern "C" void cuda_rmsnorm_forward(void *out, void *rstd, const void *x, const void *w, size_t R, size_t W, float eps) {
     if (!R) return;
-    rmsnorm_forward_kernel<<<cuda_blocks(R, 8), 256, 0, STREAM>>>((bf16 *)out, (float *)rstd, (const bf16 *)x,
-                                                               (const bf16 *)w, R, W, eps);
+    rmsnorm_forward_kernel<false><<<cuda_blocks(R, 8), 256, 0, STREAM>>>((bf16 *)out, (float *)rstd, NULL, (const bf16 *)x,
+                                                                      NULL, (const bf16 *)w, R, W, eps);
+    CUDA_LAUNCH_CHECK();
+}
+
+extern "C" void cuda_add_rmsnorm_forward(void *sum, void *out, void *rstd, const void *a, const void *b, const void *w,
+                                         size_t R, size_t W, float eps) {
+    if (!R) return;
+    rmsnorm_forward_kernel<true><<<cuda_blocks(R, 8), 256, 0, STREAM>>>(
+        (bf16 *)out, (float *)rstd, (bf16 *)sum, (const bf16 *)a, (const bf16 *)b, (const bf16 *)w, R, W, eps);
     CUDA_LAUNCH_CHECK();
 }
 
@@ -283,21 +301,52 @@ __global__ void swiglu_forward_kernel(bf16 *out, const bf16 *gu, size_t R, size_
     }
 }
 
+// The SwiGLU gradients of one 8-value piece: d (the output's gradient) weighted by w, gate and up
+// gradients over g and u (dgu may be gu: each thread reads its values before writing them).
+__device__ __forceinline__ void swiglu_grad8(float g[8], float u[8], const float d[8], float w) {
+    for (int k = 0; k < 8; k++) {
+        float s = 1.0f / (1.0f + __expf(-g[k])), dw = d[k] * w, gate = g[k];
+        g[k] = dw * u[k] * s * (1.0f + gate * (1.0f - s));
+        u[k] = dw * gate * s;
+    }
+}
+
 __global__ void swiglu_backward_kernel(bf16 *dgu, const bf16 *dout, const bf16 *gu, const float *row_w, size_t R,
                                        size_t H, const int32_t *rows, size_t n) {
     size_t first, n8;
     groups_used(R, H, rows, n, &first, &n8);
     for (size_t i = first + (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n8; i += (size_t)gridDim.x * blockDim.x) {
         size_t r = (8 * i) / H, j = (8 * i) % H;
-        float g[8], u[8], d[8], dg[8], du[8], w = row_w ? row_w[r] : 1.0f;
+        float g[8], u[8], d[8];
         load8(g, gu + r * 2 * H + j), load8(u, gu + r * 2 * H + H + j), load8(d, dout + 8 * i);
-        for (int k = 0; k < 8; k++) {
-            d[k] *= w;
-            float s = 1.0f / (1.0f + __expf(-g[k]));
-            dg[k] = d[k] * u[k] * s * (1.0f + g[k] * (1.0f - s));
-            du[k] = d[k] * g[k] * s;
+        swiglu_grad8(g, u, d, row_w ? row_w[r] : 1.0f);
+        store8(dgu + r * 2 * H + j, g), store8(dgu + r * 2 * H + H + j, u);
+    }
+}
+
+// With the combine weights' gradients (ops.h): a warp per row, h = silu(gate) up again, row_dot =
+// dout . h summed in a fixed order, hw = row_w h, and the gate|up gradients as above.
+__global__ void swiglu_backward_rows_kernel(bf16 *dgu, float *row_dot, bf16 *hw, const bf16 *dout, const bf16 *gu,
+                                            const float *row_w, size_t R, size_t H, const int32_t *rows, size_t n) {
+    size_t hi = rows ? (size_t)rows[n] : R, lo = rows ? (size_t)rows[0] : 0;
+    hi = hi < R ? hi : R;
+    int lane = threadIdx.x & 31;
+    size_t warps = (size_t)gridDim.x * (blockDim.x / 32);
+    for (size_t r = lo + (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; r < hi; r += warps) {
+        float w = row_w[r], dot = 0;
+        for (size_t j = 8 * lane; j < H; j += 256) {
+            float g[8], u[8], d[8], h[8];
+            load8(g, gu + r * 2 * H + j), load8(u, gu + r * 2 * H + H + j), load8(d, dout + r * H + j);
+            for (int q = 0; q < 8; q++) {
+                h[q] = swiglu_value(g[q], u[q]);
+                dot += d[q] * h[q], h[q] *= w;
+            }
+            store8(hw + r * H + j, h);
+            swiglu_grad8(g, u, d, w);
+            store8(dgu + r * 2 * H + j, g), store8(dgu + r * 2 * H + H + j, u);
         }
-        store8(dgu + r * 2 * H + j, dg), store8(dgu + r * 2 * H + H + j, du);
+        dot = warp_sum(dot);
+        if (lane == 0) row_dot[r] = dot;
     }
 }
 
@@ -307,11 +356,16 @@ extern "C" void cuda_swiglu_forward(void *out, const void *gu, size_t R, size_t 
     CUDA_LAUNCH_CHECK();
 }
 
-extern "C" void cuda_swiglu_backward(void *dgu, const void *dout, const void *gu, const void *row_w, size_t R,
-                                     size_t H, const int32_t *rows, size_t n) {
+extern "C" void cuda_swiglu_backward(void *dgu, void *row_dot, void *hw, const void *dout, const void *gu,
+                                     const void *row_w, size_t R, size_t H, const int32_t *rows, size_t n) {
     if (!R) return;
-    swiglu_backward_kernel<<<cuda_blocks(R * H / 8, 256 * 2), 256, 0, STREAM>>>(
-        (bf16 *)dgu, (const bf16 *)dout, (const bf16 *)gu, (const float *)row_w, R, H, rows, n);
+    if (row_dot)
+        swiglu_backward_rows_kernel<<<cuda_blocks(R, 8 * 4), 256, 0, STREAM>>>(
+            (bf16 *)dgu, (float *)row_dot, (bf16 *)hw, (const bf16 *)dout, (const bf16 *)gu, (const float *)row_w, R,
+            H, rows, n);
+    else
+        swiglu_backward_kernel<<<cuda_blocks(R * H / 8, 256 * 2), 256, 0, STREAM>>>(
+            (bf16 *)dgu, (const bf16 *)dout, (const bf16 *)gu, (const float *)row_w, R, H, rows, n);
     CUDA_LAUNCH_CHECK();
 }
 

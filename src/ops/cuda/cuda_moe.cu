@@ -252,13 +252,14 @@ extern "C" void cuda_moe_dispatch_forward(void *xp, int32_t *slot_pos, int32_t *
     CUDA_LAUNCH_CHECK();
 }
 
-// out[t] (= or +=) sum over kept slots of w * rows[pos] (w NULL: 1); combine and dispatch backward.
-__global__ void sum_slot_rows_kernel(bf16 *out, const bf16 *rows, const int32_t *slot_pos, const float *w,
-                                     int K, size_t D, bool accumulate) {
+// out[t] = base[t] (NULL: 0; may be out) + sum over kept slots of w * rows[pos] (w NULL: 1);
+// combine and dispatch backward.
+__global__ void sum_slot_rows_kernel(bf16 *out, const bf16 *base, const bf16 *rows, const int32_t *slot_pos,
+                                     const float *w, int K, size_t D) {
     size_t t = blockIdx.x;
     for (size_t j = 8 * threadIdx.x; j < D; j += 8 * blockDim.x) {
         float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, v[8];
-        if (accumulate) load8(acc, out + t * D + j);
+        if (base) load8(acc, base + t * D + j);
         for (int k = 0; k < K; k++) {
             int pos = slot_pos[t * K + k];
             if (pos < 0) continue;
@@ -273,16 +274,16 @@ __global__ void sum_slot_rows_kernel(bf16 *out, const bf16 *rows, const int32_t 
 extern "C" void cuda_moe_dispatch_backward(void *dx, const void *dxp, const int32_t *slot_pos, size_t T, size_t K,
                                            size_t D, bool accumulate_dx) {
     if (!T) return;
-    sum_slot_rows_kernel<<<(unsigned)T, 256, 0, STREAM>>>((bf16 *)dx, (const bf16 *)dxp, slot_pos, NULL, (int)K, D,
-                                                          accumulate_dx);
+    sum_slot_rows_kernel<<<(unsigned)T, 256, 0, STREAM>>>((bf16 *)dx, accumulate_dx ? (const bf16 *)dx : NULL,
+                                                          (const bf16 *)dxp, slot_pos, NULL, (int)K, D);
     CUDA_LAUNCH_CHECK();
 }
 
-extern "C" void cuda_moe_combine_forward(void *out, const void *y, const int32_t *slot_pos, const void *topk_w,
-                                         size_t T, size_t K, size_t D, bool accumulate) {
+extern "C" void cuda_moe_combine_forward(void *out, const void *base, const void *y, const int32_t *slot_pos,
+                                         const void *topk_w, size_t T, size_t K, size_t D) {
     if (!T) return;
-    sum_slot_rows_kernel<<<(unsigned)T, 256, 0, STREAM>>>((bf16 *)out, (const bf16 *)y, slot_pos,
-                                                          (const float *)topk_w, (int)K, D, accumulate);
+    sum_slot_rows_kernel<<<(unsigned)T, 256, 0, STREAM>>>((bf16 *)out, (const bf16 *)base, (const bf16 *)y, slot_pos,
+                                                          (const float *)topk_w, (int)K, D);
     CUDA_LAUNCH_CHECK();
 }
 
@@ -325,40 +326,6 @@ extern "C" void cuda_moe_combine_backward(void *dy, void *dtopk_w, void *row_w, 
     combine_backward_kernel<<<cuda_blocks(n, 8), 256, 0, STREAM>>>((bf16 *)dy, (float *)dtopk_w, (float *)row_w,
                                                                    (const bf16 *)dout, (const bf16 *)y, slot_pos,
                                                                    (const float *)topk_w, n, (int)K, D);
-    CUDA_LAUNCH_CHECK();
-}
-
-// A warp per row of [rows[0], rows[n]) (all R when rows is NULL): h = silu(gate) up again,
-// row_dot = du . h summed in a fixed order, hw = row_w h.
-__global__ void combine_weight_backward_kernel(float *row_dot, bf16 *__restrict__ hw, const bf16 *__restrict__ du,
-                                               const bf16 *__restrict__ gu, const float *row_w, size_t R, size_t H,
-                                               const int32_t *rows, size_t n) {
-    size_t hi = rows ? (size_t)rows[n] : R, lo = rows ? (size_t)rows[0] : 0;
-    hi = hi < R ? hi : R;
-    int lane = threadIdx.x & 31;
-    size_t warps = (size_t)gridDim.x * (blockDim.x / 32);
-    for (size_t r = lo + (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; r < hi; r += warps) {
-        float w = row_w[r], dot = 0;
-        for (size_t j = 8 * lane; j < H; j += 256) {
-            float g[8], u[8], d[8];
-            load8(g, gu + r * 2 * H + j), load8(u, gu + r * 2 * H + H + j), load8(d, du + r * H + j);
-            for (int q = 0; q < 8; q++) {
-                float h = swiglu_value(g[q], u[q]);
-                dot += d[q] * h, g[q] = w * h;
-            }
-            store8(hw + r * H + j, g);
-        }
-        dot = warp_sum(dot);
-        if (lane == 0) row_dot[r] = dot;
-    }
-}
-
-extern "C" void cuda_moe_combine_weight_backward(void *row_dot, void *hw, const void *du, const void *gu,
-                                                 const void *row_w, size_t R, size_t H, const int32_t *rows,
-                                                 size_t n) {
-    if (!R) return;
-    combine_weight_backward_kernel<<<cuda_blocks(R, 8 * 4), 256, 0, STREAM>>>(
-        (float *)row_dot, (bf16 *)hw, (const bf16 *)du, (const bf16 *)gu, (const float *)row_w, R, H, rows, n);
     CUDA_LAUNCH_CHECK();
 }
 
