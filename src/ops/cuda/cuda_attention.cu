@@ -598,7 +598,7 @@ static void attention_backward_hd(void *dqkv, const void *dout, const void *qkv,
 
 extern "C" void cuda_attention_forward(void *out, void *lse, const void *qkv, AttnDims d) {
     if (!d.B || !d.S) return;
-    if (!cuda_ctx.builtin_attention && cuda_attention_forward_cudnn(out, lse, qkv, d)) return;
+    if (!cuda_ctx.builtin_attention && cuda_attention_forward_cudnn(out, lse, qkv, d, cuda_ctx.deterministic)) return;
 #define FWD(HD) attention_forward_hd<HD>(out, lse, qkv, d)
     DISPATCH_HD(d.hd, FWD)
 #undef FWD

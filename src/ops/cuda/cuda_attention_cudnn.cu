@@ -5,7 +5,8 @@
 // the same quantity as the CPU backend's lse). One graph per shape and direction is built on first
 // use (before any step is recorded) and executed with the tensors' addresses afterwards, on the
 // fastest of the engine configurations cuDNN's heuristics offer, timed then on scratch tensors of
-// the shape (the heuristics' first choice under train.deterministic, so that two runs pick alike).
+// the shape; under train.deterministic the heuristics' first, in both directions, so that two runs
+// (and two models of one process) execute the same plans.
 #include <cudnn_frontend.h>
 
 #include <math.h>
@@ -20,13 +21,13 @@ enum { UID_Q = 1, UID_K, UID_V, UID_O, UID_STATS, UID_DO, UID_DQ, UID_DK, UID_DV
 
 typedef struct {
     AttnDims d;
-    bool backward, deterministic;
+    bool backward, deterministic; // deterministic: the heuristics' first plan (and the backward's fixed-order one)
     std::shared_ptr<fe::graph::Graph> graph; // NULL: cuDNN cannot run this shape
     int64_t plan;                            // the engine configuration executed: an index among graph's plans
     int64_t workspace;
 } SdpaPlan;
 
-#define SDPA_CACHE 16
+#define SDPA_CACHE 64 // shapes; past it the last entry is replaced (and a shape planned again when it returns)
 static SdpaPlan sdpa_cache[SDPA_CACHE];
 static int sdpa_cached;
 static cudnnHandle_t sdpa_handle;
@@ -187,14 +188,14 @@ static bool sdpa_run(const SdpaPlan *p, std::unordered_map<int64_t, void *> &ptr
     return true;
 }
 
-extern "C" bool cuda_attention_forward_cudnn(void *out, void *lse, const void *qkv, AttnDims d) {
+extern "C" bool cuda_attention_forward_cudnn(void *out, void *lse, const void *qkv, AttnDims d, bool deterministic) {
     const bf16 *q = (const bf16 *)qkv;
     std::unordered_map<int64_t, void *> ptrs = {{UID_Q, (void *)q},
                                                 {UID_K, (void *)(q + d.Hq * d.hd)},
                                                 {UID_V, (void *)(q + (d.Hq + d.Hkv) * d.hd)},
                                                 {UID_O, out},
                                                 {UID_STATS, lse}};
-    return sdpa_run(sdpa_plan(d, false, false), ptrs);
+    return sdpa_run(sdpa_plan(d, false, deterministic), ptrs);
 }
 
 extern "C" bool cuda_attention_backward_cudnn(void *dqkv, const void *dout, const void *qkv, const void *out,
@@ -210,7 +211,7 @@ extern "C" bool cuda_attention_backward_cudnn(void *dqkv, const void *dout, cons
 }
 
 extern "C" bool cuda_attention_workspace_cudnn(AttnDims d, bool deterministic, size_t *bytes) {
-    const SdpaPlan *f = sdpa_plan(d, false, false), *b = sdpa_plan(d, true, deterministic);
+    const SdpaPlan *f = sdpa_plan(d, false, deterministic), *b = sdpa_plan(d, true, deterministic);
     *bytes = (size_t)(f->workspace > b->workspace ? f->workspace : b->workspace);
     return f->graph && b->graph;
 }

@@ -77,7 +77,7 @@ void cuda_attention_backward(void *dqkv, const void *dout, const void *qkv, cons
                              const void *lse, AttnDims d);
 size_t cuda_attention_workspace(AttnDims d);
 // The same through cuDNN (cuda_attention_cudnn.cu); false when cuDNN has no engine for the shape.
-bool cuda_attention_forward_cudnn(void *out, void *lse, const void *qkv, AttnDims d);
+bool cuda_attention_forward_cudnn(void *out, void *lse, const void *qkv, AttnDims d, bool deterministic);
 // *bytes: the larger of the forward's and the backward's cuDNN workspace at these dims; false when
 // cuDNN has no engine for one of them.
 bool cuda_attention_workspace_cudnn(AttnDims d, bool deterministic, size_t *bytes);
