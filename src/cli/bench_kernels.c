@@ -239,11 +239,24 @@ static void bench_memory_bound(Bench *b, const Config *cfg) {
     void *x = bench_rand_act(b, R * 2 * H, 41, 1.0f), *y = o->alloc(R * 2 * H * a), *w = bench_rand_act(b, D, 42, 1.0f);
     void *rstd = o->alloc(T * f);
     snprintf(shape, sizeof shape, "%zu x %zu", T, D);
+    void *dw = bench_zero_buf(b, D * f), *s = o->alloc(T * D * a);
     report(b, "rmsnorm forward", shape, BENCH_TIME_MS(b, 10, o->rmsnorm_forward(y, rstd, x, w, T, D, 1e-5f)), 0,
            2.0 * T * D * a, 0);
+    report(b, "  with the add (fused)", shape,
+           BENCH_TIME_MS(b, 10, o->add_rmsnorm_forward(s, y, rstd, x, x, w, T, D, 1e-5f)), 0, 4.0 * T * D * a, 0);
+    report(b, "rmsnorm backward (dx +=)", shape,
+           BENCH_TIME_MS(b, 10, o->rmsnorm_backward(y, dw, x, x, w, rstd, T, D, true)), 0, 4.0 * T * D * a, 0);
     report(b, "residual add", shape, BENCH_TIME_MS(b, 10, o->add(y, x, x, T * D)), 0, 3.0 * T * D * a, 0);
+    BENCH_FREE_ALL(b, dw, s);
     snprintf(shape, sizeof shape, "%zu x %zu", R, H);
     report(b, "swiglu forward", shape, BENCH_TIME_MS(b, 10, o->swiglu_forward(y, x, R, H, NULL, 0)), 0, 3.0 * R * H * a, 0);
+    void *hw = o->alloc(R * H * a), *row_w = bench_zero_buf(b, R * f), *row_dot = o->alloc(R * f);
+    report(b, "swiglu backward", shape, BENCH_TIME_MS(b, 10, o->swiglu_backward(y, NULL, NULL, x, x, NULL, R, H, NULL, 0)),
+           0, 5.0 * R * H * a, 0);
+    report(b, "  with the row dots (fused)", shape,
+           BENCH_TIME_MS(b, 10, o->swiglu_backward(y, row_dot, hw, x, x, row_w, R, H, NULL, 0)), 0,
+           6.0 * R * H * a + 2.0 * R * f, 0);
+    BENCH_FREE_ALL(b, hw, row_w, row_dot);
     if (b->aims && o->swiglu_forward_fp8) { // FP8: with the rows of its output quantised in the same pass
         void *q = o->alloc(R * H), *qs = o->alloc(fp8_blocks(H) * R * f);
         void *n = bench_zero_buf(b, FP8_COUNTS * sizeof(uint64_t)); // counted, as in training

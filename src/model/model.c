@@ -1019,8 +1019,7 @@ static const int32_t *row_tokens(Model *m, const LayerActs *x, size_t T) {
     return m->s.row_token;
 }
 
-// The feed-forward output f (T, D) = ffn(in) into out; with resid (T, D) non-NULL, resid + f: the
-// residual add in the same pass (the combine's, or the dense MLP's add).
+// out (T, D) = the MoE layer's output, plus resid (T, D) where non-NULL (added by the combine).
 static void moe_forward(Model *m, int l, LayerActs *x, const void *in, void *out, const void *resid,
                         const ForwardArgs *a) {
     const ModelConfig *c = &m->cfg;
@@ -1042,6 +1041,8 @@ static void moe_forward(Model *m, int l, LayerActs *x, const void *in, void *out
         swiglu_mlp_forward(m, out, in, x->sgu, x->sact, p->shared_gu, p->shared_down, T, c->shared_hidden, true);
 }
 
+// The feed-forward output f = ffn(in) into out (T, D); with resid (T, D) non-NULL, resid + f: in the
+// MoE combine's pass, or by an add after a dense MLP (which writes f first).
 static void ffn_forward(Model *m, int l, LayerActs *x, const void *in, void *out, const void *resid,
                         const ForwardArgs *a) {
     const LayerParams *p = &m->layer[l];
@@ -1078,7 +1079,7 @@ static void attention_forward(Model *m, int l, LayerActs *x, const void *in, con
 // reordered:  h = x + norm1(attn(x));  out = h + norm2(ffn(h))
 // A recompute leaves out alone: it is kept (the next layer's input). Pre-norm adds h as the
 // feed-forward output is made (f itself is written only by a recompute, which no backward reads),
-// h's add and the second norm are one pass.
+// and h's add and the second norm are one pass.
 static void layer_forward(Model *m, int l, const ForwardArgs *a) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;

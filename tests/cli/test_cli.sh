@@ -153,6 +153,16 @@ load=$(grep -oE "load max/mean [0-9.]+" <<<"$out" | cut -d' ' -f3)
 if awk -v l="${load:-0}" 'BEGIN { exit !(l >= 1 && l < 1.3) }'; then ok "moe bench, random routing: expert load max/mean $load"
 else bad "moe bench, random routing: max/mean load near 1" "$out"; fi
 
+# moe bench --kernels on the CPU: each component kernel's line, with a time and a rate.
+out=$(./moe bench --kernels configs/bench/scale-E8.json $bench_cpu 2>&1)
+missing=""
+for k in "attention forward" "grouped up.gate forward" "dense QKV projection" "rmsnorm forward" "with the add .fused." \
+         "rmsnorm backward" "swiglu backward" "with the row dots .fused." "AdamW"; do
+    grep -qE "^ +$k.* [0-9.]+ ms +[0-9.]+ (TFLOP|GB)/s" <<<"$out" || missing="$missing [$k]"
+done
+if [ -z "$missing" ]; then ok "moe bench --kernels: each kernel with its time and rate"
+else bad "moe bench --kernels: no line for$missing" "$out"; fi
+
 run train.steps=20 train.ckpt_every=10 train.out="$tmp/straight" &&
 run train.steps=20 train.ckpt_every=10 train.out="$tmp/resumed" --stop-at 10 &&
 run train.steps=20 train.ckpt_every=10 train.out="$tmp/resumed"
