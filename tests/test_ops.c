@@ -426,6 +426,10 @@ static void test_dispatch_combine_capacity(void) {
         CHECK_CLOSE(out[0 * D + j], .5 * y[0 * D + j] + .5 * y[2 * D + j], 1e-12, 1e-12);
         CHECK_CLOSE(out[3 * D + j], 0, 0, 0);
     }
+    real *res = poisoned(T * D); // with a base (the residual): base + the sum, a dropped token's row the base
+    ops->moe_combine_forward(res, x, y, slot, w, T, K, D);
+    for (size_t i = 0; i < T * D; i++) CHECK_CLOSE(res[i], x[i] + out[i], 1e-12, 1e-12);
+    free(res);
     real *dout = rnd(T * D, 26, 1), *dy = poisoned(4 * D), dw[8], row_w[4];
     ops->moe_combine_backward(NULL, NULL, row_w, dout, NULL, slot, w, T, K, D);
     for (size_t i = 0; i < T * K; i++)

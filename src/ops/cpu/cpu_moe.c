@@ -168,9 +168,8 @@ void cpu_moe_dispatch_forward(void *xp_, int32_t *slot_pos, int32_t *offsets, vo
         if (slot_pos[i] >= 0) memcpy(xp + (size_t)slot_pos[i] * D, x + (i / K) * D, D * sizeof(real));
 }
 
-// out[t] (= or +=) sum over the kept slots k of token t of w[t, k] * rows[slot_pos[t, k]]
-// (w NULL: weight 1). Serves the combine and the backward of the dispatch.
-// out[t] = base[t] (NULL: 0; may be out) + sum over kept slots of w * rows[pos] (w NULL: 1)
+// out[t] = base[t] (NULL: 0; may be out) + the sum over the kept slots k of token t of w[t, k] *
+// rows[slot_pos[t, k]] (w NULL: weight 1). Serves the combine and the backward of the dispatch.
 static void sum_slot_rows(real *out, const real *base, const real *rows, const int32_t *slot_pos, const real *w,
                           size_t T, size_t K, size_t D) {
 #pragma omp parallel for schedule(static)
