@@ -93,8 +93,18 @@ static const LtPlan *lt_plan(const LtShape *s, const float *a_scales, const floa
     return p;
 }
 
-// C = op(A) op(B) + beta C for the shape s, with E4M3 operands' block scales a_scales and b_scales;
-// false (nothing run) where cuBLASLt has no algorithm for an FP8 shape. Every bf16 shape has one.
+// C = op(A) op(B) + beta C with a plan that has an algorithm (p->found), E4M3 operands with their
+// block scales a_scales and b_scales.
+static void lt_execute(const LtPlan *p, const void *A, const void *B, void *C, float beta, const float *a_scales,
+                       const float *b_scales) {
+    if (p->s.ab == CUDA_R_8F_E4M3) lt_set_scales(p, a_scales, b_scales);
+    float alpha = 1.0f;
+    CUBLAS_CHECK(cublasLtMatmul(cuda_ctx.lt, p->op, &alpha, A, p->a, B, p->b, &beta, C, p->c, C, p->c, &p->algo,
+                                cuda_ctx.workspace, cuda_ctx.workspace_bytes, cuda_ctx.stream));
+}
+
+// The same for the shape s; false (nothing run) where cuBLASLt has no algorithm for an FP8 shape.
+// Every bf16 shape has one.
 static bool lt_run(const LtShape *s, const void *A, const void *B, void *C, float beta, const float *a_scales,
                    const float *b_scales) {
     const LtPlan *p = lt_plan(s, a_scales, b_scales);
@@ -102,10 +112,7 @@ static bool lt_run(const LtShape *s, const void *A, const void *B, void *C, floa
         if (s->ab == CUDA_R_8F_E4M3) return false;
         moe_fatal("cuBLASLt has no algorithm for a %dx%dx%d product (transposes %d%d)", s->m, s->n, s->k, s->ta, s->tb);
     }
-    if (s->ab == CUDA_R_8F_E4M3) lt_set_scales(p, a_scales, b_scales);
-    float alpha = 1.0f;
-    CUBLAS_CHECK(cublasLtMatmul(cuda_ctx.lt, p->op, &alpha, A, p->a, B, p->b, &beta, C, p->c, C, p->c, &p->algo,
-                                cuda_ctx.workspace, cuda_ctx.workspace_bytes, cuda_ctx.stream));
+    lt_execute(p, A, B, C, beta, a_scales, b_scales);
     return true;
 }
 
@@ -166,11 +173,13 @@ bool cuda_lt_fp8_matmul(void *out, const void *a, const void *a_scales, const vo
     static size_t have;
     int Kb = (int)fp8_blocks(K), Nb = (int)fp8_blocks(N), ld = (Kb + 3) / 4 * 4;
     float *scales = (float *)cuda_grow_scratch(&buf, &have, (size_t)Nb * ld * sizeof(float));
-    if (!lt_plan(&s, scales, (const float *)a_scales)->found) return false;
+    const LtPlan *p = lt_plan(&s, scales, (const float *)a_scales);
+    if (!p->found) return false;
     lt_weight_scales_kernel<<<cuda_blocks((size_t)Kb * Nb, 256), 256, 0, cuda_ctx.stream>>>(
         scales, (const float *)b_scales, Kb, Nb, ld);
     CUDA_LAUNCH_CHECK();
-    return lt_run(&s, b, a, out, 0.0f, scales, (const float *)a_scales);
+    lt_execute(p, b, a, out, 0.0f, scales, (const float *)a_scales);
+    return true;
 }
 
 // dw (N, K) f32 += dout^T . x over R rows from their token-major copies (fp8_quantize_cols of one
