@@ -303,7 +303,7 @@ static void test_fp8_grouped_products(void) {
     ops->fp8_grouped_matmul(y, xq, xs, wq, ws, OFFSETS, E, N, K, R);
     ops->fp8_grouped_matmul(dx, dyq, dys, wqt, wst, OFFSETS, E, K, N, R);
     for (size_t i = 0; i < E * N * K; i++) dw[i] = 1.5;
-    ops->fp8_grouped_matmul_wgrad(dw, dyt, dyts, xt, xts, OFFSETS, E, N, K, R);
+    ops->fp8_grouped_matmul_wgrad(dw, dyt, dyts, xt, xts, OFFSETS, E, N, K, R, true);
     for (size_t e = 0; e < E; e++) {
         size_t r0 = (size_t)OFFSETS[e], rows = (size_t)(OFFSETS[e + 1] - OFFSETS[e]);
         ref_product(ref, abs_sum, X + r0 * K, K, 1, W + e * N * K, K, 1, rows, N, K);
@@ -321,6 +321,13 @@ static void test_fp8_grouped_products(void) {
         free(x64), free(w64);
     }
     CHECK(dw[1 * N * K + 17] == 1.5); // the empty expert's gradient is untouched
+    for (size_t i = 0; i < E * N * K; i++) dw[i] = NAN; // overwritten: each expert's block, the empty one's 0
+    ops->fp8_grouped_matmul_wgrad(dw, dyt, dyts, xt, xts, OFFSETS, E, N, K, R, false);
+    for (size_t e = 0; e < E; e++) {
+        size_t r0 = (size_t)OFFSETS[e], rows = (size_t)(OFFSETS[e + 1] - OFFSETS[e]);
+        ref_product(ref, abs_sum, DYT + r0 * N, 1, N, XT + r0 * K, 1, K, N, K, rows);
+        check_product("weight gradient written over", dw + e * N * K, K, ref, abs_sum, N, K, fp32_block_sum_tol(rows), 0);
+    }
     real *yd = malloc(R * N * sizeof(real));
     ops->fp8_quantize_rows(xq, xs, x, NULL, 0, R, K, FP8_SCALE_AMAX, NULL);
     free(X);

@@ -125,8 +125,17 @@ static void check_qkv_norm_rope(AttnDims d, QkNorm mode) {
         snprintf(what, sizeof what, "qkv_norm_rope %s: d wk", names[mode]);
         fd_check(what, qkv_loss, &c, c.wk, wkn, dwk);
     }
+    // in place (the model's call): the same gradients, bit for bit, v's left where it was
+    real *in_place = malloc(T * C * sizeof(real)), *dwq2 = calloc(wqn, sizeof(real)), *dwk2 = calloc(wkn, sizeof(real));
+    memcpy(in_place, c.R, T * C * sizeof(real));
+    memset(dwq, 0, wqn * sizeof(real)), memset(dwk, 0, wkn * sizeof(real));
+    ops->qkv_norm_rope_backward(draw, dwq, dwk, c.R, c.raw, c.wq, c.wk, c.rstd, c.rope, d, mode);
+    ops->qkv_norm_rope_backward(in_place, dwq2, dwk2, in_place, c.raw, c.wq, c.wk, c.rstd, c.rope, d, mode);
+    CHECK_MSG(!memcmp(in_place, draw, T * C * sizeof(real)) && !memcmp(dwq, dwq2, wqn * sizeof(real)) &&
+                  !memcmp(dwk, dwk2, wkn * sizeof(real)),
+              "qkv_norm_rope %s: the backward in place differs from the one into another buffer", names[mode]);
     free(c.raw), free(c.qkv), free(c.R), free(c.wq), free(c.wk), free(c.rstd), free(c.rope);
-    free(draw), free(dwq), free(dwk);
+    free(draw), free(dwq), free(dwk), free(in_place), free(dwq2), free(dwk2);
 }
 
 static void test_qkv_norm_rope_fd(void) {
@@ -464,15 +473,15 @@ static void test_combine_weight_backward(void) {
     real *dy = poisoned(R * D), dw_ref[10], *dwd_ref = calloc(E * D * H, sizeof(real));
     real *dh = poisoned(R * H), *dgu_ref = poisoned(R * 2 * H);
     ops->moe_combine_backward(dy, dw_ref, NULL, dout, y, slot, w, T, K, D);
-    ops->grouped_matmul_backward(dh, dwd_ref, dy, h, wd, off, E, D, H, R);
+    ops->grouped_matmul_backward(dh, dwd_ref, dy, h, wd, off, E, D, H, R, true);
     ops->swiglu_backward(dgu_ref, NULL, NULL, dh, gu, NULL, R, H, off, E);
     real row_w[10], row_dot[10], dw[10], *hw = poisoned(R * H), *dwd = calloc(E * D * H, sizeof(real));
     real *dgu = malloc(R * 2 * H * sizeof(real));
     memcpy(dgu, gu, R * 2 * H * sizeof(real));
     ops->moe_combine_backward(dy, NULL, row_w, dout, NULL, slot, w, T, K, D);
-    ops->grouped_matmul_backward(dh, NULL, dy, NULL, wd, off, E, D, H, R);
+    ops->grouped_matmul_backward(dh, NULL, dy, NULL, wd, off, E, D, H, R, false);
     ops->swiglu_backward(dgu, row_dot, hw, dh, dgu, row_w, R, H, off, E);
-    ops->grouped_matmul_backward(NULL, dwd, dy, hw, wd, off, E, D, H, R);
+    ops->grouped_matmul_backward(NULL, dwd, dy, hw, wd, off, E, D, H, R, true);
     ops->moe_slot_values(dw, row_dot, slot, T * K);
     CHECK_MSG(slot[8] == -1, "slot 8 (the fourth of expert 2) kept at row %d", slot[8]);
     CHECK_CLOSE(dw_ref[8], 0, 0, 0);
@@ -499,14 +508,20 @@ static void test_grouped_matmul_fd_empty_expert(void) {
     int32_t off[5] = {0, 3, 3, 8, 9}; // expert 1 empty; 2 trailing rows unused
     GroupCtx c = {.E = 4, .N = 5, .K = 3, .R = 11, .off = off, .x = rnd(33, 28, 1), .w = rnd(60, 29, 1),
                   .out = poisoned(55), .Rw = rnd(55, 30, 1)};
-    real *dx = poisoned(33), *dw = calloc(60, sizeof(real));
+    real *dx = poisoned(33), *dw = poisoned(60), *dw2 = malloc(60 * sizeof(real)); // dw written over
     grouped_loss(&c);
-    ops->grouped_matmul_backward(dx, dw, c.Rw, c.x, c.w, off, 4, 5, 3, 11);
+    ops->grouped_matmul_backward(dx, dw, c.Rw, c.x, c.w, off, 4, 5, 3, 11, false);
     fd_check("grouped matmul d x", grouped_loss, &c, c.x, 27, dx);
     fd_check("grouped matmul d w", grouped_loss, &c, c.w, 60, dw);
-    for (size_t i = 15; i < 30; i++) CHECK_MSG(dw[i] == 0, "empty expert got gradient %g", (double)dw[i]);
+    for (size_t i = 15; i < 30; i++) CHECK_MSG(dw[i] == 0, "empty expert's gradient %g, not written 0", (double)dw[i]);
     for (size_t i = 45; i < 55; i++) CHECK_MSG(isnan(c.out[i]), "row past offsets[E] written");
-    free(c.x), free(c.w), free(c.out), free(c.Rw), free(dx), free(dw);
+    memcpy(dw2, dw, 60 * sizeof(real));
+    dw2[20] = 7; // added to: twice the gradient, the empty expert's block as it was
+    ops->grouped_matmul_backward(NULL, dw2, c.Rw, c.x, c.w, off, 4, 5, 3, 11, true);
+    for (size_t i = 0; i < 60; i++)
+        CHECK_MSG(dw2[i] == (i == 20 ? 7 : 2 * dw[i]), "dw added to: %g at %zu, want %g", (double)dw2[i], i,
+                  i == 20 ? 7.0 : 2 * (double)dw[i]);
+    free(c.x), free(c.w), free(c.out), free(c.Rw), free(dx), free(dw), free(dw2);
 }
 
 static void test_bias_update_signs(void) {

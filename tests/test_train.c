@@ -615,7 +615,7 @@ static void test_fp8_kept_inputs_step(void) {
 // train.optimizer_overlap: a step's update is left pending, the weights as they were; completed unit
 // by unit (as the next step's forward asks for them) or by a flush after the first unit, it gives
 // bitwise the weights and moments of the update made at once, with clipping that bites, and zeroes
-// the gradients it read.
+// the gradients it read but the experts' weights', which it marks for the next backward to overwrite.
 static void test_optimizer_overlap(void) {
     Config cfg;
     config_defaults(&cfg);
@@ -652,12 +652,15 @@ static void test_optimizer_overlap(void) {
     optim_unit_begins(&o[2], &m[2], -1);
     optim_flush(&o[2], &m[2]);
     for (int k = 0; k < 3; k++) {
-        size_t n = o[k].region[PARAM_EXPERT].shard * sizeof(real), nonzero = 0;
-        for (size_t i = 0; i < m[k].reg.total; i++) nonzero += ((real *)m[k].grads)[i] != 0;
+        size_t n = o[k].region[PARAM_EXPERT].shard * sizeof(real), nonzero = 0, marked = 0;
+        size_t e0 = m[k].reg.region_begin[PARAM_EXPERT], e1 = e0 + m[k].reg.region_size[PARAM_EXPERT];
+        for (size_t i = 0; i < m[k].reg.total; i++) nonzero += (i < e0 || i >= e1) && ((real *)m[k].grads)[i] != 0;
+        for (int l = 0; l < cfg.model.n_layers; l++) marked += m[k].expert_dw_written[l];
         CHECK_MSG(!optim_pending(&o[k], &m[k]) && !memcmp(m[k].params, m[0].params, bytes) &&
-                  !memcmp(o[k].region[PARAM_EXPERT].v, o[0].region[PARAM_EXPERT].v, n) && nonzero == 0,
-                  "model %d: pending %d, weights or moments differ from the update at once, %zu gradients not zeroed",
-                  k, optim_pending(&o[k], &m[k]), nonzero);
+                  !memcmp(o[k].region[PARAM_EXPERT].v, o[0].region[PARAM_EXPERT].v, n) && nonzero == 0 && marked == 0,
+                  "model %d: pending %d, weights or moments differ from the update at once, %zu gradients not zeroed, "
+                  "%zu layers' expert gradients not marked to be written over", k, optim_pending(&o[k], &m[k]), nonzero,
+                  marked);
     }
     for (int k = 0; k < 3; k++) model_free(&m[k]);
     free(metrics), free(before);

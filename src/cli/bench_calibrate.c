@@ -128,8 +128,8 @@ static void measure_grouped(Calibration *c, const ModelConfig *m, size_t T) {
         void *dy = bench_rand_act(b, R * N, 23, 1), *y = b->o->alloc(R * N * b->o->act_size);
         void *dx = b->o->alloc(R * Kd * b->o->act_size), *dw = bench_zero_buf(b, E * N * Kd * b->o->f32_size);
         CALIBRATE(c, o->grouped_matmul_forward(y, x, w, doff, E, N, Kd, R));
-        CALIBRATE(c, o->grouped_matmul_backward(dx, NULL, dy, x, w, doff, E, N, Kd, R));
-        CALIBRATE(c, o->grouped_matmul_backward(NULL, dw, dy, x, w, doff, E, N, Kd, R));
+        CALIBRATE(c, o->grouped_matmul_backward(dx, NULL, dy, x, w, doff, E, N, Kd, R, false));
+        CALIBRATE(c, o->grouped_matmul_backward(NULL, dw, dy, x, w, doff, E, N, Kd, R, false)); // a step's first write
         BENCH_FREE_ALL(b, x, w, dy, y, dx, dw);
     }
     b->o->free(doff);
@@ -162,7 +162,7 @@ static void measure_fp8_layer(Calibration *c, const int32_t *off, size_t E, size
     CALIBRATE(c, fp8_product(o, dx, q.dyq, q.dys, q.wqt, q.wst, off, E, K, N, R));
     CALIBRATE(c, o->fp8_quantize_rows(q.dyq, q.dys, dy, off, E, R, N, h, NULL));
     CALIBRATE(c, o->fp8_quantize_cols(q.xt, q.xts, x, off, E, R, K, h, NULL));
-    CALIBRATE(c, o->fp8_grouped_matmul_wgrad(dw, q.dyt, q.dyts, q.xt, q.xts, off, E, N, K, R));
+    CALIBRATE(c, o->fp8_grouped_matmul_wgrad(dw, q.dyt, q.dyts, q.xt, q.xts, off, E, N, K, R, false));
     bench_fp8_free(b, &q);
     BENCH_FREE_ALL(b, x, w, dy, y, dx, dw);
 }
@@ -192,15 +192,14 @@ static void measure_attention(Calibration *c, const ModelConfig *m, size_t T, si
     Bench *b = &c->b;
     void *raw = bench_rand_act(b, n * C, 11, 1), *qkv = bench_rand_act(b, n * C, 12, 1), *dout = bench_rand_act(b, n * Dq, 13, 1);
     void *out = b->o->alloc(n * Dq * b->o->act_size), *dqkv = bench_rand_act(b, n * C, 16, 1);
-    void *draw = b->o->alloc(n * C * b->o->act_size); // (n, C) gradient of the projection
     void *lse = b->o->alloc(d.B * d.Hq * d.S * f), *rstd = b->o->alloc(n * (d.Hq + d.Hkv) * f);
     void *wq = bench_rand_act(b, Dq, 14, 1), *wk = bench_rand_act(b, d.Hkv * d.hd, 15, 1);
     void *rope = bench_zero_buf(b, d.S * d.hd * f), *dwq = bench_zero_buf(b, Dq * f), *dwk = bench_zero_buf(b, d.Hkv * d.hd * f);
     CALIBRATE(c, o->attention_forward(out, lse, qkv, d));
     CALIBRATE(c, o->attention_backward(dqkv, dout, qkv, out, lse, d));
     CALIBRATE(c, o->qkv_norm_rope_forward(qkv, rstd, raw, wq, wk, rope, d, m->qk_norm, 1e-5f));
-    CALIBRATE(c, o->qkv_norm_rope_backward(draw, dwq, dwk, dqkv, raw, wq, wk, rstd, rope, d, m->qk_norm));
-    BENCH_FREE_ALL(b, raw, qkv, dout, out, dqkv, draw, lse, rstd, wq, wk, rope, dwq, dwk);
+    CALIBRATE(c, o->qkv_norm_rope_backward(dqkv, dwq, dwk, dqkv, raw, wq, wk, rstd, rope, d, m->qk_norm)); // in place
+    BENCH_FREE_ALL(b, raw, qkv, dout, out, dqkv, lse, rstd, wq, wk, rope, dwq, dwk);
 }
 
 // Norms, adds, SwiGLU (elementwise) and the router, dispatch and combine (routing).

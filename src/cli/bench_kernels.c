@@ -69,12 +69,35 @@ static void bench_attention_case(Bench *b, AttnDims d, bool aims) {
     BENCH_FREE_ALL(b, qkv, dout, out, dqkv, lse);
 }
 
+// QK-norm + RoPE of shape d: the forward (reads the projection, writes qkv), the backward in place
+// as the model calls it (reads the q and k gradients and the kept q and k, writes their gradients).
+static void bench_qk_norm_rope(Bench *b, AttnDims d, QkNorm mode) {
+    const Ops *o = b->o;
+    size_t T = d.B * d.S, C = (d.Hq + 2 * d.Hkv) * d.hd, QK = (d.Hq + d.Hkv) * d.hd, f = o->f32_size;
+    double a = (double)o->act_size;
+    void *raw = bench_rand_act(b, T * C, 13, 1.0f), *qkv = o->alloc(T * C * o->act_size);
+    void *dqkv = bench_rand_act(b, T * C, 14, 1.0f), *w = bench_rand_act(b, QK, 15, 1.0f);
+    void *rstd = o->alloc(T * (d.Hq + d.Hkv) * f), *rope = bench_zero_buf(b, d.S * d.hd * f);
+    void *dw = bench_zero_buf(b, QK * f);
+    void *wk = (char *)w + d.Hq * d.hd * o->act_size, *dwk = (char *)dw + d.Hq * d.hd * f;
+    char shape[64];
+    snprintf(shape, sizeof shape, "T%zu C%zu", T, C);
+    report(b, "qk-norm + rope forward", shape,
+           BENCH_TIME_MS(b, 10, o->qkv_norm_rope_forward(qkv, rstd, raw, w, wk, rope, d, mode, 1e-5f)), 0,
+           2.0 * T * C * a, 0);
+    report(b, "qk-norm + rope backward", shape,
+           BENCH_TIME_MS(b, 10, o->qkv_norm_rope_backward(dqkv, dw, dwk, dqkv, raw, w, wk, rstd, rope, d, mode)), 0,
+           3.0 * T * QK * a, 0);
+    BENCH_FREE_ALL(b, raw, qkv, dqkv, w, rstd, rope, dw);
+}
+
 // The config's attention, then the same tokens and width with grouped-query heads (a quarter of
 // the KV heads) and with heads of 64 (twice as many), where the config has neither.
 static void bench_attention(Bench *b, const Config *cfg) {
     const ModelConfig *c = &cfg->model;
     AttnDims d = {(size_t)cfg->train.micro_batch, (size_t)cfg->train.seq_len, (size_t)c->n_heads,
                   (size_t)c->n_kv_heads, (size_t)c->head_dim};
+    bench_qk_norm_rope(b, d, c->qk_norm);
     bench_attention_case(b, d, d.hd == 128);
     if (d.Hkv == d.Hq && d.Hq % 4 == 0) bench_attention_case(b, (AttnDims){d.B, d.S, d.Hq, d.Hq / 4, d.hd}, false);
     if (d.hd == 128) bench_attention_case(b, (AttnDims){d.B, d.S, 2 * d.Hq, 2 * d.Hkv, 64}, false);
@@ -157,7 +180,7 @@ static void bench_grouped_fp8(Bench *b, const char *what, const char *shape, con
     ms = BENCH_TIME_MS(b, 10, o->fp8_grouped_matmul(dx, q.dyq, q.dys, q.wqt, q.wst, doff, E, Kd, N, R));
     report(b, name, shape, ms, flops, 0, 1.6 * flops / (bf16_ms[1] * 1e-3) / 1e12);
     snprintf(name, sizeof name, "fp8 %s weight grad", what);
-    ms = BENCH_TIME_MS(b, 10, o->fp8_grouped_matmul_wgrad(dw, q.dyt, q.dyts, q.xt, q.xts, doff, E, N, Kd, R));
+    ms = BENCH_TIME_MS(b, 10, o->fp8_grouped_matmul_wgrad(dw, q.dyt, q.dyts, q.xt, q.xts, doff, E, N, Kd, R, false));
     report(b, name, shape, ms, flops, 0, 1.6 * flops / (bf16_ms[2] * 1e-3) / 1e12);
     bench_fp8_free(b, &q);
     BENCH_FREE_ALL(b, y, dx, dw, n);
@@ -180,9 +203,14 @@ static void bench_grouped_case(Bench *b, const Config *cfg, const char *kind, co
     snprintf(name, sizeof name, "grouped %s forward", what);
     report(b, name, shape, ms[0] = BENCH_TIME_MS(b, 10, b->o->grouped_matmul_forward(y, x, w, doff, E, N, Kd, R)), flops, 0, aim);
     snprintf(name, sizeof name, "grouped %s input grad", what);
-    report(b, name, shape, ms[1] = BENCH_TIME_MS(b, 10, b->o->grouped_matmul_backward(dx, NULL, dy, x, w, doff, E, N, Kd, R)), flops, 0, aim);
+    ms[1] = BENCH_TIME_MS(b, 10, b->o->grouped_matmul_backward(dx, NULL, dy, x, w, doff, E, N, Kd, R, false));
+    report(b, name, shape, ms[1], flops, 0, aim);
+    // the weight gradient as a step's first write makes it (overwriting dw), then added to dw
     snprintf(name, sizeof name, "grouped %s weight grad", what);
-    report(b, name, shape, ms[2] = BENCH_TIME_MS(b, 10, b->o->grouped_matmul_backward(NULL, dw, dy, x, w, doff, E, N, Kd, R)), flops, 0, aim);
+    ms[2] = BENCH_TIME_MS(b, 10, b->o->grouped_matmul_backward(NULL, dw, dy, x, w, doff, E, N, Kd, R, false));
+    report(b, name, shape, ms[2], flops, 0, aim);
+    double add = BENCH_TIME_MS(b, 10, b->o->grouped_matmul_backward(NULL, dw, dy, x, w, doff, E, N, Kd, R, true));
+    report(b, "  adding to dw", shape, add, flops, 0, 0);
     // FP8 on the GPU only (the CPU backend's emulation is a reference, not a kernel to time)
     if (b->aims && b->o->fp8_grouped_matmul) bench_grouped_fp8(b, what, shape, doff, (size_t)off[E], E, N, Kd, R, x, w, dy, ms);
     BENCH_FREE_ALL(b, doff, x, w, dy, y, dx, dw);

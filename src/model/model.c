@@ -87,6 +87,7 @@ static void register_params(Model *m) {
     const ModelConfig *c = &m->cfg;
     size_t D = c->d_model, V = c->vocab_size;
     m->layer = moe_calloc(c->n_layers, sizeof(LayerParams));
+    m->expert_dw_written = moe_calloc(c->n_layers, sizeof(bool));
     params_begin_region(&m->reg, PARAM_DENSE);
     if (m->first_stage) m->wte = params_add(&m->reg, "model.embed_tokens.weight", V, D, false, false, -1, -1);
     for (int l = 0; l < c->n_layers; l++)
@@ -183,6 +184,10 @@ bool model_holds_layer(const Model *m, int l) {
     for (int c = 0; c < m->n_chunks; c++)
         if (l >= m->chunk[c].layer_begin && l < m->chunk[c].layer_end) return true;
     return false;
+}
+
+void model_grads_consumed(Model *m, int u0, int u1) {
+    for (int l = u0 < 0 ? 0 : u0; l < u1 && l < m->cfg.n_layers; l++) m->expert_dw_written[l] = false;
 }
 
 static int chunk_layers(const ModelChunk *k) { return k->layer_end - k->layer_begin; }
@@ -295,8 +300,11 @@ static size_t scratch_a_elems(const Model *m, size_t T) {
 }
 
 // Elements of gradient scratch B (Scratch), for calls of T tokens: with selective recompute it also
-// holds the shared SwiGLU activations at its top, beside dhact at its bottom (alloc_selective_shared);
-// on the last stage the final norm's output (alloc_head).
+// holds the shared SwiGLU activations at its top, beside dhact at its bottom, and qkv
+// (alloc_selective_shared); on the last stage the final norm's output (alloc_head). At least (T, C)
+// in every mode, though only selective recompute's qkv needs it since the QK-norm backward works in
+// place: without it the bench shapes save nothing (R D is larger) and ep=2 ~67 MB, and the CPU memory
+// rows of tests/data/plan-measured.tsv, measured with it, would have to be measured again.
 static size_t scratch_b_elems(const Model *m, size_t T) {
     const ModelConfig *c = &m->cfg;
     bool moe = model_n_moe_layers(c) > 0, ep = m->par->ep->size > 1;
@@ -328,8 +336,9 @@ static size_t scratch_datt_elems(const Model *m, size_t T) {
 // The large ones live in the backward's scratch (alloc_scratch), which no forward reads (FP8's
 // Fp8Operands.sum is Scratch.dxf, lent to none of them), where no backward step reads them while
 // it writes that scratch (layer_backward's order; docs/ARCHITECTURE.md, activation memory):
-// - qkv in B: written just before the attention kernel's backward reads it, which writes dqkv to A;
-//   B then takes dqkv_raw, computed from dqkv and the kept projection (not from qkv).
+// - qkv in B: written just before the attention kernel's backward reads it, which writes dqkv to A
+//   (the QK-norm backward then makes the projection's gradient in place there, from the kept
+//   projection, not from qkv).
 // - the SwiGLU activations at B's top, dhact at its bottom (B holds both: scratch_b_elems); B's
 //   later contents (dgu is A; the rows' gradient dxp, B) come after their last read.
 // - xp (one expert-parallel rank) in B from its bottom: the forward gathers it after attention
@@ -351,7 +360,7 @@ static void alloc_selective_shared(Model *m, size_t T) {
     LayerActs *s = &m->shared;
     size_t E = c->n_experts, K = c->top_k, swiglu = swiglu_elems(m, T);
     bool pre = c->norm_placement == NORM_PRE;
-    s->qkv = g->dqkv_raw, s->qk_rstd = f32_buf(m, T * (c->n_heads + c->n_kv_heads));
+    s->qkv = g->dhact, s->qk_rstd = f32_buf(m, T * (c->n_heads + c->n_kv_heads));
     s->n1 = s->n2 = g->dxf;
     if (pre) s->ap = s->f = g->dn, s->h = g->datt, s->n1_rstd = s->n2_rstd = f32_buf(m, T);
     s->hact = s->sact = model_act(m, g->dhact, scratch_b_elems(m, T) - swiglu);
@@ -400,9 +409,8 @@ static void alloc_scratch(Model *m, size_t T) {
     Scratch *s = &m->s;
     s->dres = act_buf(m, T * D), s->datt = act_buf(m, scratch_datt_elems(m, T)), s->dn = act_buf(m, T * D);
     void *a = act_buf(m, scratch_a_elems(m, T)); // dy, dgu, dqkv
-    void *b = act_buf(m, scratch_b_elems(m, T)); // dhact, dxp, dqkv_raw
-    s->dqkv = a, s->dqkv_raw = b;
-    s->dgu = a, s->dhact = b;
+    void *b = act_buf(m, scratch_b_elems(m, T)); // dhact, dxp
+    s->dqkv = a, s->dgu = a, s->dhact = b;
     s->dxf = act_buf(m, T * D);
     if (moe) {
         s->dy = a, s->dxp = ep ? moe_exchange_buf(&m->xchg, R) : b;
@@ -418,7 +426,7 @@ static void alloc_scratch(Model *m, size_t T) {
 // holds anything from one layer's forward or backward to the next), and no forward or backward
 // calls it between two steps of theirs.
 static void alloc_head(Model *m, size_t T) {
-    m->xf = m->s.dqkv_raw, m->xf_rstd = f32_buf(m, T);
+    m->xf = m->s.dhact, m->xf_rstd = f32_buf(m, T);
     m->logit_rows = head_logit_rows(m, T);
     m->logits = m->s.dqkv;
 }
@@ -656,6 +664,7 @@ void model_free(Model *m) {
     }
     moe_exchange_routes_free(&m->shared.routes);
     free(m->layer);
+    free(m->expert_dw_written);
     params_free(&m->reg);
     memset(m, 0, sizeof *m);
 }
@@ -855,13 +864,14 @@ static void fp8_forward(const Model *m, void *out, const void *x, const int32_t 
 typedef enum { DOUT_T_MAKE, DOUT_T_KEEP, DOUT_T_KEPT } DoutCopy;
 
 // Its backward in FP8 (groups as fp8_forward's): dx (R, K) = dout . w[e] from quantised rows of dout
-// and the weights' transposed FP8 copy; dw (El, N, K) f32 += dout^T . x per group from token-major
-// copies of dout and x (either skipped when NULL): x's the forward kept (x_t, x unread) or, with
-// x_t NULL, made here; dout's two copies from one read of it when both are made here, where
-// dout_rows (non-NULL) may name the rows of dout that make the operand (fp8_quantize_rows_cols).
-static void fp8_backward(const Model *m, void *dx, void *dw, const void *dout, const int32_t *dout_rows,
-                         const void *x, const Fp8Cols *x_t, size_t w, const int32_t *off, size_t El, size_t N,
-                         size_t K, size_t R, DoutCopy dout_t) {
+// and the weights' transposed FP8 copy; dw (El, N, K) f32 = dout^T . x per group (added to dw when
+// accumulate_dw) from token-major copies of dout and x (either skipped when NULL): x's the forward
+// kept (x_t, x unread) or, with x_t NULL, made here; dout's two copies from one read of it when both
+// are made here, where dout_rows (non-NULL) may name the rows of dout that make the operand
+// (fp8_quantize_rows_cols).
+static void fp8_backward(const Model *m, void *dx, void *dw, bool accumulate_dw, const void *dout,
+                         const int32_t *dout_rows, const void *x, const Fp8Cols *x_t, size_t w, const int32_t *off,
+                         size_t El, size_t N, size_t K, size_t R, DoutCopy dout_t) {
     const Ops *ops = m->ops;
     const Fp8Operands *q = m->fp8;
     Fp8Weights wq = fp8_weights_at(m, w, N, K);
@@ -878,7 +888,9 @@ static void fp8_backward(const Model *m, void *dx, void *dw, const void *dout, c
     if (dw && !x_t)
         ops->fp8_quantize_cols(xt.q, xt.scales, x, off, El, R, K, q->how, fp8_counts(q, FP8_CLASS_ACTIVATIONS));
     if (dx) fp8_product(m, dx, wq.qt, wq.scales_t, off, El, K, N, R);
-    if (dw) ops->fp8_grouped_matmul_wgrad(dw, q->dout_t, q->dout_t_scales, xt.q, xt.scales, off, El, N, K, R);
+    if (dw)
+        ops->fp8_grouped_matmul_wgrad(dw, q->dout_t, q->dout_t_scales, xt.q, xt.scales, off, El, N, K, R,
+                                      accumulate_dw);
 }
 
 // Per expert, out (Rr, N) = x (Rr, K) . w[e] (N, K)^T with the compute weights at offset w: in act
@@ -889,19 +901,20 @@ static void expert_forward(const Model *m, void *out, const void *x, const int32
     else m->ops->grouped_matmul_forward(out, x, W(m, w), off, El, N, K, Rr);
 }
 
-// dx (Rr, K) = dout . w[e]; dw (El, N, K) f32 += dout^T . x per expert (either skipped when NULL),
-// with the compute weights at offset w: in act precision, or in FP8 (fp8_backward, x_t and dout_t as
-// there; dout_rows too). Every read of x comes before dx is written, so dx may be x's buffer (selective
-// recompute's xp and dxp): the weight gradient first, then the input gradient (two products either way).
-static void expert_backward(const Model *m, void *dx, void *dw, const void *dout, const int32_t *dout_rows,
-                            const void *x, const Fp8Cols *x_t, size_t w, const int32_t *off, size_t El, size_t N,
-                            size_t K, size_t Rr, DoutCopy dout_t) {
+// dx (Rr, K) = dout . w[e]; dw (El, N, K) f32 = dout^T . x per expert, added to dw when
+// accumulate_dw (either skipped when NULL), with the compute weights at offset w: in act precision,
+// or in FP8 (fp8_backward, x_t and dout_t as there; dout_rows too). Every read of x comes before dx
+// is written, so dx may be x's buffer (selective recompute's xp and dxp): the weight gradient first,
+// then the input gradient (two products either way).
+static void expert_backward(const Model *m, void *dx, void *dw, bool accumulate_dw, const void *dout,
+                            const int32_t *dout_rows, const void *x, const Fp8Cols *x_t, size_t w,
+                            const int32_t *off, size_t El, size_t N, size_t K, size_t Rr, DoutCopy dout_t) {
     if (m->fp8) {
-        fp8_backward(m, dx, dw, dout, dout_rows, x, x_t, w, off, El, N, K, Rr, dout_t);
+        fp8_backward(m, dx, dw, accumulate_dw, dout, dout_rows, x, x_t, w, off, El, N, K, Rr, dout_t);
         return;
     }
-    if (dw) m->ops->grouped_matmul_backward(NULL, dw, dout, x, W(m, w), off, El, N, K, Rr);
-    if (dx) m->ops->grouped_matmul_backward(dx, NULL, dout, x, W(m, w), off, El, N, K, Rr);
+    if (dw) m->ops->grouped_matmul_backward(NULL, dw, dout, x, W(m, w), off, El, N, K, Rr, accumulate_dw);
+    if (dx) m->ops->grouped_matmul_backward(dx, NULL, dout, x, W(m, w), off, El, N, K, Rr, false);
 }
 
 // The FP8 operands of the dense linear layers' products; NULL: those run in act precision.
@@ -941,7 +954,8 @@ static void dense_backward(const Model *m, void *dx, void *dw, const void *dout,
         m->ops->matmul_backward(dx, dw, dout, x, W(m, w), T, N, K, accumulate_dx);
         return;
     }
-    fp8_backward(m, fp8_target(m, dx, accumulate_dx, K), dw, dout, NULL, x, x_t, w, NULL, 1, N, K, T, DOUT_T_MAKE);
+    fp8_backward(m, fp8_target(m, dx, accumulate_dx, K), dw, true, dout, NULL, x, x_t, w, NULL, 1, N, K, T,
+                 DOUT_T_MAKE);
     fp8_accumulate(m, dx, accumulate_dx, T * K);
 }
 
@@ -977,6 +991,7 @@ typedef struct {
     void *dye, *dxe;      // backward: (Rr, D) gradients of the experts' outputs and inputs
     const void *in;       // the layer's feed-forward input (T, D), whose rows rows_recompute gathers again
     const void *dout;     // backward: the gradient of the layer's feed-forward output (T, D)
+    bool accumulate_dw;   // backward: the weight gradients add to what the step wrote before
     const int32_t *rows;  // the token of each expert row (Scratch.row_token) where the experts' inputs are
                           // quantised from `in` and the down projection's output gradients from `dout`
                           // (reads_token_rows): xe and dye then hold no rows; NULL: they do
@@ -1211,20 +1226,22 @@ static void experts_backward(void *ctx, size_t e0, size_t e1) {
         // gradients and the weighted h for the down projection's weight gradient; it writes the
         // gate|up gradient over the kept gate|up rows (their last read), as dgu's scratch A still
         // holds the rows' gradients dye, which that weight gradient reads after it.
-        expert_backward(m, s->dhact, NULL, w->rows ? w->dout : w->dye, w->rows, NULL, NULL, down, off, n, D, H, Rr,
-                        DOUT_T_KEEP);
+        expert_backward(m, s->dhact, NULL, false, w->rows ? w->dout : w->dye, w->rows, NULL, NULL, down, off, n, D,
+                        H, Rr, DOUT_T_KEEP);
         dgu = x->gu;
         ops->swiglu_backward(dgu, s->row_dot, m->expert_hact, s->dhact, x->gu, s->row_w, Rr, H, off, n);
-        expert_backward(m, NULL, G(m, down), w->dye, NULL, m->expert_hact, NULL, down, off, n, D, H, Rr, DOUT_T_KEPT);
+        expert_backward(m, NULL, G(m, down), w->accumulate_dw, w->dye, NULL, m->expert_hact, NULL, down, off, n, D, H,
+                        Rr, DOUT_T_KEPT);
     } else {
         swiglu_recompute(m, x->hact, x->gu, Rr, H, off, n);
         MOE_ASSERT(!w->rows);
-        expert_backward(m, s->dhact, G(m, down), w->dye, NULL, x->hact, NULL, down, off, n, D, H, Rr, DOUT_T_MAKE);
+        expert_backward(m, s->dhact, G(m, down), w->accumulate_dw, w->dye, NULL, x->hact, NULL, down, off, n, D, H,
+                        Rr, DOUT_T_MAKE);
         ops->swiglu_backward(dgu, NULL, NULL, s->dhact, x->gu, NULL, Rr, H, off, n);
     }
     rows_recompute(w);
-    expert_backward(m, w->dxe, G(m, gu), dgu, NULL, x->xe, kept_cols(&x->xe_t), gu, off, n, 2 * H, D, Rr,
-                    DOUT_T_MAKE);
+    expert_backward(m, w->dxe, G(m, gu), w->accumulate_dw, dgu, NULL, x->xe, kept_cols(&x->xe_t), gu, off, n,
+                    2 * H, D, Rr, DOUT_T_MAKE);
 }
 
 // With several expert-parallel ranks the combine gradient dy goes straight into the exchange
@@ -1250,8 +1267,9 @@ static void moe_backward(Model *m, int l, LayerActs *x, void *din, const void *d
     ops->moe_combine_backward(rows ? NULL : dy, s->dtopk_w, s->row_w, dout, x->y, x->slot_pos, x->topk_w, T, K, D);
     ExpertWork w = {.m = m, .l = l, .x = x, .Rr = moe_exchange_received_rows(&m->xchg, T),
                     .dye = ep ? s->dxe : s->dy, .dxe = ep ? s->dxe : s->dxp, .in = in, .dout = dout, .rows = rows,
-                    .a = a};
+                    .accumulate_dw = m->expert_dw_written[l], .a = a};
     moe_exchange_pipeline(&m->xchg, &x->routes, dy, w.dye, w.dxe, s->dxp, experts_backward, &w);
+    m->expert_dw_written[l] = true; // by every chunk of experts: the next call adds to them
     if (!x->y) ops->moe_slot_values(s->dtopk_w, s->row_dot, x->slot_pos, T * K);
     ops->moe_dispatch_backward(din, s->dxp, x->slot_pos, T, K, D, accumulate);
     ops->router_backward(s->dlogits, s->dtopk_w, x->logits, x->scores, x->topk_idx, x->topk_w,
@@ -1279,10 +1297,10 @@ static void attention_backward(Model *m, int l, LayerActs *x, void *din, const v
         ops->qkv_norm_rope_forward(x->qkv, x->qk_rstd, x->qkv_raw, W(m, p->q_norm), W(m, p->k_norm), m->rope, d,
                                    c->qk_norm, (float)c->norm_eps);
     ops->attention_backward(s->dqkv, s->datt, x->qkv, x->att, x->att_lse, d);
-    ops->qkv_norm_rope_backward(s->dqkv_raw, G(m, p->q_norm), G(m, p->k_norm), s->dqkv, x->qkv_raw,
+    ops->qkv_norm_rope_backward(s->dqkv, G(m, p->q_norm), G(m, p->k_norm), s->dqkv, x->qkv_raw, // in place
                                 W(m, p->q_norm), W(m, p->k_norm), x->qk_rstd, m->rope, d,
                                 c->qk_norm);
-    dense_backward(m, din, G(m, p->wqkv), s->dqkv_raw, in, kept_cols(&x->n1_t), p->wqkv, T, C, D, accumulate);
+    dense_backward(m, din, G(m, p->wqkv), s->dqkv, in, kept_cols(&x->n1_t), p->wqkv, T, C, D, accumulate);
 }
 
 // Selective recompute, pre-norm: a norm's output again from its kept input (the forward's kernel

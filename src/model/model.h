@@ -120,7 +120,8 @@ typedef struct {
 // Gradient scratch shared by all layers and slots, sized for the largest layer. The largest
 // gradients of a layer's backward take turns in two buffers (A, B), each read by the next step
 // only: feed-forward dy (A) -> dhact (B) -> dgu (A) -> dxp (B, with one expert-parallel rank;
-// with several it is an exchange buffer peers write), attention dqkv (A) -> dqkv_raw (B). With one
+// with several it is an exchange buffer peers write), attention dqkv (A, the QK-norm backward's
+// output in place). With one
 // expert-parallel rank dy (A) is also read by the down projection's weight gradient after dhact
 // (B), and A holds a MoE forward's expert outputs until the combine. With FP8 inputs kept
 // (model_keeps_fp8_n1, _xe) dn is the buffer the forward's n1 shares, and B the one its xp shares;
@@ -130,7 +131,7 @@ typedef struct {
     void *dres;               // act (T, D) gradient of the residual stream (stage in/out gradient)
     void *dn;                 // act (T, D)
     void *datt;               // act (T, Hq hd); selective recompute with pre-norm: (T, max(Hq hd, D))
-    void *dqkv, *dqkv_raw;    // act (T, C): A, B
+    void *dqkv;               // act (T, C): A
     void *dgu, *dhact;        // act (max rows, 2 max hidden), (max rows, max hidden): A, B
     void *dy, *dxp;           // act (R, D) in dispatch order: A, B (or an exchange buffer)
     void *dxe;                // act (Rr, D)
@@ -203,6 +204,9 @@ typedef struct {
                                  // of the region's group (ZeRO-1: the compute copy alone is whole)
     void *params_act;            // act (P) compute weights (== params when the backend aliases)
     void *grads;                 // f32 (P)
+    bool *expert_dw_written;     // (L) the layer's expert weight gradients written since the
+                                 // optimizer last read them: the next write adds to them, where the
+                                 // first overwrites them (so the optimizer need not zero them)
     void *expert_bias;           // f32 (L, E) loss-free balancing bias (0 for dense layers)
     void *expert_hact;           // act (Rr, H), one expert-parallel rank (else NULL): the experts' SwiGLU
                                  // output of the MoE layer running, in the forward, and its rows
@@ -303,6 +307,10 @@ void *model_stage_output(const Model *m, int chunk, int slot);
 void *model_stage_grad(const Model *m, int chunk, int slot);
 // Whether layer l is one of this rank's.
 bool model_holds_layer(const Model *m, int l);
+// The optimizer has read (and no longer needs) the gradients of units [u0, u1) (-1: the embedding,
+// n_layers: the head): the next backward overwrites their expert weight gradients at its first
+// write. Every other gradient it adds to, so the optimizer zeroes those.
+void model_grads_consumed(Model *m, int u0, int u1);
 // The forward's units of weights, in the order it reads them: -1 the embedding, 0 .. n_layers - 1
 // the layers, n_layers the final norm and LM head. The unit of a tensor of this rank:
 int model_param_unit(const Model *m, const ParamInfo *p);

@@ -75,7 +75,8 @@ static void cost_qkv_norm_rope_forward(void *q, void *r, const void *raw, const 
 static void cost_qkv_norm_rope_backward(void *dr, void *dwq, void *dwk, const void *dq, const void *raw,
                                         const void *wq, const void *wk, const void *r, const void *rope,
                                         AttnDims d, QkNorm m) {
-    bytes(KERNEL_QK_NORM_ROPE, 3 * qkv_elems(d) * A);
+    double qk = (double)d.B * d.S * (d.Hq + d.Hkv) * d.hd; // in place v's gradient stays where it is
+    bytes(KERNEL_QK_NORM_ROPE, 3 * (dr == dq ? qk : qkv_elems(d)) * A);
 }
 
 // QK^T and PV, causal at half (docs/MODEL.md); the backward counts 2.5 x.
@@ -151,7 +152,7 @@ static void cost_grouped_forward(void *o, const void *x, const void *w, const in
     grouped(KERNEL_GROUPED_FWD, E, N, K, R);
 }
 static void cost_grouped_backward(void *dx, void *dw, const void *d, const void *x, const void *w,
-                                  const int32_t *off, size_t E, size_t N, size_t K, size_t R) {
+                                  const int32_t *off, size_t E, size_t N, size_t K, size_t R, bool acc) {
     if (dx) grouped(KERNEL_GROUPED_DGRAD, E, N, K, R);
     if (dw) grouped(KERNEL_GROUPED_WGRAD, E, N, K, R);
 }
@@ -188,7 +189,7 @@ static void cost_fp8_grouped(void *o, const void *a, const void *as, const void 
     grouped(KERNEL_FP8_GROUPED, E, N, K, R);
 }
 static void cost_fp8_wgrad(void *dw, const void *d, const void *ds, const void *x, const void *xs,
-                           const int32_t *off, size_t E, size_t N, size_t K, size_t R) {
+                           const int32_t *off, size_t E, size_t N, size_t K, size_t R, bool acc) {
     if (off) grouped(KERNEL_FP8_GROUPED_WGRAD, E, N, K, R);
     else product(KERNEL_FP8_DENSE, (double)N, (double)K, (double)R, 1);
 }

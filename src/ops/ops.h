@@ -188,7 +188,8 @@ typedef struct Ops {
     void (*qkv_norm_rope_forward)(void *qkv, void *rstd, const void *qkv_raw, const void *wq,
                                   const void *wk, const void *rope, AttnDims d, QkNorm mode,
                                   float eps);
-    // dqkv_raw (T, C) act = backward of the above; dwq, dwk f32 +=
+    // dqkv_raw (T, C) act = backward of the above; dwq, dwk f32 +=. dqkv_raw may be dqkv (in
+    // place: v's gradient, the same in both, is left where it is)
     void (*qkv_norm_rope_backward)(void *dqkv_raw, void *dwq, void *dwk, const void *dqkv,
                                    const void *qkv_raw, const void *wq, const void *wk,
                                    const void *rstd, const void *rope, AttnDims d, QkNorm mode);
@@ -281,11 +282,12 @@ typedef struct Ops {
     // R: rows of the buffers, a bound on offsets[E] (which stays in backend memory).
     void (*grouped_matmul_forward)(void *out, const void *x, const void *w, const int32_t *offsets,
                                    size_t E, size_t N, size_t K, size_t R);
-    // dx (R, K) act = dout . w[e]; dw (E, N, K) f32 += dout^T . x per expert (either skipped
-    // when NULL)
+    // dx (R, K) act = dout . w[e]; dw (E, N, K) f32 = dout^T . x per expert, added to dw when
+    // accumulate_dw (either skipped when NULL). An expert without rows adds nothing, or (not
+    // accumulate_dw) gets zeros: every dw[e] is written, so a first write needs no zeroed dw.
     void (*grouped_matmul_backward)(void *dx, void *dw, const void *dout, const void *x,
                                     const void *w, const int32_t *offsets, size_t E, size_t N,
-                                    size_t K, size_t R);
+                                    size_t K, size_t R, bool accumulate_dw);
     // Loss-free balancing: bias[e] += gamma * sign(mean(loads) - loads[e]); bias, loads (E) f32
     void (*router_bias_update)(void *bias, const void *loads, size_t E, float gamma);
 
@@ -336,12 +338,13 @@ typedef struct Ops {
     void (*fp8_grouped_matmul)(void *out, const void *a, const void *a_scales, const void *b,
                                const void *b_scales, const int32_t *offsets, size_t E, size_t N,
                                size_t K, size_t R);
-    // Per expert, dw[e] (N, K) f32 += dout^T . x over the expert's rows, from their token-major
-    // copies (fp8_quantize_cols of the same offsets, NULL included): dout_t (N, Rt) e4m3 with scales
+    // Per expert, dw[e] (N, K) f32 = dout^T . x over the expert's rows, added to dw when accumulate
+    // (an expert without rows: as grouped_matmul_backward's dw), from their token-major copies
+    // (fp8_quantize_cols of the same offsets, NULL included): dout_t (N, Rt) e4m3 with scales
     // (Rt / 128, N), x_t (K, Rt) e4m3 with scales (Rt / 128, K).
     void (*fp8_grouped_matmul_wgrad)(void *dw, const void *dout_t, const void *dout_scales,
                                      const void *x_t, const void *x_scales, const int32_t *offsets,
-                                     size_t E, size_t N, size_t K, size_t R);
+                                     size_t E, size_t N, size_t K, size_t R, bool accumulate);
     // out (M, N) act = a (M, K) . b (N, K)^T: a rows (one group: scales (Kb, M)), b weights
     // (scales (Kb, Nb))
     void (*fp8_matmul)(void *out, const void *a, const void *a_scales, const void *b,

@@ -106,8 +106,8 @@ WRAP(grouped_matmul_forward, PHASE_EXPERT_GEMM,
      (o, x, w, off, E, N, K, R))
 WRAP(grouped_matmul_backward, PHASE_EXPERT_GEMM,
      (void *dx, void *dw, const void *d, const void *x, const void *w, const int32_t *off, size_t E, size_t N, size_t K,
-      size_t R),
-     (dx, dw, d, x, w, off, E, N, K, R))
+      size_t R, bool acc),
+     (dx, dw, d, x, w, off, E, N, K, R, acc))
 // The FP8 ops' phase: an expert GEMM's, or with NULL offsets (one group of all rows) a dense layer's.
 static ProfilePhase fp8_phase(const int32_t *off) { return off ? PHASE_EXPERT_GEMM : PHASE_DENSE_GEMM; }
 
@@ -135,8 +135,8 @@ WRAP(fp8_grouped_matmul, PHASE_EXPERT_GEMM,
      (o, a, as, b, bs, off, E, N, K, R))
 WRAP(fp8_grouped_matmul_wgrad, fp8_phase(off),
      (void *dw, const void *d, const void *ds, const void *x, const void *xs, const int32_t *off, size_t E, size_t N,
-      size_t K, size_t R),
-     (dw, d, ds, x, xs, off, E, N, K, R))
+      size_t K, size_t R, bool acc),
+     (dw, d, ds, x, xs, off, E, N, K, R, acc))
 WRAP(fp8_matmul, PHASE_DENSE_GEMM,
      (void *o, const void *a, const void *as, const void *b, const void *bs, size_t M, size_t N, size_t K),
      (o, a, as, b, bs, M, N, K))

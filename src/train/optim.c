@@ -104,7 +104,8 @@ static void adamw_part(const Optimizer *o, Model *m, const OptShard *s, size_t l
 
 // The update of units [u0, u1), queued where work goes now: per region, AdamW on this rank's shard
 // of their tensors, the gather of their compute weights from the shards' owners, their FP8 copies,
-// and their gradients zeroed (read until here; the next step's backward accumulates into them).
+// and their gradients zeroed (read until here; the next step's backward accumulates into them) but
+// the experts' weight gradients, which its first write overwrites (model_grads_consumed).
 // Elementwise, so any split into units computes the same values.
 static void update_units(const Optimizer *o, Model *m, int u0, int u1) {
     for (int r = 0; r < PARAM_N_REGIONS; r++) {
@@ -116,8 +117,9 @@ static void update_units(const Optimizer *o, Model *m, int u0, int u1) {
             comm_all_gather_part(s->group, model_act(m, m->params_act, s->begin), s->shard, a - s->begin,
                                  b - s->begin, COMM_ACT);
         model_quantize_fp8_weights(m, a, b);
-        m->ops->zero(model_f32(m, m->grads, a), (b - a) * m->ops->f32_size);
+        if (r != PARAM_EXPERT) m->ops->zero(model_f32(m, m->grads, a), (b - a) * m->ops->f32_size);
     }
+    model_grads_consumed(m, u0, u1);
 }
 
 // Whether unit u has tensors on this rank.

@@ -156,7 +156,7 @@ else bad "moe bench, random routing: max/mean load near 1" "$out"; fi
 # moe bench --kernels on the CPU: each component kernel's line, with a time and a rate.
 out=$(./moe bench --kernels configs/bench/scale-E8.json $bench_cpu 2>&1)
 missing=""
-for k in "attention forward" "grouped up.gate forward" "dense QKV projection" "rmsnorm forward" "with the add .fused." \
+for k in "qk-norm . rope forward" "qk-norm . rope backward" "attention forward" "grouped up.gate forward" "dense QKV projection" "rmsnorm forward" "with the add .fused." \
          "rmsnorm backward" "swiglu backward" "with the row dots .fused." "AdamW"; do
     grep -qE "^ +$k.* [0-9.]+ ms +[0-9.]+ (TFLOP|GB)/s" <<<"$out" || missing="$missing [$k]"
 done

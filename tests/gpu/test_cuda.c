@@ -379,12 +379,18 @@ static void test_attention_case(AttnDims d) {
         gpu->qkv_norm_rope_forward(qkv.g, rstd.g, raw.g, wq.g, wk.g, rope.g, d, (QkNorm)mode, 1e-5f);
         snprintf(what, sizeof what, "qk-norm %s + rope forward S%zu hd%zu", modes[mode], d.S, d.hd);
         check(what, &qkv, T * C, BF);
-        buf_random(&qkv, 33, 1), buf_poison(&dq), buf_random(&dwq, 34, 1), buf_random(&dwk, 35, 1);
-        cpu->qkv_norm_rope_backward(dq.c, dwq.c, dwk.c, qkv.c, raw.c, wq.c, wk.c, rstd.c, rope.c, d, (QkNorm)mode);
-        gpu->qkv_norm_rope_backward(dq.g, dwq.g, dwk.g, qkv.g, raw.g, wq.g, wk.g, rstd.g, rope.g, d, (QkNorm)mode);
-        snprintf(what, sizeof what, "qk-norm %s + rope backward S%zu hd%zu", modes[mode], d.S, d.hd);
-        check(what, &dq, T * C, BF);
-        if (mode) check("  qk-norm dwq", &dwq, nq, FP), check("  qk-norm dwk", &dwk, nk, FP);
+        for (int in_place = 0; in_place < 2; in_place++) { // in place: dq holds the gradient (the model's call)
+            buf_random(&qkv, 33, 1), buf_random(&dwq, 34, 1), buf_random(&dwk, 35, 1);
+            if (in_place) buf_random(&dq, 33, 1);
+            else buf_poison(&dq);
+            const Buf *g = in_place ? &dq : &qkv;
+            cpu->qkv_norm_rope_backward(dq.c, dwq.c, dwk.c, g->c, raw.c, wq.c, wk.c, rstd.c, rope.c, d, (QkNorm)mode);
+            gpu->qkv_norm_rope_backward(dq.g, dwq.g, dwk.g, g->g, raw.g, wq.g, wk.g, rstd.g, rope.g, d, (QkNorm)mode);
+            snprintf(what, sizeof what, "qk-norm %s + rope backward%s S%zu hd%zu", modes[mode],
+                     in_place ? " in place" : "", d.S, d.hd);
+            check(what, &dq, T * C, BF);
+            if (mode) check("  qk-norm dwq", &dwq, nq, FP), check("  qk-norm dwk", &dwk, nk, FP);
+        }
     }
     Buf out = buf_new(K_ACT, T * Dq), lse = buf_new(K_F32, d.B * d.Hq * d.S), dout = buf_new(K_ACT, T * Dq);
     buf_random(&qkv, 36, 1.5), buf_poison(&out), buf_poison(&lse);
@@ -531,23 +537,27 @@ static Buf expert_offsets(size_t E, const int *rows, size_t *R) {
 
 // The GPU's grouped products over experts [0, h) and [h, E) in two calls, as parallel.exchange_chunks
 // runs them (offsets and weights from each chunk's first expert), must equal its one call bitwise:
-// y and dx on the rows in use, dw (accumulated from zero) everywhere.
+// y and dx on the rows in use, dw (written over poison) everywhere.
 static void check_grouped_chunks(const Buf *off, const Buf *x, const Buf *w, const Buf *dy, size_t E, size_t R, size_t N,
                                  size_t K, size_t Rb) {
     size_t h = E / 2, bounds[3] = {0, h, E}, act = gpu->act_size;
     void *out[2][3]; // [one call, chunks][y, dx, dw]
+    float *nan = malloc(E * N * K * sizeof(float));
+    for (size_t i = 0; i < E * N * K; i++) nan[i] = NAN;
     for (int c = 0; c < 2; c++) {
         out[c][0] = gpu->alloc(Rb * N * act), out[c][1] = gpu->alloc(Rb * K * act);
-        out[c][2] = gpu->alloc(E * N * K * gpu->f32_size), gpu->zero(out[c][2], E * N * K * gpu->f32_size);
+        out[c][2] = gpu->alloc(E * N * K * gpu->f32_size);
+        gpu->upload_f32(out[c][2], nan, E * N * K);
         for (int k = 0; k < (c ? 2 : 1); k++) {
             size_t e0 = c ? bounds[k] : 0, e1 = c ? bounds[k + 1] : E;
             const int32_t *o = (const int32_t *)off->g + e0;
             const char *wk = (const char *)w->g + e0 * N * K * act;
             gpu->grouped_matmul_forward(out[c][0], x->g, wk, o, e1 - e0, N, K, Rb);
             gpu->grouped_matmul_backward(out[c][1], (char *)out[c][2] + e0 * N * K * gpu->f32_size, dy->g, x->g, wk, o,
-                                         e1 - e0, N, K, Rb);
+                                         e1 - e0, N, K, Rb, false);
         }
     }
+    free(nan);
     size_t len[3] = {R * N, R * K, E * N * K};
     Kind kind[3] = {K_ACT, K_ACT, K_F32};
     const char *names[3] = {"y", "dx", "dw"};
@@ -573,18 +583,23 @@ static void test_grouped_case(size_t E, const int *rows, size_t N, size_t K) {
     snprintf(what, sizeof what, "grouped matmul forward E%zu N%zu K%zu rows %zu", E, N, K, R);
     check(what, &y, Rb * N, BF);
     buf_random(&y, 62, 1), buf_poison(&dx), buf_random(&dw, 63, 1);
-    cpu->grouped_matmul_backward(dx.c, dw.c, y.c, x.c, w.c, off.c, E, N, K, Rb);
-    gpu->grouped_matmul_backward(dx.g, dw.g, y.g, x.g, w.g, off.g, E, N, K, Rb);
+    cpu->grouped_matmul_backward(dx.c, dw.c, y.c, x.c, w.c, off.c, E, N, K, Rb, true);
+    gpu->grouped_matmul_backward(dx.g, dw.g, y.g, x.g, w.g, off.g, E, N, K, Rb, true);
     check("  grouped matmul backward dx", &dx, Rb * K, BF);
     check("  grouped matmul backward dw (accumulates; empty experts unchanged)", &dw, E * N * K, FP);
-    // each half alone (the other output NULL): dx again from poison, dw accumulated a second time
+    // each half alone (the other output NULL): dx again from poison, dw accumulated a second time,
+    // then written over poison (empty experts' zeros), as a step's first write
     buf_poison(&dx);
-    cpu->grouped_matmul_backward(dx.c, NULL, y.c, x.c, w.c, off.c, E, N, K, Rb);
-    gpu->grouped_matmul_backward(dx.g, NULL, y.g, x.g, w.g, off.g, E, N, K, Rb);
+    cpu->grouped_matmul_backward(dx.c, NULL, y.c, x.c, w.c, off.c, E, N, K, Rb, false);
+    gpu->grouped_matmul_backward(dx.g, NULL, y.g, x.g, w.g, off.g, E, N, K, Rb, false);
     check("  grouped matmul backward dx alone", &dx, Rb * K, BF);
-    cpu->grouped_matmul_backward(NULL, dw.c, y.c, x.c, w.c, off.c, E, N, K, Rb);
-    gpu->grouped_matmul_backward(NULL, dw.g, y.g, x.g, w.g, off.g, E, N, K, Rb);
+    cpu->grouped_matmul_backward(NULL, dw.c, y.c, x.c, w.c, off.c, E, N, K, Rb, true);
+    gpu->grouped_matmul_backward(NULL, dw.g, y.g, x.g, w.g, off.g, E, N, K, Rb, true);
     check("  grouped matmul backward dw alone", &dw, E * N * K, FP);
+    buf_poison(&dw);
+    cpu->grouped_matmul_backward(NULL, dw.c, y.c, x.c, w.c, off.c, E, N, K, Rb, false);
+    gpu->grouped_matmul_backward(NULL, dw.g, y.g, x.g, w.g, off.g, E, N, K, Rb, false);
+    check("  grouped matmul backward dw written over (empty experts zero)", &dw, E * N * K, FP);
     check_grouped_chunks(&off, &x, &w, &y, E, R, N, K, Rb);
     Buf *all[] = {&off, &x, &w, &y, &dx, &dw};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) buf_free(all[i]);
@@ -877,11 +892,16 @@ static void test_fp8_case(size_t E, const int *rows, size_t N, size_t K, Fp8Scal
     check_scaled("  fp8 grouped input gradient", &dx, Rb * K, FP8_BF16_OUT, FP8_SUM, S);
     free(S);
     sum = cpu_zeroed(E * N * K);
-    cpu->fp8_grouped_matmul_wgrad(sum, adyt, dyts.c, axt, xts.c, off.c, E, N, K, Rb);
+    cpu->fp8_grouped_matmul_wgrad(sum, adyt, dyts.c, axt, xts.c, off.c, E, N, K, Rb, false);
     S = cpu_take(sum, E * N * K);
-    cpu->fp8_grouped_matmul_wgrad(dw.c, dyt.c, dyts.c, xt.c, xts.c, off.c, E, N, K, Rb);
-    gpu->fp8_grouped_matmul_wgrad(dw.g, dyt.g, dyts.g, xt.g, xts.g, off.g, E, N, K, Rb);
+    cpu->fp8_grouped_matmul_wgrad(dw.c, dyt.c, dyts.c, xt.c, xts.c, off.c, E, N, K, Rb, true);
+    gpu->fp8_grouped_matmul_wgrad(dw.g, dyt.g, dyts.g, xt.g, xts.g, off.g, E, N, K, Rb, true);
     check_scaled("  fp8 grouped weight gradient (accumulates; empty experts unchanged)", &dw, E * N * K, FP8_F32_OUT,
+                 FP8_SUM, S);
+    buf_poison(&dw);
+    cpu->fp8_grouped_matmul_wgrad(dw.c, dyt.c, dyts.c, xt.c, xts.c, off.c, E, N, K, Rb, false);
+    gpu->fp8_grouped_matmul_wgrad(dw.g, dyt.g, dyts.g, xt.g, xts.g, off.g, E, N, K, Rb, false);
+    check_scaled("  fp8 grouped weight gradient written over (empty experts zero)", &dw, E * N * K, FP8_F32_OUT,
                  FP8_SUM, S);
     free(S);
     // Dense: all Rb rows as one group, against the first expert's weights; its input gradient, the
@@ -901,12 +921,16 @@ static void test_fp8_case(size_t E, const int *rows, size_t N, size_t K, Fp8Scal
     cpu->free(axt), cpu->free(adyt);
     axt = abs_codes(&xt), adyt = abs_codes(&dyt);
     sum = cpu_zeroed(N * K);
-    cpu->fp8_grouped_matmul_wgrad(sum, adyt, dyts.c, axt, xts.c, NULL, 1, N, K, Rb);
+    cpu->fp8_grouped_matmul_wgrad(sum, adyt, dyts.c, axt, xts.c, NULL, 1, N, K, Rb, false);
     S = cpu_take(sum, N * K);
     buf_random(&dw, 87, 1);
-    cpu->fp8_grouped_matmul_wgrad(dw.c, dyt.c, dyts.c, xt.c, xts.c, NULL, 1, N, K, Rb);
-    gpu->fp8_grouped_matmul_wgrad(dw.g, dyt.g, dyts.g, xt.g, xts.g, NULL, 1, N, K, Rb);
+    cpu->fp8_grouped_matmul_wgrad(dw.c, dyt.c, dyts.c, xt.c, xts.c, NULL, 1, N, K, Rb, true);
+    gpu->fp8_grouped_matmul_wgrad(dw.g, dyt.g, dyts.g, xt.g, xts.g, NULL, 1, N, K, Rb, true);
     check_scaled("  fp8 dense weight gradient (one group, accumulates)", &dw, N * K, FP8_F32_OUT, FP8_SUM, S);
+    buf_poison(&dw);
+    cpu->fp8_grouped_matmul_wgrad(dw.c, dyt.c, dyts.c, xt.c, xts.c, NULL, 1, N, K, Rb, false);
+    gpu->fp8_grouped_matmul_wgrad(dw.g, dyt.g, dyts.g, xt.g, xts.g, NULL, 1, N, K, Rb, false);
+    check_scaled("  fp8 dense weight gradient (one group, written over)", &dw, N * K, FP8_F32_OUT, FP8_SUM, S);
     free(S);
     void *abs_bufs[] = {axq, awq, adyq, awqt, axt, adyt};
     for (size_t i = 0; i < sizeof abs_bufs / sizeof abs_bufs[0]; i++) cpu->free(abs_bufs[i]);

@@ -58,7 +58,7 @@ void cpu_qkv_norm_rope_backward(void *dqkv_raw_, void *dwq, void *dwk, const voi
     // 1. undo RoPE: draw holds d(normed q, k) and dv
 #pragma omp parallel for schedule(static)
     for (size_t t = 0; t < T; t++) {
-        memcpy(draw + t * C, dqkv + t * C, C * sizeof(real));
+        if (draw != dqkv) memcpy(draw + t * C, dqkv + t * C, C * sizeof(real));
         for (size_t h = 0; h < nr; h++) rope_head(draw + t * C + h * d.hd, rope + (t % d.S) * d.hd, d.hd, true);
     }
     if (mode == QK_NORM_NONE) return;

@@ -193,14 +193,14 @@ void cpu_fp8_grouped_matmul(void *out, const void *a, const void *a_scales, cons
 
 void cpu_fp8_grouped_matmul_wgrad(void *dw, const void *dout_t, const void *dout_scales, const void *x_t,
                                   const void *x_scales, const int32_t *offsets, size_t E, size_t N, size_t K,
-                                  size_t R) {
+                                  size_t R, bool accumulate) {
     size_t Rt = fp8_expert_cols(R, E);
     for (size_t e = 0; e < E; e++) {
         size_t r0, rows;
         fp8_group(offsets, e, R, &r0, &rows);
         size_t p = fp8_expert_col(r0, e);
         Fp8Operand A = fp8_token_major(dout_t, dout_scales, p, Rt, N), B = fp8_token_major(x_t, x_scales, p, Rt, K);
-        fp8_gemm((real *)dw + e * N * K, K, &A, &B, N, K, rows, true);
+        fp8_gemm((real *)dw + e * N * K, K, &A, &B, N, K, rows, accumulate); // no rows: + 0, or 0
     }
 }
 

@@ -287,13 +287,13 @@ void cpu_grouped_matmul_forward(void *out_, const void *x_, const void *w_, cons
 
 void cpu_grouped_matmul_backward(void *dx_, void *dw_, const void *dout_, const void *x_,
                                  const void *w_, const int32_t *offsets, size_t E, size_t N,
-                                 size_t K, size_t R) {
+                                 size_t K, size_t R, bool accumulate_dw) {
     real *dx = dx_, *dw = dw_;
     const real *dout = dout_, *x = x_, *w = w_;
-    for (size_t e = 0; e < E; e++) {
+    for (size_t e = 0; e < E; e++) { // an expert without rows: a product of K = 0, dw[e] times beta
         size_t r0 = (size_t)offsets[e], n = (size_t)(offsets[e + 1] - offsets[e]);
         if (dx) cpu_gemm(false, false, n, K, N, 1, dout + r0 * N, N, w + e * N * K, K, 0, dx + r0 * K, K);
-        if (dw) cpu_gemm(true, false, N, K, n, 1, dout + r0 * N, N, x + r0 * K, K, 1, dw + e * N * K, K);
+        if (dw) cpu_gemm(true, false, N, K, n, 1, dout + r0 * N, N, x + r0 * K, K, accumulate_dw, dw + e * N * K, K);
     }
 }
 

@@ -71,7 +71,7 @@ void cpu_moe_row_tokens(int32_t *row_token, const int32_t *slot_pos, size_t T, s
 void cpu_grouped_matmul_forward(void *out, const void *x, const void *w, const int32_t *offsets,
                                 size_t E, size_t N, size_t K, size_t R);
 void cpu_grouped_matmul_backward(void *dx, void *dw, const void *dout, const void *x, const void *w,
-                                 const int32_t *offsets, size_t E, size_t N, size_t K, size_t R);
+                                 const int32_t *offsets, size_t E, size_t N, size_t K, size_t R, bool accumulate_dw);
 void cpu_router_bias_update(void *bias, const void *loads, size_t E, float gamma);
 
 // FP8 recipe emulation (cpu_fp8.c)
@@ -91,7 +91,7 @@ void cpu_fp8_grouped_matmul(void *out, const void *a, const void *a_scales, cons
                             size_t R);
 void cpu_fp8_grouped_matmul_wgrad(void *dw, const void *dout_t, const void *dout_scales, const void *x_t,
                                   const void *x_scales, const int32_t *offsets, size_t E, size_t N,
-                                  size_t K, size_t R);
+                                  size_t K, size_t R, bool accumulate);
 void cpu_fp8_matmul(void *out, const void *a, const void *a_scales, const void *b, const void *b_scales,
                     size_t M, size_t N, size_t K);
 

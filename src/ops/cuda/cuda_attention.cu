@@ -27,7 +27,8 @@ static void *attn_scratch(size_t bytes) {
 // row is read once and written once in 16-byte accesses. The weight gradients are summed per block
 // and then over blocks, each in a fixed order: deterministic, no atomics.
 
-#define QKV_CHUNKS 8 // chunks per thread at most
+#define QKV_CHUNKS 8        // chunks per thread at most
+#define QKV_MAX_THREADS 384 // a block's at most: the backward fits in 170 registers then (6 blocks of 64 an SM)
 
 typedef struct {
     int C8, qk8, q8, head8; // chunks per row, of the q and k heads, of the q heads, per head
@@ -38,9 +39,11 @@ __host__ __device__ static QkvChunks qkv_chunks(AttnDims d) {
             (int)(d.hd / 8)};
 }
 
-static unsigned qkv_threads(AttnDims d) {
-    unsigned per = (unsigned)((qkv_chunks(d).C8 + QKV_CHUNKS - 1) / QKV_CHUNKS);
-    MOE_CHECK(per <= 1024, "QK-norm + RoPE: a qkv row of %d chunks is more than one block holds", qkv_chunks(d).C8);
+// Threads of a block that holds n8 chunks of a row.
+static unsigned qkv_threads(int n8) {
+    unsigned per = (unsigned)((n8 + QKV_CHUNKS - 1) / QKV_CHUNKS);
+    MOE_CHECK(per <= QKV_MAX_THREADS, "QK-norm + RoPE: a qkv row of %d values is more than one block holds (%d); "
+              "use fewer heads or a smaller head_dim", n8 * 8, QKV_MAX_THREADS * QKV_CHUNKS * 8);
     return (per + 31) / 32 * 32;
 }
 
@@ -101,12 +104,13 @@ __device__ __forceinline__ int rstd_slot(int c, QkvChunks k, int Hq) {
     return MODE == QK_NORM_HEAD ? c / k.head8 : (c < k.q8 ? 0 : Hq);
 }
 
-// The whole-width norm's (q, k) sums of f(chunk) over the token's q and k chunks.
+// The whole-width norm's (q, k) sums of f(chunk) over the token's q and k chunks (of the first n8
+// chunks the block holds).
 template <typename F>
-__device__ __forceinline__ float2 full_sums(QkvChunks k, float2 *red, F f) {
+__device__ __forceinline__ float2 full_sums(QkvChunks k, int n8, float2 *red, F f) {
     float sq = 0, sk = 0;
     #pragma unroll
-    for (int i = 0; i < QKV_CHUNKS && i * (int)blockDim.x < k.C8; i++) {
+    for (int i = 0; i < QKV_CHUNKS && i * (int)blockDim.x < n8; i++) {
         int c = i * blockDim.x + threadIdx.x;
         float s = f(i, c);
         if (c < k.q8) sq += s;
@@ -134,7 +138,7 @@ __global__ void qkv_norm_rope_forward_kernel(bf16 *qkv, float *rstd, const bf16 
         for (int e = 0; e < 8; e++) s += v[e] * v[e];
         return s;
     };
-    float2 full = MODE == QK_NORM_FULL ? full_sums(k, red, squares) : make_float2(0, 0);
+    float2 full = MODE == QK_NORM_FULL ? full_sums(k, k.C8, red, squares) : make_float2(0, 0);
     float rs_q = rsqrtf(full.x / (float)(d.Hq * d.hd) + eps), rs_k = rsqrtf(full.y / (float)(d.Hkv * d.hd) + eps);
     int cc = threadIdx.x % k.head8;
     RopeChunk cs = rope_load(rope + (t % d.S) * d.hd, cc, k.head8);
@@ -163,16 +167,18 @@ __device__ __forceinline__ void unrotated_grad(float g[8], uint4 gu, const RopeC
 }
 
 // Grid: token-striding blocks; dw_part (gridDim, nw): each block's weight-gradient sums, nw =
-// Dq + Dk (FULL) or 2 hd (HEAD: dwq then dwk).
+// Dq + Dk (FULL) or 2 hd (HEAD: dwq then dwk). draw may be dqkv: in place, the block holds only the
+// q and k chunks, and v's gradient stays where it is.
 template <int MODE>
-__global__ void qkv_norm_rope_backward_kernel(bf16 *draw, float *dw_part, const bf16 *dqkv, const bf16 *raw,
+__global__ void __launch_bounds__(QKV_MAX_THREADS)
+    qkv_norm_rope_backward_kernel(bf16 *draw, float *dw_part, const bf16 *dqkv, const bf16 *raw,
                                               const bf16 *wq, const bf16 *wk, const float *rstd, const float *rope,
                                               AttnDims d) {
     extern __shared__ float dw_acc[]; // FULL: (Dq + Dk), each value owned by one thread; HEAD: (blockDim, 16)
     __shared__ float2 red[32];
     QkvChunks k = qkv_chunks(d);
     size_t T = d.B * d.S, nr = d.Hq + d.Hkv;
-    int cc = threadIdx.x % k.head8;
+    int cc = threadIdx.x % k.head8, n8 = draw == dqkv ? k.qk8 : k.C8;
     float dwh_q[8] = {}, dwh_k[8] = {}; // HEAD: this thread's dwq and dwk sums at its 8 positions of a head
     auto own_dw = [&](float *dst, const float *src) { // FULL: copy this thread's share of dw_acc
         #pragma unroll
@@ -190,7 +196,7 @@ __global__ void qkv_norm_rope_backward_kernel(bf16 *draw, float *dw_part, const 
         #pragma unroll
         for (int i = 0; i < QKV_CHUNKS; i++) {
             int c = i * blockDim.x + threadIdx.x;
-            gu[i] = c < k.C8 ? g_in[c] : make_uint4(0, 0, 0, 0);
+            gu[i] = c < n8 ? g_in[c] : make_uint4(0, 0, 0, 0);
             xu[i] = MODE != QK_NORM_NONE && c < k.qk8 ? x_in[c] : make_uint4(0, 0, 0, 0);
         }
         RopeChunk cs = rope_load(rope + (t % d.S) * d.hd, cc, k.head8);
@@ -204,15 +210,15 @@ __global__ void qkv_norm_rope_backward_kernel(bf16 *draw, float *dw_part, const 
             for (int e = 0; e < 8; e++) s += g[e] * w[e] * x[e];
             return s;
         };
-        float2 full = MODE == QK_NORM_FULL ? full_sums(k, red, gwx) : make_float2(0, 0);
+        float2 full = MODE == QK_NORM_FULL ? full_sums(k, n8, red, gwx) : make_float2(0, 0);
         #pragma unroll
-        for (int i = 0; i < QKV_CHUNKS && i * (int)blockDim.x < k.C8; i++) { // block-uniform: shuffles inside
+        for (int i = 0; i < QKV_CHUNKS && i * (int)blockDim.x < n8; i++) { // block-uniform: shuffles inside
             int c = i * blockDim.x + threadIdx.x;
             float dot = MODE == QK_NORM_HEAD ? head_sum(gwx(i, c), k.head8) : c < k.q8 ? full.x : full.y;
             float g[8], x[8], w[8];
             unrotated_grad(g, gu[i], cs, cc, k.head8);
             if (c >= k.qk8) {
-                if (c < k.C8) out[c] = gu[i]; // v's gradient passes through
+                if (c < n8) out[c] = gu[i]; // v's gradient passes through (not in place)
                 continue;
             }
             if (MODE != QK_NORM_NONE) {
@@ -254,7 +260,7 @@ extern "C" void cuda_qkv_norm_rope_forward(void *qkv, void *rstd, const void *qk
     auto kernel = mode == QK_NORM_FULL ? qkv_norm_rope_forward_kernel<QK_NORM_FULL>
                   : mode == QK_NORM_HEAD ? qkv_norm_rope_forward_kernel<QK_NORM_HEAD>
                                          : qkv_norm_rope_forward_kernel<QK_NORM_NONE>;
-    kernel<<<(unsigned)T, qkv_threads(d), 0, STREAM>>>((bf16 *)qkv, (float *)rstd, (const bf16 *)qkv_raw,
+    kernel<<<(unsigned)T, qkv_threads(qkv_chunks(d).C8), 0, STREAM>>>((bf16 *)qkv, (float *)rstd, (const bf16 *)qkv_raw,
                                                        (const bf16 *)wq, (const bf16 *)wk, (const float *)rope, d, eps);
     CUDA_LAUNCH_CHECK();
 }
@@ -267,7 +273,7 @@ extern "C" void cuda_qkv_norm_rope_backward(void *dqkv_raw, void *dwq, void *dwk
     size_t T = d.B * d.S;
     if (!T) return;
     QkvChunks k = qkv_chunks(d);
-    unsigned threads = qkv_threads(d);
+    unsigned threads = qkv_threads(dqkv_raw == dqkv ? k.qk8 : k.C8);
     int nw = mode == QK_NORM_HEAD ? 2 * (int)d.hd : k.qk8 * 8, nq = mode == QK_NORM_HEAD ? (int)d.hd : k.q8 * 8;
     size_t smem = mode == QK_NORM_FULL ? (size_t)nw * sizeof(float) : mode == QK_NORM_HEAD ? threads * 16 * sizeof(float) : 0;
     auto kernel = mode == QK_NORM_FULL ? qkv_norm_rope_backward_kernel<QK_NORM_FULL>

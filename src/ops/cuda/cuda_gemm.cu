@@ -182,18 +182,20 @@ bool cuda_lt_fp8_matmul(void *out, const void *a, const void *a_scales, const vo
     return true;
 }
 
-// dw (N, K) f32 += dout^T . x over R rows from their token-major copies (fp8_quantize_cols of one
-// group): dout_t (N, Rt) with scales (Rt / 128, N), x_t (K, Rt) with (Rt / 128, K).
+// dw (N, K) f32 = dout^T . x over R rows from their token-major copies (fp8_quantize_cols of one
+// group), added to dw when accumulate: dout_t (N, Rt) with scales (Rt / 128, N), x_t (K, Rt) with
+// (Rt / 128, K).
 bool cuda_lt_fp8_wgrad(float *dw, const void *dout_t, const void *dout_scales, const void *x_t, const void *x_scales,
-                       size_t N, size_t K, size_t R, size_t Rt) {
+                       size_t N, size_t K, size_t R, size_t Rt, bool accumulate) {
     if (cuda_ctx.cutlass_fp8_dense || !lt_aligned(dw, 256) || !lt_aligned(dout_t, 256) || !lt_aligned(x_t, 256) ||
         !lt_aligned(dout_scales, 16) || !lt_aligned(x_scales, 16))
         return false;
-    if (!R || !N || !K) return true; // nothing to add
+    if (!R && !accumulate) CUDA_CHECK(cudaMemsetAsync(dw, 0, N * K * sizeof(float), cuda_ctx.stream));
+    if (!R || !N || !K) return true; // nothing (more) to write
     // column-major dw^T (K, N) += x_t-as-stored (Rt, K)^T . dout_t-as-stored (Rt, N), over R's blocks
     LtShape s = {true, false, (int)K, (int)N, (int)(fp8_blocks(R) * FP8_BLOCK), (int)Rt, (int)Rt, (int)K,
                  CUDA_R_8F_E4M3, CUDA_R_32F, LT_VEC128, LT_VEC128};
-    return lt_run(&s, x_t, dout_t, dw, 1.0f, (const float *)x_scales, (const float *)dout_scales);
+    return lt_run(&s, x_t, dout_t, dw, accumulate ? 1.0f : 0.0f, (const float *)x_scales, (const float *)dout_scales);
 }
 
 // ---------------------------------------------------------------- grouped GEMM
@@ -212,6 +214,7 @@ typedef struct {
     const int32_t *offsets;
     int E, M, N, K;   // the dimension the experts' rows run along is read from offsets instead
     bool rows_along_k;
+    bool accumulate;  // an fp32 C is added to (else written)
 } GroupedArgs;
 
 #define GB_M 128
@@ -321,7 +324,7 @@ __global__ void __launch_bounds__(GB_THREADS) grouped_gemm_kernel(GroupedArgs g)
     size_t row0 = (size_t)g.offsets[e];
     int rows = g.offsets[e + 1] - g.offsets[e];
     int Me = g.rows_along_k ? g.M : rows, Ke = g.rows_along_k ? rows : g.K;
-    if (Ke == 0) return; // a weight gradient with no rows adds nothing
+    if (Ke == 0) return; // a weight gradient with no rows adds nothing (or is zeroed before)
     const bf16 *B = g.B + (size_t)e * g.b_stride;
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31, gq = lane / 4, tq = lane % 4;
     int wm = (warp / 4) * 64, wn = (warp % 4) * 32;
@@ -349,7 +352,8 @@ __global__ void __launch_bounds__(GB_THREADS) grouped_gemm_kernel(GroupedArgs g)
                 if (m >= Me || n >= g.N) continue;
                 size_t idx = (size_t)e * g.c_stride + (crow0 + m) * g.ldc + n;
                 if (OUT_F32) {
-                    float2 *c = reinterpret_cast<float2 *>((float *)g.C + idx), v = *c;
+                    float2 *c = reinterpret_cast<float2 *>((float *)g.C + idx);
+                    float2 v = g.accumulate ? *c : make_float2(0.0f, 0.0f);
                     v.x += acc[i][j][2 * r], v.y += acc[i][j][2 * r + 1];
                     *c = v;
                 } else {
@@ -378,21 +382,40 @@ static void grouped_launch(const GroupedArgs &g, size_t max_rows) {
 extern "C" void cuda_grouped_matmul_forward(void *out, const void *x, const void *w, const int32_t *offsets,
                                             size_t E, size_t N, size_t K, size_t R) {
     if (!cuda_ctx.builtin_grouped) return cuda_grouped_sm90(GROUPED_FWD, x, w, out, offsets, E, N, K);
-    GroupedArgs g = {(const bf16 *)x, (const bf16 *)w, out, K, K, N, N * K, 0, offsets, (int)E, 0, (int)N, (int)K, false};
+    GroupedArgs g = {(const bf16 *)x, (const bf16 *)w, out, K, K, N, N * K, 0, offsets, (int)E, 0, (int)N, (int)K, false,
+                     false};
     grouped_launch<false, true, false>(g, R);
 }
 
+__global__ void grouped_zero_empty_kernel(float *dw, const int32_t *offsets, size_t nk) {
+    size_t e = blockIdx.y;
+    if (offsets[e + 1] != offsets[e]) return;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < nk; i += (size_t)gridDim.x * blockDim.x)
+        dw[e * nk + i] = 0.0f;
+}
+
+void cuda_grouped_zero_empty(float *dw, const int32_t *offsets, size_t E, size_t nk) {
+    if (!E || !nk) return;
+    dim3 grid(cuda_blocks(nk, 256) < 32 ? cuda_blocks(nk, 256) : 32, (unsigned)E);
+    grouped_zero_empty_kernel<<<grid, 256, 0, cuda_ctx.stream>>>(dw, offsets, nk);
+    CUDA_LAUNCH_CHECK();
+}
+
 extern "C" void cuda_grouped_matmul_backward(void *dx, void *dw, const void *dout, const void *x, const void *w,
-                                             const int32_t *offsets, size_t E, size_t N, size_t K, size_t R) {
+                                             const int32_t *offsets, size_t E, size_t N, size_t K, size_t R,
+                                             bool accumulate_dw) {
     if (!cuda_ctx.builtin_grouped) {
         if (dx) cuda_grouped_sm90(GROUPED_DGRAD, dout, w, dx, offsets, E, N, K);
-        if (dw) cuda_grouped_sm90(GROUPED_WGRAD, dout, x, dw, offsets, E, N, K);
+        if (dw) cuda_grouped_sm90(accumulate_dw ? GROUPED_WGRAD : GROUPED_WGRAD_SET, dout, x, dw, offsets, E, N, K);
         return;
     }
     // dx (R, K) = dout (R, N) w[e] (N, K)
-    GroupedArgs gx = {(const bf16 *)dout, (const bf16 *)w, dx, N, K, K, N * K, 0, offsets, (int)E, 0, (int)K, (int)N, false};
+    GroupedArgs gx = {(const bf16 *)dout, (const bf16 *)w, dx, N, K, K, N * K, 0, offsets, (int)E, 0, (int)K, (int)N, false,
+                      false};
     if (dx) grouped_launch<false, false, false>(gx, R);
-    // dw[e] (N, K) += dout^T (N, rows) x (rows, K)
-    GroupedArgs gw = {(const bf16 *)dout, (const bf16 *)x, dw, N, K, K, 0, N * K, offsets, (int)E, (int)N, (int)K, 0, true};
+    // dw[e] (N, K) (+)= dout^T (N, rows) x (rows, K)
+    GroupedArgs gw = {(const bf16 *)dout, (const bf16 *)x, dw, N, K, K, 0, N * K, offsets, (int)E, (int)N, (int)K, 0, true,
+                      accumulate_dw};
+    if (dw && !accumulate_dw) cuda_grouped_zero_empty((float *)dw, offsets, E, N * K);
     if (dw) grouped_launch<true, false, true>(gw, 0);
 }

@@ -24,10 +24,11 @@ template <class LayoutA, class LayoutB, class ElementD, bool ACCUMULATE> struct 
     static typename Mainloop::Arguments mainloop_arguments(Table *t) { return {t->a, t->sa, t->b, t->sb}; }
 };
 
-// Which of the three products (cuda_ops.h): rows of expert e are [offsets[e], offsets[e + 1]).
-//   FWD   out (rows, N) = x (rows, K) . w[e] (N, K)^T
-//   DGRAD dx (rows, K) = dout (rows, N) . w[e] (N, K)
-//   WGRAD dw[e] (N, K) += dout (rows, N)^T . x (rows, K)   (an expert without rows has no tiles)
+// Which of the products (cuda_ops.h): rows of expert e are [offsets[e], offsets[e + 1]).
+//   FWD       out (rows, N) = x (rows, K) . w[e] (N, K)^T
+//   DGRAD     dx (rows, K) = dout (rows, N) . w[e] (N, K)
+//   WGRAD     dw[e] (N, K) += dout (rows, N)^T . x (rows, K)   (an expert without rows has no tiles)
+//   WGRAD_SET dw[e] (N, K) = the same                          (zeros there: cuda_grouped_zero_empty)
 template <class G, GroupedOp OP>
 __global__ void grouped_sm90_prepare(typename G::Table *t, const bf16 *a, const bf16 *b, void *d,
                                      const int32_t *offsets, int E, int N, int K) {
@@ -35,7 +36,7 @@ __global__ void grouped_sm90_prepare(typename G::Table *t, const bf16 *a, const 
     grouped_sm90_rows(rows_of, offsets, E);
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
         int64_t row0 = offsets[e];
-        int rows = rows_of[e], slot = grouped_sm90_slot(rows_of, e, E, OP == GROUPED_WGRAD);
+        int rows = rows_of[e], slot = grouped_sm90_slot(rows_of, e, E, OP >= GROUPED_WGRAD);
         typename G::Table::ElementD *D = (typename G::Table::ElementD *)d;
         if (OP == GROUPED_FWD)
             grouped_sm90_set(t, slot, rows, N, K, a + row0 * K, K, b + (int64_t)e * N * K, K, D + row0 * N, N);
@@ -63,6 +64,10 @@ extern "C" void cuda_grouped_sm90(GroupedOp op, const void *a, const void *b, vo
         grouped_sm90_run<GroupedSm90<Row, Col, cutlass::bfloat16_t, false>, GROUPED_FWD>(a, b, d, offsets, (int)E, (int)N, (int)K);
     else if (op == GROUPED_DGRAD)
         grouped_sm90_run<GroupedSm90<Row, Row, cutlass::bfloat16_t, false>, GROUPED_DGRAD>(a, b, d, offsets, (int)E, (int)N, (int)K);
-    else
+    else if (op == GROUPED_WGRAD)
         grouped_sm90_run<GroupedSm90<Col, Row, float, true>, GROUPED_WGRAD>(a, b, d, offsets, (int)E, (int)N, (int)K);
+    else {
+        cuda_grouped_zero_empty((float *)d, offsets, E, N * K);
+        grouped_sm90_run<GroupedSm90<Col, Row, float, false>, GROUPED_WGRAD_SET>(a, b, d, offsets, (int)E, (int)N, (int)K);
+    }
 }

@@ -47,8 +47,8 @@ template <int GRANULARITY_N, class ElementD, bool ACCUMULATE> struct GroupedSm90
 
 // out (rows, N) bf16 = a (rows, K) . b[e] (N, K)^T for the rows of each expert (fp8_grouped_matmul).
 using Fp8Rows = GroupedSm90Fp8<FP8_BLOCK, cutlass::bfloat16_t, false>;
-// dw[e] (N, K) f32 += dout_t (N, its columns) . x_t (K, its columns)^T (fp8_grouped_matmul_wgrad).
-using Fp8Wgrad = GroupedSm90Fp8<1, float, true>;
+// dw[e] (N, K) f32 (+)= dout_t (N, its columns) . x_t (K, its columns)^T (fp8_grouped_matmul_wgrad).
+template <bool ACCUMULATE> using Fp8Wgrad = GroupedSm90Fp8<1, float, ACCUMULATE>;
 
 __global__ void grouped_sm90_fp8_prepare_rows(Fp8Rows::Table *t, const uint8_t *a, const float *a_scales,
                                               const uint8_t *b, const float *b_scales, bf16 *out,
@@ -66,7 +66,8 @@ __global__ void grouped_sm90_fp8_prepare_rows(Fp8Rows::Table *t, const uint8_t *
 
 // Expert e's columns of the token-major copies start at p = fp8_expert_col(offsets[e], e); its
 // scale blocks at p / 128. Slots by falling row count (grouped_sm90_slot).
-__global__ void grouped_sm90_fp8_prepare_wgrad(Fp8Wgrad::Table *t, const uint8_t *dout_t, const float *dout_scales,
+template <class G>
+__global__ void grouped_sm90_fp8_prepare_wgrad(typename G::Table *t, const uint8_t *dout_t, const float *dout_scales,
                                                const uint8_t *x_t, const float *x_scales, float *dw,
                                                const int32_t *offsets, int E, int N, int K, int64_t Rt) {
     __shared__ int32_t rows_of[GROUPED_MAX_E];
@@ -75,7 +76,7 @@ __global__ void grouped_sm90_fp8_prepare_wgrad(Fp8Wgrad::Table *t, const uint8_t
         int64_t p = (int64_t)fp8_expert_col((size_t)offsets[e], (size_t)e);
         int rows = rows_of[e], slot = grouped_sm90_slot(rows_of, e, E, true), M = rows ? N : 0;
         grouped_sm90_set(t, slot, M, K, rows, dout_t + p, Rt, x_t + p, Rt, dw + (int64_t)e * N * K, K);
-        Fp8Wgrad::set_scales(t, slot, M, K, rows, dout_scales + p / FP8_BLOCK * N, x_scales + p / FP8_BLOCK * K);
+        G::set_scales(t, slot, M, K, rows, dout_scales + p / FP8_BLOCK * N, x_scales + p / FP8_BLOCK * K);
     }
 }
 
@@ -89,16 +90,25 @@ extern "C" void cuda_fp8_grouped_matmul(void *out, const void *a, const void *a_
     });
 }
 
-extern "C" void cuda_fp8_grouped_matmul_wgrad(void *dw, const void *dout_t, const void *dout_scales, const void *x_t,
-                                              const void *x_scales, const int32_t *offsets, size_t E, size_t N,
-                                              size_t K, size_t R) {
-    if (!offsets) {
-        if (cuda_lt_fp8_wgrad((float *)dw, dout_t, dout_scales, x_t, x_scales, N, K, R, fp8_expert_cols(R, 1))) return;
-        offsets = cuda_fp8_one_group(R);
-    }
-    grouped_sm90_launch<Fp8Wgrad>((int)E, [&](Fp8Wgrad::Table *table) {
-        grouped_sm90_fp8_prepare_wgrad<<<1, 256, 0, cuda_ctx.stream>>>(
+template <class G>
+static void fp8_wgrad_run(void *dw, const void *dout_t, const void *dout_scales, const void *x_t, const void *x_scales,
+                          const int32_t *offsets, size_t E, size_t N, size_t K, size_t R) {
+    grouped_sm90_launch<G>((int)E, [&](typename G::Table *table) {
+        grouped_sm90_fp8_prepare_wgrad<G><<<1, 256, 0, cuda_ctx.stream>>>(
             table, (const uint8_t *)dout_t, (const float *)dout_scales, (const uint8_t *)x_t, (const float *)x_scales,
             (float *)dw, offsets, (int)E, (int)N, (int)K, (int64_t)fp8_expert_cols(R, E));
     });
+}
+
+extern "C" void cuda_fp8_grouped_matmul_wgrad(void *dw, const void *dout_t, const void *dout_scales, const void *x_t,
+                                              const void *x_scales, const int32_t *offsets, size_t E, size_t N,
+                                              size_t K, size_t R, bool accumulate) {
+    if (!offsets) {
+        if (cuda_lt_fp8_wgrad((float *)dw, dout_t, dout_scales, x_t, x_scales, N, K, R, fp8_expert_cols(R, 1), accumulate))
+            return;
+        offsets = cuda_fp8_one_group(R);
+    }
+    if (accumulate) return fp8_wgrad_run<Fp8Wgrad<true>>(dw, dout_t, dout_scales, x_t, x_scales, offsets, E, N, K, R);
+    cuda_grouped_zero_empty((float *)dw, offsets, E, N * K);
+    fp8_wgrad_run<Fp8Wgrad<false>>(dw, dout_t, dout_scales, x_t, x_scales, offsets, E, N, K, R);
 }

@@ -34,12 +34,16 @@ void cuda_matmul_backward(void *dx, void *dw, const void *dout, const void *x, c
 void cuda_grouped_matmul_forward(void *out, const void *x, const void *w, const int32_t *offsets,
                                  size_t E, size_t N, size_t K, size_t R);
 void cuda_grouped_matmul_backward(void *dx, void *dw, const void *dout, const void *x, const void *w,
-                                  const int32_t *offsets, size_t E, size_t N, size_t K, size_t R);
+                                  const int32_t *offsets, size_t E, size_t N, size_t K, size_t R, bool accumulate_dw);
+// dw[e] (nk) f32 = 0 for each expert e without rows in offsets (E + 1): what a weight gradient that
+// overwrites writes there, where its product has no tiles.
+void cuda_grouped_zero_empty(float *dw, const int32_t *offsets, size_t E, size_t nk);
 
 // Hopper grouped GEMM (cuda_grouped_sm90.cu, CUTLASS) on at most GROUPED_MAX_E experts: FWD out = a
-// . b[e]^T, DGRAD d = a . b[e], WGRAD d[e] += a^T . b over each expert's rows (see the file).
+// . b[e]^T, DGRAD d = a . b[e], WGRAD d[e] += a^T . b over each expert's rows, WGRAD_SET d[e] = a^T . b
+// (zeros for an expert without rows; see the file).
 #define GROUPED_MAX_E 1024
-typedef enum { GROUPED_FWD, GROUPED_DGRAD, GROUPED_WGRAD } GroupedOp;
+typedef enum { GROUPED_FWD, GROUPED_DGRAD, GROUPED_WGRAD, GROUPED_WGRAD_SET } GroupedOp;
 void cuda_grouped_sm90(GroupedOp op, const void *a, const void *b, void *d, const int32_t *offsets,
                        size_t E, size_t N, size_t K);
 
@@ -62,7 +66,7 @@ void cuda_fp8_grouped_matmul(void *out, const void *a, const void *a_scales, con
                              const int32_t *offsets, size_t E, size_t N, size_t K, size_t R);
 void cuda_fp8_grouped_matmul_wgrad(void *dw, const void *dout_t, const void *dout_scales, const void *x_t,
                                    const void *x_scales, const int32_t *offsets, size_t E, size_t N, size_t K,
-                                   size_t R);
+                                   size_t R, bool accumulate);
 void cuda_fp8_matmul(void *out, const void *a, const void *a_scales, const void *b, const void *b_scales, size_t M,
                      size_t N, size_t K);
 
