@@ -11,6 +11,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "cuda_common.cuh"
 #include "cuda_ops.h"
@@ -145,17 +146,19 @@ static void sdpa_choose(SdpaPlan *p) {
                                                 {UID_STATS, at[2]}};
     if (p->backward) ptrs.insert({{UID_DO, at[3]}, {UID_DQ, dq}, {UID_DK, dq + k_col}, {UID_DV, dq + v_col}});
     CUDNN_CHECK(cudnnSetStream(sdpa_handle, cuda_ctx.stream));
-    float first = sdpa_time_plan(g, ptrs, at[5], 0), best = first;
-    for (int64_t i = 1; i < n; i++) {
+    char times[160] = ""; // every plan's, in the heuristics' order
+    float best = INFINITY;
+    for (int64_t i = 0; i < n; i++) {
         float ms = sdpa_time_plan(g, ptrs, at[5], i);
         if (ms < best) best = ms, p->plan = i;
+        size_t used = strlen(times);
+        snprintf(times + used, sizeof times - used, "%s%.3f", i ? ", " : "", ms);
     }
     CUDA_CHECK(cudaFree(buf));
     int64_t w = 0;
     if (g.get_workspace_size_plan_at_index(p->plan, w).is_good()) p->workspace = w;
-    fprintf(stderr, "note: cuDNN attention %s (B %zu, S %zu, heads %zu/%zu, hd %zu): plan %lld of %lld, %.3f ms "
-                    "(the heuristics' first %.3f ms)\n", p->backward ? "backward" : "forward", d.B, d.S, d.Hq, d.Hkv,
-            d.hd, (long long)p->plan, (long long)n, best, first);
+    fprintf(stderr, "note: cuDNN attention %s (B %zu, S %zu, heads %zu/%zu, hd %zu): plan %lld of %lld (ms: %s)\n",
+            p->backward ? "backward" : "forward", d.B, d.S, d.Hq, d.Hkv, d.hd, (long long)p->plan, (long long)n, times);
 }
 
 static const SdpaPlan *sdpa_plan(AttnDims d, bool backward, bool deterministic) {
