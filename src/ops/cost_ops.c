@@ -151,10 +151,15 @@ static void cost_grouped_forward(void *o, const void *x, const void *w, const in
                                  size_t K, size_t R) {
     grouped(KERNEL_GROUPED_FWD, E, N, K, R);
 }
+// A weight gradient added to dw (acc) reads it back in its epilogue: E N K f32 more than the
+// product written over, which the calibration times (the first write of a step).
+static void wgrad_readback(bool acc, size_t E, size_t N, size_t K) {
+    if (acc) bytes(KERNEL_ELEMENTWISE, (double)E * N * K * F);
+}
 static void cost_grouped_backward(void *dx, void *dw, const void *d, const void *x, const void *w,
                                   const int32_t *off, size_t E, size_t N, size_t K, size_t R, bool acc) {
     if (dx) grouped(KERNEL_GROUPED_DGRAD, E, N, K, R);
-    if (dw) grouped(KERNEL_GROUPED_WGRAD, E, N, K, R);
+    if (dw) grouped(KERNEL_GROUPED_WGRAD, E, N, K, R), wgrad_readback(acc, E, N, K);
 }
 // FP8 (train.precision = fp8), in families of their own: the quantisations (and SwiGLU with its
 // quantised output) read act values and write a byte each (scales aside), in KERNEL_FP8_QUANTIZE;
@@ -192,6 +197,7 @@ static void cost_fp8_wgrad(void *dw, const void *d, const void *ds, const void *
                            const int32_t *off, size_t E, size_t N, size_t K, size_t R, bool acc) {
     if (off) grouped(KERNEL_FP8_GROUPED_WGRAD, E, N, K, R);
     else product(KERNEL_FP8_DENSE, (double)N, (double)K, (double)R, 1);
+    wgrad_readback(acc, E, N, K);
 }
 static void cost_fp8_matmul(void *o, const void *a, const void *as, const void *b, const void *bs, size_t M, size_t N,
                             size_t K) {
