@@ -60,7 +60,7 @@ LIB_SRC  := $(wildcard src/common/*.c src/io/*.c src/text/*.c src/model/*.c src/
 
 # CUDA backend (train.device=cuda): `make CUDA=1`, for Hopper (sm_90a) by default. NCCL and cuDNN
 # from the toolkit, or NCCL_HOME / CUDNN_HOME (e.g. a Python wheel's nvidia/nccl, nvidia/cudnn).
-# The header-only CUTLASS and cuDNN frontend come from scripts/setup.sh (DEPS_INCLUDE).
+# The header-only CUTLASS, the cuDNN frontend and NVML's header come from scripts/setup.sh (DEPS_INCLUDE).
 NVCC ?= nvcc
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
 CUDA_ARCH ?= -gencode=arch=compute_90a,code=sm_90a
@@ -74,6 +74,9 @@ lib_dirs = $(foreach d,$(1)/lib $(1)/lib64,-L$(d) -Wl,-rpath,$(d))
 ifeq ($(CUDA),1)
 ifeq ($(wildcard $(DEPS_INCLUDE)/cutlass/version.h),)
 $(error CUTLASS headers missing in $(DEPS_INCLUDE): run scripts/setup.sh (it needs nvcc on PATH))
+endif
+ifeq ($(wildcard $(DEPS_INCLUDE)/nvml.h),)
+$(error NVML's header missing in $(DEPS_INCLUDE): run scripts/setup.sh again (it needs nvcc on PATH))
 endif
 CFLAGS  += -DMOE_CUDA -I$(CUDA_HOME)/include -I$(NCCL_HOME)/include
 LDLIBS  += $(call lib_dirs,$(NCCL_HOME)) -lnccl $(call lib_dirs,$(CUDNN_HOME)) -lcudnn
@@ -178,4 +181,8 @@ fuzz: $(FUZZ_BINS)
 clean:
 	rm -rf build moe $(DATA)
 
--include $(F32_OBJ:.o=.d) $(TEST_OBJ:.o=.d)
+# Header dependencies of every object, the programs' own beside moe and test_unit included (a stale
+# test_cuda.o against a changed ops.h would read the ops table at the wrong offsets).
+PROG_OBJ := $(addprefix $(BUILD)/f32/,tests/mpi/test_comm.o tests/plot/png_stats.o tests/gpu/test_cuda.o \
+            bench/bench_gemm.o bench/bench_exchange.o)
+-include $(F32_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(PROG_OBJ:.o=.d)

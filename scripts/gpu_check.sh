@@ -224,7 +224,7 @@ if has bench; then
         set -- $spec
         name=$(echo "$spec" | tr ' =' '_-')
         timeout 240 ./moe bench configs/bench/$1.json "${@:2}" > runs/bench_$name.txt 2>&1
-        say "bench $spec: $(grep -E '^throughput|^memory' runs/bench_$name.txt | tr -s ' ' | tr '\n' ';')"
+        say "bench $spec: $(grep -E '^throughput|^memory|^clocks' runs/bench_$name.txt | tr -s ' ' | tr '\n' ';')"
         cat runs/bench_$name.txt | tee -a "$OUT/bench.txt"
     done
 fi

@@ -4,9 +4,10 @@
 # patterns), Open MPI (several ranks), cairo with pkg-config and the DejaVu fonts (the pictures of
 # `moe plot`), and clang with its libFuzzer runtime (`make fuzz`). Where the CUDA toolkit is
 # installed (nvcc on PATH) it also fetches the header-only libraries of the CUDA build into
-# .deps/include: CUTLASS (the Hopper grouped GEMM) and the cuDNN frontend (attention), pinned and
-# checksummed, from their PyPI wheels, and the Debian packages of the libraries that the GPU
-# machines lack (JSON, xxHash, PCRE2) into .deps/debs, for scripts/gpu_check.sh to unpack there.
+# .deps/include: CUTLASS (the Hopper grouped GEMM), the cuDNN frontend (attention) and NVML's header
+# (the benchmarks' clock and power readings), pinned and checksummed, from their PyPI wheels, and
+# the Debian packages of the libraries that the GPU machines lack (JSON, xxHash, PCRE2) into
+# .deps/debs, for scripts/gpu_check.sh to unpack there.
 # Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,12 +33,14 @@ done
 headers=(
     "nvidia_cutlass-4.2.0.0-py3-none-any.whl f9599ada45c7bcb6bf53f7d3f0a7d154183e53451c01bfa59eecd37dd4a693f6 cutlass_library/source/include/"
     "nvidia_cudnn_frontend-1.32.0-cp312-cp312-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl 8b354a8e550c083eb247f1eb39a7d69a4a269075f5a01e4fcbd2531680b17239 include/"
+    "nvidia_nvml_dev_cu12-12.9.79-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl 8bb367913c62cb65be9ae386c58dbf573f1f9e2f01cae54abb87bf5f63c6069e nvidia/nvml_dev/include/"
 )
-[ -e .deps/include/cutlass/version.h ] && [ -e .deps/include/cudnn_frontend.h ] && exit 0
+[ -e .deps/include/cutlass/version.h ] && [ -e .deps/include/cudnn_frontend.h ] && [ -e .deps/include/nvml.h ] && exit 0
 python3 -m pip --version >/dev/null 2>&1 || { $sudo apt-get update -qq; $sudo apt-get install -y -qq python3-pip; }
 mkdir -p .deps/wheels .deps/include
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux_2_28_x86_64 -d .deps/wheels nvidia-cutlass==4.2.0.0 nvidia-cudnn-frontend==1.32.0
+    --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .deps/wheels \
+    nvidia-cutlass==4.2.0.0 nvidia-cudnn-frontend==1.32.0 nvidia-nvml-dev-cu12==12.9.79
 for h in "${headers[@]}"; do
     set -- $h
     echo "$2  .deps/wheels/$1" | sha256sum --check --quiet
@@ -53,4 +56,4 @@ with zipfile.ZipFile(wheel) as z:
                 f.write(z.read(name))
 PY
 done
-echo "CUTLASS and cuDNN frontend headers in .deps/include"
+echo "CUTLASS, cuDNN frontend and NVML headers in .deps/include"

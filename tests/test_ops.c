@@ -3,9 +3,11 @@
 // (accumulate flags, row counts, capacity order, ties, ignored targets, untouched rows).
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/real.h"
 #include "common/util.h"
+#include "ops/device_monitor.h"
 #include "ops/ops.h"
 #include "test.h"
 
@@ -634,7 +636,67 @@ static void test_direct_exchange(void) {
     }
 }
 
+// One reading: at time t (s), SM clock mhz of 1,980, draw w of a 700 W limit, energy counter j (J;
+// < 0: not known), held back by the power limit / by temperature.
+static DeviceClocks reading(double t, double mhz, double w, double j, bool capped, bool thermal) {
+    return (DeviceClocks){.t_s = t, .sm_mhz = mhz, .sm_max_mhz = 1980, .power_w = w, .power_limit_w = 700,
+                          .energy_j = j, .power_capped = capped, .thermal = thermal};
+}
+
+// The summary of clock readings: median (odd and even counts), lowest, highest possible, the shares
+// held back, the mean draw from the energy counter over the readings' span (from the draws when a
+// counter is not known); no readings gives zeros.
+static void test_clock_summary(void) {
+    DeviceClocks s[4] = {reading(10, 1620, 690, 5000, true, false), reading(10.5, 1980, 300, 5200, false, false),
+                         reading(11, 1500, 700, 5600, true, true), reading(12, 1700, 1110, -1, true, false)};
+    ClockSummary c;
+    clock_summary_of(s, 3, &c);
+    CHECK(c.queried && c.samples == 3);
+    CHECK_CLOSE(c.sm_mhz_median, 1620, 0, 0);
+    CHECK_CLOSE(c.sm_mhz_min, 1500, 0, 0);
+    CHECK_CLOSE(c.sm_max_mhz, 1980, 0, 0);
+    CHECK_CLOSE(c.power_w_mean, 600, 1e-12, 0); // 600 J in 1 s
+    CHECK_CLOSE(c.power_limit_w, 700, 0, 0);
+    CHECK_CLOSE(c.power_capped_share, 2.0 / 3, 1e-12, 0);
+    CHECK_CLOSE(c.thermal_share, 1.0 / 3, 1e-12, 0);
+    clock_summary_of(s, 4, &c);
+    CHECK_CLOSE(c.sm_mhz_median, (1620 + 1700) / 2.0, 0, 0);
+    CHECK_CLOSE(c.power_w_mean, 700, 1e-12, 0); // the last counter unknown: the mean of the draws
+    clock_summary_of(s, 0, &c);
+    CHECK(c.queried && c.samples == 0 && c.sm_mhz_median == 0 && c.power_w_mean == 0);
+}
+
+static bool fake_clocks(DeviceClocks *out) {
+    *out = reading(moe_time_sec(), 1650, 695, -1, true, false);
+    return true;
+}
+
+static bool no_clocks(DeviceClocks *out) { return false; }
+
+// The monitor reads on its own thread until stopped; a backend without the query gives no monitor
+// (nothing printed), one whose readings fail gives a summary without readings.
+static void test_device_monitor(void) {
+    Ops o = *ops_cpu();
+    ClockSummary c;
+    CHECK(o.device_clocks == NULL && device_monitor_start(&o, 1) == NULL);
+    device_monitor_stop(NULL, &c);
+    CHECK(!c.queried && c.samples == 0);
+    o.device_clocks = fake_clocks;
+    DeviceMonitor *m = device_monitor_start(&o, 1);
+    struct timespec wait = {0, 30 * 1000 * 1000};
+    nanosleep(&wait, NULL);
+    device_monitor_stop(m, &c);
+    CHECK_MSG(c.queried && c.samples >= 2, "%zu readings in 30 ms at one a millisecond", c.samples);
+    CHECK_CLOSE(c.sm_mhz_median, 1650, 0, 0);
+    CHECK_CLOSE(c.power_capped_share, 1, 0, 0);
+    o.device_clocks = no_clocks;
+    device_monitor_stop(device_monitor_start(&o, 1), &c);
+    CHECK(c.queried && c.samples == 0);
+}
+
 const TestCase ops_tests[] = {
+    T(test_clock_summary),
+    T(test_device_monitor),
     T(test_attention_fd),
     T(test_qkv_norm_rope_fd),
     T(test_rmsnorm_fd_and_accumulate),

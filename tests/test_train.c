@@ -1,6 +1,7 @@
 // Tests of the model layout and the training layer: fused parameter layout, parameter counts,
 // layout-independent init, gradient accumulation over micro-batches, learning-rate schedule, step
 // reports, and checkpoint save/load/prune.
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,6 +12,7 @@
 #include "train/ckpt.h"
 #include "train/metrics.h"
 #include "train/optim.h"
+#include "train/train.h"
 
 static ModelConfig small_model(void) {
     ModelConfig c;
@@ -839,7 +841,19 @@ static void test_checkpoint_non_finite(void) {
     test_free_parallel(&par);
 }
 
+// The matrix-product rates on the CPU: positive and finite, the sustained one timed over its
+// repetitions; no clock readings from a backend without them.
+static void test_matmul_rates(void) {
+    const Ops *o = ops_cpu();
+    ClockSummary c;
+    double burst = train_matmul_tflops(o), sustained = train_matmul_tflops_sustained(o, 0.05, &c);
+    CHECK_MSG(burst > 0 && isfinite(burst) && sustained > 0 && isfinite(sustained), "burst %g, sustained %g TFLOP/s",
+              burst, sustained);
+    CHECK(!c.queried && c.samples == 0);
+}
+
 const TestCase train_tests[] = {
+    {"train_matmul_rates", test_matmul_rates},
     {"model_fused_layout_and_counts", test_fused_layout},
     {"model_init_independent_of_layout", test_init_independent_of_layout},
     {"model_init_op_matches_values", test_init_op_matches_values},

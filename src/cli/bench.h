@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "dist/comm.h"
+#include "ops/device_monitor.h"
 #include "ops/ops.h"
 #include "train/config.h"
 
@@ -32,6 +33,9 @@ typedef struct {
         for (size_t i_ = 0; i_ < sizeof list_ / sizeof list_[0]; i_++) (b)->o->free(list_[i_]);  \
     } while (0)
 
+// The report line of the matrix product sustained for 2 s (train_matmul_tflops_sustained) and the
+// clocks it ran at.
+void bench_print_sustained(double tflops, const ClockSummary *c);
 // The backend of cfg (train.device, threads), its events and ceilings (matrix product, copy).
 void bench_open(Bench *b, const Config *cfg);
 void bench_close(Bench *b);

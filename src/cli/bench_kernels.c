@@ -3,7 +3,8 @@
 // here, the rate reached, the ceiling measured in the same run (matrix product on random values,
 // device copy) and the aim the project holds it to. A regression shows as one line. On the GPU the
 // FP8 recipe's products follow their bf16 lines, aimed at 1.6x (experts) and 1.5x (dense) of the
-// bf16 rates just measured, with the quantisation kernels they read.
+// bf16 rates just measured, with the quantisation kernels they read. Last, the device's clock and
+// power while they ran: one kernel alone seldom meets the power limit that a whole step does.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -323,6 +324,13 @@ void bench_open(Bench *b, const Config *cfg) {
     b->matmul = train_matmul_tflops(b->o), b->copy = copy_gbs(b);
 }
 
+void bench_print_sustained(double tflops, const ClockSummary *c) {
+    printf("             sustained for 2 s: %.1f TFLOP/s", tflops);
+    if (c->samples) printf(" (SM clock median %.0f MHz, %.0f W of %.0f)", c->sm_mhz_median, c->power_w_mean,
+                           c->power_limit_w);
+    printf("\n");
+}
+
 void bench_close(Bench *b) { b->o->event_free(b->e0), b->o->event_free(b->e1); }
 
 void bench_kernels(const Config *cfg) {
@@ -333,12 +341,19 @@ void bench_kernels(const Config *cfg) {
     size_t T = (size_t)cfg->train.micro_batch * cfg->train.seq_len, D = (size_t)c->d_model;
     printf("ceilings     matrix product %.1f TFLOP/s (large square product, random values), copy %.0f GB/s (read + write)\n",
            b.matmul, b.copy);
+    ClockSummary held;
+    if (b.o->device_clocks) // where the rates below fall at the power limit, as in a training step
+        bench_print_sustained(train_matmul_tflops_sustained(b.o, 2.0, &held), &held);
     printf("  %-30s %-26s %12s %16s %6s  %s\n", "kernel", "shape", "time", "rate", "of ceil", "aim");
+    DeviceMonitor *clocks = device_monitor_start(b.o, 10);
     bench_attention(&b, cfg);
     bench_grouped(&b, cfg);
     bench_dense_case(&b, "dense QKV projection", T, model_qkv_width(c), D, true);
     bench_dense_case(&b, "dense output projection", T, D, (size_t)c->n_heads * c->head_dim, true);
     bench_dense_case(&b, "dense LM head (one chunk)", T < 8192 ? T : 8192, (size_t)c->vocab_size, D, false);
     bench_memory_bound(&b, cfg);
+    ClockSummary summary;
+    device_monitor_stop(clocks, &summary);
+    clock_summary_print("while these were timed (a training step runs at its own: moe bench prints it)", &summary);
     bench_close(&b);
 }

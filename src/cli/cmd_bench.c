@@ -106,6 +106,23 @@ static void print_host_part(const BenchReport *r, json_t *record) {
     json_object_set_new(record, "nccl_calls_per_step", json_integer((json_int_t)r->nccl_calls));
 }
 
+// The device's clock and power during the timed steps (below its highest clock, every
+// compute-bound kernel runs that much slower than `moe bench --kernels` times it alone), and the
+// energy of a step on this rank's board: its mean draw times the step.
+static void print_clocks(const ClockSummary *c, double ms_per_step, double tokens_per_rank, json_t *record) {
+    clock_summary_print("during the timed steps", c);
+    if (!c->samples) return;
+    double joules = c->power_w_mean * ms_per_step / 1e3;
+    printf("energy       %.0f J a step on this rank's board (mean draw x step time), %.0f tokens per J\n", joules,
+           tokens_per_rank / joules);
+    json_object_set_new(record, "joules_per_step", json_real(joules));
+    json_object_set_new(record, "clocks", json_pack("{s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "samples",
+                        (json_int_t)c->samples, "sm_mhz_median", c->sm_mhz_median, "sm_mhz_min", c->sm_mhz_min,
+                        "sm_max_mhz", c->sm_max_mhz, "power_w_mean", c->power_w_mean, "power_limit_w",
+                        c->power_limit_w, "power_capped_share", c->power_capped_share, "thermal_share",
+                        c->thermal_share));
+}
+
 // Prints the report and fills `record` with its numbers (--json).
 static void print_report(const Config *cfg, const BenchReport *r, json_t *record) {
     const ModelConfig *c = &cfg->model;
@@ -118,6 +135,7 @@ static void print_report(const Config *cfg, const BenchReport *r, json_t *record
     printf("model        %.3fB total / %.3fB active parameters, %.4g GFLOP/token training "
            "(3 x forward; causal attention at half)\n", p.total / 1e9, p.active / 1e9, flops_tok / 1e9);
     printf("device       %s, matrix product %.1f TFLOP/s measured\n", cfg->train.device, r->matmul_tflops);
+    if (r->matmul_sustained_tflops > 0) bench_print_sustained(r->matmul_sustained_tflops, &r->matmul_clocks);
     printf("step         %.2f ms (mean of timed steps, %s, %s), %.0f tokens on %d rank(s)\n", r->ms_per_step,
            r->graph ? "replayed graph" : "run as queued",
            r->launch_ahead ? "each queued before the previous one's metrics are read" : "each after the previous "
@@ -128,15 +146,21 @@ static void print_report(const Config *cfg, const BenchReport *r, json_t *record
     printf("throughput   %s tokens/s, %.1f model TFLOP/s (per rank: %.0f tokens/s, %.1f TFLOP/s)\n", tps, tflops,
            tokens / sec / r->ranks, tflops / r->ranks);
     double per_rank = tflops / r->ranks;
-    printf("MFU          %.1f%% of 989 TFLOP/s, %.1f%% of the measured %.1f TFLOP/s (per rank)\n",
-           100 * per_rank / 989, 100 * per_rank / r->matmul_tflops, r->matmul_tflops);
+    printf("MFU          %.1f%% of 989 TFLOP/s, %.1f%% of the measured %.1f TFLOP/s", 100 * per_rank / 989,
+           100 * per_rank / r->matmul_tflops, r->matmul_tflops);
+    if (r->matmul_sustained_tflops > 0) printf(", %.1f%% of the sustained %.1f", 100 * per_rank /
+                                               r->matmul_sustained_tflops, r->matmul_sustained_tflops);
+    printf(" (per rank)\n");
     json_t *numbers = json_pack("{s:s, s:i, s:f, s:f, s:b, s:b, s:f, s:f, s:f, s:f, s:f}", "device",
                                 cfg->train.device, "ranks", r->ranks, "tokens_per_step", tokens, "ms_per_step",
                                 r->ms_per_step, "launch_ahead", r->launch_ahead, "graph", r->graph, "graph_only_ms",
                                 r->graph_only_ms, "tokens_per_s", tokens / sec, "model_tflops", tflops, "mfu",
                                 per_rank / 989, "matmul_tflops", r->matmul_tflops);
+    if (r->matmul_sustained_tflops > 0)
+        json_object_set_new(numbers, "matmul_sustained_tflops", json_real(r->matmul_sustained_tflops));
     json_object_update(record, numbers);
     json_decref(numbers);
+    print_clocks(&r->clocks, r->ms_per_step, tokens / r->ranks, record);
     print_memory(r, record);
     train_report_startup(r->startup, 1, record);
     print_host_part(r, record);

@@ -98,6 +98,17 @@ typedef struct {
     size_t nodes, kernels, memcpys, memsets, hosts, events, other; // events: records and waits
 } GraphCounts;
 
+// The device's clock and power at one moment (Ops.device_clocks): what a benchmark reports beside
+// its rates, since a GPU at its power limit lowers its clock and every compute-bound kernel slows.
+typedef struct {
+    double t_s;                    // when it was read (moe_time_sec)
+    double sm_mhz, sm_max_mhz;     // the multiprocessors' clock now, and the highest it can run at
+    double power_w, power_limit_w; // the board's draw (averaged by the device over its last second) and its limit
+    double energy_j;               // the board's energy counter (since the driver loaded; < 0: not known)
+    bool power_capped;             // the clock is held below its highest by the power limit now
+    bool thermal;                  // ... or by temperature
+} DeviceClocks;
+
 typedef struct Ops {
     const char *name;
     const OpsLimits *limits;      // NULL: whatever the model can express
@@ -136,6 +147,9 @@ typedef struct Ops {
     // Bytes of library workspace the attention of these dims allocates beside the model's buffers
     // (cuDNN's, e.g. its backward's fp32 dQ accumulator), so a memory plan can count it (NULL: none).
     size_t (*attention_workspace)(AttnDims d);
+    // The device's clock and power now; false when they cannot be read (NULL: no such query).
+    // Called from a thread of its own while the queues run (device_monitor.h).
+    bool (*device_clocks)(DeviceClocks *out);
 
     // ---- recording and timing (graph entries NULL where work runs eagerly) ----
     void (*capture_begin)(void);       // queued work from here on is recorded, not run

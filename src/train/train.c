@@ -685,22 +685,36 @@ void train_run(const Config *cfg, Comm *world, const char *resume, int64_t stop_
     watchdog_stop(t.watchdog);
 }
 
-// The backend's matrix-multiply rate on a square bf16 (CPU: fp32) product of random values, from
-// its events.
-double train_matmul_tflops(const Ops *ops) {
-    size_t n = ops->stream ? 8192 : 1024, bytes = n * n * ops->act_size;
+// The side of the square product that measures the backend's matrix-multiply rate: bf16 on a GPU,
+// fp32 on the CPU.
+static size_t matmul_n(const Ops *ops) { return ops->stream ? 8192 : 1024; }
+
+// The rate (TFLOP/s) of that product on random values from the backend's events, timed over `reps`
+// products after `warm` untimed ones (with `clocks` non-NULL, the device's clocks read meanwhile).
+static double matmul_rate(const Ops *ops, int warm, int reps, ClockSummary *clocks) {
+    size_t n = matmul_n(ops), bytes = n * n * ops->act_size;
     void *a = ops->alloc(bytes), *b = ops->alloc(bytes), *c = ops->alloc(bytes);
     ops_fill_random(ops, a, n * n, 1, 1.0f), ops_fill_random(ops, b, n * n, 2, 1.0f);
     void *e0 = ops->event_create(), *e1 = ops->event_create();
-    int reps = ops->stream ? 10 : 2;
-    for (int i = 0; i < 3; i++) ops->matmul_forward(c, a, b, n, n, n, false);
+    for (int i = 0; i < warm; i++) ops->matmul_forward(c, a, b, n, n, n, false);
+    ops->sync();
+    DeviceMonitor *m = clocks ? device_monitor_start(ops, 10) : NULL;
     ops->event_record(e0);
     for (int i = 0; i < reps; i++) ops->matmul_forward(c, a, b, n, n, n, false);
     ops->event_record(e1);
     double ms = ops->event_elapsed_ms(e0, e1) / reps;
+    if (clocks) device_monitor_stop(m, clocks);
     ops->free(a), ops->free(b), ops->free(c);
     ops->event_free(e0), ops->event_free(e1);
     return 2.0 * n * n * (double)n / (ms * 1e-3) / 1e12;
+}
+
+double train_matmul_tflops(const Ops *ops) { return matmul_rate(ops, 3, ops->stream ? 10 : 2, NULL); }
+
+double train_matmul_tflops_sustained(const Ops *ops, double seconds, ClockSummary *clocks) {
+    double n = (double)matmul_n(ops), burst_ms = 2 * n * n * n / (train_matmul_tflops(ops) * 1e12) * 1e3;
+    int reps = (int)(0.5 * seconds * 1e3 / burst_ms) + 1, warm = reps;
+    return matmul_rate(ops, warm, reps, clocks);
 }
 
 // Per-step means of `steps` steps timed from here: each step's metrics waited for before the next
@@ -755,7 +769,10 @@ void train_bench(const Config *cfg, Comm *world, int warmup, int steps, BenchRep
     memcpy(r->startup, t.startup, sizeof r->startup);
     r->capture_s = t.capture_s;
     r->matmul_tflops = train_matmul_tflops(ops);
+    if (ops->device_clocks) r->matmul_sustained_tflops = train_matmul_tflops_sustained(ops, 2.0, &r->matmul_clocks);
+    DeviceMonitor *clocks = device_monitor_start(ops, 10);
     StepTimes mine[2] = {time_steps(&t, steps, false), time_steps(&t, steps, true)};
+    device_monitor_stop(clocks, &r->clocks);
     gather_times(&t, mine, r);
     r->launch_ahead = cfg->train.launch_ahead;
     r->ms_per_step = mine[r->launch_ahead].step_ms;

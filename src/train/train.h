@@ -5,6 +5,7 @@
 #include "config.h"
 #include "io/tokens.h"
 #include "model/model.h"
+#include "ops/device_monitor.h"
 #include "ops/profile_ops.h"
 #include "setup.h"
 
@@ -43,6 +44,8 @@ typedef struct {
 
 typedef struct {
     double matmul_tflops;  // the backend's square matrix-product rate (bf16 8192^3 on a GPU)
+    double matmul_sustained_tflops; // the same sustained for 2 s (0: not measured: no clock readings)
+    ClockSummary matmul_clocks;     // the device's clocks while it was timed
     double ms_per_step;    // mean over the timed steps (CUDA events on a GPU), queued as train.launch_ahead says
     bool launch_ahead;     // ms_per_step is that of steps queued one ahead
     StepTimes times[2][BENCH_RANKS]; // timed steps of the first ranks: [0] each step's metrics waited for
@@ -66,10 +69,15 @@ typedef struct {
     int ranks;             // ranks of the run (tokens are over all of them)
     double startup[STARTUP_N]; // when each phase of the startup ended (train_report_startup)
     double capture_s;      // seconds recording the step's graph and instantiating it took (0: no graph)
+    ClockSummary clocks;   // this rank's device clock and power during the timed steps (device_monitor.h)
 } BenchReport;
 
-// The backend's matrix-product rate (TFLOP/s) on a large square product of random values.
+// The backend's matrix-product rate (TFLOP/s) on a large square product of random values (bf16
+// 8192^3 on a GPU), in a burst of 10.
 double train_matmul_tflops(const Ops *ops);
+// The same product repeated for `seconds`, timed over the second half: on a GPU, the rate the
+// device sustains once it meets its power limit, with its clocks read then.
+double train_matmul_tflops_sustained(const Ops *ops, double seconds, ClockSummary *clocks);
 
 // Trains `warmup` then `steps` steps of cfg on random token ids (nothing written) and measures.
 void train_bench(const Config *cfg, Comm *world, int warmup, int steps, BenchReport *r);

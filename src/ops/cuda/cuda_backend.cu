@@ -267,7 +267,7 @@ static Ops make_cuda_ops(void) {
     o.qkv_norm_rope_forward = cuda_qkv_norm_rope_forward;
     o.qkv_norm_rope_backward = cuda_qkv_norm_rope_backward;
     o.attention_forward = cuda_attention_forward, o.attention_backward = cuda_attention_backward;
-    o.attention_workspace = cuda_attention_workspace;
+    o.attention_workspace = cuda_attention_workspace, o.device_clocks = cuda_device_clocks;
     o.swiglu_forward = cuda_swiglu_forward, o.swiglu_backward = cuda_swiglu_backward;
     o.router_forward = cuda_router_forward, o.router_aux_loss = cuda_router_aux_loss;
     o.router_backward = cuda_router_backward;
@@ -300,6 +300,7 @@ extern "C" const Ops *ops_cuda(int device, bool deterministic) {
             moe_fatal("train.device = cuda but no CUDA GPU is visible here");
         CUDA_CHECK(cudaSetDevice(device % n));
         cuda_init();
+        cuda_clocks_open(device % n);
         ops = make_cuda_ops();
     }
     return &ops;

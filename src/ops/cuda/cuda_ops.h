@@ -80,6 +80,10 @@ void cuda_attention_forward(void *out, void *lse, const void *qkv, AttnDims d);
 void cuda_attention_backward(void *dqkv, const void *dout, const void *qkv, const void *out,
                              const void *lse, AttnDims d);
 size_t cuda_attention_workspace(AttnDims d);
+// The GPU's clock and power through NVML (cuda_clocks.cu): opened for a CUDA ordinal (false when
+// NVML or the device is not there, and the query reports nothing), then read (Ops.device_clocks).
+bool cuda_clocks_open(int device);
+bool cuda_device_clocks(DeviceClocks *out);
 // The same through cuDNN (cuda_attention_cudnn.cu); false when cuDNN has no engine for the shape.
 bool cuda_attention_forward_cudnn(void *out, void *lse, const void *qkv, AttnDims d, bool deterministic);
 // *bytes: the larger of the forward's and the backward's cuDNN workspace at these dims; false when
