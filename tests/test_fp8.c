@@ -422,19 +422,23 @@ static void test_fp8_counts_weights(void) {
     free(w), free(s), free(st), free(q), free(qt);
 }
 
-// The fused SwiGLU counts what quantising its output counts.
+// The fused SwiGLU counts what quantising its output counts; without storing its output, the same
+// codes, scales and counts.
 static void test_fp8_counts_swiglu(void) {
     size_t R = 50, H = 200;
     real *gu = rnd_outliers(R * 2 * H, 7), *h = malloc(R * H * sizeof(real)), *s = malloc(R * 2 * sizeof(real));
-    uint8_t *q = malloc(R * H);
-    uint64_t fused[FP8_COUNTS] = {0}, rows[FP8_COUNTS] = {0};
+    real *s2 = malloc(R * 2 * sizeof(real));
+    uint8_t *q = malloc(R * H), *q2 = malloc(R * H);
+    uint64_t fused[FP8_COUNTS] = {0}, rows[FP8_COUNTS] = {0}, unstored[FP8_COUNTS] = {0};
     ops->swiglu_forward_fp8(h, q, s, gu, NULL, 0, R, H, FP8_SCALE_AMAX, fused);
+    ops->swiglu_forward_fp8(NULL, q2, s2, gu, NULL, 0, R, H, FP8_SCALE_AMAX, unstored);
+    CHECK(!memcmp(q2, q, R * H) && !memcmp(s2, s, R * 2 * sizeof(real)) && !memcmp(unstored, fused, sizeof fused));
     ops->fp8_quantize_rows(q, s, h, NULL, 0, R, H, FP8_SCALE_AMAX, rows);
     expect_counts("fused SwiGLU", fused, rows[FP8_COUNT_VALUES], rows[FP8_COUNT_FLUSHED], rows[FP8_COUNT_SATURATED],
                   rows[FP8_COUNT_NAN]);
     CHECK_MSG(fused[FP8_COUNT_VALUES] == R * H && fused[FP8_COUNT_FLUSHED] > 0, "%llu flushed",
               (unsigned long long)fused[FP8_COUNT_FLUSHED]);
-    free(gu), free(h), free(s), free(q);
+    free(gu), free(h), free(s), free(q), free(s2), free(q2);
 }
 
 const TestCase fp8_tests[] = {

@@ -961,7 +961,7 @@ static void dense_backward(const Model *m, void *dx, void *dw, const void *dout,
 
 // A SwiGLU, hact (R, H) from gu (R, 2H) on the rows of the El groups of off (NULL: all R rows), and
 // with FP8 operands q (NULL: none) the quantised rows of hact in the same pass: the down
-// projection's operand (fp8_forward with x_quantised).
+// projection's operand (fp8_forward with x_quantised); with q, hact NULL leaves the output unstored.
 static void swiglu_fp8(const Model *m, const Fp8Operands *q, void *hact, const void *gu, const int32_t *off,
                        size_t El, size_t H, size_t R) {
     if (q)
@@ -1016,7 +1016,9 @@ static void experts_forward(void *ctx, size_t e0, size_t e1) {
     void *hact = experts_hact(m, w->x);
     expert_forward(m, w->x->gu, w->rows ? w->in : w->x->xe, w->rows, false, w->xe_t,
                    expert_tensor(p->experts_gu, e0, 2 * H, D), off, n, 2 * H, D, w->Rr);
-    swiglu_fp8(m, m->fp8, hact, w->x->gu, off, n, H, w->Rr);
+    // In FP8 the shared output (one expert-parallel rank) is not stored: only its quantised rows are
+    // read, and the backward makes its own from gu (swiglu_backward's hw).
+    swiglu_fp8(m, m->fp8, m->fp8 && m->expert_hact ? NULL : hact, w->x->gu, off, n, H, w->Rr);
     expert_forward(m, w->ye, hact, NULL, true, NULL, expert_tensor(p->experts_down, e0, D, H), off, n, D, H, w->Rr);
 }
 

@@ -322,7 +322,8 @@ typedef struct Ops {
                               size_t R, size_t K, Fp8Scaling how, uint64_t *counts);
     // SwiGLU and the quantised rows of its output in one pass: out (R, H) act as swiglu_forward on
     // the rows of offsets (E + 1) i32 (NULL: all R), and q, scales bit for bit as fp8_quantize_rows
-    // (q, scales, out, offsets, E, R, H, how, counts) then writes them.
+    // (q, scales, out, offsets, E, R, H, how, counts) then writes them. out NULL: the output is
+    // quantised but not stored (where nothing reads it but its quantised rows).
     void (*swiglu_forward_fp8)(void *out, void *q, void *scales, const void *gu, const int32_t *offsets,
                                size_t E, size_t R, size_t H, Fp8Scaling how, uint64_t *counts);
     // The rows of each expert of x (R, C) act (offsets as grouped_matmul_forward; NULL: one group of

@@ -1014,19 +1014,21 @@ static void test_fp8_acts_case(size_t E, const int *rows, size_t K, size_t shift
 // SwiGLU with its output's rows quantised in the same pass, on the rows of experts [first, E) (from
 // the second: a chunk of experts), outputs poisoned: its output bit for bit the plain SwiGLU's on
 // the GPU (and the CPU's within bf16 rounding), its codes and scales bit for bit the CPU's
-// quantisation of that output; rows of no expert of the call stay as they were.
+// quantisation of that output, and so are they (and the counters) when the output is not stored;
+// rows of no expert of the call stay as they were.
 static void test_swiglu_fp8_case(size_t E, const int *rows, size_t H, size_t first, Fp8Scaling how) {
     char what[128];
     size_t R;
     Buf off = expert_offsets(E, rows, &R);
     size_t Rb = R + 5, n = Rb * H, Hb = fp8_blocks(H);
     Buf gu = buf_new(K_ACT, Rb * 2 * H), h = buf_new(K_ACT, n), plain = buf_new(K_ACT, n), q = buf_new(K_U8, n);
-    Buf sc = buf_new(K_F32, Hb * Rb);
+    Buf sc = buf_new(K_F32, Hb * Rb), q2 = buf_new(K_U8, n), sc2 = buf_new(K_F32, Hb * Rb);
     fp8_inputs(&gu, 2 * H, 85, 2, R / 2, R / 2 + 1); // a zero gate block: a zero block of output
-    buf_poison(&h), buf_poison(&plain), buf_poison(&q), buf_poison(&sc);
+    buf_poison(&h), buf_poison(&plain), buf_poison(&q), buf_poison(&sc), buf_poison(&q2), buf_poison(&sc2);
     const int32_t *oc = (const int32_t *)off.c + first, *og = (const int32_t *)off.g + first;
-    Counts c = counts_new();
+    Counts c = counts_new(), c2 = counts_new();
     gpu->swiglu_forward_fp8(h.g, q.g, sc.g, gu.g, og, E - first, Rb, H, how, c.g);
+    gpu->swiglu_forward_fp8(NULL, q2.g, sc2.g, gu.g, og, E - first, Rb, H, how, c2.g);
     gpu->swiglu_forward(plain.g, gu.g, Rb, H, og, E - first);
     cpu->swiglu_forward(h.c, gu.c, Rb, H, oc, E - first);
     snprintf(what, sizeof what, "swiglu forward with fp8 rows E%zu H%zu from expert %zu%s", E, H, first,
@@ -1039,8 +1041,11 @@ static void test_swiglu_fp8_case(size_t E, const int *rows, size_t H, size_t fir
     cpu->fp8_quantize_rows(q.c, sc.c, h.c, oc, E - first, Rb, H, how, c.c);
     check("  codes", &q, n, 0, 0), check("  scales", &sc, Hb * Rb, 0, 0);
     check_counts("  counters", &c);
+    cpu->fp8_quantize_rows(q2.c, sc2.c, h.c, oc, E - first, Rb, H, how, c2.c);
+    check("  codes, the output not stored", &q2, n, 0, 0), check("  their scales", &sc2, Hb * Rb, 0, 0);
+    check_counts("  their counters", &c2);
     free(fused), free(alone);
-    Buf *all[] = {&off, &gu, &h, &plain, &q, &sc};
+    Buf *all[] = {&off, &gu, &h, &plain, &q, &sc, &q2, &sc2};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) buf_free(all[i]);
 }
 

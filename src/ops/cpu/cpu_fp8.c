@@ -64,8 +64,10 @@ void cpu_fp8_quantize_rows(void *q_, void *scales_, const void *x_, const int32_
 // The two ops one after the other: the emulation of the fused kernel is its definition.
 void cpu_swiglu_forward_fp8(void *out, void *q, void *scales, const void *gu, const int32_t *offsets, size_t E,
                             size_t R, size_t H, Fp8Scaling how, uint64_t *counts) {
-    cpu_swiglu_forward(out, gu, R, H, offsets, E);
-    cpu_fp8_quantize_rows(q, scales, out, offsets, E, R, H, how, counts);
+    real *h = out ? out : moe_malloc(R * H * sizeof(real)); // out NULL: the output quantised, not kept
+    cpu_swiglu_forward(h, gu, R, H, offsets, E);
+    cpu_fp8_quantize_rows(q, scales, h, offsets, E, R, H, how, counts);
+    if (!out) free(h);
 }
 
 void cpu_fp8_quantize_cols(void *qt_, void *scales_, const void *x_, const int32_t *offsets, size_t E,

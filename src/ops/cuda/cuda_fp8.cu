@@ -39,20 +39,18 @@ __device__ __forceinline__ bool fp8_codes_zero_or_nan(const uint32_t *words) {
     return flags & 0x80808080u;
 }
 
-// What the first `valid` (up to n) values of a piece, x (bf16, as quantised) with their codes q as
+// What the first `valid` (up to n) values of a piece, value(i) (as quantised) with their codes q as
 // stored, flush, saturate and hold as NaN under a scale of inverse inv (col: column i's inverse
 // col[i] instead),
 // added to counts; bit i of sat: value i may saturate (fp8_block_may_saturate of a bound of its
 // magnitude), fp8_saturated evaluated for those only. The lanes of the warp that got here add their
-// sums with one atomic per counter. The rare path of fp8_count: it reloads what it reads (from L1
-// or L2, just read or written by this thread), so that the kernels' registers stay those of the
-// quantisation alone.
-template <int n>
-__device__ __noinline__ void fp8_count_piece(uint64_t *counts, const bf16 *x, const uint8_t *q, int valid, float inv,
-                                             const float *col, uint32_t sat) {
+// sums with one atomic per counter.
+template <int n, typename Value>
+__device__ __forceinline__ void fp8_count_values_of(uint64_t *counts, Value value, const uint8_t *q, int valid,
+                                                    float inv, const float *col, uint32_t sat) {
     uint32_t c[3] = {0, 0, 0}; // flushed, saturated, NaN
     for (int i = 0; i < n && i < valid; i++) {
-        float v = bf(x[i]);
+        float v = value(i);
         c[0] += fp8_flushed(v, q[i]);
         c[1] += ((sat >> i) & 1) && fp8_saturated(v, col ? col[i] : inv);
         c[2] += v != v;
@@ -65,6 +63,24 @@ __device__ __noinline__ void fp8_count_piece(uint64_t *counts, const bf16 *x, co
     }
 }
 
+// The rare path of fp8_count, the values read again from x: it reloads what it reads (from L1 or
+// L2, just read or written by this thread), so that the kernels' registers stay those of the
+// quantisation alone.
+template <int n>
+__device__ __noinline__ void fp8_count_piece(uint64_t *counts, const bf16 *x, const uint8_t *q, int valid, float inv,
+                                             const float *col, uint32_t sat) {
+    fp8_count_values_of<n>(counts, [=](int i) { return bf(x[i]); }, q, valid, inv, col, sat);
+}
+
+// The same for a piece of a SwiGLU's output, recomputed from its gate values g (the up values H
+// further on) as swiglu_forward_fp8_kernel rounds it, so that the output need not be stored.
+template <int n>
+__device__ __noinline__ void fp8_count_swiglu_piece(uint64_t *counts, const bf16 *g, int H, const uint8_t *q,
+                                                    int valid, float inv, uint32_t sat) {
+    fp8_count_values_of<n>(counts, [=](int i) { return bf(to_bf(swiglu_value(bf(g[i]), bf(g[i + H])))); }, q, valid,
+                           inv, NULL, sat);
+}
+
 // Whether a piece (its codes packed in words, sat as fp8_count_piece's) takes the rare path: a
 // flushed or NaN value has a code of magnitude 0 or 0x7f, so a piece without such a code or a value
 // that may saturate (nearly every piece) costs this one packed test.
@@ -75,11 +91,14 @@ __device__ __forceinline__ bool fp8_needs_count(const uint32_t *words, uint32_t 
 
 // Adds to counts (NULL: nothing) what a piece of n values quantised to the codes packed in words
 // (4 a word) flushes, saturates and holds as NaN (FP8_COUNT_VALUES aside: fp8_count_values); the
-// rest as fp8_count_piece, which runs only where fp8_needs_count.
+// rest as fp8_count_piece, which runs only where fp8_needs_count (with swiglu_up > 0, x holds the
+// gate values of the SwiGLU output quantised: fp8_count_swiglu_piece).
 template <int n>
 __device__ __forceinline__ void fp8_count(uint64_t *counts, const uint32_t *words, uint32_t sat, const bf16 *x,
-                                          const uint8_t *q, int valid, float inv, const float *col) {
-    if (counts && fp8_needs_count<n>(words, sat)) fp8_count_piece<n>(counts, x, q, valid, inv, col, sat);
+                                          const uint8_t *q, int valid, float inv, const float *col, int swiglu_up = 0) {
+    if (!counts || !fp8_needs_count<n>(words, sat)) return;
+    if (swiglu_up) fp8_count_swiglu_piece<n>(counts, x, swiglu_up, q, valid, inv, sat);
+    else fp8_count_piece<n>(counts, x, q, valid, inv, col, sat);
 }
 
 // The values a launch quantises (the rows of the groups of offsets, as fp8_row_group, times width),
@@ -202,9 +221,10 @@ __device__ void fp8_row_scales(const float amax[N], float inv[N], uint32_t *sat,
 
 // Lane's piece v of block kb of row r (as fp8_row_scales) to codes under inverse inv into q,
 // counted in counts (fp8_count; sat: the block may saturate; x: the values as quantised, row r of
-// them at row xr of x).
+// them at row xr of x; with swiglu_up > 0, x holds the gate values of a SwiGLU whose output they
+// are, rows of 2 swiglu_up, and the rare path recomputes them: fp8_count_swiglu_piece).
 __device__ void fp8_store_row_codes(uint8_t *q, const bf16 *x, int K, int r, int xr, int kb, const float v[8],
-                                    float inv, bool sat, bool vec, uint64_t *counts) {
+                                    float inv, bool sat, bool vec, uint64_t *counts, int swiglu_up = 0) {
     int k = kb * FP8_BLOCK + 8 * (threadIdx.x & 15);
     uint2 codes = fp8_codes8(v, &inv, 0);
     uint8_t *dst = q + (size_t)r * K + k;
@@ -214,7 +234,8 @@ __device__ void fp8_store_row_codes(uint8_t *q, const bf16 *x, int K, int r, int
         for (int i = 0; i < 8; i++)
             if (k + i < K) dst[i] = (uint8_t)((i < 4 ? codes.x : codes.y) >> (8 * (i % 4)));
     const uint32_t words[2] = {codes.x, codes.y};
-    fp8_count<8>(counts, words, sat ? 0xffffffffu : 0u, x + (size_t)xr * K + k, dst, K - k, inv, NULL);
+    size_t ld = swiglu_up ? 2 * (size_t)swiglu_up : (size_t)K;
+    fp8_count<8>(counts, words, sat ? 0xffffffffu : 0u, x + xr * ld + k, dst, K - k, inv, NULL, swiglu_up);
 }
 
 // Scale s of block kb of row r (in the group of rows from r0) into scales, laid out as
@@ -252,12 +273,13 @@ __device__ __forceinline__ bool fp8_row_in_group(const int32_t *offsets, int E, 
 }
 
 // The codes and scales of the rows' kernels' pieces, packed as bf16 in piece (the values as stored
-// at x), a block at a time (fp8_row_scales of one block: one pass over a piece's values; measured,
-// the scales of a half-warp's FP8_R_PAIRS blocks at once ran slower here, as the values had to be
-// read twice and the kernel lost a block an SM to registers).
+// at x; swiglu_up as fp8_store_row_codes), a block at a time (fp8_row_scales of one block: one pass
+// over a piece's values; measured, the scales of a half-warp's FP8_R_PAIRS blocks at once ran slower
+// here, as the values had to be read twice and the kernel lost a block an SM to registers).
 __device__ void fp8_store_row_pieces(uint8_t *q, float *scales, const bf16 *x, const int32_t *offsets, int E, int R,
                                      int K, const int rs[FP8_R_PAIRS], const int kbs[FP8_R_PAIRS],
-                                     const uint4 piece[FP8_R_PAIRS], bool vec, Fp8Scaling how, uint64_t *counts) {
+                                     const uint4 piece[FP8_R_PAIRS], bool vec, Fp8Scaling how, uint64_t *counts,
+                                     int swiglu_up = 0) {
     int r0 = 0, rows = 0; // the group of the last row looked up: the next pieces' rows are mostly in it
 #pragma unroll
     for (int j = 0; j < FP8_R_PAIRS; j++) {
@@ -268,7 +290,7 @@ __device__ void fp8_store_row_pieces(uint8_t *q, float *scales, const bf16 *x, c
         float amax = fp8_piece_amax(piece[j]);
         fp8_row_scales<1>(&amax, &inv, &sat, &s, &own, how); // by the whole half-warp: before any exit
         if (!fp8_row_in_group(offsets, E, R, rs[j], &r0, &rows)) continue;
-        fp8_store_row_codes(q, x, K, rs[j], rs[j], kbs[j], v, inv, sat, vec, counts);
+        fp8_store_row_codes(q, x, K, rs[j], rs[j], kbs[j], v, inv, sat, vec, counts, swiglu_up);
         if (own == 0) fp8_store_row_scale(scales, K, rs[j], r0, rows, kbs[j], s);
     }
 }
@@ -291,8 +313,9 @@ fp8_quantize_rows_kernel(uint8_t *q, float *scales, const bf16 *x, const int32_t
 
 // SwiGLU with its output's quantised rows in the same pass (the pieces of the rows' kernel, the
 // gate's and the up projection's loads all issued first): the values rounded to bf16 as stored,
-// then quantised, so that the codes are those of fp8_quantize_rows on the stored output. vec: H a
-// multiple of 8, gu and out 16-byte and q 8-byte aligned.
+// then quantised, so that the codes are those of fp8_quantize_rows on the stored output; with out
+// NULL not stored (the counters' rare path recomputes them from gu). vec: H a multiple of 8, gu and
+// out (where stored) 16-byte and q 8-byte aligned.
 __global__ void __launch_bounds__(FP8_R_THREADS)
 swiglu_forward_fp8_kernel(bf16 *out, uint8_t *q, float *scales, const bf16 *gu, const int32_t *offsets, int E, int R,
                           int H, bool vec, Fp8Scaling how, uint64_t *counts) {
@@ -315,10 +338,10 @@ swiglu_forward_fp8_kernel(bf16 *out, uint8_t *q, float *scales, const bf16 *gu, 
         unpack8(g, gate[j]), unpack8(u, up[j]);
         for (int i = 0; i < 8; i++) v[i] = bf(to_bf(swiglu_value(g[i], u[i])));
         gate[j] = fp8_pack_piece(v); // the output as stored (exact: v is bf16 already)
-        if (fp8_row_in_group(offsets, E, R, rs[j], &r0, &rows))
+        if (out && fp8_row_in_group(offsets, E, R, rs[j], &r0, &rows))
             fp8_store_piece(out + (size_t)rs[j] * H + k, gate[j], H - k, vec);
     }
-    fp8_store_row_pieces(q, scales, out, offsets, E, R, H, rs, kbs, gate, vec, how, counts);
+    fp8_store_row_pieces(q, scales, gu, offsets, E, R, H, rs, kbs, gate, vec, how, counts, H);
 }
 
 // The quantisation kernels index rows, columns and row blocks in 32 bits (addresses in 64): R rows
@@ -348,7 +371,7 @@ extern "C" void cuda_fp8_quantize_rows(void *q, void *scales, const void *x, con
 extern "C" void cuda_swiglu_forward_fp8(void *out, void *q, void *scales, const void *gu, const int32_t *offsets,
                                         size_t E, size_t R, size_t H, Fp8Scaling how, uint64_t *counts) {
     if (!R || !H) return;
-    bool vec = H % 8 == 0 && aligned16(gu) && aligned16(out) && (uintptr_t)q % 8 == 0;
+    bool vec = H % 8 == 0 && aligned16(gu) && aligned16(out) && (uintptr_t)q % 8 == 0; // NULL is aligned
     swiglu_forward_fp8_kernel<<<fp8_rows_grid(R, H), FP8_R_THREADS, 0, cuda_ctx.stream>>>(
         (bf16 *)out, (uint8_t *)q, (float *)scales, (const bf16 *)gu, offsets, (int)E, (int)R, (int)H, vec, how,
         counts);
