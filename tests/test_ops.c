@@ -694,9 +694,40 @@ static void test_device_monitor(void) {
     CHECK(c.queried && c.samples == 0);
 }
 
+static int clock_readings; // counting_clocks' readings so far
+
+static bool counting_clocks(DeviceClocks *out) {
+    *out = reading(moe_time_sec(), ++clock_readings, 600, -1, false, false);
+    return true;
+}
+
+// A take summarises the readings since the one before and drops them: the clocks read (numbered
+// 1, 2, ... by counting_clocks) after the first take are all past its count.
+static void test_device_monitor_take(void) {
+    Ops o = *ops_cpu();
+    o.device_clocks = counting_clocks;
+    clock_readings = 0;
+    ClockSummary first, second, rest;
+    DeviceMonitor *m = device_monitor_start(&o, 1);
+    struct timespec wait = {0, 20 * 1000 * 1000};
+    nanosleep(&wait, NULL);
+    device_monitor_take(m, &first);
+    nanosleep(&wait, NULL);
+    device_monitor_take(m, &second);
+    device_monitor_stop(m, &rest);
+    CHECK_MSG(first.samples >= 1 && first.sm_mhz_min == 1, "%zu readings, lowest %g", first.samples,
+              first.sm_mhz_min);
+    CHECK_MSG(second.samples >= 1 && second.sm_mhz_min > (double)first.samples, "%zu readings from %g after %zu",
+              second.samples, second.sm_mhz_min, first.samples);
+    CHECK(rest.queried && first.samples + second.samples + rest.samples <= (size_t)clock_readings);
+    device_monitor_take(NULL, &rest);
+    CHECK(!rest.queried && rest.samples == 0);
+}
+
 const TestCase ops_tests[] = {
     T(test_clock_summary),
     T(test_device_monitor),
+    T(test_device_monitor_take),
     T(test_attention_fd),
     T(test_qkv_norm_rope_fd),
     T(test_rmsnorm_fd_and_accumulate),

@@ -728,6 +728,33 @@ static void test_records_without_nan(void) {
     free(m);
 }
 
+// A step's device readings: in its record as "device" and on its console line where there are
+// some; neither where there are none (the CPU, or no readings).
+static void test_records_with_device_clocks(void) {
+    ModelConfig c = small_model();
+    float *m = calloc(model_metrics_len(&c), sizeof(float));
+    StepReport r = {.step = 3};
+    report_build(&r, &c, m, 1, 10);
+    ClockSummary clocks = {.queried = true, .samples = 20, .sm_mhz_median = 1605, .power_w_mean = 692,
+                           .power_capped_share = 1};
+    for (int with = 0; with < 2; with++) {
+        r.clocks = with ? &clocks : NULL;
+        json_t *rec = report_to_json(&r), *dev = json_object_get(rec, "device");
+        CHECK_MSG(with ? dev && json_number_value(json_object_get(dev, "sm_mhz")) == 1605 &&
+                             json_number_value(json_object_get(dev, "power_capped")) == 1
+                       : !dev, "with readings %d: device %s", with, dev ? "logged" : "not logged");
+        json_decref(rec);
+        char line[1024] = "";
+        FILE *f = fmemopen(line, sizeof line - 1, "w");
+        report_print(&r, f);
+        fclose(f);
+        bool shown = strstr(line, "1605 MHz 692 W (power limit)") != NULL;
+        CHECK_MSG(shown == (with == 1), "console line: %s", line);
+    }
+    report_free(&r);
+    free(m);
+}
+
 static void test_checkpoint_round_trip_and_prune(void) {
     char dir[] = "/tmp/moe-ckpt-XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
@@ -853,6 +880,7 @@ static void test_matmul_rates(void) {
 }
 
 const TestCase train_tests[] = {
+    {"train_records_with_device_clocks", test_records_with_device_clocks},
     {"train_matmul_rates", test_matmul_rates},
     {"model_fused_layout_and_counts", test_fused_layout},
     {"model_init_independent_of_layout", test_init_independent_of_layout},

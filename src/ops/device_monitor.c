@@ -11,13 +11,15 @@
 
 #include "common/util.h"
 
-#define MONITOR_MAX_SAMPLES 65536 // ~11 minutes at 10 ms; readings past it are not kept
+#define MONITOR_MAX_SAMPLES 65536 // ~11 minutes at 10 ms between takes; readings past it are not kept
+#define MONITOR_COUNTER_SPAN_S 1.0 // the shortest span whose mean power comes from the energy counter
 
 struct DeviceMonitor {
     const Ops *o;
     double period_ms;
     atomic_bool stop;
     pthread_t thread;
+    pthread_mutex_t lock;  // samples and n: the thread appends, device_monitor_take reads and drops
     DeviceClocks *samples; // (MONITOR_MAX_SAMPLES)
     size_t n;
 };
@@ -40,7 +42,8 @@ void clock_summary_of(const DeviceClocks *s, size_t n, ClockSummary *out) {
     }
     qsort(mhz, n, sizeof *mhz, cmp_double);
     double span = s[n - 1].t_s - s[0].t_s, used = s[n - 1].energy_j - s[0].energy_j;
-    bool counted = s[0].energy_j >= 0 && s[n - 1].energy_j >= 0 && span > 0 && used >= 0;
+    // the counter moves in coarse steps: over a step of ~0.2 s it read 454-1036 W at a 700 W limit
+    bool counted = s[0].energy_j >= 0 && s[n - 1].energy_j >= 0 && span >= MONITOR_COUNTER_SPAN_S && used >= 0;
     out->samples = n, out->power_w_mean = counted ? used / span : watts / (double)n;
     out->power_capped_share = (double)capped / (double)n, out->thermal_share = (double)thermal / (double)n;
     out->sm_mhz_min = mhz[0];
@@ -53,7 +56,11 @@ static void *monitor_loop(void *arg) {
     struct timespec pause = {.tv_sec = (time_t)(m->period_ms / 1e3),
                              .tv_nsec = (long)(m->period_ms * 1e6) % 1000000000L};
     while (!atomic_load(&m->stop)) {
-        if (m->n < MONITOR_MAX_SAMPLES && m->o->device_clocks(&m->samples[m->n])) m->n++;
+        DeviceClocks c;
+        bool read = m->o->device_clocks(&c);
+        pthread_mutex_lock(&m->lock);
+        if (read && m->n < MONITOR_MAX_SAMPLES) m->samples[m->n++] = c;
+        pthread_mutex_unlock(&m->lock);
         nanosleep(&pause, NULL);
     }
     return NULL;
@@ -65,8 +72,18 @@ DeviceMonitor *device_monitor_start(const Ops *o, double period_ms) {
     m->o = o, m->period_ms = period_ms;
     m->samples = moe_malloc(MONITOR_MAX_SAMPLES * sizeof *m->samples);
     atomic_init(&m->stop, false);
+    pthread_mutex_init(&m->lock, NULL);
     if (pthread_create(&m->thread, NULL, monitor_loop, m)) moe_fatal("device monitor: cannot start a thread");
     return m;
+}
+
+void device_monitor_take(DeviceMonitor *m, ClockSummary *out) {
+    memset(out, 0, sizeof *out);
+    if (!m) return;
+    pthread_mutex_lock(&m->lock);
+    clock_summary_of(m->samples, m->n, out);
+    m->n = 0;
+    pthread_mutex_unlock(&m->lock);
 }
 
 void device_monitor_stop(DeviceMonitor *m, ClockSummary *out) {
@@ -74,7 +91,8 @@ void device_monitor_stop(DeviceMonitor *m, ClockSummary *out) {
     if (!m) return;
     atomic_store(&m->stop, true);
     pthread_join(m->thread, NULL);
-    clock_summary_of(m->samples, m->n, out);
+    device_monitor_take(m, out);
+    pthread_mutex_destroy(&m->lock);
     free(m->samples);
     free(m);
 }

@@ -99,6 +99,9 @@ void report_print(const StepReport *r, FILE *f) {
     char elapsed[32], eta[32];
     fprintf(f, " | lr %.2e | gnorm %.3f", r->lr, r->grad_norm);
     if (r->fp8) fp8_print(r->fp8, f);
+    if (r->clocks && r->clocks->samples)
+        fprintf(f, " | %.0f MHz %.0f W%s", r->clocks->sm_mhz_median, r->clocks->power_w_mean,
+                r->clocks->power_capped_share >= 0.5 ? " (power limit)" : "");
     fprintf(f, " | %s tok/s | %s elapsed, ETA %s\n", tps, moe_fmt_duration(elapsed, sizeof elapsed, r->elapsed_s),
             moe_fmt_duration(eta, sizeof eta, r->eta_s));
     fflush(f);
@@ -147,6 +150,14 @@ json_t *report_to_json(const StepReport *r) {
     for (int i = 0; i < r->n_moe; i++) json_array_append_new(layers, layer_to_json(&r->layers[i], i, r->E));
     json_object_set_new(o, "moe_layers", layers);
     if (r->fp8) json_object_set_new(o, "fp8", fp8_to_json(r->fp8));
+    if (r->clocks && r->clocks->samples) {
+        static const char *const DEV[] = {"sm_mhz", "power_w", "power_capped", "thermal"};
+        const double dev[] = {r->clocks->sm_mhz_median, r->clocks->power_w_mean, r->clocks->power_capped_share,
+                              r->clocks->thermal_share};
+        json_t *d = json_object();
+        set_numbers(d, DEV, dev, sizeof dev / sizeof dev[0]);
+        json_object_set_new(o, "device", d);
+    }
     return o;
 }
 

@@ -1,13 +1,15 @@
 // What a training step reports: losses, learning rate, gradient norm, throughput, per MoE layer
 // the real expert loads (a falling balance loss does not prove balanced work, so both are shown),
-// and under train.precision=fp8 the shares of values the FP8 quantisation flushed to zero or
-// saturated, per tensor class. Built from the metrics buffer the model fills in backend memory. The run's log of them,
-// metrics.jsonl: one JSON object per line, every write checked.
+// under train.precision=fp8 the shares of values the FP8 quantisation flushed to zero or
+// saturated, per tensor class, and on a GPU its clock and power. Built from the metrics buffer the
+// model fills in backend memory. The run's log of them, metrics.jsonl: one JSON object per line,
+// every write checked.
 #pragma once
 #include <jansson.h>
 #include <stdio.h>
 
 #include "model/model.h"
+#include "ops/device_monitor.h"
 
 typedef struct {
     double *load;          // (E) routed slots per expert over the step
@@ -29,6 +31,8 @@ typedef struct {
     LayerLoad *layers;     // (n_moe)
     const uint64_t *fp8;   // (FP8_CLASSES, FP8_COUNTS) the step's FP8 counters, all ranks (ops/fp8.h);
                            // NULL: not in FP8 (set by the caller; not freed here)
+    const ClockSummary *clocks; // rank 0's device during the step (device_monitor.h); NULL or no
+                                // readings: not known (set by the caller)
 } StepReport;
 
 // `metrics` is the host copy of the model's metrics after a step of n_micro micro-batches of

@@ -87,6 +87,7 @@ typedef struct {
     double startup[STARTUP_N]; // when each phase of the startup ended, seconds since the program was loaded
     double capture_s;     // seconds recording and instantiating the graph took (0 once reported)
     MetricsLog log;       // metrics.jsonl (rank 0)
+    DeviceMonitor *clocks; // rank 0 of a run (not a benchmark) on a GPU: its clock and power, step by step
     Watchdog *watchdog;   // several ranks: ends this one when its peers stop answering
 } Trainer;
 
@@ -404,6 +405,9 @@ static void report_step(Trainer *t, double seconds) {
     r.elapsed_s = now - t->start;
     r.eta_s = clock_eta(&t->clock, now, t->last_step - t->state.step);
     r.pipeline_wait = t->par.lay.pp > 1 ? t->slot[t->state.step % 2].comm_wait / seconds : 0;
+    ClockSummary clocks;
+    device_monitor_take(t->clocks, &clocks); // the readings since the step before's report
+    r.clocks = &clocks;
     if (!report_finite(&r)) {
         char last[4200] = "none";
         ckpt_latest(tc->out, last, sizeof last);
@@ -557,6 +561,7 @@ static void trainer_open(Trainer *t, const Config *cfg, Comm *host, const char *
     ops->sync();
     startup_done(t, STARTUP_INIT);
     if (t->root && !synthetic) open_log(t, resume != NULL);
+    if (t->root && !synthetic) t->clocks = device_monitor_start(ops, 10);
     size_t len = model_metrics_len(mc);
     t->metrics = model_alloc(&t->model, len * ops->f32_size);
     for (int i = 0; i < 2; i++) slot_open(&t->slot[i], &t->model, len);
@@ -569,6 +574,8 @@ static void trainer_open(Trainer *t, const Config *cfg, Comm *host, const char *
 static void trainer_close(Trainer *t) {
     if (t->graph) t->model.ops->graph_free(t->graph); // before the communicators its NCCL work uses
     metrics_log_close(&t->log);
+    ClockSummary unreported;
+    device_monitor_stop(t->clocks, &unreported);
     for (int i = 0; i < 2; i++) slot_close(&t->slot[i], t->model.ops);
     free(t->seqs);
     free(t->sched);
