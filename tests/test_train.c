@@ -873,7 +873,7 @@ static void test_checkpoint_non_finite(void) {
 static void test_matmul_rates(void) {
     const Ops *o = ops_cpu();
     ClockSummary c;
-    double burst = train_matmul_tflops(o), sustained = train_matmul_tflops_sustained(o, 0.05, &c);
+    double burst = train_matmul_tflops(o), sustained = train_matmul_tflops_sustained(o, burst, 0.05, &c);
     CHECK_MSG(burst > 0 && isfinite(burst) && sustained > 0 && isfinite(sustained), "burst %g, sustained %g TFLOP/s",
               burst, sustained);
     CHECK(!c.queried && c.samples == 0);

@@ -343,7 +343,7 @@ void bench_kernels(const Config *cfg) {
            b.matmul, b.copy);
     ClockSummary held;
     if (b.o->device_clocks) // where the rates below fall at the power limit, as in a training step
-        bench_print_sustained(train_matmul_tflops_sustained(b.o, 2.0, &held), &held);
+        bench_print_sustained(train_matmul_tflops_sustained(b.o, b.matmul, 2.0, &held), &held);
     printf("  %-30s %-26s %12s %16s %6s  %s\n", "kernel", "shape", "time", "rate", "of ceil", "aim");
     DeviceMonitor *clocks = device_monitor_start(b.o, 10);
     bench_attention(&b, cfg);

@@ -9,8 +9,9 @@
 //   i32  int32 (token ids, expert indices, offsets, counts)
 //   u64  uint64 (the FP8 quantisation's counters)
 //   e4m3 one byte a value, FP8 E4M3 codes of the FP8 recipe (ops/fp8.h; its scales are f32)
-// Weight gradients always accumulate (+=) so micro-batches add up; activation gradients overwrite
-// unless an `accumulate` flag says otherwise. Per-step values that change every step (learning
+// Weight gradients accumulate (+=) so micro-batches add up, but for the experts' (grouped products'
+// accumulate_dw: a step's first write overwrites them); activation gradients overwrite unless an
+// `accumulate` flag says otherwise. Per-step values that change every step (learning
 // rate, step number, routing-noise key) are read from a StepInfo in backend memory, so a backend
 // can record one step and replay it.
 #pragma once

@@ -718,8 +718,8 @@ static double matmul_rate(const Ops *ops, int warm, int reps, ClockSummary *cloc
 
 double train_matmul_tflops(const Ops *ops) { return matmul_rate(ops, 3, ops->stream ? 10 : 2, NULL); }
 
-double train_matmul_tflops_sustained(const Ops *ops, double seconds, ClockSummary *clocks) {
-    double n = (double)matmul_n(ops), burst_ms = 2 * n * n * n / (train_matmul_tflops(ops) * 1e12) * 1e3;
+double train_matmul_tflops_sustained(const Ops *ops, double burst_tflops, double seconds, ClockSummary *clocks) {
+    double n = (double)matmul_n(ops), burst_ms = 2 * n * n * n / (burst_tflops * 1e12) * 1e3;
     int reps = (int)(0.5 * seconds * 1e3 / burst_ms) + 1, warm = reps;
     return matmul_rate(ops, warm, reps, clocks);
 }
@@ -776,7 +776,8 @@ void train_bench(const Config *cfg, Comm *world, int warmup, int steps, BenchRep
     memcpy(r->startup, t.startup, sizeof r->startup);
     r->capture_s = t.capture_s;
     r->matmul_tflops = train_matmul_tflops(ops);
-    if (ops->device_clocks) r->matmul_sustained_tflops = train_matmul_tflops_sustained(ops, 2.0, &r->matmul_clocks);
+    if (ops->device_clocks)
+        r->matmul_sustained_tflops = train_matmul_tflops_sustained(ops, r->matmul_tflops, 2.0, &r->matmul_clocks);
     DeviceMonitor *clocks = device_monitor_start(ops, 10);
     StepTimes mine[2] = {time_steps(&t, steps, false), time_steps(&t, steps, true)};
     device_monitor_stop(clocks, &r->clocks);

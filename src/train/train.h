@@ -75,9 +75,10 @@ typedef struct {
 // The backend's matrix-product rate (TFLOP/s) on a large square product of random values (bf16
 // 8192^3 on a GPU), in a burst of 10.
 double train_matmul_tflops(const Ops *ops);
-// The same product repeated for `seconds`, timed over the second half: on a GPU, the rate the
-// device sustains once it meets its power limit, with its clocks read then.
-double train_matmul_tflops_sustained(const Ops *ops, double seconds, ClockSummary *clocks);
+// The same product repeated for `seconds` (as many as burst_tflops, train_matmul_tflops' rate,
+// says fit), timed over the second half: on a GPU, the rate the device sustains once it meets its
+// power limit, with its clocks read then.
+double train_matmul_tflops_sustained(const Ops *ops, double burst_tflops, double seconds, ClockSummary *clocks);
 
 // Trains `warmup` then `steps` steps of cfg on random token ids (nothing written) and measures.
 void train_bench(const Config *cfg, Comm *world, int warmup, int steps, BenchReport *r);

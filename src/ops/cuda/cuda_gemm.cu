@@ -404,6 +404,8 @@ void cuda_grouped_zero_empty(float *dw, const int32_t *offsets, size_t E, size_t
 extern "C" void cuda_grouped_matmul_backward(void *dx, void *dw, const void *dout, const void *x, const void *w,
                                              const int32_t *offsets, size_t E, size_t N, size_t K, size_t R,
                                              bool accumulate_dw) {
+    // Either product has no tiles for an expert without rows: a weight gradient written over gets zeros there.
+    if (dw && !accumulate_dw) cuda_grouped_zero_empty((float *)dw, offsets, E, N * K);
     if (!cuda_ctx.builtin_grouped) {
         if (dx) cuda_grouped_sm90(GROUPED_DGRAD, dout, w, dx, offsets, E, N, K);
         if (dw) cuda_grouped_sm90(accumulate_dw ? GROUPED_WGRAD : GROUPED_WGRAD_SET, dout, x, dw, offsets, E, N, K);
@@ -416,6 +418,5 @@ extern "C" void cuda_grouped_matmul_backward(void *dx, void *dw, const void *dou
     // dw[e] (N, K) (+)= dout^T (N, rows) x (rows, K)
     GroupedArgs gw = {(const bf16 *)dout, (const bf16 *)x, dw, N, K, K, 0, N * K, offsets, (int)E, (int)N, (int)K, 0, true,
                       accumulate_dw};
-    if (dw && !accumulate_dw) cuda_grouped_zero_empty((float *)dw, offsets, E, N * K);
     if (dw) grouped_launch<true, false, true>(gw, 0);
 }

@@ -28,7 +28,7 @@ template <class LayoutA, class LayoutB, class ElementD, bool ACCUMULATE> struct 
 //   FWD       out (rows, N) = x (rows, K) . w[e] (N, K)^T
 //   DGRAD     dx (rows, K) = dout (rows, N) . w[e] (N, K)
 //   WGRAD     dw[e] (N, K) += dout (rows, N)^T . x (rows, K)   (an expert without rows has no tiles)
-//   WGRAD_SET dw[e] (N, K) = the same                          (zeros there: cuda_grouped_zero_empty)
+//   WGRAD_SET dw[e] (N, K) = the same                          (its caller zeroes those: cuda_grouped_zero_empty)
 template <class G, GroupedOp OP>
 __global__ void grouped_sm90_prepare(typename G::Table *t, const bf16 *a, const bf16 *b, void *d,
                                      const int32_t *offsets, int E, int N, int K) {
@@ -66,8 +66,6 @@ extern "C" void cuda_grouped_sm90(GroupedOp op, const void *a, const void *b, vo
         grouped_sm90_run<GroupedSm90<Row, Row, cutlass::bfloat16_t, false>, GROUPED_DGRAD>(a, b, d, offsets, (int)E, (int)N, (int)K);
     else if (op == GROUPED_WGRAD)
         grouped_sm90_run<GroupedSm90<Col, Row, float, true>, GROUPED_WGRAD>(a, b, d, offsets, (int)E, (int)N, (int)K);
-    else {
-        cuda_grouped_zero_empty((float *)d, offsets, E, N * K);
+    else
         grouped_sm90_run<GroupedSm90<Col, Row, float, false>, GROUPED_WGRAD_SET>(a, b, d, offsets, (int)E, (int)N, (int)K);
-    }
 }

@@ -41,7 +41,7 @@ void cuda_grouped_zero_empty(float *dw, const int32_t *offsets, size_t E, size_t
 
 // Hopper grouped GEMM (cuda_grouped_sm90.cu, CUTLASS) on at most GROUPED_MAX_E experts: FWD out = a
 // . b[e]^T, DGRAD d = a . b[e], WGRAD d[e] += a^T . b over each expert's rows, WGRAD_SET d[e] = a^T . b
-// (zeros for an expert without rows; see the file).
+// (an expert without rows untouched by either: cuda_grouped_zero_empty; see the file).
 #define GROUPED_MAX_E 1024
 typedef enum { GROUPED_FWD, GROUPED_DGRAD, GROUPED_WGRAD, GROUPED_WGRAD_SET } GroupedOp;
 void cuda_grouped_sm90(GroupedOp op, const void *a, const void *b, void *d, const int32_t *offsets,
