@@ -236,7 +236,8 @@ static void test_fp8_quantize_weights(void) {
     for (size_t n = 128; n < 200; n++)
         for (size_t k = 0; k < 128; k++) w[(1 * N + n) * K + k] = 0; // expert 1's block (1, 0) is all zeros
     uint8_t *q = malloc(E * N * K), *qt = malloc(E * N * K);
-    ops->fp8_quantize_weights(q, qt, s, st, w, E, N, K, FP8_SCALE_AMAX, NULL);
+    ops->fp8_quantize_weights(q, s, st, w, E, N, K, FP8_SCALE_AMAX, NULL);
+    ops->fp8_transpose_codes(qt, q, E, N, K);
     double *back = deq_weights(q, s, E, N, K);
     for (size_t e = 0; e < E; e++)
         for (size_t n = 0; n < N; n++)
@@ -293,7 +294,8 @@ static void test_fp8_grouped_products(void) {
     real *wst = malloc(E * Kb * Nb * sizeof(real)), *xts = malloc(Rt / 128 * K * sizeof(real)), *dyts = malloc(Rt / 128 * N * sizeof(real));
     ops->fp8_quantize_rows(xq, xs, x, OFFSETS, E, R, K, FP8_SCALE_AMAX, NULL);
     ops->fp8_quantize_rows(dyq, dys, dy, OFFSETS, E, R, N, FP8_SCALE_AMAX, NULL);
-    ops->fp8_quantize_weights(wq, wqt, ws, wst, w, E, N, K, FP8_SCALE_AMAX, NULL);
+    ops->fp8_quantize_weights(wq, ws, wst, w, E, N, K, FP8_SCALE_AMAX, NULL);
+    ops->fp8_transpose_codes(wqt, wq, E, N, K);
     ops->fp8_quantize_cols(xt, xts, x, OFFSETS, E, R, K, FP8_SCALE_AMAX, NULL);
     ops->fp8_quantize_cols(dyt, dyts, dy, OFFSETS, E, R, N, FP8_SCALE_AMAX, NULL);
     double *X = deq_rows(xq, xs, OFFSETS, E, R, K), *DY = deq_rows(dyq, dys, OFFSETS, E, R, N), *W = deq_weights(wq, ws, E, N, K);
@@ -415,11 +417,11 @@ static void test_fp8_counts_weights(void) {
     for (size_t i = 0; i < N * K; i++) w[i] = 1;
     w[0] = 448, w[129 * K + 129] = -INFINITY;
     for (size_t k = 0; k < 10; k++) w[K + k] = 0x1p-11f;
-    uint8_t *q = malloc(N * K), *qt = malloc(N * K);
+    uint8_t *q = malloc(N * K);
     uint64_t n[FP8_COUNTS] = {0};
-    ops->fp8_quantize_weights(q, qt, s, st, w, 1, N, K, FP8_SCALE_AMAX, n);
+    ops->fp8_quantize_weights(q, s, st, w, 1, N, K, FP8_SCALE_AMAX, n);
     expect_counts("weights", n, N * K, 13, 1, 0);
-    free(w), free(s), free(st), free(q), free(qt);
+    free(w), free(s), free(st), free(q);
 }
 
 // The fused SwiGLU counts what quantising its output counts; without storing its output, the same

@@ -379,21 +379,20 @@ static void test_fp8_step(void) {
     fp8_step_case(reordered, "reordered norms", 0.2);
 }
 
-// The codes and scales of m's FP8 weights (both layouts) that differ from a fresh quantisation of
-// its compute weights.
+// The codes and scales of m's FP8 weights that differ from a fresh quantisation of its master
+// weights (one rank: they hold every tensor, and a CPU compute copy is exact).
 static size_t fp8_stale_values(const Model *m) {
     size_t stale = 0;
     for (size_t i = 0; i < m->fp8->n_weights; i++) {
         const Fp8Weights *t = &m->fp8->weights[i];
         size_t n = t->El * t->N * t->K, blocks = t->El * fp8_blocks(t->N) * fp8_blocks(t->K);
-        uint8_t *q = malloc(n), *qt = malloc(n);
+        uint8_t *q = malloc(n);
         real *s = malloc(blocks * sizeof(real)), *st = malloc(blocks * sizeof(real));
-        m->ops->fp8_quantize_weights(q, qt, s, st, model_act(m, m->params_act, t->off), t->El, t->N, t->K, m->fp8->how,
-                                     NULL);
-        for (size_t j = 0; j < n; j++) stale += (q[j] != ((uint8_t *)t->q)[j]) + (qt[j] != ((uint8_t *)t->qt)[j]);
+        m->ops->fp8_quantize_weights(q, s, st, model_master(m, t->off), t->El, t->N, t->K, m->fp8->how, NULL);
+        for (size_t j = 0; j < n; j++) stale += q[j] != ((uint8_t *)t->q)[j];
         for (size_t j = 0; j < blocks; j++)
             stale += (s[j] != ((real *)t->scales)[j]) + (st[j] != ((real *)t->scales_t)[j]);
-        free(q), free(qt), free(s), free(st);
+        free(q), free(s), free(st);
     }
     return stale;
 }
@@ -412,28 +411,31 @@ static size_t fp8_codes(const Model *m, uint8_t *q, bool compare) {
     return unchanged;
 }
 
-// The bytes of the FP8 copies (both layouts and their scales) of the weights of small_model(), whose
-// every matrix is one 128x128 block: per layer QKV (C, D), output projection (D, Hq hd), the dense or
+// The bytes of the FP8 copies (codes and both scales) of the weights of small_model(), whose every
+// matrix is one 128x128 block: per layer QKV (C, D), output projection (D, Hq hd), the dense or
 // shared MLP's gate|up (2H, D) and down (D, H), and per MoE layer its experts' gate|up (E, 2H, D)
-// and down (E, D, H).
+// and down (E, D, H); and the buffer of the largest one's transposed codes.
 static size_t small_fp8_weight_bytes(const ModelConfig *c) {
     size_t E = (size_t)c->n_experts, D = (size_t)c->d_model, He = (size_t)c->expert_hidden;
-    size_t C = model_qkv_width(c), Dq = (size_t)c->n_heads * c->head_dim, bytes = 0;
+    size_t C = model_qkv_width(c), Dq = (size_t)c->n_heads * c->head_dim, bytes = 0, largest = 0;
     for (int l = 0; l < c->n_layers; l++) {
         bool moe = model_layer_is_moe(c, l);
-        size_t H = (size_t)(moe ? c->shared_hidden : c->dense_hidden);
-        bytes += 2 * (C * D + D * Dq + 3 * H * D + 4 * sizeof(real));
-        if (moe) bytes += 2 * (3 * E * He * D + 2 * E * sizeof(real));
+        size_t H = (size_t)(moe ? c->shared_hidden : c->dense_hidden), sizes[4] = {C * D, D * Dq, 2 * H * D, D * H};
+        bytes += C * D + D * Dq + 3 * H * D + 8 * sizeof(real);
+        for (int i = 0; i < 4; i++) largest = sizes[i] > largest ? sizes[i] : largest;
+        if (moe) bytes += 3 * E * He * D + 4 * E * sizeof(real), largest = 2 * E * He * D > largest ? 2 * E * He * D : largest;
     }
-    return bytes;
+    return bytes + largest;
 }
 
-// The FP8 copies of the expert and dense weights follow the compute weights: after initialisation,
-// after each of three training steps (whose updates change the codes of every tensor) and after new
-// weights are set, they are bit for bit what quantising the compute weights gives then; each
-// optimizer step counts every one of their values once (class weights). The memory plan counts them
-// and the dense layers' scratch exactly.
-static void test_fp8_weight_copies(void) {
+// The FP8 copies of the expert and dense weights follow the master weights on `ops`: after
+// initialisation, after each of three training steps (whose updates change the codes of every tensor)
+// and after new weights are set, they are bit for bit what quantising the master weights gives then;
+// each optimizer step counts every one of their values once (class weights). The memory plan counts
+// them and the dense layers' scratch exactly, and with a compute copy apart from the masters
+// (ops_cpu_sharded) the experts' compute weights are staged: one tensor's in place of the experts'
+// region. The final master weights and codes go to params and codes.
+static void fp8_weight_copies_case(const Ops *ops, real *params, uint8_t *codes) {
     ModelConfig c = small_model();
     Config cfg;
     config_defaults(&cfg);
@@ -444,18 +446,22 @@ static void test_fp8_weight_copies(void) {
     Model m;
     Optimizer o;
     const TestFp8 fp8 = {FP8_SCALE_AMAX, true, false};
-    model_init(&m, &c, ops_cpu(), &par, B, S, 1, 1, test_modes(RECOMPUTE_NONE, &fp8));
+    model_init(&m, &c, ops, &par, B, S, 1, 1, test_modes(RECOMPUTE_NONE, &fp8));
     optim_init(&o, &m);
     model_init_weights(&m, 3);
     CHECK_MSG(m.fp8->n_weights == 16, "%zu FP8 weight tensors, not 4 per layer and 2 more per MoE layer",
               m.fp8->n_weights);
     Model plan;
     Optimizer plan_o;
-    model_init(&plan, &c, ops_counting_like(ops_cpu()), &par, B, S, 1, 1, test_modes(RECOMPUTE_NONE, &fp8));
+    model_init(&plan, &c, ops_counting_like(ops), &par, B, S, 1, 1, test_modes(RECOMPUTE_NONE, &fp8));
     optim_init(&plan_o, &plan);
-    size_t want = small_fp8_weight_bytes(&c);
-    CHECK_MSG(plan.mem.bytes == m.mem.bytes && m.fp8->weight_bytes == want, "plan %zu bytes, allocated %zu; FP8 "
-              "weights %zu bytes, not %zu", plan.mem.bytes, m.mem.bytes, m.fp8->weight_bytes, want);
+    size_t want = small_fp8_weight_bytes(&c), E = (size_t)c.n_experts, span = 2 * E * c.expert_hidden * c.d_model;
+    CHECK_MSG(plan.mem.bytes == m.mem.bytes && m.fp8->weight_bytes == want, "%s: plan %zu bytes, allocated %zu; FP8 "
+              "weights %zu bytes, not %zu", ops->name, plan.mem.bytes, m.mem.bytes, m.fp8->weight_bytes, want);
+    size_t staged = ops->act_aliases_f32 ? 0 : m.reg.region_begin[PARAM_EXPERT] + span;
+    CHECK_MSG((m.expert_stage != NULL) == !ops->act_aliases_f32 && model_compute_weight_elems(&m) == staged,
+              "%s: compute weights of %zu elements, not %zu (the experts' staged: %d)", ops->name,
+              model_compute_weight_elems(&m), staged, m.expert_stage != NULL);
     model_free(&plan);
     CHECK_MSG(fp8_stale_values(&m) == 0, "FP8 weights stale after initialisation");
     size_t n = 0;
@@ -482,11 +488,26 @@ static void test_fp8_weight_copies(void) {
         uint64_t counted = m.fp8->counts[FP8_CLASS_WEIGHTS * FP8_COUNTS + FP8_COUNT_VALUES];
         CHECK_MSG(counted == n, "step %d counted %llu weight values, not %zu", step, (unsigned long long)counted, n);
     }
+    memcpy(params, m.params, m.reg.total * sizeof(real));
+    fp8_codes(&m, codes, false);
     model_init_weights(&m, 4);
     CHECK_MSG(fp8_stale_values(&m) == 0, "FP8 weights stale after new weights were set");
     free(before), free(metrics);
     model_free(&m);
     test_free_parallel(&par);
+}
+
+// ... on the CPU backend, and with the experts' compute weights staged (the same values bit for bit:
+// the CPU's compute copy is exact).
+static void test_fp8_weight_copies(void) {
+    size_t P = 1 << 20; // more than small_model()'s parameters and codes
+    real *params[2] = {calloc(P, sizeof(real)), calloc(P, sizeof(real))};
+    uint8_t *codes[2] = {calloc(P, 1), calloc(P, 1)};
+    fp8_weight_copies_case(ops_cpu(), params[0], codes[0]);
+    fp8_weight_copies_case(ops_cpu_sharded(), params[1], codes[1]);
+    CHECK_MSG(!memcmp(params[0], params[1], P * sizeof(real)) && !memcmp(codes[0], codes[1], P),
+              "three steps with the experts' compute weights staged differ from the CPU backend's");
+    for (int i = 0; i < 2; i++) free(params[i]), free(codes[i]);
 }
 
 // The memory plan of c (B x S tokens) under recompute mode r with products as *fp8 says (NULL: act
@@ -513,8 +534,8 @@ static size_t fp8_plan_bytes(const ModelConfig *c, size_t B, size_t S, bool dens
 
 // The FP8 memory of a model of dense layers only (small_model's, 3 of them; T = 12 tokens), byte for
 // byte: with the dense layers in FP8, per layer the copies of QKV (C, D) = (16, 8), the output
-// projection (8, 8), gate|up (24, 8) and down (8, 12) in both layouts with one block scale each, and
-// scratch for the widest dense product: rows (T, 24) with one scale a row, token-major copies of
+// projection (8, 8), gate|up (24, 8) and down (8, 12) with one block scale each for both layouts, the
+// buffer of the largest one's transposed codes (24, 8), and scratch for the widest dense product: rows (T, 24) with one scale a row, token-major copies of
 // output gradients (24, Tt) and inputs (12, Tt) with Tt = 256 (one group: 128 past the 12 rows)
 // and a scale per 128 columns, and the counters (the sum of an accumulating product reuses
 // Scratch.dxf); without them, the counters alone.
@@ -522,7 +543,7 @@ static void test_fp8_dense_memory(void) {
     ModelConfig c = small_model();
     c.n_dense_layers = c.n_layers;
     size_t T = 12, D = 8, r = sizeof(real), Tt = 256;
-    size_t weights = 3 * 2 * (16 * D + D * 8 + 24 * D + D * 12 + 4 * r);
+    size_t weights = 3 * (16 * D + D * 8 + 24 * D + D * 12 + 2 * 4 * r) + 24 * D;
     size_t scratch = T * 24 + T * r + 24 * Tt + 24 * 2 * r + 12 * Tt + 12 * 2 * r;
     size_t counters = MODEL_FP8_COUNTS * sizeof(uint64_t);
     size_t with = fp8_plan_bytes(&c, 2, 6, true), without = fp8_plan_bytes(&c, 2, 6, false);

@@ -155,7 +155,8 @@ static void measure_fp8_layer(Calibration *c, const int32_t *off, size_t E, size
     void *x = bench_rand_act(b, R * K, 51, 1), *w = bench_rand_act(b, E * N * K, 52, 0.02f);
     void *dy = bench_rand_act(b, R * N, 53, 1), *y = b->o->alloc(R * N * b->o->act_size);
     void *dx = b->o->alloc(R * K * b->o->act_size), *dw = bench_zero_buf(b, E * N * K * b->o->f32_size);
-    CALIBRATE(c, o->fp8_quantize_weights(q.wq, q.wqt, q.ws, q.wst, w, E, N, K, h, NULL));
+    CALIBRATE(c, o->fp8_quantize_weights(q.wq, q.ws, q.wst, w, E, N, K, h, NULL));
+    CALIBRATE(c, o->fp8_transpose_codes(q.wqt, q.wq, E, N, K));
     CALIBRATE(c, o->fp8_quantize_rows_cols(q.xq, q.xs, q.xt, q.xts, x, NULL, off, E, R, K, h, NULL));
     CALIBRATE(c, fp8_product(o, y, q.xq, q.xs, q.wq, q.ws, off, E, N, K, R));
     CALIBRATE(c, o->fp8_quantize_rows_cols(q.dyq, q.dys, q.dyt, q.dyts, dy, NULL, off, E, R, N, h, NULL));

@@ -139,7 +139,8 @@ void bench_expert_rows(const char *kind, size_t T, size_t K, size_t E, int32_t *
 // weight-gradient times), aimed at 1.6x the bf16 rates, and the quantisations they read (bytes
 // read and written; scales counted), counting what they flush and saturate as training does: x's
 // rows and token-major copy, dy's both from one pass (as the backward makes them). The weights'
-// (both layouts: once a step, for every expert weight) is aimed at 2 TB/s, half the copy rate. dy's
+// (once a step, for every expert weight) and the transpose of their codes (each backward) are aimed
+// at 2 TB/s, half the copy rate. dy's
 // pass also from rows gathered through a map (as the model reads the layer's output gradient: each
 // expert row a token's row, here a random one of dy's).
 static void bench_grouped_fp8(Bench *b, const char *what, const char *shape, const void *doff, size_t rows, size_t E,
@@ -171,9 +172,10 @@ static void bench_grouped_fp8(Bench *b, const char *what, const char *shape, con
                                                         FP8_SCALE_AMAX, n));
     report(b, "  fp8 quantise rows+cols gathered", shape, ms, 0, (double)rows * N * a + dy_out, 0);
     o->free(dmap);
-    ms = BENCH_TIME_MS(b, 10, o->fp8_quantize_weights(q.wq, q.wqt, q.ws, q.wst, w, E, N, Kd, FP8_SCALE_AMAX, n));
-    report(b, "  fp8 quantise weights (2 layouts)", shape, ms, 0, (double)E * N * Kd * (a + 2) + 2.0 * E * Kb * Nb * f,
-           2000);
+    ms = BENCH_TIME_MS(b, 10, o->fp8_quantize_weights(q.wq, q.ws, q.wst, w, E, N, Kd, FP8_SCALE_AMAX, n));
+    report(b, "  fp8 quantise weights", shape, ms, 0, (double)E * N * Kd * (a + 1) + 2.0 * E * Kb * Nb * f, 2000);
+    ms = BENCH_TIME_MS(b, 10, o->fp8_transpose_codes(q.wqt, q.wq, E, N, Kd));
+    report(b, "  fp8 weights' codes transposed", shape, ms, 0, 2.0 * E * N * Kd, 2000);
     snprintf(name, sizeof name, "fp8 %s forward", what);
     ms = BENCH_TIME_MS(b, 10, o->fp8_grouped_matmul(y, q.xq, q.xs, q.wq, q.ws, doff, E, N, Kd, R));
     report(b, name, shape, ms, flops, 0, 1.6 * flops / (bf16_ms[0] * 1e-3) / 1e12);
@@ -234,15 +236,15 @@ static void bench_dense_fp8(Bench *b, const char *shape, const void *x, const vo
                             double bf16_ms) {
     const Ops *o = b->o;
     size_t Kb = fp8_blocks(K), Nb = fp8_blocks(N), f = o->f32_size;
-    void *xq = o->alloc(M * K), *xs = o->alloc(Kb * M * f), *wq = o->alloc(N * K), *wqt = o->alloc(N * K);
+    void *xq = o->alloc(M * K), *xs = o->alloc(Kb * M * f), *wq = o->alloc(N * K);
     void *ws = o->alloc(Kb * Nb * f), *wst = o->alloc(Kb * Nb * f), *y = o->alloc(M * N * o->act_size);
     double flops = 2.0 * M * N * K;
     double q = BENCH_TIME_MS(b, 10, o->fp8_quantize_rows(xq, xs, x, NULL, 1, M, K, FP8_SCALE_AMAX, NULL));
     report(b, "  fp8 quantise rows", shape, q, 0, (double)M * K * (o->act_size + 1 + (double)f / FP8_BLOCK), 0);
-    o->fp8_quantize_weights(wq, wqt, ws, wst, w, 1, N, K, FP8_SCALE_AMAX, NULL);
+    o->fp8_quantize_weights(wq, ws, wst, w, 1, N, K, FP8_SCALE_AMAX, NULL);
     double ms = BENCH_TIME_MS(b, 10, o->fp8_matmul(y, xq, xs, wq, ws, M, N, K));
     report(b, "  fp8 forward", shape, ms, flops, 0, 1.5 * flops / (bf16_ms * 1e-3) / 1e12);
-    BENCH_FREE_ALL(b, xq, xs, wq, wqt, ws, wst, y);
+    BENCH_FREE_ALL(b, xq, xs, wq, ws, wst, y);
 }
 
 static void bench_dense_case(Bench *b, const char *name, size_t M, size_t N, size_t K, bool fp8) {

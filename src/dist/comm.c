@@ -23,20 +23,21 @@ void comm_reduce_scatter_part(Comm *c, const void *send, void *recv, size_t n, s
     if (c->ops->group_end) c->ops->group_end();
 }
 
-void comm_all_gather_part(Comm *c, void *buf, size_t n, size_t a, size_t b, CommType t) {
+void comm_all_gather_window(Comm *c, void *window, size_t n, size_t a, size_t b, CommType t) {
     size_t total = (size_t)c->size * n;
     if (a >= b) return;
     if (a == 0 && b == total) {
-        c->ops->all_gather(c, comm_at(c, buf, (size_t)c->rank * n, t), buf, n, t);
+        c->ops->all_gather(c, comm_at(c, window, (size_t)c->rank * n, t), window, n, t);
         return;
     }
     if (c->ops->group_begin) c->ops->group_begin();
     for (int r = (int)(a / n); r < c->size && (size_t)r * n < b; r++) {
         size_t lo = a > (size_t)r * n ? a : (size_t)r * n, hi = b < (size_t)(r + 1) * n ? b : (size_t)(r + 1) * n;
-        c->ops->broadcast(c, comm_at(c, buf, lo, t), hi - lo, t, r);
+        c->ops->broadcast(c, comm_at(c, window, lo - a, t), hi - lo, t, r);
     }
     if (c->ops->group_end) c->ops->group_end();
 }
+
 
 // Every rank's text, each padded with NULs to the longest: (size, *width) bytes.
 static char *comm_gather_texts(Comm *c, const char *text, size_t *width) {

@@ -84,10 +84,13 @@ static inline void *comm_at(const Comm *c, const void *buf, size_t i, CommType t
 void comm_reduce_scatter_part(Comm *c, const void *send, void *recv, size_t n, size_t a, size_t b,
                               CommType t);
 
-// Part of an in-place all-gather: of the elements [a, b) of buf (size x n), those inside rank r's
-// block [r n, (r + 1) n) come from rank r; the rest of buf is not touched. [0, size n) is the whole
-// all_gather (rank r's block of buf its send). Lets a gather deliver what is final first.
-void comm_all_gather_part(Comm *c, void *buf, size_t n, size_t a, size_t b, CommType t);
+// Part of an in-place all-gather, into a window that holds elements [a, b) of the gathered buffer
+// (size x n; window[i] is element a + i): those inside rank r's block [r n, (r + 1) n) come from rank
+// r (this rank's own must be there already); nothing else is touched. [0, size n) is the whole
+// all_gather (rank r's block its send). Lets a gather deliver what is final first, into the buffer
+// itself (window = its element a) or into one of the part's size (the staged experts' compute
+// weights).
+void comm_all_gather_window(Comm *c, void *window, size_t n, size_t a, size_t b, CommType t);
 
 // Collective on host memory: whether every rank holds the same `text` (lines such as "key = value").
 // The ranks compare 64-bit digests; when one differs, every rank receives every text and returns

@@ -179,6 +179,7 @@ static void *f32_buf(Model *m, size_t n) { return pool_f32(&m->mem, n); }
 static int32_t *i32_buf(Model *m, size_t n) { return pool_i32(&m->mem, n); }
 
 static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
+static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
 
 bool model_holds_layer(const Model *m, int l) {
     for (int c = 0; c < m->n_chunks; c++)
@@ -492,12 +493,11 @@ static AttnDims attn_dims(const Model *m, size_t B, size_t S) {
     return (AttnDims){B, S, (size_t)c->n_heads, (size_t)c->n_kv_heads, (size_t)c->head_dim};
 }
 
-// The FP8 copies of the weight tensor at offset `off` of the compute weights, (El, N, K).
+// The FP8 copy of the weight tensor at offset `off` of the compute weights, (El, N, K).
 static Fp8Weights alloc_fp8_weights(Model *m, size_t off, size_t El, size_t N, size_t K) {
     size_t scale_bytes = El * fp8_blocks(N) * fp8_blocks(K) * m->ops->f32_size;
     return (Fp8Weights){.off = off, .El = El, .N = N, .K = K, .q = model_alloc(m, El * N * K),
-                        .qt = model_alloc(m, El * N * K), .scales = model_alloc(m, scale_bytes),
-                        .scales_t = model_alloc(m, scale_bytes)};
+                        .scales = model_alloc(m, scale_bytes), .scales_t = model_alloc(m, scale_bytes)};
 }
 
 // What one kind of FP8 product (the experts', the dense layers') needs of the activation scratch:
@@ -563,24 +563,52 @@ static Fp8Operands *fp8_operands_new(const Model *m, Fp8Scaling how, bool dense,
     return o;
 }
 
-// The FP8 copies of the weights, quantised from the compute weights as they are, and the
-// activation scratch.
+// The FP8 copies of the weights (made by model_sync_compute_weights), the buffer of their transposed
+// codes and the activation scratch.
 static void alloc_fp8_operands(Model *m) {
     const ModelConfig *c = &m->cfg;
     size_t T = m->B * m->S, Rr = moe_exchange_received_rows(&m->xchg, T), El = (size_t)m->n_experts_local;
     Fp8Operands *o = m->fp8;
     o->weights = moe_calloc(FP8_LAYER_TENSORS * (size_t)n_local_layers(m), sizeof *o->weights);
     Fp8Extent experts = {.R = Rr, .Tt = fp8_expert_cols(Rr, El)}, dense_x = {.R = T, .Tt = fp8_expert_cols(T, 1)};
-    size_t before = m->mem.bytes;
+    size_t before = m->mem.bytes, largest = 0;
     for (int l = 0; l < c->n_layers; l++)
         if (model_holds_layer(m, l)) add_layer_fp8_weights(m, l, &dense_x, &experts);
+    for (size_t i = 0; i < o->n_weights; i++)
+        largest = max_size(largest, o->weights[i].El * o->weights[i].N * o->weights[i].K);
+    o->wt = model_alloc(m, largest);
     o->weight_bytes = m->mem.bytes - before;
     alloc_fp8_scratch(m, (Fp8Extent[]){experts, dense_x}, 2);
     o->sum = m->s.dxf;
     o->counts = model_alloc(m, MODEL_FP8_COUNTS * sizeof(uint64_t));
-    if (m->ops->sizing_only) return;
-    m->ops->zero(o->counts, MODEL_FP8_COUNTS * sizeof(uint64_t));
-    model_quantize_fp8_weights(m, 0, m->reg.total);
+    if (!m->ops->sizing_only) m->ops->zero(o->counts, MODEL_FP8_COUNTS * sizeof(uint64_t));
+}
+
+// The elements of the largest tensor of a MoE layer's experts: the gate|up one (El, 2H, D).
+static size_t expert_stage_elems(const Model *m) {
+    return (size_t)m->n_experts_local * 2 * m->cfg.expert_hidden * m->cfg.d_model;
+}
+
+// With FP8 products and a compute copy apart from the master weights, the experts' compute weights
+// are staged a tensor at a time (Model.expert_stage): params_act then ends where the experts' region
+// begins.
+static void alloc_compute_weights(Model *m, bool fp8) {
+    const Ops *ops = m->ops;
+    m->act_len = m->reg.total;
+    if (ops->act_aliases_f32) {
+        m->params_act = m->params;
+        return;
+    }
+    if (fp8 && n_local_moe_layers(m) > 0) {
+        m->act_len = m->reg.region_begin[PARAM_EXPERT];
+        m->expert_stage = act_buf(m, expert_stage_elems(m));
+    }
+    m->params_act = act_buf(m, m->act_len);
+}
+
+size_t model_compute_weight_elems(const Model *m) {
+    if (m->ops->act_aliases_f32) return 0;
+    return m->act_len + (m->expert_stage ? expert_stage_elems(m) : 0);
 }
 
 void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel *par, size_t B,
@@ -602,7 +630,7 @@ void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel
     size_t P = m->reg.total, T = B * S;
     init_master(m);
     m->params = f32_buf(m, m->master_len);
-    m->params_act = ops->act_aliases_f32 ? m->params : act_buf(m, P);
+    alloc_compute_weights(m, modes.fp8);
     m->grads = f32_buf(m, P);
     m->expert_bias = f32_buf(m, (size_t)cfg->n_layers * cfg->n_experts);
     m->step_info = model_alloc(m, sizeof(StepInfo));
@@ -637,14 +665,40 @@ void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel
 // token-major copies of the output gradient are gradients).
 static uint64_t *fp8_counts(const Fp8Operands *o, Fp8Class c) { return o->counts + (size_t)c * FP8_COUNTS; }
 
-void model_quantize_fp8_weights(Model *m, size_t lo, size_t hi) {
+void *model_compute_window(const Model *m, ParamRegion r, size_t a, size_t *first) {
+    bool staged = r == PARAM_EXPERT && m->expert_stage;
+    *first = staged ? a : 0;
+    return staged ? m->expert_stage : m->params_act;
+}
+
+size_t model_compute_span_end(const Model *m, ParamRegion r, size_t a, size_t b) {
+    if (r != PARAM_EXPERT || !m->expert_stage) return b;
+    for (size_t i = 0; i < m->fp8->n_weights; i++) {
+        const Fp8Weights *t = &m->fp8->weights[i];
+        if (t->off == a) return min_size(b, a + t->El * t->N * t->K);
+    }
+    return b; // the region's padding after its last tensor
+}
+
+// The FP8 copies of the weights in flat [a, b) from their compute weights in window (from flat
+// offset first on).
+static void quantize_fp8_weights(Model *m, size_t a, size_t b, void *window, size_t first) {
     const Fp8Operands *o = m->fp8;
     for (size_t i = 0; o && i < o->n_weights; i++) {
         const Fp8Weights *t = &o->weights[i];
-        if (t->off < lo || t->off >= hi) continue;
-        m->ops->fp8_quantize_weights(t->q, t->qt, t->scales, t->scales_t, model_act(m, m->params_act, t->off), t->El,
-                                     t->N, t->K, o->how, fp8_counts(o, FP8_CLASS_WEIGHTS));
+        if (t->off < a || t->off >= b) continue;
+        MOE_ASSERT(t->off >= first && t->off + t->El * t->N * t->K <= b);
+        m->ops->fp8_quantize_weights(t->q, t->scales, t->scales_t, model_act(m, window, t->off - first), t->El, t->N,
+                                     t->K, o->how, fp8_counts(o, FP8_CLASS_WEIGHTS));
     }
+}
+
+void model_compute_weights_ready(Model *m, ParamRegion r, size_t a, size_t b, void *window, size_t first) {
+    Comm *g = model_region_group(m, r);
+    size_t begin = m->reg.region_begin[r], shard = m->reg.region_size[r] / (size_t)g->size;
+    MOE_ASSERT(a >= first && a <= b && (r != PARAM_EXPERT || !m->expert_stage || b - first <= expert_stage_elems(m)));
+    if (g->size > 1) comm_all_gather_window(g, model_act(m, window, a - first), shard, a - begin, b - begin, COMM_ACT);
+    quantize_fp8_weights(m, a, b, window, first);
 }
 
 void model_free(Model *m) {
@@ -686,16 +740,30 @@ void model_init_weights(Model *m, unsigned seed) {
     model_sync_compute_weights(m);
 }
 
+// The compute weights of flat [a, b) of region r cast from this rank's master weights, then made whole
+// (model_compute_weights_ready).
+static void sync_span(Model *m, ParamRegion r, size_t a, size_t b) {
+    size_t first, lo = max_size(a, m->master_begin[r]), hi = min_size(b, m->master_begin[r] + m->master_size[r]);
+    void *window = model_compute_window(m, r, a, &first);
+    if (lo < hi) m->ops->cast_f32_to_act(model_act(m, window, lo - first), model_master(m, lo), hi - lo);
+    model_compute_weights_ready(m, r, a, b, window, first);
+}
+
+// Where the backend aliases them the compute weights are the master weights, whole on every rank:
+// only their FP8 copies are made. Else each region, a span at a time (model_compute_span_end: the
+// region, or staged experts a tensor at a time).
 void model_sync_compute_weights(Model *m) {
-    for (int r = 0; r < PARAM_N_REGIONS && !m->ops->act_aliases_f32; r++) {
-        Comm *g = model_region_group(m, (ParamRegion)r);
-        size_t begin = m->master_begin[r], n = m->master_size[r];
-        m->ops->cast_f32_to_act(model_act(m, m->params_act, begin), model_master(m, begin), n);
-        if (n < m->reg.region_size[r])
-            g->ops->all_gather(g, model_act(m, m->params_act, begin),
-                               model_act(m, m->params_act, m->reg.region_begin[r]), n, COMM_ACT);
+    if (m->ops->act_aliases_f32) {
+        quantize_fp8_weights(m, 0, m->reg.total, m->params_act, 0);
+        return;
     }
-    model_quantize_fp8_weights(m, 0, m->reg.total);
+    for (int r = 0; r < PARAM_N_REGIONS; r++) {
+        size_t end = m->reg.region_begin[r] + m->reg.region_size[r];
+        for (size_t a = m->reg.region_begin[r], b; a < end; a = b) {
+            b = model_compute_span_end(m, (ParamRegion)r, a, end);
+            sync_span(m, (ParamRegion)r, a, b);
+        }
+    }
 }
 
 static int32_t *micro_tokens(const Model *m, int micro) { return m->tokens + (size_t)micro * m->B * m->S; }
@@ -738,7 +806,10 @@ void *model_stage_grad(const Model *m, int chunk, int slot) {
 
 // ---------------------------------------------------------------- forward
 
-static void *W(const Model *m, size_t off) { return model_act(m, m->params_act, off); }
+static void *W(const Model *m, size_t off) {
+    MOE_ASSERT(off < m->act_len); // staged experts' compute weights are not read here (FP8 products)
+    return model_act(m, m->params_act, off);
+}
 static void *G(const Model *m, size_t off) { return model_f32(m, m->grads, off); }
 
 static SlotActs *slot_of(const Model *m, const ForwardArgs *a) { return &m->chunk[a->chunk].slots[a->slot]; }
@@ -824,8 +895,7 @@ static Fp8Weights fp8_weights_at(const Model *m, size_t w, size_t N, size_t K) {
         MOE_ASSERT(t->N == N && t->K == K && (w - t->off) % (N * K) == 0);
         size_t e0 = (w - t->off) / (N * K), s = e0 * fp8_blocks(N) * fp8_blocks(K) * m->ops->f32_size;
         return (Fp8Weights){.off = w, .El = t->El - e0, .N = N, .K = K, .q = (char *)t->q + e0 * N * K,
-                            .qt = (char *)t->qt + e0 * N * K, .scales = (char *)t->scales + s,
-                            .scales_t = (char *)t->scales_t + s};
+                            .scales = (char *)t->scales + s, .scales_t = (char *)t->scales_t + s};
     }
     moe_fatal("%s:%d: no FP8 copy of the weights at offset %zu", __FILE__, __LINE__, w);
 }
@@ -864,11 +934,11 @@ static void fp8_forward(const Model *m, void *out, const void *x, const int32_t 
 typedef enum { DOUT_T_MAKE, DOUT_T_KEEP, DOUT_T_KEPT } DoutCopy;
 
 // Its backward in FP8 (groups as fp8_forward's): dx (R, K) = dout . w[e] from quantised rows of dout
-// and the weights' transposed FP8 copy; dw (El, N, K) f32 = dout^T . x per group (added to dw when
-// accumulate_dw) from token-major copies of dout and x (either skipped when NULL): x's the forward
-// kept (x_t, x unread) or, with x_t NULL, made here; dout's two copies from one read of it when both
-// are made here, where dout_rows (non-NULL) may name the rows of dout that make the operand
-// (fp8_quantize_rows_cols).
+// and the weights' codes transposed here (into Fp8Operands.wt); dw (El, N, K) f32 = dout^T . x per
+// group (added to dw when accumulate_dw) from token-major copies of dout and x (either skipped when
+// NULL): x's the forward kept (x_t, x unread) or, with x_t NULL, made here; dout's two copies from
+// one read of it when both are made here, where dout_rows (non-NULL) may name the rows of dout that
+// make the operand (fp8_quantize_rows_cols).
 static void fp8_backward(const Model *m, void *dx, void *dw, bool accumulate_dw, const void *dout,
                          const int32_t *dout_rows, const void *x, const Fp8Cols *x_t, size_t w, const int32_t *off,
                          size_t El, size_t N, size_t K, size_t R, DoutCopy dout_t) {
@@ -887,7 +957,10 @@ static void fp8_backward(const Model *m, void *dx, void *dw, bool accumulate_dw,
     Fp8Cols xt = x_t ? *x_t : (Fp8Cols){.q = q->x_t, .scales = q->x_t_scales};
     if (dw && !x_t)
         ops->fp8_quantize_cols(xt.q, xt.scales, x, off, El, R, K, q->how, fp8_counts(q, FP8_CLASS_ACTIVATIONS));
-    if (dx) fp8_product(m, dx, wq.qt, wq.scales_t, off, El, K, N, R);
+    if (dx) {
+        ops->fp8_transpose_codes(q->wt, wq.q, El, N, K);
+        fp8_product(m, dx, q->wt, wq.scales_t, off, El, K, N, R);
+    }
     if (dw)
         ops->fp8_grouped_matmul_wgrad(dw, q->dout_t, q->dout_t_scales, xt.q, xt.scales, off, El, N, K, R,
                                       accumulate_dw);

@@ -62,12 +62,13 @@ typedef struct {
 } LayerActs;
 
 // One weight tensor kept in FP8: a copy of the compute weights (El, N, K) at flat offset `off` (this
-// rank's El experts of a MoE layer, or a dense layer's weight with El = 1), in both layouts its
-// products read, refreshed whenever the compute weights change (model_quantize_fp8_weights).
+// rank's El experts of a MoE layer, or a dense layer's weight with El = 1), refreshed whenever the
+// compute weights change (model_compute_weights_ready). The input gradient reads the codes
+// transposed, made from q where it runs (Fp8Operands.wt), with the scales of the transpose.
 typedef struct {
     size_t off, El, N, K;
-    void *q, *qt;              // e4m3 (El, N, K): the forward's; (El, K, N): the input gradient's
-    void *scales, *scales_t;   // f32 (El, Kb, Nb), (El, Nb, Kb)
+    void *q;                   // e4m3 (El, N, K): the forward's codes
+    void *scales, *scales_t;   // f32 (El, Kb, Nb), (El, Nb, Kb): q's, and those of its transpose
 } Fp8Weights;
 
 // The FP8 products' operands (model_init with modes.fp8; docs/FP8.md): the weights of every product in FP8
@@ -88,7 +89,11 @@ typedef struct {
                                 // then the dense or shared MLP's gate|up (2H, D) and down (D, H); in a
                                 // MoE layer its experts' gate|up (El, 2H, D) then down (El, D, H)
     size_t n_weights;
-    size_t weight_bytes;        // the bytes of their codes and scales (of Model.mem)
+    void *wt;                   // e4m3 (the largest El N K of them): the transposed codes of the weights an
+                                // input gradient reads, made from their q just before it
+                                // (fp8_transpose_codes): one buffer instead of a second copy of every
+                                // weight (3.1 GiB on olmoe-L8)
+    size_t weight_bytes;        // the bytes of their codes and scales and of wt (of Model.mem)
     void *rows, *row_scales;    // e4m3 (Rr or T, max(N, K)), f32: the rows of a forward or input gradient
     void *dout_t, *dout_t_scales; // e4m3 (N, Tt), f32 (Tt / 128, N): token-major output gradient
     void *x_t, *x_t_scales;       // e4m3 (K, Tt), f32 (Tt / 128, K): token-major input
@@ -202,7 +207,14 @@ typedef struct {
                                  // the part of each region held in params: the whole region when the
                                  // backend aliases (params == params_act), else this rank's shard
                                  // of the region's group (ZeRO-1: the compute copy alone is whole)
-    void *params_act;            // act (P) compute weights (== params when the backend aliases)
+    void *params_act;            // act (act_len) compute weights (== params when the backend aliases): every
+                                 // tensor's but, where the experts' are staged, those of the experts' region
+    size_t act_len;              // P, or with staged experts the elements before the experts' region
+    void *expert_stage;          // act (El, 2H, D) or NULL: with FP8 products and a compute copy apart from
+                                 // the master weights, the experts' compute weights are needed only to make
+                                 // their FP8 copies, so one tensor of a layer's experts at a time is staged
+                                 // here, by the optimizer's update (and model_sync_compute_weights)
+                                 // (model_compute_window, model_compute_span_end)
     void *grads;                 // f32 (P)
     bool *expert_dw_written;     // (L) the layer's expert weight gradients written since the
                                  // optimizer last read them: the next write adds to them, where the
@@ -252,18 +264,33 @@ static inline size_t model_metric_router(const ModelConfig *c, int moe_index) {
 // every layer and slot, and the backward as scratch (n1's is Scratch.dn, xp's scratch B).
 bool model_keeps_fp8_n1(const Model *m);
 bool model_keeps_fp8_xe(const Model *m);
-// Quantises the FP8 copies of the weights at flat offsets [lo, hi) again from the compute weights
-// (nothing when no product is in FP8), counted in the class FP8_CLASS_WEIGHTS. Whatever changes the
-// compute weights calls it once they are final: model_sync_compute_weights (initialisation,
-// checkpoint loads; all of them) and the optimizer's update (those it updated).
-void model_quantize_fp8_weights(Model *m, size_t lo, size_t hi);
+// Where the compute weights of flat [a, ...) in region r are written, read and gathered: the
+// buffer, with *first the flat offset of its first element (element x at model_act(m, buffer, x -
+// *first)): params_act from 0, or with the experts staged (Model.expert_stage) the stage, which then
+// holds one tensor of a layer's experts from a, its first element, on.
+void *model_compute_window(const Model *m, ParamRegion r, size_t a, size_t *first);
+// The end of the span of flat [a, b) of region r from a whose compute weights are made at once
+// (model_compute_weights_ready): b, or with staged experts that of their tensor starting at a (a
+// tensor's start, or the region's padding after the last one).
+size_t model_compute_span_end(const Model *m, ParamRegion r, size_t a, size_t b);
+// The elements of the compute weights apart from the master weights (params_act and the stage; 0
+// where the backend aliases them).
+size_t model_compute_weight_elems(const Model *m);
+// The compute weights of flat [a, b) of region r made whole and final: this rank's part of them is
+// already in the window (model_compute_window(m, r, a, &first)), its group gathers the others' parts
+// (a collective over it where it has several ranks), then the FP8 copies of the weights in [a, b)
+// are quantised again from them (none without FP8 products; counted in FP8_CLASS_WEIGHTS). Whatever
+// changes the compute weights calls it: model_sync_compute_weights (initialisation, checkpoint
+// loads; all of them) and the optimizer's update (those it updated), a span at a time
+// (model_compute_span_end).
+void model_compute_weights_ready(Model *m, ParamRegion r, size_t a, size_t b, void *window, size_t first);
 
 // Builds the registry of this rank's tensors and allocates parameters, activations for n_slots
 // micro-batches in flight in each chunk (0: as many as the pipeline schedule of n_micro micro-batches
 // keeps, pipeline_slots) and token buffers for n_micro per step, each B x S (B sequences on this
 // rank), keeping what modes.recompute does not recompute, and with modes.fp8 the FP8 products'
-// operands: the FP8 copies of their weights, quantised here from the compute weights as they are,
-// and scratch for the activations. Exits when the backend's limits (Ops.limits) refuse cfg, or
+// operands: room for the FP8 copies of their weights (made by model_sync_compute_weights, which
+// model_init_weights and checkpoint loads call) and scratch for the activations. Exits when the backend's limits (Ops.limits) refuse cfg, or
 // when modes.fp8 asks for FP8 products the backend lacks.
 void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel *par, size_t B,
                 size_t S, int n_slots, int n_micro, ModelModes modes);

@@ -185,9 +185,12 @@ static void cost_fp8_rows_cols(void *q, void *s, void *qt, void *st, const void 
                                const int32_t *off, size_t E, size_t R, size_t K, Fp8Scaling h, uint64_t *n) {
     bytes(KERNEL_FP8_QUANTIZE, fp8_rows(R, off) * K * (A + 2));
 }
-static void cost_fp8_weights(void *q, void *qt, void *s, void *st, const void *w, size_t E, size_t N, size_t K,
-                             Fp8Scaling h, uint64_t *n) {
-    bytes(KERNEL_FP8_QUANTIZE, (double)E * N * K * (A + 2));
+static void cost_fp8_weights(void *q, void *s, void *st, const void *w, size_t E, size_t N, size_t K, Fp8Scaling h,
+                             uint64_t *n) {
+    bytes(KERNEL_FP8_QUANTIZE, (double)E * N * K * (A + 1));
+}
+static void cost_fp8_transpose(void *qt, const void *q, size_t E, size_t N, size_t K) {
+    bytes(KERNEL_FP8_QUANTIZE, (double)E * N * K * 2);
 }
 static void cost_fp8_grouped(void *o, const void *a, const void *as, const void *b, const void *bs,
                              const int32_t *off, size_t E, size_t N, size_t K, size_t R) {
@@ -236,6 +239,7 @@ const Ops *ops_costing(bool bf16_activations, CostSink *s) {
     o.moe_regroup = cost_regroup, o.moe_exchange_plan = cost_exchange_plan, o.moe_push_rows = cost_push_rows;
     o.grouped_matmul_forward = cost_grouped_forward, o.grouped_matmul_backward = cost_grouped_backward;
     o.fp8_quantize_rows = cost_fp8_rows, o.fp8_quantize_cols = cost_fp8_cols, o.fp8_quantize_weights = cost_fp8_weights;
+    o.fp8_transpose_codes = cost_fp8_transpose;
     o.swiglu_forward_fp8 = cost_swiglu_fp8, o.fp8_quantize_rows_cols = cost_fp8_rows_cols;
     o.fp8_grouped_matmul = cost_fp8_grouped, o.fp8_grouped_matmul_wgrad = cost_fp8_wgrad;
     o.fp8_matmul = cost_fp8_matmul;

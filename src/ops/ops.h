@@ -343,10 +343,13 @@ typedef struct Ops {
     void (*fp8_quantize_rows_cols)(void *q, void *scales, void *qt, void *scales_t, const void *x,
                                    const int32_t *x_rows, const int32_t *offsets, size_t E, size_t R, size_t K,
                                    Fp8Scaling how, uint64_t *counts);
-    // w (E, N, K) act in 128x128 blocks: q (E, N, K) e4m3 and its transpose qt (E, K, N) e4m3 (the
-    // same codes), scales (E, Kb, Nb) f32 and scales_t (E, Nb, Kb) f32 (those of the transpose).
-    void (*fp8_quantize_weights)(void *q, void *qt, void *scales, void *scales_t, const void *w, size_t E,
-                                 size_t N, size_t K, Fp8Scaling how, uint64_t *counts);
+    // w (E, N, K) act in 128x128 blocks: q (E, N, K) e4m3, scales (E, Kb, Nb) f32 and scales_t (E, Nb,
+    // Kb) f32 (the same scales, those of the transpose fp8_transpose_codes makes).
+    void (*fp8_quantize_weights)(void *q, void *scales, void *scales_t, const void *w, size_t E, size_t N,
+                                 size_t K, Fp8Scaling how, uint64_t *counts);
+    // qt (E, K, N) e4m3 = the transpose of each matrix of q (E, N, K) e4m3: the weights' codes as the
+    // input gradient reads them (the same codes; scales_t of fp8_quantize_weights are theirs).
+    void (*fp8_transpose_codes)(void *qt, const void *q, size_t E, size_t N, size_t K);
     // Per expert (offsets as grouped_matmul_forward), out (R, N) act = a (R, K) . b[e] (N, K)^T, a
     // rows (fp8_quantize_rows with the same offsets), b weights (scales (E, Kb, Nb)): the forward
     // (a = x, b = w) and the input gradient (a = dout, b = the transposed weights and scales, N and

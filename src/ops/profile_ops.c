@@ -127,8 +127,10 @@ WRAP(fp8_quantize_rows_cols, fp8_phase(off),
       size_t K, Fp8Scaling h, uint64_t *n),
      (q, s, qt, st, x, xr, off, E, R, K, h, n))
 WRAP(fp8_quantize_weights, PHASE_EXPERT_GEMM,
-     (void *q, void *qt, void *s, void *st, const void *w, size_t E, size_t N, size_t K, Fp8Scaling h, uint64_t *n),
-     (q, qt, s, st, w, E, N, K, h, n))
+     (void *q, void *s, void *st, const void *w, size_t E, size_t N, size_t K, Fp8Scaling h, uint64_t *n),
+     (q, s, st, w, E, N, K, h, n))
+WRAP(fp8_transpose_codes, PHASE_EXPERT_GEMM, (void *qt, const void *q, size_t E, size_t N, size_t K),
+     (qt, q, E, N, K))
 WRAP(fp8_grouped_matmul, PHASE_EXPERT_GEMM,
      (void *o, const void *a, const void *as, const void *b, const void *bs, const int32_t *off, size_t E, size_t N,
       size_t K, size_t R),
@@ -164,6 +166,7 @@ const Ops *ops_profiled(const Ops *backend) {
     SET(moe_exchange_plan), SET(moe_push_rows);
     SET(grouped_matmul_forward), SET(grouped_matmul_backward), SET(router_bias_update), SET(cross_entropy);
     SET(fp8_quantize_rows), SET(swiglu_forward_fp8), SET(fp8_quantize_cols), SET(fp8_quantize_weights);
+    SET(fp8_transpose_codes);
     SET(fp8_quantize_rows_cols), SET(fp8_grouped_matmul), SET(fp8_grouped_matmul_wgrad), SET(fp8_matmul);
     SET(sum_squares), SET(adamw_update);
 #undef SET

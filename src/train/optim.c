@@ -76,8 +76,9 @@ StepInfo optim_step_info(const TrainConfig *t, int64_t step) {
 
 // AdamW over the shard's part of flat [lo, hi), one call per run of adjacent tensors with the same
 // weight decay (the runs cut at the part's edges; region padding belongs to no tensor and stays
-// zero).
-static void adamw_part(const Optimizer *o, Model *m, const OptShard *s, size_t lo, size_t hi) {
+// zero), writing the compute weights into `window` (element x at x - first; model_compute_window).
+static void adamw_part(const Optimizer *o, Model *m, const OptShard *s, size_t lo, size_t hi, void *window,
+                       size_t first) {
     const Ops *ops = m->ops;
     const ParamRegistry *r = &m->reg;
     const TrainConfig *t = o->train;
@@ -95,29 +96,36 @@ static void adamw_part(const Optimizer *o, Model *m, const OptShard *s, size_t l
         AdamWArgs args = {.beta1 = (float)t->beta1, .beta2 = (float)t->beta2, .eps = (float)t->eps,
                           .weight_decay = r->p[j].decay ? (float)t->weight_decay : 0.0f,
                           .clip = (float)t->clip};
-        void *act = ops->act_aliases_f32 ? NULL : model_act(m, m->params_act, a);
+        void *act = ops->act_aliases_f32 ? NULL : model_act(m, window, a - first);
         size_t at = a - s->shard_begin;
         ops->adamw_update(model_master(m, a), act, model_f32(m, s->grad, at), model_f32(m, s->m, at),
                           model_f32(m, s->v, at), b - a, args, o->step_info, o->norm_sq);
     }
 }
 
-// The update of units [u0, u1), queued where work goes now: per region, AdamW on this rank's shard
-// of their tensors, the gather of their compute weights from the shards' owners, their FP8 copies,
-// and their gradients zeroed (read until here; the next step's backward accumulates into them) but
-// the experts' weight gradients, which its first write overwrites (model_grads_consumed).
-// Elementwise, so any split into units computes the same values.
+// AdamW on this rank's shard of flat [a, b) of region r, then its compute weights made whole and
+// their FP8 copies made (model_compute_weights_ready).
+static void update_span(const Optimizer *o, Model *m, ParamRegion r, size_t a, size_t b) {
+    size_t first;
+    void *window = model_compute_window(m, r, a, &first);
+    adamw_part(o, m, &o->region[r], a, b, window, first);
+    model_compute_weights_ready(m, r, a, b, window, first);
+}
+
+// The update of units [u0, u1), queued where work goes now: per region, their tensors' update
+// (update_span, a span at a time: model_compute_span_end), and their gradients zeroed
+// (read until here; the next step's backward accumulates into them) but the experts' weight
+// gradients, which its first write overwrites (model_grads_consumed). Elementwise, so any split into
+// units computes the same values.
 static void update_units(const Optimizer *o, Model *m, int u0, int u1) {
     for (int r = 0; r < PARAM_N_REGIONS; r++) {
         const OptShard *s = &o->region[r];
         size_t a = units_from(s, m, u0), b = units_from(s, m, u1);
-        if (a >= b) continue;
-        adamw_part(o, m, s, a, b);
-        if (s->group->size > 1)
-            comm_all_gather_part(s->group, model_act(m, m->params_act, s->begin), s->shard, a - s->begin,
-                                 b - s->begin, COMM_ACT);
-        model_quantize_fp8_weights(m, a, b);
-        if (r != PARAM_EXPERT) m->ops->zero(model_f32(m, m->grads, a), (b - a) * m->ops->f32_size);
+        for (size_t x = a, y; x < b; x = y) {
+            y = model_compute_span_end(m, (ParamRegion)r, x, b);
+            update_span(o, m, (ParamRegion)r, x, y);
+        }
+        if (r != PARAM_EXPERT && a < b) m->ops->zero(model_f32(m, m->grads, a), (b - a) * m->ops->f32_size);
     }
     model_grads_consumed(m, u0, u1);
 }

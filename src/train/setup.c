@@ -94,7 +94,7 @@ TrainMemory setup_memory_of(const Model *m, const Optimizer *o) {
     double P = (double)m->reg.total, f32 = (double)m->ops->f32_size;
     TrainMemory r = {.params = P, .optimizer = (double)o->state_bytes, .total = (double)m->mem.bytes,
                      .activations = (double)m->act_bytes, .weights = (double)m->master_len * f32,
-                     .compute_weights = m->ops->act_aliases_f32 ? 0 : P * (double)m->ops->act_size,
+                     .compute_weights = (double)model_compute_weight_elems(m) * m->ops->act_size,
                      .fp8_weights = m->fp8 ? (double)m->fp8->weight_bytes : 0,
                      .grads = P * f32 + (double)o->grad_bytes, .exchange = (double)m->exchange_bytes};
     r.scratch = r.total - r.weights - r.compute_weights - r.fp8_weights - r.grads - r.optimizer - r.activations;

@@ -843,8 +843,9 @@ static void test_fp8_case(size_t E, const int *rows, size_t N, size_t K, Fp8Scal
     check("  gradient rows (rows and token-major in one pass)", &dyq, Rb * N, 0, 0);
     check("  gradient row scales", &dys, Nb * Rb, 0, 0);
     Buf wq = buf_new(K_U8, E * N * K), wqt = buf_new(K_U8, E * N * K), ws = buf_new(K_F32, E * Kb * Nb), wst = buf_new(K_F32, E * Kb * Nb);
-    cpu->fp8_quantize_weights(wq.c, wqt.c, ws.c, wst.c, w.c, E, N, K, how, n.c);
-    gpu->fp8_quantize_weights(wq.g, wqt.g, ws.g, wst.g, w.g, E, N, K, how, n.g);
+    cpu->fp8_quantize_weights(wq.c, ws.c, wst.c, w.c, E, N, K, how, n.c);
+    gpu->fp8_quantize_weights(wq.g, ws.g, wst.g, w.g, E, N, K, how, n.g);
+    cpu->fp8_transpose_codes(wqt.c, wq.c, E, N, K), gpu->fp8_transpose_codes(wqt.g, wq.g, E, N, K);
     check("  weights", &wq, E * N * K, 0, 0), check("  transposed weights", &wqt, E * N * K, 0, 0);
     check("  weight scales", &ws, E * Kb * Nb, 0, 0), check("  transposed weight scales", &wst, E * Kb * Nb, 0, 0);
     cpu->fp8_quantize_cols(xt.c, xts.c, x.c, off.c, E, Rb, K, how, n.c);
@@ -938,9 +939,9 @@ static void test_fp8_case(size_t E, const int *rows, size_t N, size_t K, Fp8Scal
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) buf_free(all[i]);
 }
 
-// The weights' quantisation bit for bit, outputs poisoned: N and K cut on every edge of a 128x128
-// block, multiples of 16 (16-byte pieces, whole or wholly outside) or not, and buffers `shift` bytes
-// or values past 16-byte alignment (value-by-value loads and stores).
+// The weights' quantisation and the transpose of their codes bit for bit, outputs poisoned: N and K
+// cut on every edge of a 128x128 block, multiples of 16 (16-byte pieces, whole or wholly outside) or
+// not, and buffers `shift` bytes or values past 16-byte alignment (value-by-value loads and stores).
 static void test_fp8_weights_case(size_t E, size_t N, size_t K, size_t shift, Fp8Scaling how) {
     char what[128];
     size_t n = E * N * K + shift, blocks = E * fp8_blocks(N) * fp8_blocks(K);
@@ -950,13 +951,14 @@ static void test_fp8_weights_case(size_t E, size_t N, size_t K, size_t shift, Fp
     fp8_specials(&w);
     buf_poison(&q), buf_poison(&qt), buf_poison(&sc), buf_poison(&sct);
     Counts c = counts_new();
-    cpu->fp8_quantize_weights((char *)q.c + shift, (char *)qt.c + shift, sc.c, sct.c, (char *)w.c + shift * cpu->act_size,
-                              E, N, K, how, c.c);
-    gpu->fp8_quantize_weights((char *)q.g + shift, (char *)qt.g + shift, sc.g, sct.g, (char *)w.g + shift * gpu->act_size,
-                              E, N, K, how, c.g);
+    cpu->fp8_quantize_weights((char *)q.c + shift, sc.c, sct.c, (char *)w.c + shift * cpu->act_size, E, N, K, how, c.c);
+    gpu->fp8_quantize_weights((char *)q.g + shift, sc.g, sct.g, (char *)w.g + shift * gpu->act_size, E, N, K, how, c.g);
     snprintf(what, sizeof what, "fp8 quantise weights E%zu N%zu K%zu%s%s", E, N, K, shift ? " unaligned" : "",
              how == FP8_SCALE_POW2 ? " pow2" : "");
-    check(what, &q, n, 0, 0), check("  transposed", &qt, n, 0, 0);
+    check(what, &q, n, 0, 0);
+    gpu->fp8_transpose_codes((char *)qt.g + shift, (char *)q.g + shift, E, N, K);
+    cpu->fp8_transpose_codes((char *)qt.c + shift, (char *)q.c + shift, E, N, K);
+    check("  transposed codes", &qt, n, 0, 0);
     check("  scales", &sc, blocks, 0, 0), check("  transposed scales", &sct, blocks, 0, 0);
     check_counts("  counters (a NaN, infinities, tiny values)", &c);
     buf_free(&w), buf_free(&q), buf_free(&qt), buf_free(&sc), buf_free(&sct);

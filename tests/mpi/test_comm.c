@@ -193,10 +193,17 @@ static void test_all_gather_part(Comm *w, CommType t) {
             if (mine) put(t, buf, j, val(w->rank, 0, j));
             want[j] = mine || (j >= a && j < b) ? val((int)(j / n), 0, j) : POISON;
         }
-        comm_all_gather_part(w, buf, n, a, b, t);
-        expect("comm_all_gather_part", t, buf, want, total);
-        expect_poison("comm_all_gather_part", t, buf, total);
-        free(want), free(buf);
+        comm_all_gather_window(w, (char *)buf + a * type_bytes(t), n, a, b, t); // in place
+        expect("comm_all_gather_window in place", t, buf, want, total);
+        expect_poison("comm_all_gather_window in place", t, buf, total);
+        // the same part into a window of its own size: this rank's elements of [a, b) put there
+        void *window = poisoned(t, b - a + 1);
+        for (size_t j = a; j < b; j++)
+            if (j / n == (size_t)w->rank) put(t, window, j - a, val(w->rank, 0, j));
+        comm_all_gather_window(w, window, n, a, b, t);
+        expect("comm_all_gather_window", t, window, want + a, b - a);
+        expect_poison("comm_all_gather_window", t, window, b - a);
+        free(want), free(buf), free(window);
     }
 }
 

@@ -114,6 +114,7 @@ static const Ops CPU_OPS = {
     .fp8_quantize_cols = cpu_fp8_quantize_cols,
     .fp8_quantize_rows_cols = cpu_fp8_quantize_rows_cols,
     .fp8_quantize_weights = cpu_fp8_quantize_weights,
+    .fp8_transpose_codes = cpu_fp8_transpose_codes,
     .fp8_grouped_matmul = cpu_fp8_grouped_matmul,
     .fp8_grouped_matmul_wgrad = cpu_fp8_grouped_matmul_wgrad,
     .fp8_matmul = cpu_fp8_matmul,

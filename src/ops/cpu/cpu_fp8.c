@@ -110,9 +110,9 @@ void cpu_fp8_quantize_rows_cols(void *q, void *scales, void *qt, void *scales_t,
     free(rows);
 }
 
-void cpu_fp8_quantize_weights(void *q_, void *qt_, void *scales_, void *scales_t_, const void *w_, size_t E,
-                              size_t N, size_t K, Fp8Scaling how, uint64_t *counts) {
-    uint8_t *q = q_, *qt = qt_;
+void cpu_fp8_quantize_weights(void *q_, void *scales_, void *scales_t_, const void *w_, size_t E, size_t N,
+                              size_t K, Fp8Scaling how, uint64_t *counts) {
+    uint8_t *q = q_;
     real *scales = scales_, *scales_t = scales_t_;
     const real *w = w_;
     size_t Nb = fp8_blocks(N), Kb = fp8_blocks(K);
@@ -126,6 +126,11 @@ void cpu_fp8_quantize_weights(void *q_, void *qt_, void *scales_, void *scales_t
                 scales[e * Kb * Nb + kb * Nb + nb] = s;
                 scales_t[e * Nb * Kb + nb * Kb + kb] = s;
             }
+}
+
+void cpu_fp8_transpose_codes(void *qt_, const void *q_, size_t E, size_t N, size_t K) {
+    uint8_t *qt = qt_;
+    const uint8_t *q = q_;
 #pragma omp parallel for collapse(2) schedule(static)
     for (size_t e = 0; e < E; e++)
         for (size_t k = 0; k < K; k++)

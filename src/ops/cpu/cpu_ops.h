@@ -84,8 +84,9 @@ void cpu_fp8_quantize_cols(void *qt, void *scales, const void *x, const int32_t 
 void cpu_fp8_quantize_rows_cols(void *q, void *scales, void *qt, void *scales_t, const void *x, const int32_t *x_rows,
                                 const int32_t *offsets, size_t E, size_t R, size_t K, Fp8Scaling how,
                                 uint64_t *counts);
-void cpu_fp8_quantize_weights(void *q, void *qt, void *scales, void *scales_t, const void *w, size_t E,
+void cpu_fp8_quantize_weights(void *q, void *scales, void *scales_t, const void *w, size_t E,
                               size_t N, size_t K, Fp8Scaling how, uint64_t *counts);
+void cpu_fp8_transpose_codes(void *qt, const void *q, size_t E, size_t N, size_t K);
 void cpu_fp8_grouped_matmul(void *out, const void *a, const void *a_scales, const void *b,
                             const void *b_scales, const int32_t *offsets, size_t E, size_t N, size_t K,
                             size_t R);

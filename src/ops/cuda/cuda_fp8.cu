@@ -603,15 +603,13 @@ extern "C" void cuda_fp8_quantize_rows_cols(void *q, void *scales, void *qt, voi
 #define FP8_W_PIECES (FP8_BLOCK * FP8_BLOCK / 16 / FP8_W_THREADS)
 
 // One block per 128x128 block (kb, nb) of weight matrix e. Its values stay in registers (16-byte
-// loads) from the amax to the codes, which go to q in 16-byte stores and, through the shared tile,
-// to qt: a thread reads 16 rows x 4 columns of codes as 16 words, transposes them in registers and
-// stores 4 rows of qt, 16 bytes each. vec: N and K multiples of 16 and 16-byte aligned buffers, so
-// that every piece is whole or wholly outside; else loads and stores go value by value.
+// loads) from the amax to the codes, which go to q in 16-byte stores. vec: N and K multiples of 16
+// and 16-byte aligned buffers, so that every piece is whole or wholly outside; else loads and stores
+// go value by value.
 __global__ void __launch_bounds__(FP8_W_THREADS)
-fp8_quantize_weights_kernel(uint8_t *q, uint8_t *qt, float *scales, float *scales_t, const bf16 *w, int64_t N,
-                            int64_t K, bool vec, Fp8Scaling how, uint64_t *counts) {
+fp8_quantize_weights_kernel(uint8_t *q, float *scales, float *scales_t, const bf16 *w, int64_t N, int64_t K, bool vec,
+                            Fp8Scaling how, uint64_t *counts) {
     fp8_count_values(counts, NULL, 0, (int64_t)gridDim.z * N, K);
-    __shared__ uint4 tile[FP8_BLOCK][FP8_BLOCK / 16];
     __shared__ float scratch[32];
     int64_t e = blockIdx.z, kb = blockIdx.x, nb = blockIdx.y, Kb = gridDim.x, Nb = gridDim.y;
     int64_t n0 = nb * FP8_BLOCK, k0 = kb * FP8_BLOCK;
@@ -639,9 +637,7 @@ fp8_quantize_weights_kernel(uint8_t *q, uint8_t *qt, float *scales, float *scale
 #pragma unroll
         for (int j = 0; j < 4; j++) word[j] = fp8_codes4(v[p] + 4 * j, inv);
         uint4 codes = make_uint4(word[0], word[1], word[2], word[3]);
-        tile[i][fp8_tile_chunk(i, c)] = codes;
-        fp8_count<16>(counts, word, sat, we + n * K + k, (const uint8_t *)&tile[i][fp8_tile_chunk(i, c)],
-                      n < N ? (int)(K - k) : 0, inv, NULL);
+        fp8_count<16>(counts, word, sat, we + n * K + k, (const uint8_t *)&codes, n < N ? (int)(K - k) : 0, inv, NULL);
         uint8_t *dst = q + e * N * K + n * K + k;
         if (vec && n < N && k < K) *reinterpret_cast<uint4 *>(dst) = codes;
         else
@@ -649,19 +645,53 @@ fp8_quantize_weights_kernel(uint8_t *q, uint8_t *qt, float *scales, float *scale
             for (int j = 0; j < 16; j++)
                 if (n < N && k + j < K) dst[j] = (uint8_t)(word[j / 4] >> (8 * (j % 4)));
     }
-    __syncthreads();
-    fp8_store_transposed(tile, qt + e * K * N + k0 * N + n0, N, K - k0, N - n0, vec);
     if (threadIdx.x == 0) scales[(e * Kb + kb) * Nb + nb] = s, scales_t[(e * Nb + nb) * Kb + kb] = s;
 }
 
-extern "C" void cuda_fp8_quantize_weights(void *q, void *qt, void *scales, void *scales_t, const void *w, size_t E,
-                                          size_t N, size_t K, Fp8Scaling how, uint64_t *counts) {
+extern "C" void cuda_fp8_quantize_weights(void *q, void *scales, void *scales_t, const void *w, size_t E, size_t N,
+                                          size_t K, Fp8Scaling how, uint64_t *counts) {
     if (!E || !N || !K) return;
-    bool vec = N % 16 == 0 && K % 16 == 0 && aligned16(q) && aligned16(qt) && aligned16(w);
+    bool vec = N % 16 == 0 && K % 16 == 0 && aligned16(q) && aligned16(w);
     dim3 grid((unsigned)fp8_blocks(K), (unsigned)fp8_blocks(N), (unsigned)E);
     fp8_quantize_weights_kernel<<<grid, FP8_W_THREADS, 0, cuda_ctx.stream>>>(
-        (uint8_t *)q, (uint8_t *)qt, (float *)scales, (float *)scales_t, (const bf16 *)w, (int64_t)N, (int64_t)K, vec,
-        how, counts);
+        (uint8_t *)q, (float *)scales, (float *)scales_t, (const bf16 *)w, (int64_t)N, (int64_t)K, vec, how, counts);
+    CUDA_LAUNCH_CHECK();
+}
+
+// One block of FP8_W_THREADS per 128x128 block (kb, nb) of matrix e of q: its codes into the shared
+// tile in 16-byte loads (4 a thread), then out to qt as fp8_store_transposed writes them (a thread
+// transposes 16 rows x 4 columns in registers and stores 4 rows of 16 bytes). vec as
+// fp8_quantize_weights_kernel's (N and K multiples of 16, 16-byte aligned buffers); else value by
+// value. Bound by memory: 2 bytes moved a code.
+__global__ void __launch_bounds__(FP8_W_THREADS)
+fp8_transpose_codes_kernel(uint8_t *qt, const uint8_t *q, int64_t N, int64_t K, bool vec) {
+    __shared__ uint4 tile[FP8_BLOCK][FP8_BLOCK / 16];
+    int64_t e = blockIdx.z, n0 = blockIdx.y * (int64_t)FP8_BLOCK, k0 = blockIdx.x * (int64_t)FP8_BLOCK;
+    const uint8_t *qe = q + e * N * K;
+#pragma unroll
+    for (int p = 0; p < FP8_BLOCK * FP8_BLOCK / 16 / FP8_W_THREADS; p++) {
+        int u = threadIdx.x + p * FP8_W_THREADS, i = u / 8, c = u % 8;
+        int64_t n = n0 + i, k = k0 + 16 * c;
+        uint32_t word[4] = {0, 0, 0, 0};
+        if (vec && n < N && k < K) {
+            uint4 codes = *reinterpret_cast<const uint4 *>(qe + n * K + k);
+            word[0] = codes.x, word[1] = codes.y, word[2] = codes.z, word[3] = codes.w;
+        } else
+#pragma unroll
+            for (int j = 0; j < 16; j++)
+                if (n < N && k + j < K) word[j / 4] |= (uint32_t)qe[n * K + k + j] << (8 * (j % 4));
+        tile[i][fp8_tile_chunk(i, c)] = make_uint4(word[0], word[1], word[2], word[3]);
+    }
+    __syncthreads();
+    fp8_store_transposed(tile, qt + e * K * N + k0 * N + n0, N, K - k0, N - n0, vec);
+}
+
+extern "C" void cuda_fp8_transpose_codes(void *qt, const void *q, size_t E, size_t N, size_t K) {
+    if (!E || !N || !K) return;
+    bool vec = N % 16 == 0 && K % 16 == 0 && aligned16(q) && aligned16(qt);
+    dim3 grid((unsigned)fp8_blocks(K), (unsigned)fp8_blocks(N), (unsigned)E);
+    fp8_transpose_codes_kernel<<<grid, FP8_W_THREADS, 0, cuda_ctx.stream>>>((uint8_t *)qt, (const uint8_t *)q,
+                                                                           (int64_t)N, (int64_t)K, vec);
     CUDA_LAUNCH_CHECK();
 }
 
