@@ -261,6 +261,26 @@ static void bench_dense_case(Bench *b, const char *name, size_t M, size_t N, siz
     BENCH_FREE_ALL(b, x, w, dy, y, dx, dw);
 }
 
+// The loss with its gradient written over one chunk of the LM head's logits (as the head's chunks,
+// up to 8192 rows): the logits read, the gradient written.
+static void bench_cross_entropy(Bench *b, const Config *cfg) {
+    const Ops *o = b->o;
+    size_t T = (size_t)cfg->train.micro_batch * cfg->train.seq_len, rows = T < 8192 ? T : 8192;
+    size_t V = (size_t)cfg->model.vocab_size;
+    int32_t *tg = moe_malloc(rows * sizeof(int32_t));
+    for (size_t r = 0; r < rows; r++) tg[r] = (int32_t)(rng_hash64(44, r) % V);
+    void *logits = bench_rand_act(b, rows * V, 43, 1.0f), *loss = bench_zero_buf(b, 2 * o->f32_size);
+    void *targets = o->alloc(rows * sizeof(int32_t));
+    o->upload(targets, tg, rows * sizeof(int32_t));
+    free(tg);
+    char shape[64];
+    snprintf(shape, sizeof shape, "%zu x %zu", rows, V);
+    report(b, "cross-entropy with its gradient", shape,
+           BENCH_TIME_MS(b, 10, o->cross_entropy(logits, loss, targets, rows, V, 1.0f / rows, 1e-4f, true)), 0,
+           2.0 * rows * V * o->act_size, 0);
+    BENCH_FREE_ALL(b, logits, loss, targets);
+}
+
 static void bench_memory_bound(Bench *b, const Config *cfg) {
     const ModelConfig *c = &cfg->model;
     const Ops *o = b->o;
@@ -279,6 +299,7 @@ static void bench_memory_bound(Bench *b, const Config *cfg) {
            BENCH_TIME_MS(b, 10, o->rmsnorm_backward(y, dw, x, x, w, rstd, T, D, true)), 0, 4.0 * T * D * a, 0);
     report(b, "residual add", shape, BENCH_TIME_MS(b, 10, o->add(y, x, x, T * D)), 0, 3.0 * T * D * a, 0);
     BENCH_FREE_ALL(b, dw, s);
+    bench_cross_entropy(b, cfg);
     snprintf(shape, sizeof shape, "%zu x %zu", R, H);
     report(b, "swiglu forward", shape, BENCH_TIME_MS(b, 10, o->swiglu_forward(y, x, R, H, NULL, 0)), 0, 3.0 * R * H * a, 0);
     void *hw = o->alloc(R * H * a), *row_w = bench_zero_buf(b, R * f), *row_dot = o->alloc(R * f);

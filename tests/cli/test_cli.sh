@@ -157,7 +157,7 @@ else bad "moe bench, random routing: max/mean load near 1" "$out"; fi
 out=$(./moe bench --kernels configs/bench/scale-E8.json $bench_cpu 2>&1)
 missing=""
 for k in "qk-norm . rope forward" "qk-norm . rope backward" "attention forward" "grouped up.gate forward" "dense QKV projection" "rmsnorm forward" "with the add .fused." \
-         "rmsnorm backward" "swiglu backward" "with the row dots .fused." "AdamW"; do
+         "rmsnorm backward" "cross-entropy with its gradient" "swiglu backward" "with the row dots .fused." "AdamW"; do
     grep -qE "^ +$k.* [0-9.]+ ms +[0-9.]+ (TFLOP|GB)/s" <<<"$out" || missing="$missing [$k]"
 done
 if [ -z "$missing" ]; then ok "moe bench --kernels: each kernel with its time and rate"

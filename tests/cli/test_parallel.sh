@@ -258,6 +258,9 @@ resume_bitwise "dp=2: save with sharded master weights, resume with whole ones" 
 resume_bitwise "dp=4 ep=2: save with whole master weights, resume with sharded ones" "$dp4ep2" 4 "parallel.ep=2" \
     "parallel.ep=2 train.device=cpu-sharded"
 resume_matches "save sharded at dp=4 ep=2, resume on 1 rank" 4 "parallel.ep=2 train.device=cpu-sharded" 1 ""
+resume_bitwise "fp8 dp=4 ep=2, sharded: save and resume, the experts' compute weights staged from the load" \
+    "$tmp/fp8_dp4ep2" 4 "train.precision=fp8 parallel.ep=2 train.device=cpu-sharded" \
+    "train.precision=fp8 parallel.ep=2 train.device=cpu-sharded"
 resume_matches "save on 1 rank, resume sharded at pp=2 x dp=2 ep=2" 1 "" 4 "parallel.pp=2 parallel.ep=2 train.device=cpu-sharded"
 
 out=$(./moe eval --ckpt "$tmp/single" 2>&1) && grep -q "val loss" <<<"$out" && ok "one-process eval reads a checkpoint" || bad "one-process eval reads a checkpoint" "$out"
