@@ -244,10 +244,13 @@ sharded_matches "dp=4 ep=2 (experts sharded over 2), sharded fp32 master weights
 sharded_matches "pp=2 x dp=2 ep=2, sharded fp32 master weights" "$pp2dp2" 4 parallel.pp=2 parallel.ep=2
 sharded_matches "dp=4 ep=2, sharded, train.optimizer_overlap" "$dp4ep2" 4 parallel.ep=2 train.optimizer_overlap=true
 # FP8 with a compute copy of its own: the experts' compute weights are staged a tensor at a time and
-# gathered there over the ranks holding the same experts (dp 4 over ep 2: pairs), beside the forward.
+# gathered there over the ranks holding the same experts (dp 4 over ep 2: pairs), beside the forward,
+# or with one rank holding each expert (pp 2 x dp 2 over ep 2) with nothing to gather.
 train 4 "$tmp/fp8_dp4ep2" train.precision=fp8 parallel.ep=2 || bad "fp8 dp=4 ep=2 trains" "$(tail -5 "$tmp/fp8_dp4ep2.log")"
 sharded_matches "fp8 dp=4 ep=2, sharded, the experts' compute weights staged, train.optimizer_overlap" \
     "$tmp/fp8_dp4ep2" 4 train.precision=fp8 parallel.ep=2 train.optimizer_overlap=true
+sharded_matches "fp8 pp=2 x dp=2 ep=2, sharded, the experts' compute weights staged" "$tmp/fp8_pp2" 4 \
+    train.precision=fp8 parallel.pp=2 parallel.ep=2
 resume_bitwise() { # NAME REFERENCE_DIR NP "ARGS_FIRST" "ARGS_SECOND"
     local name=$1 ref=$2 np=$3 out="$tmp/reshard-$RANDOM"
     if ! train "$np" "$out" $4 --stop-at 5 || ! train "$np" "$out" $5; then bad "$name" "$(tail -5 "$out.log")"; return; fi
