@@ -423,7 +423,8 @@ static size_t small_fp8_weight_bytes(const ModelConfig *c) {
         size_t H = (size_t)(moe ? c->shared_hidden : c->dense_hidden), sizes[4] = {C * D, D * Dq, 2 * H * D, D * H};
         bytes += C * D + D * Dq + 3 * H * D + 8 * sizeof(real);
         for (int i = 0; i < 4; i++) largest = sizes[i] > largest ? sizes[i] : largest;
-        if (moe) bytes += 3 * E * He * D + 4 * E * sizeof(real), largest = 2 * E * He * D > largest ? 2 * E * He * D : largest;
+        if (moe) bytes += 3 * E * He * D + 4 * E * sizeof(real);
+        if (moe && 2 * E * He * D > largest) largest = 2 * E * He * D;
     }
     return bytes + largest;
 }
@@ -534,8 +535,9 @@ static size_t fp8_plan_bytes(const ModelConfig *c, size_t B, size_t S, bool dens
 
 // The FP8 memory of a model of dense layers only (small_model's, 3 of them; T = 12 tokens), byte for
 // byte: with the dense layers in FP8, per layer the copies of QKV (C, D) = (16, 8), the output
-// projection (8, 8), gate|up (24, 8) and down (8, 12) with one block scale each for both layouts, the
-// buffer of the largest one's transposed codes (24, 8), and scratch for the widest dense product: rows (T, 24) with one scale a row, token-major copies of
+// projection (8, 8), gate|up (24, 8) and down (8, 12) with one block scale each for both layouts,
+// the buffer of the largest one's transposed codes (24, 8), and scratch for the widest dense
+// product: rows (T, 24) with one scale a row, token-major copies of
 // output gradients (24, Tt) and inputs (12, Tt) with Tt = 256 (one group: 128 past the 12 rows)
 // and a scale per 128 columns, and the counters (the sum of an accumulating product reuses
 // Scratch.dxf); without them, the counters alone.

@@ -261,11 +261,14 @@ static void bench_dense_case(Bench *b, const char *name, size_t M, size_t N, siz
     BENCH_FREE_ALL(b, x, w, dy, y, dx, dw);
 }
 
-// The loss with its gradient written over one chunk of the LM head's logits (as the head's chunks,
-// up to 8192 rows): the logits read, the gradient written.
+// The rows of one chunk of the LM head's logits the benchmarks time, of a step's T tokens.
+static size_t head_chunk_rows(size_t T) { return T < 8192 ? T : 8192; }
+
+// The loss with its gradient written over one chunk of the LM head's logits (head_chunk_rows): the
+// logits read, the gradient written.
 static void bench_cross_entropy(Bench *b, const Config *cfg) {
     const Ops *o = b->o;
-    size_t T = (size_t)cfg->train.micro_batch * cfg->train.seq_len, rows = T < 8192 ? T : 8192;
+    size_t rows = head_chunk_rows((size_t)cfg->train.micro_batch * cfg->train.seq_len);
     size_t V = (size_t)cfg->model.vocab_size;
     int32_t *tg = moe_malloc(rows * sizeof(int32_t));
     for (size_t r = 0; r < rows; r++) tg[r] = (int32_t)(rng_hash64(44, r) % V);
@@ -373,7 +376,7 @@ void bench_kernels(const Config *cfg) {
     bench_grouped(&b, cfg);
     bench_dense_case(&b, "dense QKV projection", T, model_qkv_width(c), D, true);
     bench_dense_case(&b, "dense output projection", T, D, (size_t)c->n_heads * c->head_dim, true);
-    bench_dense_case(&b, "dense LM head (one chunk)", T < 8192 ? T : 8192, (size_t)c->vocab_size, D, false);
+    bench_dense_case(&b, "dense LM head (one chunk)", head_chunk_rows(T), (size_t)c->vocab_size, D, false);
     bench_memory_bound(&b, cfg);
     ClockSummary summary;
     device_monitor_stop(clocks, &summary);

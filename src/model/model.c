@@ -592,14 +592,14 @@ static size_t expert_stage_elems(const Model *m) {
 // With FP8 products and a compute copy apart from the master weights, the experts' compute weights
 // are staged a tensor at a time (Model.expert_stage): params_act then ends where the experts' region
 // begins.
-static void alloc_compute_weights(Model *m, bool fp8) {
+static void alloc_compute_weights(Model *m) {
     const Ops *ops = m->ops;
     m->act_len = m->reg.total;
     if (ops->act_aliases_f32) {
         m->params_act = m->params;
         return;
     }
-    if (fp8 && n_local_moe_layers(m) > 0) {
+    if (m->fp8 && n_local_moe_layers(m) > 0) {
         m->act_len = m->reg.region_begin[PARAM_EXPERT];
         m->expert_stage = act_buf(m, expert_stage_elems(m));
     }
@@ -630,7 +630,7 @@ void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel
     size_t P = m->reg.total, T = B * S;
     init_master(m);
     m->params = f32_buf(m, m->master_len);
-    alloc_compute_weights(m, modes.fp8);
+    alloc_compute_weights(m);
     m->grads = f32_buf(m, P);
     m->expert_bias = f32_buf(m, (size_t)cfg->n_layers * cfg->n_experts);
     m->step_info = model_alloc(m, sizeof(StepInfo));

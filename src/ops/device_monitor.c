@@ -87,11 +87,11 @@ void device_monitor_take(DeviceMonitor *m, ClockSummary *out) {
 }
 
 void device_monitor_stop(DeviceMonitor *m, ClockSummary *out) {
-    memset(out, 0, sizeof *out);
+    if (out) memset(out, 0, sizeof *out);
     if (!m) return;
     atomic_store(&m->stop, true);
     pthread_join(m->thread, NULL);
-    device_monitor_take(m, out);
+    if (out) device_monitor_take(m, out);
     pthread_mutex_destroy(&m->lock);
     free(m->samples);
     free(m);

@@ -30,7 +30,8 @@ DeviceMonitor *device_monitor_start(const Ops *o, double period_ms);
 // Summarises the readings taken since the start or the last take and drops them; the readings go
 // on (m NULL: all zero).
 void device_monitor_take(DeviceMonitor *m, ClockSummary *out);
-// Stops the readings and summarises those not taken yet (m NULL: all zero); frees m.
+// Stops the readings and summarises those not taken yet into out (m NULL: all zero; out NULL: not
+// summarised); frees m.
 void device_monitor_stop(DeviceMonitor *m, ClockSummary *out);
 
 // One report line, "clocks       <what>: ...", "not read" when the summary has no readings, nothing

@@ -574,8 +574,7 @@ static void trainer_open(Trainer *t, const Config *cfg, Comm *host, const char *
 static void trainer_close(Trainer *t) {
     if (t->graph) t->model.ops->graph_free(t->graph); // before the communicators its NCCL work uses
     metrics_log_close(&t->log);
-    ClockSummary unreported;
-    device_monitor_stop(t->clocks, &unreported);
+    device_monitor_stop(t->clocks, NULL); // readings since the last step's report are not reported
     for (int i = 0; i < 2; i++) slot_close(&t->slot[i], t->model.ops);
     free(t->seqs);
     free(t->sched);
@@ -710,7 +709,7 @@ static double matmul_rate(const Ops *ops, int warm, int reps, ClockSummary *cloc
     for (int i = 0; i < reps; i++) ops->matmul_forward(c, a, b, n, n, n, false);
     ops->event_record(e1);
     double ms = ops->event_elapsed_ms(e0, e1) / reps;
-    if (clocks) device_monitor_stop(m, clocks);
+    device_monitor_stop(m, clocks);
     ops->free(a), ops->free(b), ops->free(c);
     ops->event_free(e0), ops->event_free(e1);
     return 2.0 * n * n * (double)n / (ms * 1e-3) / 1e12;
