@@ -4,6 +4,7 @@
 // promoted to fp32 accumulators with their scales every 128 along K. Per-expert problems are
 // written on the device from the row offsets (cuda_grouped_sm90.cuh).
 #include "cuda_grouped_sm90.cuh"
+#include "cuda_fp8_mainloop.cuh"
 
 using namespace cute;
 
@@ -11,7 +12,12 @@ using namespace cute;
 // GRANULARITY_N rows (128: weights in 128x128 blocks; 1: token-major activations) and 128 along K;
 // the scales of each expert are a packed block-major matrix (the row index fastest), as
 // fp8_quantize_rows, _cols and _weights write them. 128 x 128 x 128 tiles on two consumer
-// warpgroups, clusters of 2 along N sharing the A tile through TMA multicast.
+// warpgroups, clusters of 2 along N sharing the A tile through TMA multicast. With b's scales in
+// 128x128 blocks (the forward and input gradient) the consumers run the loop of
+// cuda_fp8_mainloop.cuh, which promotes each K tile beside the next one's wgmma batch (the same
+// bits, 2-4% faster alone); the weight gradient, whose promotions scale each element by a row and a
+// column scale, keeps CUTLASS's (that loop with the two scales spilled registers and ran 10-20%
+// slower: docs/PERF.md, 2026-12-01, fourteenth session).
 template <int GRANULARITY_N, class ElementD, bool ACCUMULATE> struct GroupedSm90Fp8 {
     using TileShape = Shape<_128, _128, _128>;
     using ClusterShape = Shape<_1, _2, _1>;
@@ -19,13 +25,15 @@ template <int GRANULARITY_N, class ElementD, bool ACCUMULATE> struct GroupedSm90
     using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
     using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
     using Epi = GroupedSm90Epilogue<TileShape, ClusterShape, ElementD, ACCUMULATE>;
-    using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+    using CutlassMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
         cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
         cutlass::float_e4m3_t, cute::tuple<cutlass::layout::RowMajor *, LayoutSFA *>, 16,
         cutlass::float_e4m3_t, cute::tuple<cutlass::layout::ColumnMajor *, LayoutSFB *>, 16, float, TileShape,
         ClusterShape,
         cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epi::Op::SharedStorage))>,
         cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8BlockScaledAccum>::CollectiveOp;
+    using Mainloop = cute::conditional_t<GRANULARITY_N == FP8_BLOCK, Fp8OverlappedMainloop<CutlassMainloop>,
+                                         CutlassMainloop>;
     using Kernel = cutlass::gemm::kernel::GemmUniversal<GroupedSm90Problem, Mainloop, typename Epi::Op>;
     using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
     struct Table : GroupedSm90Table<Kernel> {
