@@ -12,7 +12,9 @@
 // Everything else (parameters, TMA loads of the operands and scales, the pipeline) is CUTLASS's
 // collective, from which this one derives; only `mma`, the consumer warpgroups' loop, is replaced.
 // Registers: the accumulators and two partial-sum fragments, 3 x 64 fp32 a thread on 128 x 128 tiles
-// of two consumer warpgroups.
+// of two consumer warpgroups. ptxas still waits for a tile's first batch before it issues the second
+// (it says so, C7517, and the SASS has a WARPGROUP.DEPBAR 0 there): the loop after that keeps one
+// batch in flight through each promotion.
 #pragma once
 #include <cute/tensor.hpp>
 #include <cutlass/gemm/collective/collective_builder.hpp>
@@ -31,7 +33,8 @@ template <class Base> struct Fp8OverlappedMainloop : Base {
     using typename Base::TileShape;
     static_assert(Base::ScaleMsPerTile > 1 && Base::ScaleNsPerTile == 1,
                   "a's scales per row (1x128 blocks) and one b scale a tile (128x128 blocks) expected");
-    static_assert(Base::ScalePromotionInterval == cute::size<2>(TileShape{}) / cute::size<2>(typename TiledMma::AtomShape_MNK{}),
+    static constexpr int mmas_per_k_tile = cute::size<2>(TileShape{}) / cute::size<2>(typename TiledMma::AtomShape_MNK{});
+    static_assert(Base::ScalePromotionInterval == mmas_per_k_tile,
                   "one scale block per K tile expected: the partial sums are promoted every tile");
 
     // Tile `k_tile_count` K tiles into accum (MMA, MMA_M, MMA_N), from zero. The last tile's stage
@@ -43,16 +46,14 @@ template <class Base> struct Fp8OverlappedMainloop : Base {
         Tensor sA = make_tensor(make_smem_ptr(shared_tensors.smem_A.data()), SmemLayoutA{}); // (BLK_M, BLK_K, PIPE)
         Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()), SmemLayoutB{}); // (BLK_N, BLK_K, PIPE)
         // The scales broadcast over the tile as (BLK_M, BLK_N, (BLK_K, PIPE)).
-        Tensor sSFA = make_tensor(make_smem_ptr(shared_tensors.smem_SFA.data()),
-                                  make_layout(make_shape(shape<0>(SmemLayoutSFA{}), get<1>(TileShape{}),
-                                                         make_shape(shape<1>(SmemLayoutSFA{}), shape<2>(SmemLayoutSFA{}))),
-                                              make_stride(stride<0>(SmemLayoutSFA{}), _0{},
-                                                          make_stride(stride<1>(SmemLayoutSFA{}), stride<2>(SmemLayoutSFA{})))));
-        Tensor sSFB = make_tensor(make_smem_ptr(shared_tensors.smem_SFB.data()),
-                                  make_layout(make_shape(get<0>(TileShape{}), shape<0>(SmemLayoutSFB{}),
-                                                         make_shape(shape<1>(SmemLayoutSFB{}), shape<2>(SmemLayoutSFB{}))),
-                                              make_stride(_0{}, stride<0>(SmemLayoutSFB{}),
-                                                          make_stride(stride<1>(SmemLayoutSFB{}), stride<2>(SmemLayoutSFB{})))));
+        using LA = SmemLayoutSFA;
+        using LB = SmemLayoutSFB;
+        auto sfa_shape = make_shape(shape<0>(LA{}), get<1>(TileShape{}), make_shape(shape<1>(LA{}), shape<2>(LA{})));
+        auto sfa_stride = make_stride(stride<0>(LA{}), _0{}, make_stride(stride<1>(LA{}), stride<2>(LA{})));
+        auto sfb_shape = make_shape(get<0>(TileShape{}), shape<0>(LB{}), make_shape(shape<1>(LB{}), shape<2>(LB{})));
+        auto sfb_stride = make_stride(_0{}, stride<0>(LB{}), make_stride(stride<1>(LB{}), stride<2>(LB{})));
+        Tensor sSFA = make_tensor(make_smem_ptr(shared_tensors.smem_SFA.data()), make_layout(sfa_shape, sfa_stride));
+        Tensor sSFB = make_tensor(make_smem_ptr(shared_tensors.smem_SFB.data()), make_layout(sfb_shape, sfb_stride));
         constexpr int warpgroups = size(TiledMma{}) / cutlass::NumThreadsPerWarpGroup;
         Layout warpgroup_layout = make_layout(Int<warpgroups>{}, Int<cutlass::NumThreadsPerWarpGroup>{});
         int warpgroup = __shfl_sync(0xffffffffu, thread_idx / cutlass::NumThreadsPerWarpGroup, 0);
