@@ -5,7 +5,8 @@
 # benchmark the configs of configs/bench/. Numbers and logs go to $OUT (the device tool brings them
 # back). Stages: all (default) or a list, e.g. "build test kernels"; "fp8" (not in the default list)
 # checks and measures the FP8 recipe (scale-E8 in bf16, in fp8, and in fp8 with the dense layers in
-# bf16, with the experts' rows gathered, with the dense products on CUTLASS), "fp8loss" (neither)
+# bf16, with the experts' rows gathered, with the dense products on CUTLASS; olmoe-L8 and scale-E64
+# in both precisions, with their ratio), "fp8loss" (neither)
 # trains 2,000 steps in bf16 and in fp8 (and in bf16 again, and from another seed; FP8LOSS_RUNS
 # picks some, e.g. "bf16-seed2 fp8-seed2"), "overlap" (neither) checks and times
 # train.optimizer_overlap, "calibrate" (neither) writes $OUT/h200-measured.json by `moe bench
@@ -93,6 +94,7 @@ if has test; then
 fi
 
 losses() { grep -o '"loss":[^,]*' "$1/metrics.jsonl" | cut -d: -f2; }
+rate() { grep -oE 'per rank: [0-9]+ tokens/s' "$1" | grep -oE '[0-9]+'; } # tokens/s of a moe bench report
 
 if has curves; then
     # The default model from the same initial weights on both devices, 300 steps.
@@ -148,6 +150,16 @@ if has fp8; then
         timeout 240 ./moe bench configs/bench/scale-E8.json train.precision=$p > runs/bench_scale-E8_$p.txt 2>&1
         cat runs/curve_$p.log >> "$OUT/train.log"; cat runs/bench_scale-E8_$p.txt >> "$OUT/bench.txt"
         say "train.precision=$p: step-300 loss $(losses runs/curve-$p | tail -1), $(grep -o 'val loss [0-9.]*' runs/curve_$p.log | tail -1); scale-E8 $(grep -E '^throughput' runs/bench_scale-E8_$p.txt | tr -s ' ')"
+    done
+    # Issue 13's end-to-end ratio on its other configs, both precisions in this call.
+    for c in olmoe-L8 scale-E64; do
+        for p in bf16 fp8; do
+            timeout 240 ./moe bench configs/bench/$c.json train.precision=$p > runs/bench_${c}_$p.txt 2>&1
+            cat runs/bench_${c}_$p.txt >> "$OUT/bench.txt"
+        done
+        say "$c: bf16 $(rate runs/bench_${c}_bf16.txt), fp8 $(rate runs/bench_${c}_fp8.txt) tokens/s:" \
+            "$(awk -v a="$(rate runs/bench_${c}_bf16.txt)" -v b="$(rate runs/bench_${c}_fp8.txt)" \
+               'BEGIN { if (a > 0) printf "%.3fx", b / a; else print "no bf16 rate" }')"
     done
     # fp8 above runs the dense layers in FP8 too (train.fp8_dense) on cuBLASLt, and reads the experts'
     # operands from the tokens' rows (train.fp8_fused_dispatch): each left out in turn for comparison.
