@@ -436,7 +436,7 @@ static size_t small_fp8_weight_bytes(const ModelConfig *c) {
 // them and the dense layers' scratch exactly, and with a compute copy apart from the masters
 // (ops_cpu_sharded) the experts' compute weights are staged: one tensor's in place of the experts'
 // region. The final master weights and codes go to params and codes.
-static void fp8_weight_copies_case(const Ops *ops, real *params, uint8_t *codes) {
+static void fp8_weight_copies_case(const Ops *ops, real *params, uint8_t *codes, size_t cap) {
     ModelConfig c = small_model();
     Config cfg;
     config_defaults(&cfg);
@@ -467,6 +467,8 @@ static void fp8_weight_copies_case(const Ops *ops, real *params, uint8_t *codes)
     CHECK_MSG(fp8_stale_values(&m) == 0, "FP8 weights stale after initialisation");
     size_t n = 0;
     for (size_t i = 0; i < m.fp8->n_weights; i++) n += m.fp8->weights[i].El * m.fp8->weights[i].N * m.fp8->weights[i].K;
+    CHECK_MSG(m.reg.total <= cap && n <= cap, "%s: %zu parameters and %zu codes exceed the test's buffers of %zu",
+              ops->name, m.reg.total, n, cap);
     uint8_t *before = malloc(n);
     real *metrics = calloc(model_metrics_len(&c), sizeof(real));
     int32_t seqs[2 * 7];
@@ -489,8 +491,10 @@ static void fp8_weight_copies_case(const Ops *ops, real *params, uint8_t *codes)
         uint64_t counted = m.fp8->counts[FP8_CLASS_WEIGHTS * FP8_COUNTS + FP8_COUNT_VALUES];
         CHECK_MSG(counted == n, "step %d counted %llu weight values, not %zu", step, (unsigned long long)counted, n);
     }
-    memcpy(params, m.params, m.reg.total * sizeof(real));
-    fp8_codes(&m, codes, false);
+    if (m.reg.total <= cap && n <= cap) {
+        memcpy(params, m.params, m.reg.total * sizeof(real));
+        fp8_codes(&m, codes, false);
+    }
     model_init_weights(&m, 4);
     CHECK_MSG(fp8_stale_values(&m) == 0, "FP8 weights stale after new weights were set");
     free(before), free(metrics);
@@ -501,11 +505,11 @@ static void fp8_weight_copies_case(const Ops *ops, real *params, uint8_t *codes)
 // ... on the CPU backend, and with the experts' compute weights staged (the same values bit for bit:
 // the CPU's compute copy is exact).
 static void test_fp8_weight_copies(void) {
-    size_t P = 1 << 20; // more than small_model()'s parameters and codes
+    size_t P = 1 << 20; // more than small_model()'s parameters and codes (checked by the case)
     real *params[2] = {calloc(P, sizeof(real)), calloc(P, sizeof(real))};
     uint8_t *codes[2] = {calloc(P, 1), calloc(P, 1)};
-    fp8_weight_copies_case(ops_cpu(), params[0], codes[0]);
-    fp8_weight_copies_case(ops_cpu_sharded(), params[1], codes[1]);
+    fp8_weight_copies_case(ops_cpu(), params[0], codes[0], P);
+    fp8_weight_copies_case(ops_cpu_sharded(), params[1], codes[1], P);
     CHECK_MSG(!memcmp(params[0], params[1], P * sizeof(real)) && !memcmp(codes[0], codes[1], P),
               "three steps with the experts' compute weights staged differ from the CPU backend's");
     for (int i = 0; i < 2; i++) free(params[i]), free(codes[i]);

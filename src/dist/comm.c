@@ -38,7 +38,6 @@ void comm_all_gather_window(Comm *c, void *window, size_t n, size_t a, size_t b,
     if (c->ops->group_end) c->ops->group_end();
 }
 
-
 // Every rank's text, each padded with NULs to the longest: (size, *width) bytes.
 static char *comm_gather_texts(Comm *c, const char *text, size_t *width) {
     int32_t len = (int32_t)strlen(text) + 1, *lens = moe_malloc((size_t)c->size * sizeof(int32_t));
