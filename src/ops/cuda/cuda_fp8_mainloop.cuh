@@ -12,9 +12,9 @@
 // Everything else (parameters, TMA loads of the operands and scales, the pipeline) is CUTLASS's
 // collective, from which this one derives; only `mma`, the consumer warpgroups' loop, is replaced.
 // Registers: the accumulators and two partial-sum fragments, 3 x 64 fp32 a thread on 128 x 128 tiles
-// of two consumer warpgroups. ptxas still waits for a tile's first batch before it issues the second
-// (it says so, C7517, and the SASS has a WARPGROUP.DEPBAR 0 there): the loop after that keeps one
-// batch in flight through each promotion.
+// of two consumer warpgroups. The first two tiles are issued before the loop, so that no batch is in
+// flight where control flow merges: written as one loop from the first tile, ptxas waited for each
+// tile's first batch before issuing the second (its message C7517).
 #pragma once
 #include <cute/tensor.hpp>
 #include <cutlass/gemm/collective/collective_builder.hpp>
@@ -101,24 +101,32 @@ template <class Base> struct Fp8OverlappedMainloop : Base {
         };
 
         issue(part0);
-        int k = 1;
-        for (; k + 1 < k_tile_count; k += 2) {
-            issue(part1);
-            warpgroup_wait<1>();
-            promote(part0, true);
-            issue(part0);
-            warpgroup_wait<1>();
-            promote(part1, true);
-        }
-        if (k < k_tile_count) {
-            issue(part1);
-            warpgroup_wait<1>();
-            promote(part0, true);
-            warpgroup_wait<0>();
-            promote(part1, false);
-        } else {
+        if (k_tile_count == 1) {
             warpgroup_wait<0>();
             promote(part0, false);
+        } else {
+            issue(part1);
+            warpgroup_wait<1>();
+            promote(part0, true);
+            int k = 2;
+            for (; k + 1 < k_tile_count; k += 2) {
+                issue(part0);
+                warpgroup_wait<1>();
+                promote(part1, true);
+                issue(part1);
+                warpgroup_wait<1>();
+                promote(part0, true);
+            }
+            if (k < k_tile_count) {
+                issue(part0);
+                warpgroup_wait<1>();
+                promote(part1, true);
+                warpgroup_wait<0>();
+                promote(part0, false);
+            } else {
+                warpgroup_wait<0>();
+                promote(part1, false);
+            }
         }
         warpgroup_fence_operand(accum);
     }
