@@ -2,7 +2,7 @@
 # The two-GPU machine's one call: build, then train the same small model on one GPU and on two
 # (data, expert and pipeline parallel over NCCL, under mpirun and under moe's own --nproc launcher),
 # compare the loss curves with the one-GPU run, and move an expert-parallel checkpoint to one GPU
-# and to CPU ranks. Modes: bench, exchange, watchdog, direct, overlap, ctas, capacity, chunks (see each);
+# and to CPU ranks. Modes: bench, exchange, watchdog, direct, overlap, ctas, capacity, chunks, fp8exchange (see each);
 # "all" runs the default checks and then overlap. Numbers and logs go to $OUT.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
@@ -110,6 +110,21 @@ layouts_match() { # "NAME [overrides...]"...: each on two GPUs under mpirun, its
         else say "$name FAILED: $(grep -m3 -i error runs/$name.log)"; fi
     done
 }
+
+# The FP8 expert exchange (train.fp8_exchange): scale-E64 in fp8 at ep=2 with the experts' inputs
+# sent as bf16 rows and as FP8 codes and scales (half the bytes), the pushes' time from the profile;
+# and the training curve of ep=2 with it against one GPU with it.
+if [ "${1:-}" = fp8exchange ]; then
+    for x in false true; do
+        bench_ep2 200 train.precision=fp8 train.fp8_exchange=$x
+        cp runs/bench2.txt "$OUT/bench_ep2_fp8_exchange_$x.txt"
+        say "E64 fp8 ep=2 fp8_exchange=$x: $(grep -E 'throughput|expert row pushes|bytes a row' runs/bench2.txt | tr -s ' ' | tr '\n' ' ')"
+    done
+    rm -rf runs/g1
+    run g1 ./moe train $SMALL train.precision=fp8 train.fp8_exchange=true || say "one GPU FAILED: $(tail -3 runs/g1.log)"
+    layouts_match "ep2fp8x parallel.ep=2 train.precision=fp8 train.fp8_exchange=true"
+    exit 0
+fi
 
 # The direct expert exchange: its kernels against the CPU, its bandwidth, training curves of ep=2
 # by direct writes and by send/recv against one GPU, and throughput.

@@ -252,6 +252,45 @@ static void test_fp8_quantize_weights(void) {
     free(w), free(s), free(st), free(q), free(qt), free(back);
 }
 
+// The FP8 exchange's ops on a chunk of experts (1 to 3 of OFFSETS: rows 3-299, row 0-2 in no group):
+// the grouped scales to row-major rows of pitch 8 (> Kb = 3) and back; the rows dequantised, each
+// value its code's times its block's scale in fp32. Outputs start as NaN: rows of no group and the
+// pitch's padding stay so.
+static void test_fp8_exchange_ops(void) {
+    size_t R = N_ROWS, K = 300, Kb = fp8_blocks(K), pitch = 8;
+    const int32_t *chunk = OFFSETS + 1;
+    real *x = rnd_outliers(R * K, 4), *scales = malloc(Kb * R * sizeof(real)), *back = malloc(Kb * R * sizeof(real));
+    real *rows = malloc(R * pitch * sizeof(real)), *deq = malloc(R * K * sizeof(real));
+    uint8_t *q = malloc(R * K);
+    for (size_t i = 0; i < Kb * R; i++) back[i] = NAN;
+    for (size_t i = 0; i < R * pitch; i++) rows[i] = NAN;
+    for (size_t i = 0; i < R * K; i++) deq[i] = NAN;
+    ops->fp8_quantize_rows(q, scales, x, chunk, N_EXPERTS - 1, R, K, FP8_SCALE_AMAX, NULL);
+    ops->fp8_regroup_scales(rows, scales, chunk, N_EXPERTS - 1, R, Kb, pitch, true);
+    ops->fp8_regroup_scales(back, rows, chunk, N_EXPERTS - 1, R, Kb, pitch, false);
+    ops->fp8_dequantize_rows(deq, q, back, chunk, N_EXPERTS - 1, R, K);
+    for (size_t e = 1; e < N_EXPERTS; e++) {
+        size_t r0 = (size_t)OFFSETS[e], n = (size_t)OFFSETS[e + 1] - r0;
+        for (size_t i = 0; i < n; i++)
+            for (size_t kb = 0; kb < pitch; kb++) {
+                real got = rows[(r0 + i) * pitch + kb];
+                if (kb >= Kb) {
+                    CHECK_MSG(isnan(got), "row %zu: padding scale %zu written", r0 + i, kb);
+                    continue;
+                }
+                real s = scales[Kb * r0 + kb * n + i];
+                CHECK_MSG(got == s && back[Kb * r0 + kb * n + i] == s, "row %zu block %zu: %g, %g, not %g", r0 + i, kb,
+                          got, back[Kb * r0 + kb * n + i], s);
+                for (size_t k = kb * 128; k < K && k < kb * 128 + 128; k++)
+                    CHECK_MSG(deq[(r0 + i) * K + k] == (real)(fp8_e4m3_decode(q[(r0 + i) * K + k]) * (float)s),
+                              "[%zu, %zu] dequantised", r0 + i, k);
+            }
+    }
+    for (size_t r = 0; r < 3; r++) CHECK_MSG(isnan(rows[r * pitch]) && isnan(deq[r * K]), "row %zu in no group", r);
+    CHECK(isnan(back[0]));
+    free(x), free(scales), free(back), free(rows), free(deq), free(q);
+}
+
 // ref (M, N) = sum over k < K of a[i a_m + k a_k] b[j b_n + k b_k], and the sums of |terms|.
 static void ref_product(double *ref, double *abs_sum, const double *a, size_t a_m, size_t a_k, const double *b,
                         size_t b_n, size_t b_k, size_t M, size_t N, size_t K) {
@@ -452,6 +491,7 @@ const TestCase fp8_tests[] = {
     {"fp8_quantize_rows", test_fp8_quantize_rows},
     {"fp8_quantize_cols", test_fp8_quantize_cols},
     {"fp8_quantize_weights", test_fp8_quantize_weights},
+    {"fp8_exchange_ops", test_fp8_exchange_ops},
     {"fp8_grouped_products", test_fp8_grouped_products},
     {"fp8_counts_rows", test_fp8_counts_rows},
     {"fp8_counts_cols", test_fp8_counts_cols},

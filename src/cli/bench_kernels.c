@@ -159,6 +159,8 @@ static void bench_grouped_fp8(Bench *b, const char *what, const char *shape, con
     double dy_out = ((double)rows + Rt) * N * code;
     ms = BENCH_TIME_MS(b, 10, o->fp8_quantize_rows(q.xq, q.xs, x, doff, E, R, Kd, FP8_SCALE_AMAX, n));
     report(b, "  fp8 quantise rows (x)", shape, ms, 0, (double)rows * Kd * a + rows_out, 0);
+    ms = BENCH_TIME_MS(b, 10, o->fp8_dequantize_rows(dx, q.xq, q.xs, doff, E, R, Kd));
+    report(b, "  fp8 dequantise rows (x, exchange)", shape, ms, 0, rows_out + (double)rows * Kd * a, 0);
     ms = BENCH_TIME_MS(b, 10, o->fp8_quantize_cols(q.xt, q.xts, x, doff, E, R, Kd, FP8_SCALE_AMAX, n));
     report(b, "  fp8 quantise token-major (x)", shape, ms, 0, (double)rows * Kd * a + cols_out, 0);
     ms = BENCH_TIME_MS(b, 10, o->fp8_quantize_rows_cols(q.dyq, q.dys, q.dyt, q.dyts, dy, NULL, doff, E, R, N,

@@ -247,7 +247,7 @@ static void alloc_moe_acts(Model *m, LayerActs *a, size_t T) {
     a->slot_pos = layer_i32(m, sh->slot_pos, T * K);
     a->xp = layer_act(m, sh->xp, R * D);
     if (ep) a->y = sh->y ? sh->y : moe_exchange_buf(&m->xchg, R);
-    a->xe = !ep ? a->xp : sh->xe ? sh->xe : moe_exchange_buf(&m->xchg, Rr);
+    a->xe = !ep ? a->xp : sh->xe ? sh->xe : moe_exchange_recv_buf(&m->xchg, Rr);
     if (model_keeps_fp8_xe(m)) a->xe_t = alloc_fp8_cols(m, Rr, (size_t)m->n_experts_local, D);
     if (ep && sh->routes.offsets) a->routes = sh->routes;
     else if (ep) moe_exchange_routes_init(&m->xchg, &a->routes);
@@ -418,7 +418,7 @@ static void alloc_scratch(Model *m, size_t T) {
         s->dlogits = act_buf(m, T * c->n_experts), s->dtopk_w = f32_buf(m, T * c->top_k);
         if (ep) s->dxe = moe_exchange_buf(&m->xchg, Rr);
         else s->row_w = f32_buf(m, Rr), s->row_dot = f32_buf(m, Rr);
-        if (model_keeps_fp8_xe(m) && m->fp8->fused_dispatch) s->row_token = i32_buf(m, Rr);
+        if (model_keeps_fp8_xe(m) && m->fp8->fused_dispatch && !m->fp8->exchange) s->row_token = i32_buf(m, Rr);
     }
 }
 
@@ -553,13 +553,22 @@ static void alloc_fp8_scratch(Model *m, const Fp8Extent *x, int n) {
     o->x_t = model_alloc(m, in), o->x_t_scales = model_alloc(m, in / FP8_BLOCK * f);
 }
 
+// train.fp8_exchange with several expert-parallel ranks: the send buffers of R rows.
+static void alloc_fp8_send(Model *m, size_t R) {
+    Fp8Operands *o = m->fp8;
+    o->send = model_alloc(m, R * m->cfg.d_model), o->send_scales = model_alloc(m, R * o->send_pitch * m->ops->f32_size);
+}
+
 // The FP8 products' operands (ModelModes.fp8); their buffers come after the model's (alloc_fp8_operands).
-static Fp8Operands *fp8_operands_new(const Model *m, Fp8Scaling how, bool dense, bool fused_dispatch) {
+static Fp8Operands *fp8_operands_new(const Model *m, ModelModes modes) {
     if (!m->ops->fp8_grouped_matmul && !m->ops->sizing_only)
         moe_fatal("train.precision = fp8: the %s backend has no FP8 products here (the CUDA backend's need a "
                   "Hopper GPU, compute capability 9.0); use train.precision = bf16", m->ops->name);
     Fp8Operands *o = moe_calloc(1, sizeof *o);
-    o->how = how, o->dense = dense, o->fused_dispatch = fused_dispatch;
+    o->how = modes.how, o->dense = modes.fp8_dense, o->fused_dispatch = modes.fp8_fused_dispatch;
+    o->exchange = modes.fp8_exchange;
+    size_t f = m->ops->f32_size;
+    o->send_pitch = (fp8_blocks(m->cfg.d_model) * f + 15) / 16 * 16 / f; // 16-byte rows of scales
     return o;
 }
 
@@ -570,7 +579,10 @@ static void alloc_fp8_operands(Model *m) {
     size_t T = m->B * m->S, Rr = moe_exchange_received_rows(&m->xchg, T), El = (size_t)m->n_experts_local;
     Fp8Operands *o = m->fp8;
     o->weights = moe_calloc(FP8_LAYER_TENSORS * (size_t)n_local_layers(m), sizeof *o->weights);
-    Fp8Extent experts = {.R = Rr, .Tt = fp8_expert_cols(Rr, El)}, dense_x = {.R = T, .Tt = fp8_expert_cols(T, 1)};
+    bool sends = o->exchange && m->par->ep->size > 1 && n_local_moe_layers(m) > 0;
+    size_t R = model_routed_rows(c, T); // rows a sender quantises (their grouped scales: row_scales)
+    Fp8Extent experts = {.R = sends ? max_size(Rr, R) : Rr, .Tt = fp8_expert_cols(Rr, El)};
+    Fp8Extent dense_x = {.R = T, .Tt = fp8_expert_cols(T, 1)};
     size_t before = m->mem.bytes, largest = 0;
     for (int l = 0; l < c->n_layers; l++)
         if (model_holds_layer(m, l)) add_layer_fp8_weights(m, l, &dense_x, &experts);
@@ -579,6 +591,7 @@ static void alloc_fp8_operands(Model *m) {
     o->wt = model_alloc(m, largest);
     o->weight_bytes = m->mem.bytes - before;
     alloc_fp8_scratch(m, (Fp8Extent[]){experts, dense_x}, 2);
+    if (sends) alloc_fp8_send(m, R);
     o->sum = m->s.dxf;
     o->counts = model_alloc(m, MODEL_FP8_COUNTS * sizeof(uint64_t));
     if (!m->ops->sizing_only) m->ops->zero(o->counts, MODEL_FP8_COUNTS * sizeof(uint64_t));
@@ -625,7 +638,7 @@ void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel
     m->n_experts_local = par->lay.expert_end - par->lay.expert_begin;
     m->first_stage = layout_first_stage(&par->lay), m->last_stage = layout_last_stage(&par->lay);
     m->B = B, m->S = S, m->n_micro = n_micro, m->recompute = modes.recompute;
-    if (modes.fp8) m->fp8 = fp8_operands_new(m, modes.how, modes.fp8_dense, modes.fp8_fused_dispatch);
+    if (modes.fp8) m->fp8 = fp8_operands_new(m, modes);
     register_params(m);
     size_t P = m->reg.total, T = B * S;
     init_master(m);
@@ -641,7 +654,7 @@ void model_init(Model *m, const ModelConfig *cfg, const Ops *ops, const Parallel
     size_t before_exchange = m->mem.bytes;
     int kept_calls = moe_calls(m); // calls whose expert rows are kept
     if (m->recompute == RECOMPUTE_FULL && kept_calls) kept_calls = 1;
-    moe_exchange_init(&m->xchg, cfg, ops, par, &m->mem, T, kept_calls);
+    moe_exchange_init(&m->xchg, cfg, ops, par, &m->mem, T, kept_calls, model_exchange_row_bytes(m));
     m->exchange_bytes = m->mem.bytes - before_exchange;
     alloc_scratch(m, T); // first: selective recompute and FP8 lend parts of it to activations
     size_t before_acts = m->mem.bytes;
@@ -900,32 +913,34 @@ static Fp8Weights fp8_weights_at(const Model *m, size_t w, size_t N, size_t K) {
     moe_fatal("%s:%d: no FP8 copy of the weights at offset %zu", __FILE__, __LINE__, w);
 }
 
-// out (R, N) = a . b[e]^T from a's quantised rows (Fp8Operands.rows) and FP8 weights b with their
-// scales, per group of rows of off (experts), or with off NULL one group of all R rows (a dense
-// layer's product: R may be fewer rows than the model was sized for).
-static void fp8_product(const Model *m, void *out, const void *b, const void *b_scales, const int32_t *off,
-                        size_t El, size_t N, size_t K, size_t R) {
+// out (R, N) = a . b[e]^T from quantised rows a (e4m3 (R, K), their scales in Fp8Operands.row_scales)
+// and FP8 weights b with their scales, per group of rows of off (experts), or with off NULL one group
+// of all R rows (a dense layer's product: R may be fewer rows than the model was sized for).
+static void fp8_product(const Model *m, void *out, const void *a, const void *b, const void *b_scales,
+                        const int32_t *off, size_t El, size_t N, size_t K, size_t R) {
     const Fp8Operands *q = m->fp8;
-    if (off) m->ops->fp8_grouped_matmul(out, q->rows, q->row_scales, b, b_scales, off, El, N, K, R);
-    else m->ops->fp8_matmul(out, q->rows, q->row_scales, b, b_scales, R, N, K);
+    if (off) m->ops->fp8_grouped_matmul(out, a, q->row_scales, b, b_scales, off, El, N, K, R);
+    else m->ops->fp8_matmul(out, a, q->row_scales, b, b_scales, R, N, K);
 }
 
 // Per group of rows of off (El experts; NULL: one group of all R rows), out (R, N) = x (R, K) .
 // w[e] (N, K)^T in FP8 with the compute weights at offset w: from the weights' FP8 copy and x's
-// rows, quantised here unless the kernel that wrote x wrote them too (x_quantised: swiglu_fp8);
-// with x_t (non-NULL) also x's token-major copy for the backward, from the same read of x, where
-// x_rows (non-NULL) may name the rows of x that make the operand (fp8_quantize_rows_cols).
-static void fp8_forward(const Model *m, void *out, const void *x, const int32_t *x_rows, bool x_quantised,
+// rows, quantised here unless they are made already: xq (non-NULL), x's codes (R, K) with their
+// scales in Fp8Operands.row_scales (the kernel that wrote x wrote them, swiglu_fp8; or they came
+// through the FP8 exchange); with x_t (non-NULL) also x's token-major copy for the backward, from
+// the same read of x, where x_rows (non-NULL) may name the rows of x that make the operand
+// (fp8_quantize_rows_cols).
+static void fp8_forward(const Model *m, void *out, const void *x, const int32_t *x_rows, const void *xq,
                         const Fp8Cols *x_t, size_t w, const int32_t *off, size_t El, size_t N, size_t K, size_t R) {
     const Fp8Operands *q = m->fp8;
     Fp8Weights wq = fp8_weights_at(m, w, N, K);
     uint64_t *acts = fp8_counts(q, FP8_CLASS_ACTIVATIONS);
-    MOE_ASSERT(!(x_quantised && x_t) && (!x_rows || x_t));
+    MOE_ASSERT(!(xq && x_t) && (!x_rows || x_t));
     if (x_t)
         m->ops->fp8_quantize_rows_cols(q->rows, q->row_scales, x_t->q, x_t->scales, x, x_rows, off, El, R, K, q->how,
                                        acts);
-    else if (!x_quantised) m->ops->fp8_quantize_rows(q->rows, q->row_scales, x, off, El, R, K, q->how, acts);
-    fp8_product(m, out, wq.q, wq.scales, off, El, N, K, R);
+    else if (!xq) m->ops->fp8_quantize_rows(q->rows, q->row_scales, x, off, El, R, K, q->how, acts);
+    fp8_product(m, out, xq ? xq : q->rows, wq.q, wq.scales, off, El, N, K, R);
 }
 
 // In FP8, dout's token-major copy (the weight gradient's operand) in fp8_backward: made there when
@@ -959,7 +974,7 @@ static void fp8_backward(const Model *m, void *dx, void *dw, bool accumulate_dw,
         ops->fp8_quantize_cols(xt.q, xt.scales, x, off, El, R, K, q->how, fp8_counts(q, FP8_CLASS_ACTIVATIONS));
     if (dx) {
         ops->fp8_transpose_codes(q->wt, wq.q, El, N, K);
-        fp8_product(m, dx, q->wt, wq.scales_t, off, El, K, N, R);
+        fp8_product(m, dx, q->rows, q->wt, wq.scales_t, off, El, K, N, R);
     }
     if (dw)
         ops->fp8_grouped_matmul_wgrad(dw, q->dout_t, q->dout_t_scales, xt.q, xt.scales, off, El, N, K, R,
@@ -967,10 +982,10 @@ static void fp8_backward(const Model *m, void *dx, void *dw, bool accumulate_dw,
 }
 
 // Per expert, out (Rr, N) = x (Rr, K) . w[e] (N, K)^T with the compute weights at offset w: in act
-// precision, or in FP8 (fp8_forward; x_rows, x_quantised and x_t as there).
-static void expert_forward(const Model *m, void *out, const void *x, const int32_t *x_rows, bool x_quantised,
+// precision, or in FP8 (fp8_forward; x_rows, xq and x_t as there).
+static void expert_forward(const Model *m, void *out, const void *x, const int32_t *x_rows, const void *xq,
                            const Fp8Cols *x_t, size_t w, const int32_t *off, size_t El, size_t N, size_t K, size_t Rr) {
-    if (m->fp8) fp8_forward(m, out, x, x_rows, x_quantised, x_t, w, off, El, N, K, Rr);
+    if (m->fp8) fp8_forward(m, out, x, x_rows, xq, x_t, w, off, El, N, K, Rr);
     else m->ops->grouped_matmul_forward(out, x, W(m, w), off, El, N, K, Rr);
 }
 
@@ -1008,14 +1023,14 @@ static void fp8_accumulate(const Model *m, void *out, bool accumulate, size_t n)
 }
 
 // A dense linear layer, out (T, N) (= or +=) x (T, K) . w (N, K)^T with the compute weights at
-// offset w: in act precision, or (dense_fp8) in FP8 (fp8_forward; x_quantised and x_t as there).
-static void dense_forward(const Model *m, void *out, const void *x, bool x_quantised, const Fp8Cols *x_t, size_t w,
+// offset w: in act precision, or (dense_fp8) in FP8 (fp8_forward; xq and x_t as there).
+static void dense_forward(const Model *m, void *out, const void *x, const void *xq, const Fp8Cols *x_t, size_t w,
                           size_t T, size_t N, size_t K, bool accumulate) {
     if (!dense_fp8(m)) {
         m->ops->matmul_forward(out, x, W(m, w), T, N, K, accumulate);
         return;
     }
-    fp8_forward(m, fp8_target(m, out, accumulate, N), x, NULL, x_quantised, x_t, w, NULL, 1, N, K, T);
+    fp8_forward(m, fp8_target(m, out, accumulate, N), x, NULL, xq, x_t, w, NULL, 1, N, K, T);
     fp8_accumulate(m, out, accumulate, T * N);
 }
 
@@ -1034,7 +1049,7 @@ static void dense_backward(const Model *m, void *dx, void *dw, const void *dout,
 
 // A SwiGLU, hact (R, H) from gu (R, 2H) on the rows of the El groups of off (NULL: all R rows), and
 // with FP8 operands q (NULL: none) the quantised rows of hact in the same pass: the down
-// projection's operand (fp8_forward with x_quantised); with q, hact NULL leaves the output unstored.
+// projection's operand (fp8_forward's xq: swiglu_rows); with q, hact NULL leaves the output unstored.
 static void swiglu_fp8(const Model *m, const Fp8Operands *q, void *hact, const void *gu, const int32_t *off,
                        size_t El, size_t H, size_t R) {
     if (q)
@@ -1043,13 +1058,16 @@ static void swiglu_fp8(const Model *m, const Fp8Operands *q, void *hact, const v
     else m->ops->swiglu_forward(hact, gu, R, H, off, El);
 }
 
+// The codes swiglu_fp8 wrote with FP8 operands q (NULL: none, and none written).
+static const void *swiglu_rows(const Fp8Operands *q) { return q ? q->rows : NULL; }
+
 // A dense or shared SwiGLU MLP: out (T, D) (= or +=) down(swiglu(gu(in))).
 static void swiglu_mlp_forward(const Model *m, void *out, const void *in, void *gu, void *hact,
                                size_t gu_w, size_t down_w, size_t T, size_t H, bool accumulate) {
     size_t D = m->cfg.d_model;
-    dense_forward(m, gu, in, false, NULL, gu_w, T, 2 * H, D, false);
+    dense_forward(m, gu, in, NULL, NULL, gu_w, T, 2 * H, D, false);
     swiglu_fp8(m, dense_fp8(m), hact, gu, NULL, 0, H, T);
-    dense_forward(m, out, hact, true, NULL, down_w, T, D, H, accumulate);
+    dense_forward(m, out, hact, swiglu_rows(dense_fp8(m)), NULL, down_w, T, D, H, accumulate);
 }
 
 // One MoE call's expert work on chunk [e0, e1) of its local experts (moe_exchange_pipeline): the
@@ -1080,6 +1098,70 @@ static size_t expert_tensor(size_t off, size_t e0, size_t rows, size_t cols) { r
 // buffer every MoE layer shares (Model.expert_hact).
 static void *experts_hact(const Model *m, const LayerActs *x) { return m->expert_hact ? m->expert_hact : x->hact; }
 
+// train.fp8_exchange with several expert-parallel ranks: the experts' inputs arrive as FP8 rows
+// (LayerActs.xe: their codes (Rr, D), then their scales (Rr, send_pitch) row-major from
+// received_scales).
+static bool receives_fp8(const Model *m) { return m->fp8 && m->fp8->exchange && m->par->ep->size > 1; }
+static void *received_scales(const Model *m, const void *xe, size_t Rr) { return (char *)xe + Rr * m->cfg.d_model; }
+
+// The scales of the received rows of the El experts of off into Fp8Operands.row_scales, grouped as
+// the products read them.
+static void received_row_scales(const Model *m, const void *xe, const int32_t *off, size_t El, size_t Rr) {
+    const Fp8Operands *q = m->fp8;
+    m->ops->fp8_regroup_scales(q->row_scales, received_scales(m, xe, Rr), off, El, Rr, fp8_blocks(m->cfg.d_model),
+                               q->send_pitch, false);
+}
+
+// train.fp8_exchange with several expert-parallel ranks: the dispatched rows xp (R, D) quantised
+// here, their codes and their scales row-major (Fp8Operands.send, send_scales), sent as two tensors
+// into xe (the codes, then the scales at received_scales).
+static ExchangeRows fp8_send(const Model *m, const LayerActs *x, size_t T, size_t Rr) {
+    const Ops *ops = m->ops;
+    const Fp8Operands *q = m->fp8;
+    size_t D = m->cfg.d_model, E = m->cfg.n_experts, R = model_routed_rows(&m->cfg, T);
+    ops->fp8_quantize_rows(q->send, q->row_scales, x->xp, x->offsets, E, R, D, q->how,
+                           fp8_counts(q, FP8_CLASS_ACTIVATIONS));
+    ops->fp8_regroup_scales(q->send_scales, q->row_scales, x->offsets, E, R, fp8_blocks(D), q->send_pitch, true);
+    return (ExchangeRows){.n = 2, .rows = {q->send, q->send_scales}, .at = {x->xe, received_scales(m, x->xe, Rr)},
+                          .width = {moe_exchange_width(&m->xchg, D),
+                                    moe_exchange_width(&m->xchg, q->send_pitch * ops->f32_size)}};
+}
+
+// train.fp8_exchange: the token-major copy xt of the experts' inputs (the El experts of off, Rr rows)
+// from their FP8 rows (codes, scales in Fp8Operands.row_scales) dequantised into x (Rr, D) act: what
+// every layout can make, as the inputs' values do not travel between ranks, their codes do.
+static void dequantised_cols(const Model *m, const Fp8Cols *xt, void *x, const void *codes, const int32_t *off,
+                             size_t El, size_t Rr) {
+    const Fp8Operands *q = m->fp8;
+    size_t D = m->cfg.d_model;
+    m->ops->fp8_dequantize_rows(x, codes, q->row_scales, off, El, Rr, D);
+    m->ops->fp8_quantize_cols(xt->q, xt->scales, x, off, El, Rr, D, q->how, fp8_counts(q, FP8_CLASS_ACTIVATIONS));
+}
+
+size_t model_exchange_row_bytes(const Model *m) {
+    size_t D = m->cfg.d_model;
+    return receives_fp8(m) ? D + m->fp8->send_pitch * m->ops->f32_size : D * m->ops->act_size;
+}
+
+// The gate|up product's input of experts [e0, e0 + n) in FP8: its codes, with their scales in
+// Fp8Operands.row_scales, where they are made before the product (NULL: fp8_forward quantises them).
+// Received through the FP8 exchange; or, with train.fp8_exchange and one rank, where the forward keeps
+// the token-major copy xe_t (made from the rows dequantised, into xe itself, which nothing reads
+// after this).
+static const void *experts_input_rows(const ExpertWork *w, const int32_t *off, size_t n) {
+    Model *m = w->m;
+    const Fp8Operands *q = m->fp8;
+    if (receives_fp8(m)) {
+        received_row_scales(m, w->x->xe, off, n, w->Rr);
+        return w->x->xe;
+    }
+    if (!q || !q->exchange || !w->xe_t) return NULL;
+    m->ops->fp8_quantize_rows(q->rows, q->row_scales, w->x->xe, off, n, w->Rr, m->cfg.d_model, q->how,
+                              fp8_counts(q, FP8_CLASS_ACTIVATIONS));
+    dequantised_cols(m, w->xe_t, w->x->xe, q->rows, off, n, w->Rr);
+    return q->rows;
+}
+
 static void experts_forward(void *ctx, size_t e0, size_t e1) {
     const ExpertWork *w = ctx;
     Model *m = w->m;
@@ -1087,12 +1169,14 @@ static void experts_forward(void *ctx, size_t e0, size_t e1) {
     size_t D = m->cfg.d_model, H = m->cfg.expert_hidden, n = e1 - e0;
     const int32_t *off = chunk_offsets(w, e0);
     void *hact = experts_hact(m, w->x);
-    expert_forward(m, w->x->gu, w->rows ? w->in : w->x->xe, w->rows, false, w->xe_t,
+    const void *xq = experts_input_rows(w, off, n);
+    expert_forward(m, w->x->gu, w->rows ? w->in : w->x->xe, w->rows, xq, xq ? NULL : w->xe_t,
                    expert_tensor(p->experts_gu, e0, 2 * H, D), off, n, 2 * H, D, w->Rr);
     // In FP8 the shared output (one expert-parallel rank) is not stored: only its quantised rows are
     // read, and the backward makes its own from gu (swiglu_backward's hw).
     swiglu_fp8(m, m->fp8, m->fp8 && m->expert_hact ? NULL : hact, w->x->gu, off, n, H, w->Rr);
-    expert_forward(m, w->ye, hact, NULL, true, NULL, expert_tensor(p->experts_down, e0, D, H), off, n, D, H, w->Rr);
+    expert_forward(m, w->ye, hact, NULL, swiglu_rows(m->fp8), NULL, expert_tensor(p->experts_down, e0, D, H), off, n,
+                   D, H, w->Rr);
 }
 
 // Where the experts' inputs keep their token-major FP8 copy (model_keeps_fp8_xe: one rank, a training
@@ -1125,7 +1209,8 @@ static void moe_forward(Model *m, int l, LayerActs *x, const void *in, void *out
     ExpertWork w = {.m = m, .l = l, .x = x, .Rr = moe_exchange_received_rows(&m->xchg, T),
                     .ye = m->par->ep->size > 1 ? m->s.dxe : y, .xe_t = xe_t, .in = in,
                     .rows = token_rows ? row_tokens(m, x, T) : NULL};
-    moe_exchange_pipeline(&m->xchg, &x->routes, x->xp, x->xe, w.ye, y, experts_forward, &w);
+    ExchangeRows send = receives_fp8(m) ? fp8_send(m, x, T, w.Rr) : moe_exchange_act_rows(&m->xchg, x->xp, x->xe);
+    moe_exchange_pipeline(&m->xchg, &x->routes, &send, w.ye, y, experts_forward, &w);
     m->ops->moe_combine_forward(out, resid, y, x->slot_pos, x->topk_w, T, K, D);
     if (c->shared_hidden)
         swiglu_mlp_forward(m, out, in, x->sgu, x->sact, p->shared_gu, p->shared_down, T, c->shared_hidden, true);
@@ -1149,7 +1234,7 @@ static void ffn_forward(Model *m, int l, LayerActs *x, const void *in, void *out
 // recompute's again (residual_recompute) with the same product, so the same values.
 static void attention_projection(const Model *m, LayerActs *x, const LayerParams *p, size_t T) {
     const ModelConfig *c = &m->cfg;
-    dense_forward(m, x->ap, x->att, false, NULL, p->wo, T, c->d_model, (size_t)c->n_heads * c->head_dim, false);
+    dense_forward(m, x->ap, x->att, NULL, NULL, p->wo, T, c->d_model, (size_t)c->n_heads * c->head_dim, false);
 }
 
 // Attention from the layer's input `in` (with in_t non-NULL: keeping its token-major FP8 copy there).
@@ -1158,7 +1243,7 @@ static void attention_forward(Model *m, int l, LayerActs *x, const void *in, con
     const ModelConfig *c = &m->cfg;
     const LayerParams *p = &m->layer[l];
     size_t T = d.B * d.S, D = c->d_model, C = model_qkv_width(c);
-    dense_forward(m, x->qkv_raw, in, false, in_t, p->wqkv, T, C, D, false);
+    dense_forward(m, x->qkv_raw, in, NULL, in_t, p->wqkv, T, C, D, false);
     ops->qkv_norm_rope_forward(x->qkv, x->qk_rstd, x->qkv_raw, W(m, p->q_norm), W(m, p->k_norm),
                                m->rope, d, c->qk_norm, (float)c->norm_eps);
     ops->attention_forward(x->att, x->att_lse, x->qkv, d);
@@ -1285,6 +1370,25 @@ static void rows_recompute(const ExpertWork *w) {
     dispatch(m, w->x, w->x->xp, w->in, router_stats(m, m->metrics_scratch, w->l), w->a->B * w->a->S);
 }
 
+// train.fp8_exchange in the backward (no copy kept): the gate|up weight gradient's token-major copy
+// of the experts' inputs into Fp8Operands.x_t (described in *xt, returned) from their FP8 rows
+// dequantised: the received codes (several ranks), dequantised into dxe, which the input gradient
+// writes after; or (one rank) the rows quantised again, uncounted (the forward counted them), and
+// dequantised into xe itself, whose last reader this is.
+static const Fp8Cols *exchanged_cols(const ExpertWork *w, Fp8Cols *xt, const int32_t *off, size_t n) {
+    Model *m = w->m;
+    const Fp8Operands *q = m->fp8;
+    *xt = (Fp8Cols){.q = q->x_t, .scales = q->x_t_scales};
+    if (receives_fp8(m)) {
+        received_row_scales(m, w->x->xe, off, n, w->Rr);
+        dequantised_cols(m, xt, w->dxe, w->x->xe, off, n, w->Rr);
+        return xt;
+    }
+    m->ops->fp8_quantize_rows(q->rows, q->row_scales, w->x->xe, off, n, w->Rr, m->cfg.d_model, q->how, NULL);
+    dequantised_cols(m, xt, w->x->xe, q->rows, off, n, w->Rr);
+    return xt;
+}
+
 static void experts_backward(void *ctx, size_t e0, size_t e1) {
     const ExpertWork *w = ctx;
     Model *m = w->m;
@@ -1315,8 +1419,11 @@ static void experts_backward(void *ctx, size_t e0, size_t e1) {
         ops->swiglu_backward(dgu, NULL, NULL, s->dhact, x->gu, NULL, Rr, H, off, n);
     }
     rows_recompute(w);
-    expert_backward(m, w->dxe, G(m, gu), w->accumulate_dw, dgu, NULL, x->xe, kept_cols(&x->xe_t), gu, off, n,
-                    2 * H, D, Rr, DOUT_T_MAKE);
+    Fp8Cols made;
+    const Fp8Cols *xe_t = kept_cols(&x->xe_t);
+    if (!xe_t && m->fp8 && m->fp8->exchange) xe_t = exchanged_cols(w, &made, off, n);
+    expert_backward(m, w->dxe, G(m, gu), w->accumulate_dw, dgu, NULL, x->xe, xe_t, gu, off, n, 2 * H, D, Rr,
+                    DOUT_T_MAKE);
 }
 
 // With several expert-parallel ranks the combine gradient dy goes straight into the exchange
@@ -1343,7 +1450,8 @@ static void moe_backward(Model *m, int l, LayerActs *x, void *din, const void *d
     ExpertWork w = {.m = m, .l = l, .x = x, .Rr = moe_exchange_received_rows(&m->xchg, T),
                     .dye = ep ? s->dxe : s->dy, .dxe = ep ? s->dxe : s->dxp, .in = in, .dout = dout, .rows = rows,
                     .accumulate_dw = m->expert_dw_written[l], .a = a};
-    moe_exchange_pipeline(&m->xchg, &x->routes, dy, w.dye, w.dxe, s->dxp, experts_backward, &w);
+    ExchangeRows send = moe_exchange_act_rows(&m->xchg, dy, w.dye);
+    moe_exchange_pipeline(&m->xchg, &x->routes, &send, w.dxe, s->dxp, experts_backward, &w);
     m->expert_dw_written[l] = true; // by every chunk of experts: the next call adds to them
     if (!x->y) ops->moe_slot_values(s->dtopk_w, s->row_dot, x->slot_pos, T * K);
     ops->moe_dispatch_backward(din, s->dxp, x->slot_pos, T, K, D, accumulate);

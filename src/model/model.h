@@ -54,7 +54,9 @@ typedef struct {
     int32_t *slot_pos;         // (T, K)
     void *xp, *y;              // act (R, D): dispatched rows, their expert outputs (same order; y
                                // only with several expert-parallel ranks, else scratch A until the combine)
-    void *xe;                  // act (Rr, D) rows for this rank's experts, expert-major (== xp)
+    void *xe;                  // act (Rr, D) rows for this rank's experts, expert-major (== xp); with
+                               // train.fp8_exchange and several expert-parallel ranks their e4m3 codes
+                               // (Rr, D) then their f32 scales (Rr, Fp8Operands.send_pitch) in its bytes
     Fp8Cols xe_t;              // (D, fp8_expert_cols(Rr, El)): xe's token-major FP8 copy, the experts'
                                // gate|up weight gradient's operand, where kept (model_keeps_fp8_xe)
     ExchangeRoutes routes;     // how this call's rows travel to the experts' ranks and back
@@ -85,6 +87,13 @@ typedef struct {
     bool fused_dispatch;        // where the experts' inputs keep their FP8 copy, their operands and the
                                 // down projections' output gradients read from the tokens' rows
                                 // (Scratch.row_token: the dispatch and the combine's backward copy none)
+    bool exchange;              // train.fp8_exchange: the experts' inputs are quantised where they are
+                                // dispatched and travel as FP8 rows (codes, then their scales row-major:
+                                // LayerActs.xe holds both); the up projection's weight gradient reads a
+                                // token-major copy of their values dequantised, with one rank too
+    size_t send_pitch;          // with exchange: f32 scales a row of them, Kb rounded up to 16-byte rows
+    void *send, *send_scales;   // with exchange and several expert-parallel ranks: e4m3 (R, D) and f32
+                                // (R, send_pitch), the rows sent (R routed rows in dispatch order)
     Fp8Weights *weights;        // (n_weights): per layer held, with `dense` its wqkv (C, D), wo (D, Hq hd),
                                 // then the dense or shared MLP's gate|up (2H, D) and down (D, H); in a
                                 // MoE layer its experts' gate|up (El, 2H, D) then down (El, D, H)
@@ -188,6 +197,7 @@ typedef struct {
     Fp8Scaling how;
     bool fp8_dense;
     bool fp8_fused_dispatch; // train.fp8_fused_dispatch (Fp8Operands.fused_dispatch)
+    bool fp8_exchange;       // train.fp8_exchange (Fp8Operands.exchange)
 } ModelModes;
 
 typedef struct {
@@ -264,6 +274,9 @@ static inline size_t model_metric_router(const ModelConfig *c, int moe_index) {
 // every layer and slot, and the backward as scratch (n1's is Scratch.dn, xp's scratch B).
 bool model_keeps_fp8_n1(const Model *m);
 bool model_keeps_fp8_xe(const Model *m);
+// Bytes a row of an MoE call's rows takes to the experts' ranks: d_model act values, or with
+// train.fp8_exchange (several expert-parallel ranks) its FP8 codes and scales.
+size_t model_exchange_row_bytes(const Model *m);
 // Where the compute weights of flat [a, ...) in region r are written, read and gathered: the
 // buffer, with *first the flat offset of its first element (element x at model_act(m, buffer, x -
 // *first)): params_act from 0, or with the experts staged (Model.expert_stage) the stage, which then

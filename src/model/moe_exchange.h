@@ -47,24 +47,28 @@ typedef struct {
     size_t chunks;            // direct: chunks of a call's experts (parallel.exchange_chunks, lowered
                               // to a divisor of El: equal chunks); else 1
     size_t push_ctas;         // thread blocks of a push beside compute (0: no bound)
+    size_t send_row_bytes;    // bytes a row of the rows sent to the experts takes (ExchangeRows)
 } MoeExchange;
 
 // The expert computation of one chunk of a call (local experts [e0, e1)) on the main queue: it
 // reads the rows moved to the experts and writes the rows to move back, of those experts only.
 typedef void (*ExchangeCompute)(void *ctx, size_t e0, size_t e1);
 
-// Sizes the exchange for calls of up to T tokens and, with several expert-parallel ranks, picks
-// the transport: direct where the ranks can write each other's memory (peer memory for
-// n_calls MoE calls' buffers and one set of gradient scratch), else send/recv unless
-// parallel.exchange asked for direct (an error). Without communicators (`moe inspect`) a
-// direct plan is sized as if the ranks shared a node.
+// Sizes the exchange for calls of up to T tokens whose rows to the experts take send_row_bytes
+// each (act rows, or FP8 ones) and, with several expert-parallel ranks, picks the transport:
+// direct where the ranks can write each other's memory (peer memory for n_calls MoE calls'
+// buffers and one set of gradient scratch), else send/recv unless parallel.exchange asked for
+// direct (an error). Without communicators (`moe inspect`) a direct plan is sized as if the ranks
+// shared a node.
 void moe_exchange_init(MoeExchange *x, const ModelConfig *c, const Ops *ops, const Parallel *par,
-                       MemPool *mem, size_t T, int n_calls);
+                       MemPool *mem, size_t T, int n_calls, size_t send_row_bytes);
 // The first local expert of chunk i of a call (i <= chunks).
 size_t moe_exchange_chunk_expert(const MoeExchange *x, size_t i);
 void moe_exchange_free(MoeExchange *x);
-// A buffer of `rows` rows that peers write into: a piece of peer memory (direct), else ordinary.
+// A buffer of `rows` rows that peers write into: a piece of peer memory (direct), else ordinary;
+// of act rows, or (recv) of the rows sent to the experts (send_row_bytes each).
 void *moe_exchange_buf(MoeExchange *x, size_t rows);
+void *moe_exchange_recv_buf(MoeExchange *x, size_t rows);
 // Rows this rank's experts can receive in a call of T tokens: at worst every ep rank sends all
 // its kept rows here; parallel.recv_capacity can bound it (rows past it are dropped).
 size_t moe_exchange_received_rows(const MoeExchange *x, size_t T);
@@ -76,15 +80,29 @@ void moe_exchange_routes_free(ExchangeRoutes *r);
 // are added to *dropped (f32). Send/recv: counts exchanged through the host.
 void moe_exchange_route(MoeExchange *x, ExchangeRoutes *r, const int32_t *offsets, void *dropped,
                         size_t T);
-// Moves rows (act) from this rank's dispatch order into its experts' expert-major order `out`
-// (to_experts), or back. With one expert-parallel rank the two orders are one buffer: returns rows.
-void *moe_exchange_rows(MoeExchange *x, const ExchangeRoutes *r, void *rows, void *out, bool to_experts);
-// A call's rows to its experts and back: rows (this rank's dispatch order) go to `at` (the
-// experts' expert-major order), compute runs chunk by chunk and writes `back` (expert-major), which
-// returns to `out` (dispatch order). With one chunk, or without the direct transport, the three
-// steps run one after the other on the main queue; with one expert-parallel rank `at` must be
-// `rows` and `back` `out`. rows and out may be one buffer (a chunk's rows leave before its results
-// come back to the same rows). With chunks, rows and back are read on the side queue while compute
-// runs: nothing compute writes may alias them.
-void moe_exchange_pipeline(MoeExchange *x, const ExchangeRoutes *r, void *rows, void *at, void *back, void *out,
+// Row tensors that travel together: toward the experts a call's act rows (d_model wide), or with
+// train.fp8_exchange the rows' FP8 codes and their scales in row-major order (ops.h
+// fp8_regroup_scales); back, the experts' act results. Each travels as rows of act elements of
+// its bytes (moe_exchange_width), so both transports move any of them as they move act rows.
+typedef struct {
+    int n;            // tensors (1 or 2)
+    void *rows[2];    // (rows, width[i]) in the order they leave: toward the experts this rank's
+                      // dispatch order (R rows), back the experts' expert-major order
+    void *at[2];      // where they land, in the other order (the direct transport: peer memory)
+    size_t width[2];  // act elements a row
+} ExchangeRows;
+
+// The act rows `rows` to `at` (one tensor d_model wide).
+ExchangeRows moe_exchange_act_rows(const MoeExchange *x, void *rows, void *at);
+// Act elements of a row of `bytes` bytes (a multiple of the act size).
+size_t moe_exchange_width(const MoeExchange *x, size_t bytes);
+// A call's rows to its experts and back: the tensors of s go from this rank's dispatch order to
+// the experts' expert-major order, compute runs chunk by chunk and writes `back` (act, expert-major),
+// which returns to `out` (dispatch order). With one chunk, or without the direct transport, the three
+// steps run one after the other on the main queue; with one expert-parallel rank nothing moves: s
+// must be one tensor whose `at` is its `rows`, and `back` must be `out`. A tensor's rows and out may
+// be one buffer (a chunk's rows leave before its results come back to the same rows). With chunks,
+// the rows of s and back are read on the side queue while compute runs: nothing compute writes may
+// alias them.
+void moe_exchange_pipeline(MoeExchange *x, const ExchangeRoutes *r, const ExchangeRows *s, void *back, void *out,
                            ExchangeCompute compute, void *ctx);

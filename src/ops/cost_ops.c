@@ -192,6 +192,15 @@ static void cost_fp8_weights(void *q, void *s, void *st, const void *w, size_t E
 static void cost_fp8_transpose(void *qt, const void *q, size_t E, size_t N, size_t K) {
     bytes(KERNEL_FP8_QUANTIZE, (double)E * N * K * 2);
 }
+// scales read and written (f32), and rows dequantised: codes and scales read, act written
+static void cost_fp8_regroup_scales(void *o, const void *i, const int32_t *off, size_t E, size_t R, size_t Kb,
+                                    size_t pitch, bool to_rows) {
+    bytes(KERNEL_FP8_QUANTIZE, fp8_rows(R, off) * Kb * 2 * F);
+}
+static void cost_fp8_dequantize(void *x, const void *q, const void *s, const int32_t *off, size_t E, size_t R,
+                                size_t K) {
+    bytes(KERNEL_FP8_QUANTIZE, fp8_rows(R, off) * (K * (A + 1) + fp8_blocks(K) * F));
+}
 static void cost_fp8_grouped(void *o, const void *a, const void *as, const void *b, const void *bs,
                              const int32_t *off, size_t E, size_t N, size_t K, size_t R) {
     grouped(KERNEL_FP8_GROUPED, E, N, K, R);
@@ -240,6 +249,7 @@ const Ops *ops_costing(bool bf16_activations, CostSink *s) {
     o.grouped_matmul_forward = cost_grouped_forward, o.grouped_matmul_backward = cost_grouped_backward;
     o.fp8_quantize_rows = cost_fp8_rows, o.fp8_quantize_cols = cost_fp8_cols, o.fp8_quantize_weights = cost_fp8_weights;
     o.fp8_transpose_codes = cost_fp8_transpose;
+    o.fp8_regroup_scales = cost_fp8_regroup_scales, o.fp8_dequantize_rows = cost_fp8_dequantize;
     o.swiglu_forward_fp8 = cost_swiglu_fp8, o.fp8_quantize_rows_cols = cost_fp8_rows_cols;
     o.fp8_grouped_matmul = cost_fp8_grouped, o.fp8_grouped_matmul_wgrad = cost_fp8_wgrad;
     o.fp8_matmul = cost_fp8_matmul;

@@ -343,6 +343,18 @@ typedef struct Ops {
     void (*fp8_quantize_rows_cols)(void *q, void *scales, void *qt, void *scales_t, const void *x,
                                    const int32_t *x_rows, const int32_t *offsets, size_t E, size_t R, size_t K,
                                    Fp8Scaling how, uint64_t *counts);
+    // The scales of FP8 rows (R of them, Kb blocks a row) between the grouped layout fp8_quantize_rows
+    // writes for offsets (E + 1) i32 (group g's (Kb, rows of g) at Kb offsets[g]) and row-major
+    // (R, pitch) f32 (row r's Kb scales from r pitch; pitch >= Kb): to_rows from the grouped layout to
+    // the row-major one, else back; rows of no group are left as they are. The FP8 expert exchange's
+    // (train.fp8_exchange): a row's scales travel beside its codes, as a row.
+    void (*fp8_regroup_scales)(void *out, const void *in, const int32_t *offsets, size_t E, size_t R, size_t Kb,
+                               size_t pitch, bool to_rows);
+    // x (R, K) act = the values of FP8 rows q (R, K) e4m3 with scales f32 as fp8_quantize_rows writes
+    // them for offsets (E + 1) i32: each code's value times its block's scale in fp32, rounded to act;
+    // rows of no group are left as they are.
+    void (*fp8_dequantize_rows)(void *x, const void *q, const void *scales, const int32_t *offsets, size_t E,
+                                size_t R, size_t K);
     // w (E, N, K) act in 128x128 blocks: q (E, N, K) e4m3, scales (E, Kb, Nb) f32 and scales_t (E, Nb,
     // Kb) f32 (the same scales, those of the transpose fp8_transpose_codes makes).
     void (*fp8_quantize_weights)(void *q, void *scales, void *scales_t, const void *w, size_t E, size_t N,

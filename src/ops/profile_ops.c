@@ -131,6 +131,11 @@ WRAP(fp8_quantize_weights, PHASE_EXPERT_GEMM,
      (q, s, st, w, E, N, K, h, n))
 WRAP(fp8_transpose_codes, PHASE_EXPERT_GEMM, (void *qt, const void *q, size_t E, size_t N, size_t K),
      (qt, q, E, N, K))
+WRAP(fp8_regroup_scales, PHASE_ROUTING,
+     (void *o, const void *i, const int32_t *off, size_t E, size_t R, size_t Kb, size_t p, bool t),
+     (o, i, off, E, R, Kb, p, t))
+WRAP(fp8_dequantize_rows, PHASE_EXPERT_GEMM,
+     (void *x, const void *q, const void *s, const int32_t *off, size_t E, size_t R, size_t K), (x, q, s, off, E, R, K))
 WRAP(fp8_grouped_matmul, PHASE_EXPERT_GEMM,
      (void *o, const void *a, const void *as, const void *b, const void *bs, const int32_t *off, size_t E, size_t N,
       size_t K, size_t R),
@@ -166,7 +171,7 @@ const Ops *ops_profiled(const Ops *backend) {
     SET(moe_exchange_plan), SET(moe_push_rows);
     SET(grouped_matmul_forward), SET(grouped_matmul_backward), SET(router_bias_update), SET(cross_entropy);
     SET(fp8_quantize_rows), SET(swiglu_forward_fp8), SET(fp8_quantize_cols), SET(fp8_quantize_weights);
-    SET(fp8_transpose_codes);
+    SET(fp8_transpose_codes), SET(fp8_regroup_scales), SET(fp8_dequantize_rows);
     SET(fp8_quantize_rows_cols), SET(fp8_grouped_matmul), SET(fp8_grouped_matmul_wgrad), SET(fp8_matmul);
     SET(sum_squares), SET(adamw_update);
 #undef SET

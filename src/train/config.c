@@ -107,6 +107,10 @@ static const ConfigKey KEYS[] = {
                                     "experts' FP8 inputs and output gradients quantised straight from the "
                                     "tokens' rows, so the dispatch and the combine's backward copy none (the "
                                     "same results, two passes a layer less: +0.8-1.2% tokens/s on scale-E8)"),
+    BOOL(train, fp8_exchange, "with precision fp8: the experts' inputs travel between expert-parallel ranks as "
+                              "E4M3 codes and fp32 scales (D + 4 D / 128 bytes a row instead of 2 D) and the "
+                              "up projection's weight gradient reads them dequantised (one rounding more; "
+                              "set it alike on every layout compared, one rank included)"),
     BOOL(train, deterministic, "GPU runs bitwise reproducible: cuDNN's deterministic attention backward "
                                "(every other kernel sums in a fixed order always; the CPU always is)"),
     REAL(train, comm_timeout, "seconds without progress before a rank of a multi-rank run ends "
@@ -395,6 +399,9 @@ static int check_device_limits(const Config *c, MoeErr err) {
 // d_model, the QKV width, the attention output's and the dense and shared MLPs' hidden widths).
 static int check_precision(const Config *c, MoeErr err) {
     const ModelConfig *m = &c->model;
+    if (c->train.fp8_exchange && c->train.precision != PRECISION_FP8)
+        return moe_err(err, "train.fp8_exchange = true sends the experts' inputs as FP8 rows: it needs "
+                       "train.precision = fp8 (or set train.fp8_exchange = false)");
     if (c->train.precision != PRECISION_FP8) return 0;
     if (model_n_moe_layers(m) && (m->d_model % 16 || m->expert_hidden % 16))
         return moe_err(err, "train.precision = fp8 multiplies E4M3 rows of 16-byte units: model.d_model = %d and "

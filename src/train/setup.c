@@ -77,7 +77,8 @@ ModelModes setup_model_modes(const Config *cfg) {
     const TrainConfig *t = &cfg->train;
     return (ModelModes){.recompute = t->recompute, .fp8 = t->precision == PRECISION_FP8,
                         .how = t->fp8_recipe == FP8_RECIPE_BLOCKWISE_POW2 ? FP8_SCALE_POW2 : FP8_SCALE_AMAX,
-                        .fp8_dense = t->fp8_dense, .fp8_fused_dispatch = t->fp8_fused_dispatch};
+                        .fp8_dense = t->fp8_dense, .fp8_fused_dispatch = t->fp8_fused_dispatch,
+                        .fp8_exchange = t->fp8_exchange};
 }
 
 void setup_plan_rank(const Config *cfg, int world, int rank, const Ops *ops, Parallel *par, Comm groups[4],

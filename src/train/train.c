@@ -608,6 +608,10 @@ static void print_banner(const Trainer *t) {
     if (l->ep > 1) printf(" | expert rows %s", x->direct ? "written into peers' memory" : "by send/recv");
     if (x->chunks > 1) printf(" in %zu chunks behind the experts' compute", x->chunks);
     if (x->push_ctas) printf(" (pushes of <= %zu thread blocks)", x->push_ctas);
+    if (l->ep > 1)
+        printf(", %zu bytes a row to the experts%s (%zu back)", model_exchange_row_bytes(&t->model),
+               t->model.fp8 && t->model.fp8->exchange ? " as FP8 codes and scales" : "",
+               (size_t)c->model.d_model * t->model.ops->act_size);
     LaunchEnv e;
     comm_launch_env(&e);
     if (e.nodes > 1)

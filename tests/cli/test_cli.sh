@@ -26,6 +26,7 @@ expect_error "override value not an integer" "must be an integer, got '1.5'" $MO
 expect_error "enum override lists choices" "one of softmax, sigmoid" $MOE train model.router=relu train.out="$tmp/never"
 expect_error "d_model not divisible by heads" "d_model = 130 is not divisible by model.n_heads = 4" $MOE train model.d_model=130 train.out="$tmp/never"
 expect_error "fp8 widths of 16-byte rows" "train.precision = fp8 .* model.d_model = 40 and model.expert_hidden = 256 must be multiples of 16" $MOE train model.d_model=40 model.n_heads=4 train.precision=fp8 train.out="$tmp/never"
+expect_error "fp8 exchange without fp8" "train.fp8_exchange = true .* needs train.precision = fp8" $MOE train $TINY train.fp8_exchange=true train.out="$tmp/never"
 expect_error "fp8 dense widths of 16-byte rows" "train.fp8_dense .* the QKV width 48, n_heads x head_dim = 24, .* must be multiples of 16" $MOE train $TINY model.head_dim=12 train.precision=fp8 train.out="$tmp/never"
 expect_error "top_k larger than n_experts" "top_k = 9 is larger than model.n_experts = 8" $MOE train model.top_k=9 train.out="$tmp/never"
 expect_error "n_kv_heads does not divide n_heads" "n_kv_heads = 3 must divide model.n_heads = 4" $MOE train model.n_kv_heads=3 train.out="$tmp/never"

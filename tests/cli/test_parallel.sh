@@ -71,10 +71,12 @@ done
 # ranks: the first step's loss is one rank's bit for bit (a forward quantises each row alone); the
 # weight gradients' token-major blocks of 128 rows start at each rank's own rows, so later losses
 # differ a little (within 1e-3; measured 1e-4). A full recompute gives the layout's losses bit for bit.
+near_fp8() { # REFERENCE_DIR DIR: the first loss bit for bit, the rest within 1e-3 (10 steps)
+    paste <(losses "$1") <(losses "$2") |
+        awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-3 * $1 || (NR == 1 && d > 0)) bad = 1 } END { exit bad || NR != 10 }'
+}
 train 1 "$tmp/fp8_single" train.precision=fp8 || bad "fp8: one rank trains" "$(tail -5 "$tmp/fp8_single.log")"
-if train 4 "$tmp/fp8_pp2" train.precision=fp8 parallel.pp=2 parallel.ep=2 &&
-    paste <(losses "$tmp/fp8_single") <(losses "$tmp/fp8_pp2") |
-    awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-3 * $1 || (NR == 1 && d > 0)) bad = 1 } END { exit bad || NR != 10 }'; then
+if train 4 "$tmp/fp8_pp2" train.precision=fp8 parallel.pp=2 parallel.ep=2 && near_fp8 "$tmp/fp8_single" "$tmp/fp8_pp2"; then
     ok "fp8 pp=2 x dp=2 ep=2: one rank's first loss, the rest within 1e-3"
 else bad "fp8 pp=2 x dp=2 ep=2 near one rank" "$(paste <(losses "$tmp/fp8_single") <(losses "$tmp/fp8_pp2") | head -10)"; fi
 bitwise_as "fp8 pp=2 x dp=2 ep=2, train.recompute=full" "$tmp/fp8_pp2" train.recompute=none 4 train.precision=fp8 \
@@ -206,6 +208,37 @@ for ask in "2 3" "8 16"; do # ranks (= ep), chunks asked
     else bad "dp=$1 ep=$1, $2 chunks asked: 2" "$(grep -o 'expert rows.*' "$out.log"; tail -2 "$out.log")"; fi
 done
 
+# train.fp8_exchange: the experts' inputs travel as FP8 codes and row-major scales (48 bytes a row
+# here against 128), and the up projection's weight gradient reads their values dequantised, on one
+# rank too. At a learning rate of 1e-30 the weights never move, so every step's loss is its forward's:
+# through the FP8 exchange, bitwise the act-precision exchange's, and so are the FP8 counters. In
+# training: one rank's first loss (with the switch), within 1e-3 after, as fp8 above; every
+# recompute mode, chunk count and transport gives the layout's losses bit for bit.
+FP8X="train.precision=fp8 train.fp8_exchange=true"
+still() { train 2 "$1" train.precision=fp8 parallel.ep=2 train.lr=1e-30 "${@:2}"; } # DIR [overrides...]
+fp8_counters() { grep -o '"\(activations\|gradients\)":{[^}]*}' "$1/metrics.jsonl"; }
+name="fp8 exchange, dp=2 ep=2, weights still"
+if still "$tmp/fp8x-act" && still "$tmp/fp8x-still" train.fp8_exchange=true &&
+    grep -q "48 bytes a row to the experts as FP8 codes and scales (128 back)" "$tmp/fp8x-still.log"; then
+    if same_bits "$tmp/fp8x-act" "$tmp/fp8x-still" && [ "$(fp8_counters "$tmp/fp8x-act")" = "$(fp8_counters "$tmp/fp8x-still")" ]
+    then ok "$name: 48 bytes a row; bitwise the act-precision exchange's losses and FP8 counters"
+    else bad "$name" "$(first_diffs "$tmp/fp8x-act" "$tmp/fp8x-still")"; fi
+else bad "$name" "$(grep -o 'expert rows.*' "$tmp/fp8x-still.log"; tail -3 "$tmp/fp8x-still.log")"; fi
+train 1 "$tmp/fp8x_single" $FP8X || bad "fp8 exchange: one rank trains" "$(tail -5 "$tmp/fp8x_single.log")"
+if train 4 "$tmp/fp8x_pp2" $FP8X parallel.pp=2 parallel.ep=2 && near_fp8 "$tmp/fp8x_single" "$tmp/fp8x_pp2"; then
+    ok "fp8 exchange, pp=2 x dp=2 ep=2: one rank's first loss, the rest within 1e-3"
+else bad "fp8 exchange, pp=2 x dp=2 ep=2 near one rank" "$(paste <(losses "$tmp/fp8x_single") <(losses "$tmp/fp8x_pp2") | head -10)"; fi
+for mode in selective full; do
+    bitwise_as "fp8 exchange, one rank, train.recompute=$mode" "$tmp/fp8x_single" train.recompute=none 1 $FP8X \
+        train.recompute=$mode
+    bitwise_as "fp8 exchange, pp=2 x dp=2 ep=2, train.recompute=$mode" "$tmp/fp8x_pp2" train.recompute=none 4 $FP8X \
+        parallel.pp=2 parallel.ep=2 train.recompute=$mode
+done
+train 4 "$tmp/fp8x_chunky" $CHUNKY $FP8X parallel.ep=2 || bad "fp8 exchange, 16 experts" "$(tail -5 "$tmp/fp8x_chunky.log")"
+chunked "fp8 exchange, dp=4 ep=2, experts in 8 chunks" 4 2 8 "$tmp/fp8x_chunky" $FP8X
+bitwise_as "fp8 exchange, dp=4 ep=2 by send/recv" "$tmp/fp8x_chunky" "direct writes" 4 $CHUNKY $FP8X parallel.ep=2 \
+    parallel.exchange=sendrecv
+
 # Checkpoints move between layouts: stop at step 5 on one layout, finish on another.
 resume_matches() { # NAME NP_FIRST "ARGS_FIRST" NP_SECOND "ARGS_SECOND"
     local name=$1 out="$tmp/move-$RANDOM"
@@ -285,6 +318,14 @@ bounded=$(grep -oE "recv_capacity=2 +[0-9.]+" <<<"$inspect" | grep -oE "[0-9.]+$
 if awk -v a="${whole:-0}" -v b="${bounded:-0}" 'BEGIN { exit !(b > 0 && b < a) }'; then
     ok "inspect at ep=4: bounded receive buffers plan less ($bounded < $whole GiB)"
 else bad "inspect at ep=4: bounded receive buffers plan less" "$inspect"; fi
+exchange_gib() { # [overrides...]: the GPU column of an fp8 plan's exchange buffers at ep=2
+    ./moe inspect "$tmp/single" train.precision=fp8 parallel.ep=2 --world 2 "$@" 2>&1 |
+        awk '/expert exchange buffers/ { print $(NF - 1) }'
+}
+act=$(exchange_gib) fp8=$(exchange_gib train.fp8_exchange=true)
+if awk -v a="${act:-0}" -v b="${fp8:-0}" 'BEGIN { exit !(b > 0 && b < a) }'; then
+    ok "inspect at ep=2: FP8 exchange buffers plan less ($fp8 < $act GiB)"
+else bad "inspect at ep=2: FP8 exchange buffers plan less" "act '$act', fp8 '$fp8'"; fi
 
 # Impossible layouts are refused before any work, by every rank, promptly.
 expect_refused() { # NAME PATTERN NP [overrides...]

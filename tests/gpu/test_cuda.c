@@ -1051,6 +1051,47 @@ static void test_swiglu_fp8_case(size_t E, const int *rows, size_t H, size_t fir
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) buf_free(all[i]);
 }
 
+// The FP8 exchange's ops (train.fp8_exchange) on rows of experts [first, E), outputs poisoned: the
+// rows' scales to row-major rows of `pitch` (> Kb: padding left as it was) and back, bit for bit;
+// the rows dequantised, bit for bit the CPU's fp32 values rounded to bf16 (a NaN, infinities, an
+// infinite scale among them); codes and values `shift` bytes or values past 16-byte alignment.
+static void test_fp8_exchange_case(size_t E, const int *rows, size_t K, size_t pitch, size_t shift, size_t first) {
+    char what[128];
+    size_t R;
+    Buf off = expert_offsets(E, rows, &R);
+    size_t Rb = R + 3, Kb = fp8_blocks(K), n = Rb * K + shift;
+    Buf x = buf_new(K_ACT, n), q = buf_new(K_U8, n), s = buf_new(K_F32, Kb * Rb), sr = buf_new(K_F32, Rb * pitch);
+    Buf back = buf_new(K_F32, Kb * Rb), deq = buf_new(K_ACT, n);
+    fp8_inputs(&x, K, 87, 1, R / 2, R / 2 + 1);
+    float *last = x.ref + shift + (R - 1) * K; // the last expert's last row: a NaN, infinities
+    last[0] = NAN, last[1] = INFINITY, last[K - 1] = -INFINITY;
+    buf_push(&x);
+    buf_poison(&sr), buf_poison(&back), buf_poison(&deq);
+    const Ops *o[2] = {cpu, gpu};
+    for (int i = 0; i < 2; i++) {
+        const int32_t *oo = (const int32_t *)(i ? off.g : off.c) + first;
+        void *qo = (char *)(i ? q.g : q.c) + shift, *xo = (char *)(i ? x.g : x.c) + shift * o[i]->act_size;
+        void *deqo = (char *)(i ? deq.g : deq.c) + shift * o[i]->act_size;
+        o[i]->fp8_quantize_rows(qo, i ? s.g : s.c, xo, oo, E - first, Rb, K, FP8_SCALE_AMAX, NULL);
+        o[i]->fp8_regroup_scales(i ? sr.g : sr.c, i ? s.g : s.c, oo, E - first, Rb, Kb, pitch, true);
+        o[i]->fp8_regroup_scales(i ? back.g : back.c, i ? sr.g : sr.c, oo, E - first, Rb, Kb, pitch, false);
+        o[i]->fp8_dequantize_rows(deqo, qo, i ? back.g : back.c, oo, E - first, Rb, K);
+    }
+    snprintf(what, sizeof what, "fp8 exchange E%zu K%zu pitch %zu from expert %zu%s: row-major scales", E, K, pitch,
+             first, shift ? " unaligned" : "");
+    check(what, &sr, Rb * pitch, 0, 0), check("  scales regrouped back", &back, Kb * Rb, 0, 0);
+    float *c = malloc(n * sizeof(float)), *g = malloc(n * sizeof(float));
+    fetch(cpu, K_ACT, deq.c, n, c), fetch(gpu, K_ACT, deq.g, n, g);
+    size_t bad = 0, at = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!(isnan(c[i]) && isnan(g[i])) && round_bf16(c[i]) != g[i] && !bad++) at = i;
+    if (bad) FAIL("  rows dequantised: %zu of %zu differ from the CPU's rounded to bf16; first [%zu]: gpu %.6g, cpu %.6g",
+                  bad, n, at, g[at], c[at]);
+    free(c), free(g);
+    Buf *all[] = {&off, &x, &q, &s, &sr, &back, &deq};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) buf_free(all[i]);
+}
+
 // FP8 widths are multiples of 16 (16-byte rows of E4M3 for TMA); tiles and 128-blocks cut on
 // every edge, empty experts and experts of a handful of rows.
 static void test_fp8(void) {
@@ -1083,6 +1124,9 @@ static void test_fp8(void) {
     test_swiglu_fp8_case(5, rows1, 48, 0, FP8_SCALE_AMAX);
     test_swiglu_fp8_case(8, rows2, 264, 1, FP8_SCALE_AMAX);
     test_swiglu_fp8_case(5, rows1, 208, 2, FP8_SCALE_POW2); // a short last 128-block (widths are multiples of 16)
+    test_fp8_exchange_case(5, rows1, 208, 4, 0, 0);
+    test_fp8_exchange_case(8, rows2, 2048, 16, 0, 1); // a scale-E8 row: 16 blocks, 16-byte rows of scales
+    test_fp8_exchange_case(16, rows3, 264, 5, 3, 2);  // a width not a multiple of 8, unaligned
 }
 
 // ---------------------------------------------------------------- whole models

@@ -137,6 +137,40 @@ void cpu_fp8_transpose_codes(void *qt_, const void *q_, size_t E, size_t N, size
             for (size_t n = 0; n < N; n++) qt[e * K * N + k * N + n] = q[e * N * K + n * K + k];
 }
 
+void cpu_fp8_regroup_scales(void *out_, const void *in_, const int32_t *offsets, size_t E, size_t R, size_t Kb,
+                            size_t pitch, bool to_rows) {
+    real *out = out_;
+    const real *in = in_;
+    for (size_t g = 0; g < E; g++) {
+        size_t r0, rows;
+        fp8_group(offsets, g, R, &r0, &rows);
+        for (size_t i = 0; i < rows; i++)
+            for (size_t kb = 0; kb < Kb; kb++) {
+                size_t grouped = Kb * r0 + kb * rows + i, row_major = (r0 + i) * pitch + kb;
+                if (to_rows) out[row_major] = in[grouped];
+                else out[grouped] = in[row_major];
+            }
+    }
+}
+
+void cpu_fp8_dequantize_rows(void *x_, const void *q_, const void *scales_, const int32_t *offsets, size_t E,
+                             size_t R, size_t K) {
+    real *x = x_;
+    const uint8_t *q = q_;
+    const real *scales = scales_;
+    size_t Kb = fp8_blocks(K);
+    for (size_t g = 0; g < E; g++) {
+        size_t r0, rows;
+        fp8_group(offsets, g, R, &r0, &rows);
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < rows; i++)
+            for (size_t k = 0; k < K; k++) {
+                float s = (float)scales[Kb * r0 + k / FP8_BLOCK * rows + i];
+                x[(r0 + i) * K + k] = (real)(fp8_e4m3_decode(q[(r0 + i) * K + k]) * s);
+            }
+    }
+}
+
 // ---------------------------------------------------------------- products
 
 // One operand as the products read it: row i's codes from q + i ld along the reduction; the scale

@@ -695,6 +695,71 @@ extern "C" void cuda_fp8_transpose_codes(void *qt, const void *q, size_t E, size
     CUDA_LAUNCH_CHECK();
 }
 
+// The FP8 expert exchange's (train.fp8_exchange) small ops. Scales regrouped: a thread per (row,
+// block) of R rows of Kb blocks, in row-major order.
+__global__ void fp8_regroup_scales_kernel(float *out, const float *in, const int32_t *offsets, int E, int R, int Kb,
+                                          int64_t pitch, bool to_rows) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (int64_t)R * Kb) return;
+    int r = (int)(i / Kb), kb = (int)(i % Kb), r0, rows;
+    if (!fp8_row_group(offsets, E, R, r, &r0, &rows)) return;
+    int64_t grouped = (int64_t)Kb * r0 + (int64_t)kb * rows + (r - r0), row_major = r * pitch + kb;
+    if (to_rows) out[row_major] = in[grouped];
+    else out[grouped] = in[row_major];
+}
+
+extern "C" void cuda_fp8_regroup_scales(void *out, const void *in, const int32_t *offsets, size_t E, size_t R,
+                                        size_t Kb, size_t pitch, bool to_rows) {
+    if (!R || !Kb) return;
+    fp8_check_index(R, Kb * FP8_BLOCK);
+    fp8_regroup_scales_kernel<<<cuda_blocks(R * Kb, 256), 256, 0, cuda_ctx.stream>>>(
+        (float *)out, (const float *)in, offsets, (int)E, (int)R, (int)Kb, (int64_t)pitch, to_rows);
+    CUDA_LAUNCH_CHECK();
+}
+
+// Rows dequantised: a thread per 16 codes of a row, all in one 1x128 block (one 16-byte load and two
+// 16-byte stores with vec: K a multiple of 16 and both buffers 16-byte aligned; else value by
+// value), converted two at a time by the hardware (E4M3 to fp16 is exact) and multiplied by their
+// block's scale in fp32.
+__global__ void fp8_dequantize_rows_kernel(bf16 *x, const uint8_t *q, const float *scales, const int32_t *offsets,
+                                           int E, int R, int K, bool vec) {
+    int64_t pieces = (K + 15) / 16, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (int64_t)R * pieces) return;
+    int r = (int)(i / pieces), k = (int)(i % pieces) * 16, n = min(16, K - k), r0, rows;
+    if (!fp8_row_group(offsets, E, R, r, &r0, &rows)) return;
+    float s = scales[(int64_t)fp8_blocks((size_t)K) * r0 + (int64_t)(k / FP8_BLOCK) * rows + (r - r0)];
+    const uint8_t *src = q + (int64_t)r * K + k;
+    uint32_t w[4] = {0, 0, 0, 0};
+    if (vec) {
+        uint4 codes = *reinterpret_cast<const uint4 *>(src);
+        w[0] = codes.x, w[1] = codes.y, w[2] = codes.z, w[3] = codes.w;
+    } else
+        for (int j = 0; j < n; j++) w[j / 4] |= (uint32_t)src[j] << (8 * (j % 4));
+    bf16 *dst = x + (int64_t)r * K + k;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float v[8];
+#pragma unroll
+        for (int j = 0; j < 8; j += 2) {
+            uint32_t word = w[(8 * h + j) / 4] >> (8 * (j % 4));
+            __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(word & 0xffffu), __NV_E4M3);
+            float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&raw));
+            v[j] = f.x * s, v[j + 1] = f.y * s;
+        }
+        fp8_store_piece(dst + 8 * h, fp8_pack_piece(v), n - 8 * h, vec);
+    }
+}
+
+extern "C" void cuda_fp8_dequantize_rows(void *x, const void *q, const void *scales, const int32_t *offsets, size_t E,
+                                         size_t R, size_t K) {
+    if (!R || !K) return;
+    fp8_check_index(R, K);
+    bool vec = K % 16 == 0 && aligned16(x) && aligned16(q);
+    fp8_dequantize_rows_kernel<<<cuda_blocks(R * ((K + 15) / 16), 256), 256, 0, cuda_ctx.stream>>>(
+        (bf16 *)x, (const uint8_t *)q, (const float *)scales, offsets, (int)E, (int)R, (int)K, vec);
+    CUDA_LAUNCH_CHECK();
+}
+
 __global__ void fp8_one_group(int32_t *offsets, int32_t rows) { offsets[0] = 0, offsets[1] = rows; }
 
 const int32_t *cuda_fp8_one_group(size_t rows) {
