@@ -255,6 +255,13 @@ static void alloc_moe_acts(Model *m, LayerActs *a, size_t T) {
         a->sgu = layer_act(m, sh->sgu, T * 2 * c->shared_hidden), a->sact = layer_act(m, sh->sact, T * c->shared_hidden);
 }
 
+// train.fp8_exchange (fp8_exchanges), and with several expert-parallel ranks (receives_fp8): the rows
+// that travel to the experts, their inputs (LayerActs.xe) and the output gradients of their down
+// projection (Scratch.dye8), arrive as FP8 rows: codes (Rr, D), then their scales (Rr, send_pitch)
+// row-major (received_scales).
+static bool fp8_exchanges(const Model *m) { return m->fp8 && m->fp8->exchange; }
+static bool receives_fp8(const Model *m) { return fp8_exchanges(m) && m->par->ep->size > 1; }
+
 // The buffers of a MoE or a dense layer, or with both (the shared set of full recompute) of a
 // layer of either kind: the larger of their SwiGLU sizes.
 static void alloc_layer_acts(Model *m, LayerActs *a, size_t T, bool moe, bool dense) {
@@ -291,12 +298,19 @@ static size_t head_logit_rows(const Model *m, size_t T) {
     return rows < 1 ? 1 : rows > T ? T : rows;
 }
 
+// Rows received as FP8 (receives_fp8) that the backward dequantises into scratch A (the down
+// projection's output gradients) and B (the experts' inputs), d_model wide; else 0.
+static size_t received_fp8_rows(const Model *m, size_t T) {
+    return receives_fp8(m) && model_n_moe_layers(&m->cfg) > 0 ? moe_exchange_received_rows(&m->xchg, T) : 0;
+}
+
 // Elements of gradient scratch A (Scratch), for calls of T tokens; on the last stage the head's
 // logits too (alloc_head).
 static size_t scratch_a_elems(const Model *m, size_t T) {
     const ModelConfig *c = &m->cfg;
     size_t R = model_n_moe_layers(c) > 0 ? model_routed_rows(c, T) : 0;
     size_t logits = m->last_stage ? head_logit_rows(m, T) * c->vocab_size : 0;
+    R = max_size(R, received_fp8_rows(m, T)); // the down projection's output gradients dequantised
     return max_size(max_size(R * (size_t)c->d_model, 2 * swiglu_elems(m, T)), max_size(T * model_qkv_width(c), logits));
 }
 
@@ -309,7 +323,8 @@ static size_t scratch_a_elems(const Model *m, size_t T) {
 static size_t scratch_b_elems(const Model *m, size_t T) {
     const ModelConfig *c = &m->cfg;
     bool moe = model_n_moe_layers(c) > 0, ep = m->par->ep->size > 1;
-    size_t R = moe && !ep ? model_routed_rows(c, T) : 0, xf = m->last_stage ? T * (size_t)c->d_model : 0;
+    size_t R = moe && !ep ? model_routed_rows(c, T) : received_fp8_rows(m, T); // with ep, the inputs dequantised
+    size_t xf = m->last_stage ? T * (size_t)c->d_model : 0;
     size_t swiglu = (m->recompute == RECOMPUTE_SELECTIVE ? 2 : 1) * swiglu_elems(m, T);
     return max_size(max_size(R * (size_t)c->d_model, swiglu), max_size(T * model_qkv_width(c), xf));
 }
@@ -417,6 +432,7 @@ static void alloc_scratch(Model *m, size_t T) {
         s->dy = a, s->dxp = ep ? moe_exchange_buf(&m->xchg, R) : b;
         s->dlogits = act_buf(m, T * c->n_experts), s->dtopk_w = f32_buf(m, T * c->top_k);
         if (ep) s->dxe = moe_exchange_buf(&m->xchg, Rr);
+        if (receives_fp8(m)) s->dye8 = moe_exchange_recv_buf(&m->xchg, Rr);
         else s->row_w = f32_buf(m, Rr), s->row_dot = f32_buf(m, Rr);
         if (model_keeps_fp8_xe(m) && m->fp8->fused_dispatch && !m->fp8->exchange) s->row_token = i32_buf(m, Rr);
     }
@@ -953,10 +969,11 @@ typedef enum { DOUT_T_MAKE, DOUT_T_KEEP, DOUT_T_KEPT } DoutCopy;
 // group (added to dw when accumulate_dw) from token-major copies of dout and x (either skipped when
 // NULL): x's the forward kept (x_t, x unread) or, with x_t NULL, made here; dout's two copies from
 // one read of it when both are made here, where dout_rows (non-NULL) may name the rows of dout that
-// make the operand (fp8_quantize_rows_cols).
+// make the operand (fp8_quantize_rows_cols); or, with dq (non-NULL), dout's rows made already (its
+// codes, scales in Fp8Operands.row_scales) with its token-major copy (dout_t KEPT; dout unread).
 static void fp8_backward(const Model *m, void *dx, void *dw, bool accumulate_dw, const void *dout,
-                         const int32_t *dout_rows, const void *x, const Fp8Cols *x_t, size_t w, const int32_t *off,
-                         size_t El, size_t N, size_t K, size_t R, DoutCopy dout_t) {
+                         const int32_t *dout_rows, const void *dq, const void *x, const Fp8Cols *x_t, size_t w,
+                         const int32_t *off, size_t El, size_t N, size_t K, size_t R, DoutCopy dout_t) {
     const Ops *ops = m->ops;
     const Fp8Operands *q = m->fp8;
     Fp8Weights wq = fp8_weights_at(m, w, N, K);
@@ -964,17 +981,18 @@ static void fp8_backward(const Model *m, void *dx, void *dw, bool accumulate_dw,
     uint64_t *grads = fp8_counts(q, FP8_CLASS_GRADIENTS);
     bool make_t = dout_t == DOUT_T_KEEP || (dw && dout_t == DOUT_T_MAKE);
     MOE_ASSERT(!dout_rows || (dx && make_t));
+    MOE_ASSERT(!dq || dout_t == DOUT_T_KEPT); // so make_t is false
     if (dx && make_t)
         ops->fp8_quantize_rows_cols(q->rows, q->row_scales, q->dout_t, q->dout_t_scales, dout, dout_rows, off, El, R,
                                     N, q->how, grads);
-    else if (dx) ops->fp8_quantize_rows(q->rows, q->row_scales, dout, off, El, R, N, q->how, grads);
+    else if (dx && !dq) ops->fp8_quantize_rows(q->rows, q->row_scales, dout, off, El, R, N, q->how, grads);
     else if (make_t) ops->fp8_quantize_cols(q->dout_t, q->dout_t_scales, dout, off, El, R, N, q->how, grads);
     Fp8Cols xt = x_t ? *x_t : (Fp8Cols){.q = q->x_t, .scales = q->x_t_scales};
     if (dw && !x_t)
         ops->fp8_quantize_cols(xt.q, xt.scales, x, off, El, R, K, q->how, fp8_counts(q, FP8_CLASS_ACTIVATIONS));
     if (dx) {
         ops->fp8_transpose_codes(q->wt, wq.q, El, N, K);
-        fp8_product(m, dx, q->rows, q->wt, wq.scales_t, off, El, K, N, R);
+        fp8_product(m, dx, dq ? dq : q->rows, q->wt, wq.scales_t, off, El, K, N, R);
     }
     if (dw)
         ops->fp8_grouped_matmul_wgrad(dw, q->dout_t, q->dout_t_scales, xt.q, xt.scales, off, El, N, K, R,
@@ -991,14 +1009,14 @@ static void expert_forward(const Model *m, void *out, const void *x, const int32
 
 // dx (Rr, K) = dout . w[e]; dw (El, N, K) f32 = dout^T . x per expert, added to dw when
 // accumulate_dw (either skipped when NULL), with the compute weights at offset w: in act precision,
-// or in FP8 (fp8_backward, x_t and dout_t as there; dout_rows too). Every read of x comes before dx
+// or in FP8 (fp8_backward, x_t and dout_t as there; dout_rows and dq too). Every read of x comes before dx
 // is written, so dx may be x's buffer (selective recompute's xp and dxp): the weight gradient first,
 // then the input gradient (two products either way).
 static void expert_backward(const Model *m, void *dx, void *dw, bool accumulate_dw, const void *dout,
-                            const int32_t *dout_rows, const void *x, const Fp8Cols *x_t, size_t w,
+                            const int32_t *dout_rows, const void *dq, const void *x, const Fp8Cols *x_t, size_t w,
                             const int32_t *off, size_t El, size_t N, size_t K, size_t Rr, DoutCopy dout_t) {
     if (m->fp8) {
-        fp8_backward(m, dx, dw, accumulate_dw, dout, dout_rows, x, x_t, w, off, El, N, K, Rr, dout_t);
+        fp8_backward(m, dx, dw, accumulate_dw, dout, dout_rows, dq, x, x_t, w, off, El, N, K, Rr, dout_t);
         return;
     }
     if (dw) m->ops->grouped_matmul_backward(NULL, dw, dout, x, W(m, w), off, El, N, K, Rr, accumulate_dw);
@@ -1042,7 +1060,7 @@ static void dense_backward(const Model *m, void *dx, void *dw, const void *dout,
         m->ops->matmul_backward(dx, dw, dout, x, W(m, w), T, N, K, accumulate_dx);
         return;
     }
-    fp8_backward(m, fp8_target(m, dx, accumulate_dx, K), dw, true, dout, NULL, x, x_t, w, NULL, 1, N, K, T,
+    fp8_backward(m, fp8_target(m, dx, accumulate_dx, K), dw, true, dout, NULL, NULL, x, x_t, w, NULL, 1, N, K, T,
                  DOUT_T_MAKE);
     fp8_accumulate(m, dx, accumulate_dx, T * K);
 }
@@ -1079,7 +1097,8 @@ typedef struct {
     size_t Rr;            // rows of the expert-major buffers
     void *ye;             // forward: (Rr, D) the experts' outputs
     const Fp8Cols *xe_t;  // forward: where xe's token-major FP8 copy is kept (NULL: not kept)
-    void *dye, *dxe;      // backward: (Rr, D) gradients of the experts' outputs and inputs
+    void *dye, *dxe;      // backward: (Rr, D) gradients of the experts' outputs (receives_fp8: FP8 rows,
+                          // Scratch.dye8) and inputs
     const void *in;       // the layer's feed-forward input (T, D), whose rows rows_recompute gathers again
     const void *dout;     // backward: the gradient of the layer's feed-forward output (T, D)
     bool accumulate_dw;   // backward: the weight gradients add to what the step wrote before
@@ -1098,10 +1117,7 @@ static size_t expert_tensor(size_t off, size_t e0, size_t rows, size_t cols) { r
 // buffer every MoE layer shares (Model.expert_hact).
 static void *experts_hact(const Model *m, const LayerActs *x) { return m->expert_hact ? m->expert_hact : x->hact; }
 
-// train.fp8_exchange with several expert-parallel ranks: the experts' inputs arrive as FP8 rows
-// (LayerActs.xe: their codes (Rr, D), then their scales (Rr, send_pitch) row-major from
-// received_scales).
-static bool receives_fp8(const Model *m) { return m->fp8 && m->fp8->exchange && m->par->ep->size > 1; }
+// The received rows' row-major scales, after their codes (Rr, D) in the buffer they landed in.
 static void *received_scales(const Model *m, const void *xe, size_t Rr) { return (char *)xe + Rr * m->cfg.d_model; }
 
 // The scales of the received rows of the El experts of off into Fp8Operands.row_scales, grouped as
@@ -1112,30 +1128,32 @@ static void received_row_scales(const Model *m, const void *xe, const int32_t *o
                                q->send_pitch, false);
 }
 
-// train.fp8_exchange with several expert-parallel ranks: the dispatched rows xp (R, D) quantised
-// here, their codes and their scales row-major (Fp8Operands.send, send_scales), sent as two tensors
-// into xe (the codes, then the scales at received_scales).
-static ExchangeRows fp8_send(const Model *m, const LayerActs *x, size_t T, size_t Rr) {
+// train.fp8_exchange with several expert-parallel ranks: rows (R, D) act in this rank's dispatch
+// order (its groups `offsets`, E + 1) quantised here, counted in class c, their codes and their
+// scales row-major (Fp8Operands.send, send_scales), sent as two tensors into `at` (the codes, then
+// the scales at received_scales).
+static ExchangeRows fp8_send(const Model *m, const void *rows, const int32_t *offsets, void *at, size_t T, size_t Rr,
+                             Fp8Class c) {
     const Ops *ops = m->ops;
     const Fp8Operands *q = m->fp8;
     size_t D = m->cfg.d_model, E = m->cfg.n_experts, R = model_routed_rows(&m->cfg, T);
-    ops->fp8_quantize_rows(q->send, q->row_scales, x->xp, x->offsets, E, R, D, q->how,
-                           fp8_counts(q, FP8_CLASS_ACTIVATIONS));
-    ops->fp8_regroup_scales(q->send_scales, q->row_scales, x->offsets, E, R, fp8_blocks(D), q->send_pitch, true);
-    return (ExchangeRows){.n = 2, .rows = {q->send, q->send_scales}, .at = {x->xe, received_scales(m, x->xe, Rr)},
+    ops->fp8_quantize_rows(q->send, q->row_scales, rows, offsets, E, R, D, q->how, fp8_counts(q, c));
+    ops->fp8_regroup_scales(q->send_scales, q->row_scales, offsets, E, R, fp8_blocks(D), q->send_pitch, true);
+    return (ExchangeRows){.n = 2, .rows = {q->send, q->send_scales}, .at = {at, received_scales(m, at, Rr)},
                           .width = {moe_exchange_width(&m->xchg, D),
                                     moe_exchange_width(&m->xchg, q->send_pitch * ops->f32_size)}};
 }
 
-// train.fp8_exchange: the token-major copy xt of the experts' inputs (the El experts of off, Rr rows)
-// from their FP8 rows (codes, scales in Fp8Operands.row_scales) dequantised into x (Rr, D) act: what
-// every layout can make, as the inputs' values do not travel between ranks, their codes do.
-static void dequantised_cols(const Model *m, const Fp8Cols *xt, void *x, const void *codes, const int32_t *off,
-                             size_t El, size_t Rr) {
+// train.fp8_exchange: the token-major copy t of rows that travel as FP8 (the El experts of off, Rr
+// rows, d_model wide), counted in class c, from their FP8 rows (codes, scales in
+// Fp8Operands.row_scales) dequantised into x (Rr, D) act: what every layout can make, as the rows'
+// values do not travel between ranks, their codes do.
+static void dequantised_cols(const Model *m, const Fp8Cols *t, void *x, const void *codes, const int32_t *off,
+                             size_t El, size_t Rr, Fp8Class c) {
     const Fp8Operands *q = m->fp8;
     size_t D = m->cfg.d_model;
     m->ops->fp8_dequantize_rows(x, codes, q->row_scales, off, El, Rr, D);
-    m->ops->fp8_quantize_cols(xt->q, xt->scales, x, off, El, Rr, D, q->how, fp8_counts(q, FP8_CLASS_ACTIVATIONS));
+    m->ops->fp8_quantize_cols(t->q, t->scales, x, off, El, Rr, D, q->how, fp8_counts(q, c));
 }
 
 size_t model_exchange_row_bytes(const Model *m) {
@@ -1155,10 +1173,10 @@ static const void *experts_input_rows(const ExpertWork *w, const int32_t *off, s
         received_row_scales(m, w->x->xe, off, n, w->Rr);
         return w->x->xe;
     }
-    if (!q || !q->exchange || !w->xe_t) return NULL;
+    if (!fp8_exchanges(m) || !w->xe_t) return NULL;
     m->ops->fp8_quantize_rows(q->rows, q->row_scales, w->x->xe, off, n, w->Rr, m->cfg.d_model, q->how,
                               fp8_counts(q, FP8_CLASS_ACTIVATIONS));
-    dequantised_cols(m, w->xe_t, w->x->xe, q->rows, off, n, w->Rr);
+    dequantised_cols(m, w->xe_t, w->x->xe, q->rows, off, n, w->Rr, FP8_CLASS_ACTIVATIONS);
     return q->rows;
 }
 
@@ -1209,7 +1227,8 @@ static void moe_forward(Model *m, int l, LayerActs *x, const void *in, void *out
     ExpertWork w = {.m = m, .l = l, .x = x, .Rr = moe_exchange_received_rows(&m->xchg, T),
                     .ye = m->par->ep->size > 1 ? m->s.dxe : y, .xe_t = xe_t, .in = in,
                     .rows = token_rows ? row_tokens(m, x, T) : NULL};
-    ExchangeRows send = receives_fp8(m) ? fp8_send(m, x, T, w.Rr) : moe_exchange_act_rows(&m->xchg, x->xp, x->xe);
+    ExchangeRows send = receives_fp8(m) ? fp8_send(m, x->xp, x->offsets, x->xe, T, w.Rr, FP8_CLASS_ACTIVATIONS)
+                                        : moe_exchange_act_rows(&m->xchg, x->xp, x->xe);
     moe_exchange_pipeline(&m->xchg, &x->routes, &send, w.ye, y, experts_forward, &w);
     m->ops->moe_combine_forward(out, resid, y, x->slot_pos, x->topk_w, T, K, D);
     if (c->shared_hidden)
@@ -1372,21 +1391,41 @@ static void rows_recompute(const ExpertWork *w) {
 
 // train.fp8_exchange in the backward (no copy kept): the gate|up weight gradient's token-major copy
 // of the experts' inputs into Fp8Operands.x_t (described in *xt, returned) from their FP8 rows
-// dequantised: the received codes (several ranks), dequantised into dxe, which the input gradient
-// writes after; or (one rank) the rows quantised again, uncounted (the forward counted them), and
-// dequantised into xe itself, whose last reader this is.
+// dequantised: the received codes (several ranks), dequantised into scratch B, whose dhact the
+// SwiGLU backward has read; or (one rank) the rows quantised again, uncounted (the forward counted
+// them), and dequantised into xe itself, whose last reader this is.
 static const Fp8Cols *exchanged_cols(const ExpertWork *w, Fp8Cols *xt, const int32_t *off, size_t n) {
     Model *m = w->m;
     const Fp8Operands *q = m->fp8;
     *xt = (Fp8Cols){.q = q->x_t, .scales = q->x_t_scales};
     if (receives_fp8(m)) {
         received_row_scales(m, w->x->xe, off, n, w->Rr);
-        dequantised_cols(m, xt, w->dxe, w->x->xe, off, n, w->Rr);
+        dequantised_cols(m, xt, m->s.dhact, w->x->xe, off, n, w->Rr, FP8_CLASS_ACTIVATIONS);
         return xt;
     }
     m->ops->fp8_quantize_rows(q->rows, q->row_scales, w->x->xe, off, n, w->Rr, m->cfg.d_model, q->how, NULL);
-    dequantised_cols(m, xt, w->x->xe, q->rows, off, n, w->Rr);
+    dequantised_cols(m, xt, w->x->xe, q->rows, off, n, w->Rr, FP8_CLASS_ACTIVATIONS);
     return xt;
+}
+
+// train.fp8_exchange: the down projection's output gradients dye as FP8 rows (returned: their codes,
+// scales in Fp8Operands.row_scales) and their token-major copy (Fp8Operands.dout_t) from them
+// dequantised: the received rows (several ranks), dequantised into scratch A, whose dgu the SwiGLU
+// backward writes after; or (one rank) dye's rows quantised here and dequantised into dye itself,
+// which the down projection's products then read only through these copies.
+static const void *exchanged_dout(const ExpertWork *w, const int32_t *off, size_t n) {
+    Model *m = w->m;
+    const Fp8Operands *q = m->fp8;
+    Fp8Cols t = {.q = q->dout_t, .scales = q->dout_t_scales};
+    if (receives_fp8(m)) {
+        received_row_scales(m, w->dye, off, n, w->Rr);
+        dequantised_cols(m, &t, m->s.dgu, w->dye, off, n, w->Rr, FP8_CLASS_GRADIENTS);
+        return w->dye;
+    }
+    m->ops->fp8_quantize_rows(q->rows, q->row_scales, w->dye, off, n, w->Rr, m->cfg.d_model, q->how,
+                              fp8_counts(q, FP8_CLASS_GRADIENTS));
+    dequantised_cols(m, &t, w->dye, q->rows, off, n, w->Rr, FP8_CLASS_GRADIENTS);
+    return q->rows;
 }
 
 static void experts_backward(void *ctx, size_t e0, size_t e1) {
@@ -1404,25 +1443,28 @@ static void experts_backward(void *ctx, size_t e0, size_t e1) {
         // The rows' unweighted gradients. One SwiGLU backward also gives the combine weights'
         // gradients and the weighted h for the down projection's weight gradient; it writes the
         // gate|up gradient over the kept gate|up rows (their last read), as dgu's scratch A still
-        // holds the rows' gradients dye, which that weight gradient reads after it.
-        expert_backward(m, s->dhact, NULL, false, w->rows ? w->dout : w->dye, w->rows, NULL, NULL, down, off, n, D,
-                        H, Rr, DOUT_T_KEEP);
+        // holds the rows' gradients dye, which that weight gradient reads after it (or, with
+        // train.fp8_exchange, their token-major copy made first).
+        const void *dq = fp8_exchanges(m) ? exchanged_dout(w, off, n) : NULL;
+        expert_backward(m, s->dhact, NULL, false, w->rows ? w->dout : w->dye, w->rows, dq, NULL, NULL, down, off, n,
+                        D, H, Rr, dq ? DOUT_T_KEPT : DOUT_T_KEEP);
         dgu = x->gu;
         ops->swiglu_backward(dgu, s->row_dot, m->expert_hact, s->dhact, x->gu, s->row_w, Rr, H, off, n);
-        expert_backward(m, NULL, G(m, down), w->accumulate_dw, w->dye, NULL, m->expert_hact, NULL, down, off, n, D, H,
-                        Rr, DOUT_T_KEPT);
+        expert_backward(m, NULL, G(m, down), w->accumulate_dw, w->dye, NULL, NULL, m->expert_hact, NULL, down, off, n,
+                        D, H, Rr, DOUT_T_KEPT);
     } else {
         swiglu_recompute(m, x->hact, x->gu, Rr, H, off, n);
         MOE_ASSERT(!w->rows);
-        expert_backward(m, s->dhact, G(m, down), w->accumulate_dw, w->dye, NULL, x->hact, NULL, down, off, n, D, H,
-                        Rr, DOUT_T_MAKE);
+        const void *dq = fp8_exchanges(m) ? exchanged_dout(w, off, n) : NULL;
+        expert_backward(m, s->dhact, G(m, down), w->accumulate_dw, w->dye, NULL, dq, x->hact, NULL, down, off, n, D,
+                        H, Rr, dq ? DOUT_T_KEPT : DOUT_T_MAKE);
         ops->swiglu_backward(dgu, NULL, NULL, s->dhact, x->gu, NULL, Rr, H, off, n);
     }
     rows_recompute(w);
     Fp8Cols made;
     const Fp8Cols *xe_t = kept_cols(&x->xe_t);
-    if (!xe_t && m->fp8 && m->fp8->exchange) xe_t = exchanged_cols(w, &made, off, n);
-    expert_backward(m, w->dxe, G(m, gu), w->accumulate_dw, dgu, NULL, x->xe, xe_t, gu, off, n, 2 * H, D, Rr,
+    if (!xe_t && fp8_exchanges(m)) xe_t = exchanged_cols(w, &made, off, n);
+    expert_backward(m, w->dxe, G(m, gu), w->accumulate_dw, dgu, NULL, NULL, x->xe, xe_t, gu, off, n, 2 * H, D, Rr,
                     DOUT_T_MAKE);
 }
 
@@ -1448,9 +1490,11 @@ static void moe_backward(Model *m, int l, LayerActs *x, void *din, const void *d
     const int32_t *rows = reads_token_rows(m, kept_cols(&x->xe_t)) ? row_tokens(m, x, T) : NULL;
     ops->moe_combine_backward(rows ? NULL : dy, s->dtopk_w, s->row_w, dout, x->y, x->slot_pos, x->topk_w, T, K, D);
     ExpertWork w = {.m = m, .l = l, .x = x, .Rr = moe_exchange_received_rows(&m->xchg, T),
-                    .dye = ep ? s->dxe : s->dy, .dxe = ep ? s->dxe : s->dxp, .in = in, .dout = dout, .rows = rows,
+                    .dye = !ep ? s->dy : receives_fp8(m) ? s->dye8 : s->dxe, .dxe = ep ? s->dxe : s->dxp,
+                    .in = in, .dout = dout, .rows = rows,
                     .accumulate_dw = m->expert_dw_written[l], .a = a};
-    ExchangeRows send = moe_exchange_act_rows(&m->xchg, dy, w.dye);
+    ExchangeRows send = receives_fp8(m) ? fp8_send(m, dy, x->offsets, w.dye, T, w.Rr, FP8_CLASS_GRADIENTS)
+                                        : moe_exchange_act_rows(&m->xchg, dy, w.dye);
     moe_exchange_pipeline(&m->xchg, &x->routes, &send, w.dxe, s->dxp, experts_backward, &w);
     m->expert_dw_written[l] = true; // by every chunk of experts: the next call adds to them
     if (!x->y) ops->moe_slot_values(s->dtopk_w, s->row_dot, x->slot_pos, T * K);

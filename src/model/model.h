@@ -87,13 +87,15 @@ typedef struct {
     bool fused_dispatch;        // where the experts' inputs keep their FP8 copy, their operands and the
                                 // down projections' output gradients read from the tokens' rows
                                 // (Scratch.row_token: the dispatch and the combine's backward copy none)
-    bool exchange;              // train.fp8_exchange: the experts' inputs are quantised where they are
-                                // dispatched and travel as FP8 rows (codes, then their scales row-major:
-                                // LayerActs.xe holds both); the up projection's weight gradient reads a
-                                // token-major copy of their values dequantised, with one rank too
+    bool exchange;              // train.fp8_exchange: the experts' inputs and the down projections' output
+                                // gradients are quantised where they are dispatched and travel as FP8 rows
+                                // (codes, then their scales row-major: LayerActs.xe, Scratch.dye8); the
+                                // weight gradients read token-major copies of their values dequantised,
+                                // with one rank too
     size_t send_pitch;          // with exchange: f32 scales a row of them, Kb rounded up to 16-byte rows
     void *send, *send_scales;   // with exchange and several expert-parallel ranks: e4m3 (R, D) and f32
-                                // (R, send_pitch), the rows sent (R routed rows in dispatch order)
+                                // (R, send_pitch), the rows sent (R routed rows in dispatch order): the
+                                // forward's inputs, the backward's output gradients
     Fp8Weights *weights;        // (n_weights): per layer held, with `dense` its wqkv (C, D), wo (D, Hq hd),
                                 // then the dense or shared MLP's gate|up (2H, D) and down (D, H); in a
                                 // MoE layer its experts' gate|up (El, 2H, D) then down (El, D, H)
@@ -149,6 +151,10 @@ typedef struct {
     void *dgu, *dhact;        // act (max rows, 2 max hidden), (max rows, max hidden): A, B
     void *dy, *dxp;           // act (R, D) in dispatch order: A, B (or an exchange buffer)
     void *dxe;                // act (Rr, D)
+    void *dye8;               // with train.fp8_exchange and several expert-parallel ranks: the down
+                              // projection's output gradients received as FP8 rows (codes (Rr, D),
+                              // then their scales), apart from dxe, which the input gradients of
+                              // earlier chunks are written to while later chunks' rows land
     void *dlogits;            // act (T, E)
     void *dtopk_w;            // f32 (T, K)
     void *row_w, *row_dot;    // f32 (Rr), one expert-parallel rank: each expert row's combine weight,

@@ -26,15 +26,17 @@ static size_t peer_piece(size_t rows, size_t row_bytes) { return (rows * row_byt
 static size_t act_row(const MoeExchange *x) { return x->cfg.d_model * x->ops->act_size; }
 
 // Direct: one block of peer memory holds every buffer the peers write (each call's xe and y, the
-// scratch dxe and dxp: act rows, but xe's of send_row_bytes). Where the ranks cannot share memory,
-// rows go by send/recv, unless parallel.exchange asked for direct.
+// scratch dxe and dxp: act rows, but xe's of send_row_bytes; rows sent as FP8 have a receive buffer
+// of their own in the backward too). Where the ranks cannot share memory, rows go by send/recv,
+// unless parallel.exchange asked for direct.
 static void open_direct(MoeExchange *x, int n_calls) {
     Comm *ep = ep_group(x);
     ExchangeMode mode = x->par->exchange;
     if (ep->size == 1 || n_calls == 0 || mode == EXCHANGE_SENDRECV) return;
     size_t R = model_routed_rows(&x->cfg, x->T), Rr = moe_exchange_received_rows(x, x->T);
     size_t y = peer_piece(R, act_row(x)), xe = peer_piece(Rr, x->send_row_bytes);
-    size_t bytes = (size_t)n_calls * (y + xe) + y + peer_piece(Rr, act_row(x));
+    size_t grads = y + peer_piece(Rr, act_row(x)) + (x->send_row_bytes != act_row(x) ? xe : 0);
+    size_t bytes = (size_t)n_calls * (y + xe) + grads;
     if (!ep->ops) {
         x->peer = (PeerMem){.base = pool_alloc(x->mem, bytes), .bytes = bytes};
     } else if (ep->ops->peer_alloc && ep->ops->peer_alloc(ep, bytes, &x->peer) == 0) {

@@ -107,10 +107,10 @@ static const ConfigKey KEYS[] = {
                                     "experts' FP8 inputs and output gradients quantised straight from the "
                                     "tokens' rows, so the dispatch and the combine's backward copy none (the "
                                     "same results, two passes a layer less: +0.8-1.2% tokens/s on scale-E8)"),
-    BOOL(train, fp8_exchange, "with precision fp8: the experts' inputs travel between expert-parallel ranks as "
-                              "E4M3 codes and fp32 scales (D + 4 D / 128 bytes a row instead of 2 D) and the "
-                              "up projection's weight gradient reads them dequantised (one rounding more; "
-                              "set it alike on every layout compared, one rank included)"),
+    BOOL(train, fp8_exchange, "with precision fp8: the experts' inputs and their output gradients travel "
+                              "between expert-parallel ranks as E4M3 codes and fp32 scales (D + 4 D / 128 "
+                              "bytes a row instead of 2 D) and the weight gradients read them dequantised "
+                              "(one rounding more; set it alike on every layout compared, one rank included)"),
     BOOL(train, deterministic, "GPU runs bitwise reproducible: cuDNN's deterministic attention backward "
                                "(every other kernel sums in a fixed order always; the CPU always is)"),
     REAL(train, comm_timeout, "seconds without progress before a rank of a multi-rank run ends "
