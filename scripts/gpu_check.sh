@@ -178,9 +178,9 @@ if has fp8loss; then
     # by rounding alone) and bf16 from another seed (other initial weights and data order).
     # Sequences of 1024, FP8LOSS_MICRO (default 1) a step: 2,000 steps read the ~1M-byte corpus about
     # twice (with 4, 8 times: the ~1B-parameter model then memorises it and the validation loss rises
-    # from step ~1,200). A run named fp8x is fp8 with train.fp8_exchange (the experts' inputs as their
-    # FP8 exchange makes them, on one GPU too); FP8LOSS_ARGS adds settings to every run (e.g.
-    # train.deterministic=true).
+    # from step ~1,200). A run named fp8x is fp8 with train.fp8_exchange (the experts' inputs and output
+    # gradients as the FP8 exchange makes them, on one GPU too); FP8LOSS_ARGS adds settings to every
+    # run (e.g. train.deterministic=true).
     LOSS_RUN="configs/bench/scale-E8.json model.vocab_size=257 train.seq_len=1024 train.micro_batch=${FP8LOSS_MICRO:-1} train.steps=2000
               train.warmup=200 train.eval_every=200 train.ckpt_every=0 ${FP8LOSS_ARGS:-}"
     runs=${FP8LOSS_RUNS:-bf16 fp8 bf16-again bf16-seed2} # the first is the others' reference
