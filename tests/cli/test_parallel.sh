@@ -225,6 +225,15 @@ if still "$tmp/fp8x-act" && still "$tmp/fp8x-still" train.fp8_exchange=true &&
     then ok "$name: 48 bytes a row; bitwise the act-precision exchange's losses, as many values quantised"
     else bad "$name" "$(first_diffs "$tmp/fp8x-act" "$tmp/fp8x-still")"; fi
 else bad "$name" "$(grep -o 'expert rows.*' "$tmp/fp8x-still.log"; tail -3 "$tmp/fp8x-still.log")"; fi
+# ... and with receive buffers bounded (parallel.recv_capacity): the same rows dropped both ways.
+drops() { grep -o '"drop_rate":[0-9.e+-]*' "$1/metrics.jsonl"; }
+name="fp8 exchange, dp=2 ep=2, weights still, receive capacity 0.6"
+if still "$tmp/fp8x-act-cap" parallel.recv_capacity=0.6 &&
+    still "$tmp/fp8x-still-cap" train.fp8_exchange=true parallel.recv_capacity=0.6 &&
+    same_bits "$tmp/fp8x-act-cap" "$tmp/fp8x-still-cap" && [ "$(drops "$tmp/fp8x-act-cap")" = "$(drops "$tmp/fp8x-still-cap")" ] &&
+    drops "$tmp/fp8x-still-cap" | grep -qv '"drop_rate":0\.0$'; then
+    ok "$name: bitwise the act-precision exchange's losses and drop rates (some rows dropped)"
+else bad "$name" "$(first_diffs "$tmp/fp8x-act-cap" "$tmp/fp8x-still-cap"; drops "$tmp/fp8x-still-cap" | sort | uniq -c | head -3)"; fi
 train 1 "$tmp/fp8x_single" $FP8X || bad "fp8 exchange: one rank trains" "$(tail -5 "$tmp/fp8x_single.log")"
 if train 4 "$tmp/fp8x_pp2" $FP8X parallel.pp=2 parallel.ep=2 && near_fp8 "$tmp/fp8x_single" "$tmp/fp8x_pp2"; then
     ok "fp8 exchange, pp=2 x dp=2 ep=2: one rank's first loss, the rest within 1e-3"
