@@ -432,8 +432,8 @@ static void alloc_scratch(Model *m, size_t T) {
         s->dy = a, s->dxp = ep ? moe_exchange_buf(&m->xchg, R) : b;
         s->dlogits = act_buf(m, T * c->n_experts), s->dtopk_w = f32_buf(m, T * c->top_k);
         if (ep) s->dxe = moe_exchange_buf(&m->xchg, Rr);
-        if (receives_fp8(m)) s->dye8 = moe_exchange_recv_buf(&m->xchg, Rr);
         else s->row_w = f32_buf(m, Rr), s->row_dot = f32_buf(m, Rr);
+        if (receives_fp8(m)) s->dye8 = moe_exchange_recv_buf(&m->xchg, Rr);
         if (model_keeps_fp8_xe(m) && m->fp8->fused_dispatch && !m->fp8->exchange) s->row_token = i32_buf(m, Rr);
     }
 }
@@ -595,7 +595,7 @@ static void alloc_fp8_operands(Model *m) {
     size_t T = m->B * m->S, Rr = moe_exchange_received_rows(&m->xchg, T), El = (size_t)m->n_experts_local;
     Fp8Operands *o = m->fp8;
     o->weights = moe_calloc(FP8_LAYER_TENSORS * (size_t)n_local_layers(m), sizeof *o->weights);
-    bool sends = o->exchange && m->par->ep->size > 1 && n_local_moe_layers(m) > 0;
+    bool sends = receives_fp8(m) && n_local_moe_layers(m) > 0;
     size_t R = model_routed_rows(c, T); // rows a sender quantises (their grouped scales: row_scales)
     Fp8Extent experts = {.R = sends ? max_size(Rr, R) : Rr, .Tt = fp8_expert_cols(Rr, El)};
     Fp8Extent dense_x = {.R = T, .Tt = fp8_expert_cols(T, 1)};
@@ -1161,23 +1161,38 @@ size_t model_exchange_row_bytes(const Model *m) {
     return receives_fp8(m) ? D + m->fp8->send_pitch * m->ops->f32_size : D * m->ops->act_size;
 }
 
+// train.fp8_exchange: the FP8 rows of rows (Rr, d_model wide) of the experts of off (n) that travel
+// as FP8, returned (their codes; scales in Fp8Operands.row_scales), and their token-major copy t
+// (counted in class c) from them dequantised: rows received (several ranks) hold them already and
+// are dequantised into `scratch`; else (one rank) rows holds act values, quantised here (counted in
+// row_counts; NULL: not counted) and dequantised into rows itself, whose last reader this is.
+static const void *exchanged_rows(const ExpertWork *w, void *rows, const Fp8Cols *t, void *scratch,
+                                  const int32_t *off, size_t n, Fp8Class c, uint64_t *row_counts) {
+    Model *m = w->m;
+    const Fp8Operands *q = m->fp8;
+    if (receives_fp8(m)) {
+        received_row_scales(m, rows, off, n, w->Rr);
+        dequantised_cols(m, t, scratch, rows, off, n, w->Rr, c);
+        return rows;
+    }
+    m->ops->fp8_quantize_rows(q->rows, q->row_scales, rows, off, n, w->Rr, m->cfg.d_model, q->how, row_counts);
+    dequantised_cols(m, t, rows, q->rows, off, n, w->Rr, c);
+    return q->rows;
+}
+
 // The gate|up product's input of experts [e0, e0 + n) in FP8: its codes, with their scales in
 // Fp8Operands.row_scales, where they are made before the product (NULL: fp8_forward quantises them).
 // Received through the FP8 exchange; or, with train.fp8_exchange and one rank, where the forward keeps
-// the token-major copy xe_t (made from the rows dequantised, into xe itself, which nothing reads
-// after this).
+// the token-major copy xe_t (exchanged_rows).
 static const void *experts_input_rows(const ExpertWork *w, const int32_t *off, size_t n) {
     Model *m = w->m;
-    const Fp8Operands *q = m->fp8;
     if (receives_fp8(m)) {
         received_row_scales(m, w->x->xe, off, n, w->Rr);
         return w->x->xe;
     }
     if (!fp8_exchanges(m) || !w->xe_t) return NULL;
-    m->ops->fp8_quantize_rows(q->rows, q->row_scales, w->x->xe, off, n, w->Rr, m->cfg.d_model, q->how,
-                              fp8_counts(q, FP8_CLASS_ACTIVATIONS));
-    dequantised_cols(m, w->xe_t, w->x->xe, q->rows, off, n, w->Rr, FP8_CLASS_ACTIVATIONS);
-    return q->rows;
+    return exchanged_rows(w, w->x->xe, w->xe_t, NULL, off, n, FP8_CLASS_ACTIVATIONS,
+                          fp8_counts(m->fp8, FP8_CLASS_ACTIVATIONS));
 }
 
 static void experts_forward(void *ctx, size_t e0, size_t e1) {
@@ -1390,42 +1405,25 @@ static void rows_recompute(const ExpertWork *w) {
 }
 
 // train.fp8_exchange in the backward (no copy kept): the gate|up weight gradient's token-major copy
-// of the experts' inputs into Fp8Operands.x_t (described in *xt, returned) from their FP8 rows
-// dequantised: the received codes (several ranks), dequantised into scratch B, whose dhact the
-// SwiGLU backward has read; or (one rank) the rows quantised again, uncounted (the forward counted
-// them), and dequantised into xe itself, whose last reader this is.
+// of the experts' inputs into Fp8Operands.x_t (described in *xt, returned) by exchanged_rows: the
+// received rows dequantised into scratch B, whose dhact the SwiGLU backward has read; with one rank
+// the rows quantised again, uncounted (the forward counted them).
 static const Fp8Cols *exchanged_cols(const ExpertWork *w, Fp8Cols *xt, const int32_t *off, size_t n) {
-    Model *m = w->m;
-    const Fp8Operands *q = m->fp8;
+    const Fp8Operands *q = w->m->fp8;
     *xt = (Fp8Cols){.q = q->x_t, .scales = q->x_t_scales};
-    if (receives_fp8(m)) {
-        received_row_scales(m, w->x->xe, off, n, w->Rr);
-        dequantised_cols(m, xt, m->s.dhact, w->x->xe, off, n, w->Rr, FP8_CLASS_ACTIVATIONS);
-        return xt;
-    }
-    m->ops->fp8_quantize_rows(q->rows, q->row_scales, w->x->xe, off, n, w->Rr, m->cfg.d_model, q->how, NULL);
-    dequantised_cols(m, xt, w->x->xe, q->rows, off, n, w->Rr, FP8_CLASS_ACTIVATIONS);
+    exchanged_rows(w, w->x->xe, xt, w->m->s.dhact, off, n, FP8_CLASS_ACTIVATIONS, NULL);
     return xt;
 }
 
-// train.fp8_exchange: the down projection's output gradients dye as FP8 rows (returned: their codes,
-// scales in Fp8Operands.row_scales) and their token-major copy (Fp8Operands.dout_t) from them
-// dequantised: the received rows (several ranks), dequantised into scratch A, whose dgu the SwiGLU
-// backward writes after; or (one rank) dye's rows quantised here and dequantised into dye itself,
-// which the down projection's products then read only through these copies.
+// train.fp8_exchange: the down projection's output gradients dye as FP8 rows (returned) and their
+// token-major copy (Fp8Operands.dout_t) by exchanged_rows: the received rows dequantised into
+// scratch A, whose dgu the SwiGLU backward writes after; with one rank dye's rows quantised here,
+// after which the down projection's products read dye only through these copies.
 static const void *exchanged_dout(const ExpertWork *w, const int32_t *off, size_t n) {
-    Model *m = w->m;
-    const Fp8Operands *q = m->fp8;
+    const Fp8Operands *q = w->m->fp8;
     Fp8Cols t = {.q = q->dout_t, .scales = q->dout_t_scales};
-    if (receives_fp8(m)) {
-        received_row_scales(m, w->dye, off, n, w->Rr);
-        dequantised_cols(m, &t, m->s.dgu, w->dye, off, n, w->Rr, FP8_CLASS_GRADIENTS);
-        return w->dye;
-    }
-    m->ops->fp8_quantize_rows(q->rows, q->row_scales, w->dye, off, n, w->Rr, m->cfg.d_model, q->how,
-                              fp8_counts(q, FP8_CLASS_GRADIENTS));
-    dequantised_cols(m, &t, w->dye, q->rows, off, n, w->Rr, FP8_CLASS_GRADIENTS);
-    return q->rows;
+    return exchanged_rows(w, w->dye, &t, w->m->s.dgu, off, n, FP8_CLASS_GRADIENTS,
+                          fp8_counts(q, FP8_CLASS_GRADIENTS));
 }
 
 static void experts_backward(void *ctx, size_t e0, size_t e1) {
