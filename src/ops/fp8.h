@@ -76,15 +76,22 @@ FP8_FN float fp8_e4m3_decode(uint8_t c) {
     return c & 0x80 ? -a : a;
 }
 
-// The scale of a block whose largest magnitude is amax: values are stored as e4m3(x inv), inv =
-// fp8_scale_inverse(scale), one division a block and a product a value, and read as e4m3 x scale.
-// An all-zero block (or one so small that amax / 448 is 0) gets scale 1, so its codes are zeros; a
-// scale below the smallest normal float is raised to it, so that its inverse is finite (a block of
-// amax below 448 x 2^-126, smaller than any value training meets, then uses less of E4M3's range);
-// a block holding an infinity gets an infinite scale (either scaling: frexpf of an infinity leaves
-// its exponent unspecified), whose inverse 0 codes its finite values 0 and its infinities NaN.
-FP8_FN float fp8_block_scale(float amax, Fp8Scaling how) {
-    float s = amax / FP8_E4M3_MAX;
+// amax / FP8_E4M3_MAX as IEEE division rounds it wherever the quotient is a normal float. On the
+// GPU: the product by the rounded reciprocal and one FMA's correction (3 instructions, against the
+// division's ~10 and its slow-path branch); below 2^-126 it may differ from the division, where
+// fp8_scale_of_quotient raises both to 2^-126 (or both give 0). build/test_cuda checks every amax.
+FP8_FN float fp8_amax_quotient(float amax) {
+#ifdef __CUDA_ARCH__
+    const float r = 1.0f / FP8_E4M3_MAX;
+    float q = amax * r, e = fmaf(-q, FP8_E4M3_MAX, amax);
+    return e != e ? q : fmaf(e, r, q); // an infinite or NaN amax: the product's
+#else
+    return amax / FP8_E4M3_MAX;
+#endif
+}
+
+// fp8_block_scale from the quotient s = amax / FP8_E4M3_MAX.
+FP8_FN float fp8_scale_of_quotient(float s, Fp8Scaling how) {
     if (!(s > 0)) return s != s ? s : 1.0f;
     if (s < 0x1p-126f) return 0x1p-126f;
     if (how == FP8_SCALE_AMAX || s == INFINITY) return s;
@@ -92,6 +99,15 @@ FP8_FN float fp8_block_scale(float amax, Fp8Scaling how) {
     float m = frexpf(s, &e); // s = m 2^e, m in [0.5, 1)
     return ldexpf(1.0f, m == 0.5f ? e - 1 : e);
 }
+
+// The scale of a block whose largest magnitude is amax: values are stored as e4m3(x inv), inv =
+// fp8_scale_inverse(scale), one division a block and a product a value, and read as e4m3 x scale.
+// An all-zero block (or one so small that amax / 448 is 0) gets scale 1, so its codes are zeros; a
+// scale below the smallest normal float is raised to it, so that its inverse is finite (a block of
+// amax below 448 x 2^-126, smaller than any value training meets, then uses less of E4M3's range);
+// a block holding an infinity gets an infinite scale (either scaling: frexpf of an infinity leaves
+// its exponent unspecified), whose inverse 0 codes its finite values 0 and its infinities NaN.
+FP8_FN float fp8_block_scale(float amax, Fp8Scaling how) { return fp8_scale_of_quotient(fp8_amax_quotient(amax), how); }
 
 // What values of a block of scale s are multiplied by before rounding to E4M3 (finite for every
 // scale fp8_block_scale gives but an infinite one, whose inverse is 0).

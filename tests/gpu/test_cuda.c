@@ -713,10 +713,13 @@ static void test_moe(void) {
 // ---------------------------------------------------------------- FP8 recipe
 
 // Normal values of scale `scale` (rows of `cols`) with outliers past E4M3's range (x1000 every 37th
-// value, x3000 every 101st) and an all-zero block: rows [z0, z1), the first 128 columns.
+// value, x3000 every 101st), exact zeros (every 13th value: pieces of 8 with zeros only, and with
+// zeros beside values flushed in an outlier's block) and an all-zero block: rows [z0, z1), the first
+// 128 columns.
 static void fp8_inputs(Buf *b, size_t cols, uint64_t seed, double scale, size_t z0, size_t z1) {
     for (size_t i = 0; i < b->n; i++)
-        b->ref[i] = (float)(scale * rng_normal(seed, i) * (i % 101 == 5 ? 3e3 : i % 37 == 3 ? 1e3 : 1));
+        b->ref[i] = i % 13 == 7 ? 0.0f
+                                : (float)(scale * rng_normal(seed, i) * (i % 101 == 5 ? 3e3 : i % 37 == 3 ? 1e3 : 1));
     for (size_t r = z0; r < z1 && (r + 1) * cols <= b->n; r++)
         for (size_t k = 0; k < cols && k < FP8_BLOCK; k++) b->ref[r * cols + k] = 0;
     buf_push(b);
@@ -1099,11 +1102,14 @@ static void test_fp8(void) {
         FAIL("this GPU has no FP8 products (the CUDA backend's need Hopper)");
         return;
     }
-    uint32_t first = 0;
-    uint64_t bad = cuda_fp8_encoder_mismatches(&first);
-    if (bad) FAIL("the GPU's E4M3 conversion differs from the recipe's on %llu fp32 inputs, first 0x%08x",
-                  (unsigned long long)bad, first);
-    else printf("    the GPU's E4M3 conversion gives the recipe's code for every fp32 input\n");
+    const char *checked[] = {"E4M3 conversion", "block scale (amax / 448)", "power-of-two block scale"};
+    for (int what = FP8_CHECK_ENCODER; what <= FP8_CHECK_SCALE_POW2; what++) {
+        uint32_t first = 0;
+        uint64_t bad = cuda_fp8_recipe_mismatches((Fp8Check)what, &first);
+        if (bad) FAIL("the GPU's %s differs from the recipe's on %llu fp32 inputs, first 0x%08x", checked[what],
+                      (unsigned long long)bad, first);
+        else printf("    the GPU's %s is the recipe's for every fp32 input\n", checked[what]);
+    }
     int rows1[5] = {0, 37, 0, 130, 3}, rows2[8] = {500, 1, 0, 257, 64, 129, 0, 2000};
     int rows3[16] = {3000, 1500, 1000, 750, 600, 500, 1, 0, 333, 300, 2, 250, 0, 7, 200, 129};
     test_fp8_case(5, rows1, 48, 80, FP8_SCALE_AMAX);

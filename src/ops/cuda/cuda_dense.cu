@@ -305,7 +305,7 @@ __global__ void swiglu_forward_kernel(bf16 *out, const bf16 *gu, size_t R, size_
 // gradients over g and u (dgu may be gu: each thread reads its values before writing them).
 __device__ __forceinline__ void swiglu_grad8(float g[8], float u[8], const float d[8], float w) {
     for (int k = 0; k < 8; k++) {
-        float s = 1.0f / (1.0f + __expf(-g[k])), dy = d[k] * w, gate = g[k];
+        float s = swiglu_sigmoid(g[k]), dy = d[k] * w, gate = g[k];
         g[k] = dy * u[k] * s * (1.0f + gate * (1.0f - s));
         u[k] = dy * gate * s;
     }

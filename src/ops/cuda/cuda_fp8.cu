@@ -25,18 +25,37 @@ __device__ bool fp8_row_group(const int32_t *offsets, int E, int R, int r, int *
     return true;
 }
 
-// Whether any of the n codes packed in words has magnitude 0 (+-0: a zero or a flushed value) or
-// 0x7f (NaN: the code of every NaN value): bit 7 of each byte of m + 1 flags 0x7f, of ~((m + 0x7f)
-// | m) flags 0 (no carry leaves a byte, as m < 0x80). About 10 instructions for 8 codes.
+// Whether any of the n codes packed in words has magnitude 0x7f (NaN: the code of every NaN value)
+// or magnitude 0 (+-0) where bit 7 of its byte in nonzero (words alike) is set (the value is not
+// +-0, so that its code is a flushed one; NULL: any zero code): bit 7 of each byte of m + 1
+// flags 0x7f, of ~((m + 0x7f) | m) flags 0 (no carry leaves a byte, as m < 0x80). About 10
+// instructions for 8 codes.
 template <int n>
-__device__ __forceinline__ bool fp8_codes_zero_or_nan(const uint32_t *words) {
+__device__ __forceinline__ bool fp8_codes_zero_or_nan(const uint32_t *words, const uint32_t *nonzero) {
     uint32_t flags = 0;
 #pragma unroll
     for (int i = 0; i < n / 4; i++) {
         uint32_t m = words[i] & 0x7f7f7f7fu;
-        flags |= ~((m + 0x7f7f7f7fu) | m) | (m + 0x01010101u);
+        flags |= (~((m + 0x7f7f7f7fu) | m) & (nonzero ? nonzero[i] : ~0u)) | (m + 0x01010101u);
     }
     return flags & 0x80808080u;
+}
+
+// Whether the 8 codes at q (8-byte aligned) of the 8 bf16 values at x (16-byte aligned) hold
+// nothing fp8_count_values_of counts: no NaN code and no zero code but those of values +-0. Exact
+// zeros are common in some tensors (the experts' inputs of the benchmark's steps sent ~2 pieces a
+// warp and tile down the rare path), so the rare path starts with this packed test (~25
+// instructions against its ~150): bit 15 of each half of (magnitude + 0x7fff) is set where a value
+// is not +-0 (no carry leaves a half), and bytes 1 and 3 of two such words line up with a code word.
+__device__ __forceinline__ bool fp8_piece_zeros_only(const bf16 *x, const uint8_t *q) {
+    if ((uintptr_t)x % 16 || (uintptr_t)q % 8) return false;
+    uint4 piece = *reinterpret_cast<const uint4 *>(x);
+    uint2 codes = *reinterpret_cast<const uint2 *>(q);
+    uint32_t w[4] = {piece.x, piece.y, piece.z, piece.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) w[i] = (w[i] & 0x7fff7fffu) + 0x7fff7fffu;
+    const uint32_t words[2] = {codes.x, codes.y}, nonzero[2] = {__byte_perm(w[0], w[1], 0x7531), __byte_perm(w[2], w[3], 0x7531)};
+    return !fp8_codes_zero_or_nan<8>(words, nonzero);
 }
 
 // What the first `valid` (up to n) values of a piece, value(i) (as quantised) with their codes q as
@@ -69,6 +88,7 @@ __device__ __forceinline__ void fp8_count_values_of(uint64_t *counts, Value valu
 template <int n>
 __device__ __noinline__ void fp8_count_piece(uint64_t *counts, const bf16 *x, const uint8_t *q, int valid, float inv,
                                              const float *col, uint32_t sat) {
+    if (valid <= 0 || (n == 8 && valid >= 8 && !sat && fp8_piece_zeros_only(x, q))) return;
     fp8_count_values_of<n>(counts, [=](int i) { return bf(x[i]); }, q, valid, inv, col, sat);
 }
 
@@ -86,19 +106,16 @@ __device__ __noinline__ void fp8_count_swiglu_piece(uint64_t *counts, const bf16
 // that may saturate (nearly every piece) costs this one packed test.
 template <int n>
 __device__ __forceinline__ bool fp8_needs_count(const uint32_t *words, uint32_t sat) {
-    return sat || fp8_codes_zero_or_nan<n>(words);
+    return sat || fp8_codes_zero_or_nan<n>(words, NULL);
 }
 
 // Adds to counts (NULL: nothing) what a piece of n values quantised to the codes packed in words
 // (4 a word) flushes, saturates and holds as NaN (FP8_COUNT_VALUES aside: fp8_count_values); the
-// rest as fp8_count_piece, which runs only where fp8_needs_count (with swiglu_up > 0, x holds the
-// gate values of the SwiGLU output quantised: fp8_count_swiglu_piece).
+// rest as fp8_count_piece, which runs only where fp8_needs_count.
 template <int n>
 __device__ __forceinline__ void fp8_count(uint64_t *counts, const uint32_t *words, uint32_t sat, const bf16 *x,
-                                          const uint8_t *q, int valid, float inv, const float *col, int swiglu_up = 0) {
-    if (!counts || !fp8_needs_count<n>(words, sat)) return;
-    if (swiglu_up) fp8_count_swiglu_piece<n>(counts, x, swiglu_up, q, valid, inv, sat);
-    else fp8_count_piece<n>(counts, x, q, valid, inv, col, sat);
+                                          const uint8_t *q, int valid, float inv, const float *col) {
+    if (counts && fp8_needs_count<n>(words, sat)) fp8_count_piece<n>(counts, x, q, valid, inv, col, sat);
 }
 
 // The values a launch quantises (the rows of the groups of offsets, as fp8_row_group, times width),
@@ -219,29 +236,46 @@ __device__ void fp8_row_scales(const float amax[N], float inv[N], uint32_t *sat,
     }
 }
 
-// Lane's piece v of block kb of row r (as fp8_row_scales) to codes under inverse inv into q,
-// counted in counts (fp8_count; sat: the block may saturate; x: the values as quantised, row r of
-// them at row xr of x; with swiglu_up > 0, x holds the gate values of a SwiGLU whose output they
-// are, rows of 2 swiglu_up, and the rare path recomputes them: fp8_count_swiglu_piece).
-__device__ void fp8_store_row_codes(uint8_t *q, const bf16 *x, int K, int r, int xr, int kb, const float v[8],
-                                    float inv, bool sat, bool vec, uint64_t *counts, int swiglu_up = 0) {
+// Lane's piece v of block kb of row r (as fp8_row_scales) to codes under inverse inv into q (vec:
+// one 8-byte store; a template constant of the kernels, so that theirs holds no other path).
+// Returns whether the piece takes fp8_count's rare path (sat: the block may saturate; counts NULL:
+// never), which fp8_count_row_piece then runs after the kernel's loop over its pieces.
+__device__ __forceinline__ bool fp8_store_row_codes(uint8_t *q, int K, int r, int kb, const float v[8], float inv,
+                                                    bool sat, bool vec, const uint64_t *counts) {
     int k = kb * FP8_BLOCK + 8 * (threadIdx.x & 15);
     uint2 codes = fp8_codes8(v, &inv, 0);
     uint8_t *dst = q + (size_t)r * K + k;
-    if (vec && k < K) *reinterpret_cast<uint2 *>(dst) = codes;
-    else
+    if (vec) {
+        if (k < K) *reinterpret_cast<uint2 *>(dst) = codes;
+    } else
 #pragma unroll
         for (int i = 0; i < 8; i++)
             if (k + i < K) dst[i] = (uint8_t)((i < 4 ? codes.x : codes.y) >> (8 * (i % 4)));
     const uint32_t words[2] = {codes.x, codes.y};
-    size_t ld = swiglu_up ? 2 * (size_t)swiglu_up : (size_t)K;
-    fp8_count<8>(counts, words, sat ? 0xffffffffu : 0u, x + xr * ld + k, dst, K - k, inv, NULL, swiglu_up);
+    return counts && fp8_needs_count<8>(words, sat ? 0xffffffffu : 0u);
 }
 
-// Scale s of block kb of row r (in the group of rows from r0) into scales, laid out as
+// fp8_count of the piece fp8_store_row_codes stored for block kb of row r, the values as quantised
+// at row xr of x (with swiglu_up > 0, x holds the gate values of a SwiGLU whose output they are,
+// rows of 2 swiglu_up, and the rare path recomputes them: fp8_count_swiglu_piece).
+__device__ __noinline__ void fp8_count_row_piece(uint64_t *counts, const bf16 *x, const uint8_t *q, int K, int r,
+                                                 int xr, int kb, float inv, bool sat, int swiglu_up) {
+    int k = kb * FP8_BLOCK + 8 * (threadIdx.x & 15);
+    size_t ld = swiglu_up ? 2 * (size_t)swiglu_up : (size_t)K;
+    const uint8_t *dst = q + (size_t)r * K + k;
+    uint32_t all = sat ? 0xffffffffu : 0u;
+    if (swiglu_up) fp8_count_swiglu_piece<8>(counts, x + xr * ld + k, swiglu_up, dst, K - k, inv, all);
+    else fp8_count_piece<8>(counts, x + xr * ld + k, dst, K - k, inv, NULL, all);
+}
+
+// Where the scale of block kb of row r (in the group of rows from r0) lies in scales, laid out as
 // fp8_quantize_rows writes them.
+__device__ __forceinline__ float *fp8_row_scale_at(float *scales, int K, int r, int r0, int rows, int kb) {
+    return scales + (size_t)fp8_blocks((size_t)K) * r0 + (size_t)kb * rows + (r - r0);
+}
+
 __device__ __forceinline__ void fp8_store_row_scale(float *scales, int K, int r, int r0, int rows, int kb, float s) {
-    scales[(size_t)fp8_blocks((size_t)K) * r0 + (size_t)kb * rows + (r - r0)] = s;
+    *fp8_row_scale_at(scales, K, r, r0, rows, kb) = s;
 }
 
 // The rows' kernels (fp8_quantize_rows, and the SwiGLU that produces rows): a half-warp per 1x128
@@ -273,32 +307,39 @@ __device__ __forceinline__ bool fp8_row_in_group(const int32_t *offsets, int E, 
 }
 
 // The codes and scales of the rows' kernels' pieces, packed as bf16 in piece (the values as stored
-// at x; swiglu_up as fp8_store_row_codes), a block at a time (fp8_row_scales of one block: one pass
+// at x; swiglu_up as fp8_count_row_piece), a block at a time (fp8_row_scales of one block: one pass
 // over a piece's values; measured, the scales of a half-warp's FP8_R_PAIRS blocks at once ran slower
-// here, as the values had to be read twice and the kernel lost a block an SM to registers).
-__device__ void fp8_store_row_pieces(uint8_t *q, float *scales, const bf16 *x, const int32_t *offsets, int E, int R,
-                                     int K, const int rs[FP8_R_PAIRS], const int kbs[FP8_R_PAIRS],
-                                     const uint4 piece[FP8_R_PAIRS], bool vec, Fp8Scaling how, uint64_t *counts,
-                                     int swiglu_up = 0) {
+// here, as the values had to be read twice and the kernel lost a block an SM to registers), then
+// the counters' rare path for the pieces that need it.
+__device__ __forceinline__ void fp8_store_row_pieces(uint8_t *q, float *scales, const bf16 *x, const int32_t *offsets,
+                                                     int E, int R, int K, const int rs[FP8_R_PAIRS],
+                                                     const int kbs[FP8_R_PAIRS], const uint4 piece[FP8_R_PAIRS],
+                                                     bool vec, Fp8Scaling how, uint64_t *counts, int swiglu_up = 0) {
     int r0 = 0, rows = 0; // the group of the last row looked up: the next pieces' rows are mostly in it
+    float invs[FP8_R_PAIRS];
+    uint32_t flagged = 0, sats = 0; // bit j: piece j takes the rare path, its block may saturate
 #pragma unroll
     for (int j = 0; j < FP8_R_PAIRS; j++) {
-        float v[8], inv, s;
+        float v[8], s;
         uint32_t sat;
         int own;
         unpack8(v, piece[j]);
         float amax = fp8_piece_amax(piece[j]);
-        fp8_row_scales<1>(&amax, &inv, &sat, &s, &own, how); // by the whole half-warp: before any exit
+        fp8_row_scales<1>(&amax, &invs[j], &sat, &s, &own, how); // by the whole half-warp: before any exit
         if (!fp8_row_in_group(offsets, E, R, rs[j], &r0, &rows)) continue;
-        fp8_store_row_codes(q, x, K, rs[j], rs[j], kbs[j], v, inv, sat, vec, counts, swiglu_up);
+        flagged |= (uint32_t)fp8_store_row_codes(q, K, rs[j], kbs[j], v, invs[j], sat, vec, counts) << j;
+        sats |= (sat & 1u) << j;
         if (own == 0) fp8_store_row_scale(scales, K, rs[j], r0, rows, kbs[j], s);
     }
+    for (int j = 0; flagged && j < FP8_R_PAIRS; j++)
+        if ((flagged >> j) & 1) fp8_count_row_piece(counts, x, q, K, rs[j], rs[j], kbs[j], invs[j], (sats >> j) & 1, swiglu_up);
 }
 
-// vec: K a multiple of 8, x 16-byte and q 8-byte aligned (every piece whole or wholly outside).
+// VEC: K a multiple of 8, x 16-byte and q 8-byte aligned (every piece whole or wholly outside).
+template <bool VEC>
 __global__ void __launch_bounds__(FP8_R_THREADS)
 fp8_quantize_rows_kernel(uint8_t *q, float *scales, const bf16 *x, const int32_t *offsets, int E, int R, int K,
-                         bool vec, Fp8Scaling how, uint64_t *counts) {
+                         Fp8Scaling how, uint64_t *counts) {
     fp8_count_values(counts, offsets, E, R, K);
     int rs[FP8_R_PAIRS], kbs[FP8_R_PAIRS], c = 8 * (threadIdx.x & 15);
     fp8_row_pieces(R, (int)fp8_blocks((size_t)K), rs, kbs);
@@ -306,19 +347,20 @@ fp8_quantize_rows_kernel(uint8_t *q, float *scales, const bf16 *x, const int32_t
 #pragma unroll
     for (int j = 0; j < FP8_R_PAIRS; j++) {
         int k = kbs[j] * FP8_BLOCK + c;
-        raw[j] = rs[j] < R ? fp8_load_piece(x + (size_t)rs[j] * K + k, K - k, vec) : make_uint4(0, 0, 0, 0);
+        raw[j] = rs[j] < R ? fp8_load_piece(x + (size_t)rs[j] * K + k, K - k, VEC) : make_uint4(0, 0, 0, 0);
     }
-    fp8_store_row_pieces(q, scales, x, offsets, E, R, K, rs, kbs, raw, vec, how, counts);
+    fp8_store_row_pieces(q, scales, x, offsets, E, R, K, rs, kbs, raw, VEC, how, counts);
 }
 
 // SwiGLU with its output's quantised rows in the same pass (the pieces of the rows' kernel, the
 // gate's and the up projection's loads all issued first): the values rounded to bf16 as stored,
 // then quantised, so that the codes are those of fp8_quantize_rows on the stored output; with out
-// NULL not stored (the counters' rare path recomputes them from gu). vec: H a multiple of 8, gu and
+// NULL not stored (the counters' rare path recomputes them from gu). VEC: H a multiple of 8, gu and
 // out (where stored) 16-byte and q 8-byte aligned.
+template <bool VEC>
 __global__ void __launch_bounds__(FP8_R_THREADS)
 swiglu_forward_fp8_kernel(bf16 *out, uint8_t *q, float *scales, const bf16 *gu, const int32_t *offsets, int E, int R,
-                          int H, bool vec, Fp8Scaling how, uint64_t *counts) {
+                          int H, Fp8Scaling how, uint64_t *counts) {
     fp8_count_values(counts, offsets, E, R, H);
     int rs[FP8_R_PAIRS], kbs[FP8_R_PAIRS], c = 8 * (threadIdx.x & 15);
     fp8_row_pieces(R, (int)fp8_blocks((size_t)H), rs, kbs);
@@ -327,8 +369,8 @@ swiglu_forward_fp8_kernel(bf16 *out, uint8_t *q, float *scales, const bf16 *gu, 
     for (int j = 0; j < FP8_R_PAIRS; j++) {
         int k = kbs[j] * FP8_BLOCK + c;
         const bf16 *g = gu + (size_t)rs[j] * 2 * H + k;
-        gate[j] = rs[j] < R ? fp8_load_piece(g, H - k, vec) : make_uint4(0, 0, 0, 0);
-        up[j] = rs[j] < R ? fp8_load_piece(g + H, H - k, vec) : make_uint4(0, 0, 0, 0);
+        gate[j] = rs[j] < R ? fp8_load_piece(g, H - k, VEC) : make_uint4(0, 0, 0, 0);
+        up[j] = rs[j] < R ? fp8_load_piece(g + H, H - k, VEC) : make_uint4(0, 0, 0, 0);
     }
     int r0 = 0, rows = 0;
 #pragma unroll
@@ -339,9 +381,9 @@ swiglu_forward_fp8_kernel(bf16 *out, uint8_t *q, float *scales, const bf16 *gu, 
         for (int i = 0; i < 8; i++) v[i] = bf(to_bf(swiglu_value(g[i], u[i])));
         gate[j] = fp8_pack_piece(v); // the output as stored (exact: v is bf16 already)
         if (out && fp8_row_in_group(offsets, E, R, rs[j], &r0, &rows))
-            fp8_store_piece(out + (size_t)rs[j] * H + k, gate[j], H - k, vec);
+            fp8_store_piece(out + (size_t)rs[j] * H + k, gate[j], H - k, VEC);
     }
-    fp8_store_row_pieces(q, scales, gu, offsets, E, R, H, rs, kbs, gate, vec, how, counts, H);
+    fp8_store_row_pieces(q, scales, gu, offsets, E, R, H, rs, kbs, gate, VEC, how, counts, H);
 }
 
 // The quantisation kernels index rows, columns and row blocks in 32 bits (addresses in 64): R rows
@@ -363,8 +405,9 @@ extern "C" void cuda_fp8_quantize_rows(void *q, void *scales, const void *x, con
                                        size_t K, Fp8Scaling how, uint64_t *counts) {
     if (!R || !K) return;
     bool vec = K % 8 == 0 && aligned16(x) && (uintptr_t)q % 8 == 0;
-    fp8_quantize_rows_kernel<<<fp8_rows_grid(R, K), FP8_R_THREADS, 0, cuda_ctx.stream>>>(
-        (uint8_t *)q, (float *)scales, (const bf16 *)x, offsets, (int)E, (int)R, (int)K, vec, how, counts);
+    auto kernel = vec ? fp8_quantize_rows_kernel<true> : fp8_quantize_rows_kernel<false>;
+    kernel<<<fp8_rows_grid(R, K), FP8_R_THREADS, 0, cuda_ctx.stream>>>((uint8_t *)q, (float *)scales, (const bf16 *)x,
+                                                                      offsets, (int)E, (int)R, (int)K, how, counts);
     CUDA_LAUNCH_CHECK();
 }
 
@@ -372,9 +415,9 @@ extern "C" void cuda_swiglu_forward_fp8(void *out, void *q, void *scales, const 
                                         size_t E, size_t R, size_t H, Fp8Scaling how, uint64_t *counts) {
     if (!R || !H) return;
     bool vec = H % 8 == 0 && aligned16(gu) && aligned16(out) && (uintptr_t)q % 8 == 0; // NULL is aligned
-    swiglu_forward_fp8_kernel<<<fp8_rows_grid(R, H), FP8_R_THREADS, 0, cuda_ctx.stream>>>(
-        (bf16 *)out, (uint8_t *)q, (float *)scales, (const bf16 *)gu, offsets, (int)E, (int)R, (int)H, vec, how,
-        counts);
+    auto kernel = vec ? swiglu_forward_fp8_kernel<true> : swiglu_forward_fp8_kernel<false>;
+    kernel<<<fp8_rows_grid(R, H), FP8_R_THREADS, 0, cuda_ctx.stream>>>(
+        (bf16 *)out, (uint8_t *)q, (float *)scales, (const bf16 *)gu, offsets, (int)E, (int)R, (int)H, how, counts);
     CUDA_LAUNCH_CHECK();
 }
 
@@ -504,12 +547,12 @@ __device__ void fp8_cols_stage(uint4 *slots, const bf16 *x, const int32_t *x_row
     cp_async_wait_all();
 }
 
-// vec: C a multiple of 8, x and qt 16-byte aligned (and q 8-byte aligned with ROWS). x_rows: as
+// VEC: C a multiple of 8, x and qt 16-byte aligned (and q 8-byte aligned with ROWS). x_rows: as
 // fp8_source_row. Dynamic shared memory: FP8_C_STAGE_BYTES, the threads' slots.
-template <bool ROWS>
+template <bool ROWS, bool VEC>
 __global__ void __launch_bounds__(FP8_C_THREADS, FP8_C_RESIDENT)
 fp8_quantize_cols_kernel(uint8_t *qt, float *scales_t, uint8_t *q, float *scales, const bf16 *x, const int32_t *x_rows,
-                         const int32_t *offsets, int E, int C, int Rt, bool vec, Fp8Scaling how, uint64_t *counts) {
+                         const int32_t *offsets, int E, int C, int Rt, Fp8Scaling how, uint64_t *counts) {
     fp8_count_values(counts, offsets, E, 0, ROWS ? 2 * C : C); // with ROWS: counted as two quantisations
     __shared__ uint4 tile[FP8_BLOCK][FP8_BLOCK / 16];
     __shared__ float inv[FP8_BLOCK]; // the columns' scale inverses
@@ -518,7 +561,7 @@ fp8_quantize_cols_kernel(uint8_t *qt, float *scales_t, uint8_t *q, float *scales
     int e = fp8_block_rows(offsets, E, b, &first, &n);
     int r0 = offsets[e], rows = offsets[e + 1] - r0; // the expert's rows (ROWS: the row scales' layout)
     const uint4 *raw = stage + t; // piece p at raw[p FP8_C_THREADS]
-    fp8_cols_stage(stage + t, x, x_rows, first, n, C, c, vec);
+    fp8_cols_stage(stage + t, x, x_rows, first, n, C, c, VEC);
     uint4 cmax = make_uint4(0, 0, 0, 0); // the thread's columns' maxima as packed bf16 pairs
     float amax[8], rmax[FP8_C_PIECES], v[8];  // the columns' maxima, the pieces' (ROWS)
 #pragma unroll
@@ -537,7 +580,9 @@ fp8_quantize_cols_kernel(uint8_t *qt, float *scales_t, uint8_t *q, float *scales
     if (ROWS) fp8_row_scales<FP8_C_PIECES>(rmax, rinv, &rsat, &rs, &own, how);
     uint32_t sat = 0; // amax[j] bounds the thread's values of column j
     for (int j = 0; j < 8; j++) sat |= (uint32_t)fp8_block_may_saturate(amax[j], cinv[j]) << j;
-    uint32_t flagged = 0; // bit p: piece p takes fp8_count's rare path, after the loop (fewer live registers)
+    // Bit p: piece p's token-major codes (flagged) or its row's (row_flagged) take fp8_count's rare
+    // path, after the loop (fewer live registers, no branch in it).
+    uint32_t flagged = 0, row_flagged = 0;
 #pragma unroll
     for (int p = 0; p < FP8_C_PIECES; p++) {
         int i = t / 16 + 16 * p;
@@ -545,22 +590,29 @@ fp8_quantize_cols_kernel(uint8_t *qt, float *scales_t, uint8_t *q, float *scales
         uint2 codes = fp8_codes8(v, cinv, 1);
         reinterpret_cast<uint2 *>(&tile[i][fp8_tile_chunk(i, c8 / 2)])[c8 % 2] = codes;
         const uint32_t words[2] = {codes.x, codes.y};
-        flagged |= (uint32_t)fp8_needs_count<8>(words, sat) << p;
+        if (counts) flagged |= (uint32_t)fp8_needs_count<8>(words, sat) << p;
         if (ROWS && i < n) {
-            fp8_store_row_codes(q, x, C, first + i, fp8_source_row(x_rows, first + i), blockIdx.x, v, rinv[p],
-                                (rsat >> p) & 1, vec, counts);
+            row_flagged |= (uint32_t)fp8_store_row_codes(q, C, first + i, blockIdx.x, v, rinv[p], (rsat >> p) & 1,
+                                                         VEC, counts) << p;
             if (p == own) fp8_store_row_scale(scales, C, first + i, r0, rows, blockIdx.x, rs);
         }
     }
-    for (int p = 0; counts && p < FP8_C_PIECES; p++) {
+    // The rows' inverses come from their scales as stored (by other lanes, seen after the barrier),
+    // not held in registers through the loop.
+    __syncthreads();
+    for (int p = 0; (flagged | row_flagged) && p < FP8_C_PIECES; p++) {
         int i = t / 16 + 16 * p;
         if ((flagged >> p) & 1)
             fp8_count_piece<8>(counts, i < n ? fp8_piece_src(x, x_rows, first + i, C, c) : x,
                                (const uint8_t *)&tile[i][fp8_tile_chunk(i, c8 / 2)] + 8 * (c8 % 2),
                                i < n ? C - c : 0, 0, inv + 8 * c8, sat);
+        if (ROWS && ((row_flagged >> p) & 1)) {
+            float rs = *fp8_row_scale_at(scales, C, first + i, r0, rows, blockIdx.x);
+            fp8_count_row_piece(counts, x, q, C, first + i, fp8_source_row(x_rows, first + i), blockIdx.x,
+                                fp8_scale_inverse(rs), (rsat >> p) & 1, 0);
+        }
     }
-    __syncthreads();
-    fp8_store_transposed(tile, qt + (size_t)c0 * Rt + (size_t)FP8_BLOCK * b, Rt, C - c0, FP8_BLOCK, vec);
+    fp8_store_transposed(tile, qt + (size_t)c0 * Rt + (size_t)FP8_BLOCK * b, Rt, C - c0, FP8_BLOCK, VEC);
 }
 
 // The token-major copies of x (R, C), and with q its rows too (q NULL: the copies alone); x_rows as
@@ -574,15 +626,18 @@ static void fp8_quantize_cols_launch(void *qt, void *scales_t, void *q, void *sc
     fp8_check_index(Rt, C);
     bool vec = C % 8 == 0 && aligned16(x) && aligned16(qt) && (uintptr_t)q % 8 == 0;
     dim3 grid((unsigned)fp8_blocks(C), (unsigned)(Rt / FP8_BLOCK));
-    auto kernel = q ? fp8_quantize_cols_kernel<true> : fp8_quantize_cols_kernel<false>;
-    static bool sized[2];
-    if (!sized[q != NULL]) {
+    static decltype(&fp8_quantize_cols_kernel<true, true>) const kernels[2][2] = {
+        {fp8_quantize_cols_kernel<false, false>, fp8_quantize_cols_kernel<false, true>},
+        {fp8_quantize_cols_kernel<true, false>, fp8_quantize_cols_kernel<true, true>}};
+    static bool sized[2][2];
+    auto kernel = kernels[q != NULL][vec];
+    if (!sized[q != NULL][vec]) {
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, FP8_C_STAGE_BYTES));
-        sized[q != NULL] = true;
+        sized[q != NULL][vec] = true;
     }
     kernel<<<grid, FP8_C_THREADS, FP8_C_STAGE_BYTES, cuda_ctx.stream>>>(
         (uint8_t *)qt, (float *)scales_t, (uint8_t *)q, (float *)scales, (const bf16 *)x, x_rows, offsets, (int)E,
-        (int)C, (int)Rt, vec, how, counts);
+        (int)C, (int)Rt, how, counts);
     CUDA_LAUNCH_CHECK();
 }
 
@@ -601,30 +656,35 @@ extern "C" void cuda_fp8_quantize_rows_cols(void *q, void *scales, void *qt, voi
 // FP8_W_PIECES pieces of 16 consecutive values of a row.
 #define FP8_W_THREADS 256
 #define FP8_W_PIECES (FP8_BLOCK * FP8_BLOCK / 16 / FP8_W_THREADS)
+#define FP8_W_RESIDENT 3
 
-// One block per 128x128 block (kb, nb) of weight matrix e. Its values stay in registers (16-byte
-// loads) from the amax to the codes, which go to q in 16-byte stores. vec: N and K multiples of 16
-// and 16-byte aligned buffers, so that every piece is whole or wholly outside; else loads and stores
-// go value by value.
-__global__ void __launch_bounds__(FP8_W_THREADS)
-fp8_quantize_weights_kernel(uint8_t *q, float *scales, float *scales_t, const bf16 *w, int64_t N, int64_t K, bool vec,
+// One block per 128x128 block (kb, nb) of weight matrix e. Its values stay in registers as packed
+// bf16 (16-byte loads: 32 registers, 80 in all, so 3 blocks fit an SM; as fp32 they took 128
+// registers and 2 blocks, at ~2.3 TB/s on olmoe-L8's experts; held to 64 for 4 blocks, they spill)
+// from the amax to the codes, which go to q in 16-byte stores. VEC: N and K multiples of 16 and
+// 16-byte aligned buffers, so that every piece is whole or wholly outside; else loads and stores go
+// value by value.
+template <bool VEC>
+__global__ void __launch_bounds__(FP8_W_THREADS, FP8_W_RESIDENT)
+fp8_quantize_weights_kernel(uint8_t *q, float *scales, float *scales_t, const bf16 *w, int64_t N, int64_t K,
                             Fp8Scaling how, uint64_t *counts) {
     fp8_count_values(counts, NULL, 0, (int64_t)gridDim.z * N, K);
     __shared__ float scratch[32];
     int64_t e = blockIdx.z, kb = blockIdx.x, nb = blockIdx.y, Kb = gridDim.x, Nb = gridDim.y;
     int64_t n0 = nb * FP8_BLOCK, k0 = kb * FP8_BLOCK;
     const bf16 *we = w + e * N * K;
-    float v[FP8_W_PIECES][16], amax = 0;
+    uint4 raw[FP8_W_PIECES][2]; // piece p's 16 values, 8 a half
+    float amax = 0;
 #pragma unroll
     for (int p = 0; p < FP8_W_PIECES; p++) {
         int u = threadIdx.x + p * FP8_W_THREADS;
         int64_t n = n0 + u / 8, k = k0 + 16 * (u % 8);
-        if (vec && n < N && k < K) load8(v[p], we + n * K + k), load8(v[p] + 8, we + n * K + k + 8);
-        else
 #pragma unroll
-            for (int j = 0; j < 16; j++) v[p][j] = n < N && k + j < K ? bf(we[n * K + k + j]) : 0.0f;
-#pragma unroll
-        for (int j = 0; j < 16; j++) amax = fmaxf(amax, fabsf(v[p][j]));
+        for (int h = 0; h < 2; h++) {
+            int valid = n < N ? (int)min(K - k - 8 * h, (int64_t)8) : 0;
+            raw[p][h] = fp8_load_piece(we + n * K + k + 8 * h, valid, VEC);
+            amax = fmaxf(amax, fp8_piece_amax(raw[p][h]));
+        }
     }
     amax = block_max(amax, scratch);
     float s = fp8_block_scale(amax, how), inv = fp8_scale_inverse(s);
@@ -635,15 +695,19 @@ fp8_quantize_weights_kernel(uint8_t *q, float *scales, float *scales_t, const bf
         int64_t n = n0 + i, k = k0 + 16 * c;
         uint32_t word[4];
 #pragma unroll
-        for (int j = 0; j < 4; j++) word[j] = fp8_codes4(v[p] + 4 * j, inv);
-        uint4 codes = make_uint4(word[0], word[1], word[2], word[3]);
-        fp8_count<16>(counts, word, sat, we + n * K + k, (const uint8_t *)&codes, n < N ? (int)(K - k) : 0, inv, NULL);
+        for (int h = 0; h < 2; h++) {
+            float v[8];
+            unpack8(v, raw[p][h]);
+            word[2 * h] = fp8_codes4(v, inv), word[2 * h + 1] = fp8_codes4(v + 4, inv);
+        }
         uint8_t *dst = q + e * N * K + n * K + k;
-        if (vec && n < N && k < K) *reinterpret_cast<uint4 *>(dst) = codes;
-        else
+        if (VEC) {
+            if (n < N && k < K) *reinterpret_cast<uint4 *>(dst) = make_uint4(word[0], word[1], word[2], word[3]);
+        } else
 #pragma unroll
             for (int j = 0; j < 16; j++)
                 if (n < N && k + j < K) dst[j] = (uint8_t)(word[j / 4] >> (8 * (j % 4)));
+        fp8_count<16>(counts, word, sat, we + n * K + k, dst, n < N ? (int)(K - k) : 0, inv, NULL); // codes as stored
     }
     if (threadIdx.x == 0) scales[(e * Kb + kb) * Nb + nb] = s, scales_t[(e * Nb + nb) * Kb + kb] = s;
 }
@@ -653,8 +717,9 @@ extern "C" void cuda_fp8_quantize_weights(void *q, void *scales, void *scales_t,
     if (!E || !N || !K) return;
     bool vec = N % 16 == 0 && K % 16 == 0 && aligned16(q) && aligned16(w);
     dim3 grid((unsigned)fp8_blocks(K), (unsigned)fp8_blocks(N), (unsigned)E);
-    fp8_quantize_weights_kernel<<<grid, FP8_W_THREADS, 0, cuda_ctx.stream>>>(
-        (uint8_t *)q, (float *)scales, (float *)scales_t, (const bf16 *)w, (int64_t)N, (int64_t)K, vec, how, counts);
+    auto kernel = vec ? fp8_quantize_weights_kernel<true> : fp8_quantize_weights_kernel<false>;
+    kernel<<<grid, FP8_W_THREADS, 0, cuda_ctx.stream>>>((uint8_t *)q, (float *)scales, (float *)scales_t,
+                                                        (const bf16 *)w, (int64_t)N, (int64_t)K, how, counts);
     CUDA_LAUNCH_CHECK();
 }
 
@@ -777,14 +842,25 @@ extern "C" void cuda_fp8_matmul(void *out, const void *a, const void *a_scales, 
     cuda_fp8_grouped_matmul(out, a, a_scales, b, b_scales, cuda_fp8_one_group(M), 1, N, K, M);
 }
 
-// Every fp32 bit pattern through fp8_e4m3_encode (the hardware conversion here) and
-// fp8_e4m3_encode_exact: the count that differ and the first such pattern.
-__global__ void fp8_encoder_check_kernel(unsigned long long *bad, uint32_t *first) {
+// Every fp32 bit pattern through the recipe's GPU code and its reference, counting those that
+// differ and keeping the first: fp8_e4m3_encode (the hardware conversion here) against
+// fp8_e4m3_encode_exact (FP8_CHECK_ENCODER), or fp8_block_scale (its quotient by an FMA correction)
+// against the scale of IEEE division's quotient (FP8_CHECK_SCALE_AMAX, _POW2; every finite amax and
+// infinity, as magnitudes are).
+__device__ bool fp8_recipe_differs(Fp8Check what, uint32_t u) {
+    float x = __uint_as_float(u);
+    if (what == FP8_CHECK_ENCODER) return fp8_e4m3_encode(x) != fp8_e4m3_encode_exact(x);
+    if (u > 0x7f800000u) return false;
+    Fp8Scaling how = what == FP8_CHECK_SCALE_AMAX ? FP8_SCALE_AMAX : FP8_SCALE_POW2;
+    return __float_as_uint(fp8_block_scale(x, how)) !=
+           __float_as_uint(fp8_scale_of_quotient(__fdiv_rn(x, FP8_E4M3_MAX), how));
+}
+
+__global__ void fp8_recipe_check_kernel(Fp8Check what, unsigned long long *bad, uint32_t *first) {
     uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
     unsigned long long n = 0;
     for (uint64_t u = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; u < (1ull << 32); u += stride) {
-        float x = __uint_as_float((uint32_t)u);
-        if (fp8_e4m3_encode(x) != fp8_e4m3_encode_exact(x)) {
+        if (fp8_recipe_differs(what, (uint32_t)u)) {
             if (!n) atomicMin(first, (uint32_t)u);
             n++;
         }
@@ -792,14 +868,14 @@ __global__ void fp8_encoder_check_kernel(unsigned long long *bad, uint32_t *firs
     if (n) atomicAdd(bad, n);
 }
 
-extern "C" uint64_t cuda_fp8_encoder_mismatches(uint32_t *first) {
+extern "C" uint64_t cuda_fp8_recipe_mismatches(Fp8Check what, uint32_t *first) {
     unsigned long long *bad;
     uint32_t *lowest;
     CUDA_CHECK(cudaMalloc(&bad, sizeof *bad + sizeof *lowest));
     lowest = (uint32_t *)(bad + 1);
     CUDA_CHECK(cudaMemset(bad, 0, sizeof *bad));
     CUDA_CHECK(cudaMemset(lowest, 0xff, sizeof *lowest));
-    fp8_encoder_check_kernel<<<4096, 256, 0, cuda_ctx.stream>>>(bad, lowest);
+    fp8_recipe_check_kernel<<<4096, 256, 0, cuda_ctx.stream>>>(what, bad, lowest);
     CUDA_LAUNCH_CHECK();
     unsigned long long n;
     CUDA_CHECK(cudaMemcpyAsync(&n, bad, sizeof n, cudaMemcpyDeviceToHost, cuda_ctx.stream));

@@ -49,9 +49,12 @@ void cuda_grouped_sm90(GroupedOp op, const void *a, const void *b, void *d, cons
 
 // FP8 recipe (ops/fp8.h): quantisation and the dense product (cuda_fp8.cu), the grouped products
 // on CUTLASS's sm90 blockwise-scaled kernels (cuda_grouped_sm90_fp8.cu; Hopper only).
-// fp8_e4m3_encode on this GPU against fp8_e4m3_encode_exact over all 2^32 fp32 inputs: the
-// count of inputs whose codes differ, and in *first the lowest such bit pattern (test_cuda).
-uint64_t cuda_fp8_encoder_mismatches(uint32_t *first);
+// The recipe's GPU code against its reference over all 2^32 fp32 inputs (test_cuda): the count
+// of inputs that differ, and in *first the lowest such bit pattern. ENCODER: fp8_e4m3_encode
+// against fp8_e4m3_encode_exact; SCALE_AMAX, SCALE_POW2: fp8_block_scale against the scale of the
+// IEEE quotient amax / 448.
+typedef enum { FP8_CHECK_ENCODER, FP8_CHECK_SCALE_AMAX, FP8_CHECK_SCALE_POW2 } Fp8Check;
+uint64_t cuda_fp8_recipe_mismatches(Fp8Check what, uint32_t *first);
 void cuda_fp8_quantize_rows(void *q, void *scales, const void *x, const int32_t *offsets, size_t E, size_t R,
                             size_t K, Fp8Scaling how, uint64_t *counts);
 void cuda_swiglu_forward_fp8(void *out, void *q, void *scales, const void *gu, const int32_t *offsets, size_t E,
