@@ -1128,12 +1128,13 @@ static void received_row_scales(const Model *m, const void *xe, const int32_t *o
                                q->send_pitch, false);
 }
 
-// train.fp8_exchange with several expert-parallel ranks: rows (R, D) act in this rank's dispatch
-// order (its groups `offsets`, E + 1) quantised here, counted in class c, their codes and their
-// scales row-major (Fp8Operands.send, send_scales), sent as two tensors into `at` (the codes, then
+// What the exchange sends of rows (R, D) act in this rank's dispatch order (its groups `offsets`,
+// E + 1) into `at`: the rows themselves; or (receives_fp8) quantised here, counted in class c, their
+// codes and their scales row-major (Fp8Operands.send, send_scales) as two tensors (the codes, then
 // the scales at received_scales).
-static ExchangeRows fp8_send(const Model *m, const void *rows, const int32_t *offsets, void *at, size_t T, size_t Rr,
-                             Fp8Class c) {
+static ExchangeRows experts_send(const Model *m, const void *rows, const int32_t *offsets, void *at, size_t T,
+                                 size_t Rr, Fp8Class c) {
+    if (!receives_fp8(m)) return moe_exchange_act_rows(&m->xchg, rows, at);
     const Ops *ops = m->ops;
     const Fp8Operands *q = m->fp8;
     size_t D = m->cfg.d_model, E = m->cfg.n_experts, R = model_routed_rows(&m->cfg, T);
@@ -1242,8 +1243,7 @@ static void moe_forward(Model *m, int l, LayerActs *x, const void *in, void *out
     ExpertWork w = {.m = m, .l = l, .x = x, .Rr = moe_exchange_received_rows(&m->xchg, T),
                     .ye = m->par->ep->size > 1 ? m->s.dxe : y, .xe_t = xe_t, .in = in,
                     .rows = token_rows ? row_tokens(m, x, T) : NULL};
-    ExchangeRows send = receives_fp8(m) ? fp8_send(m, x->xp, x->offsets, x->xe, T, w.Rr, FP8_CLASS_ACTIVATIONS)
-                                        : moe_exchange_act_rows(&m->xchg, x->xp, x->xe);
+    ExchangeRows send = experts_send(m, x->xp, x->offsets, x->xe, T, w.Rr, FP8_CLASS_ACTIVATIONS);
     moe_exchange_pipeline(&m->xchg, &x->routes, &send, w.ye, y, experts_forward, &w);
     m->ops->moe_combine_forward(out, resid, y, x->slot_pos, x->topk_w, T, K, D);
     if (c->shared_hidden)
@@ -1491,8 +1491,7 @@ static void moe_backward(Model *m, int l, LayerActs *x, void *din, const void *d
                     .dye = !ep ? s->dy : receives_fp8(m) ? s->dye8 : s->dxe, .dxe = ep ? s->dxe : s->dxp,
                     .in = in, .dout = dout, .rows = rows,
                     .accumulate_dw = m->expert_dw_written[l], .a = a};
-    ExchangeRows send = receives_fp8(m) ? fp8_send(m, dy, x->offsets, w.dye, T, w.Rr, FP8_CLASS_GRADIENTS)
-                                        : moe_exchange_act_rows(&m->xchg, dy, w.dye);
+    ExchangeRows send = experts_send(m, dy, x->offsets, w.dye, T, w.Rr, FP8_CLASS_GRADIENTS);
     moe_exchange_pipeline(&m->xchg, &x->routes, &send, w.dxe, s->dxp, experts_backward, &w);
     m->expert_dw_written[l] = true; // by every chunk of experts: the next call adds to them
     if (!x->y) ops->moe_slot_values(s->dtopk_w, s->row_dot, x->slot_pos, T * K);

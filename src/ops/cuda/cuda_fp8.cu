@@ -41,6 +41,11 @@ __device__ __forceinline__ bool fp8_codes_zero_or_nan(const uint32_t *words, con
     return flags & 0x80808080u;
 }
 
+// Magnitudes of packed bf16 pairs: the sign bits cleared.
+__device__ __forceinline__ uint4 fp8_piece_abs(uint4 u) {
+    return make_uint4(u.x & 0x7fff7fffu, u.y & 0x7fff7fffu, u.z & 0x7fff7fffu, u.w & 0x7fff7fffu);
+}
+
 // Whether the 8 codes at q (8-byte aligned) of the 8 bf16 values at x (16-byte aligned) hold
 // nothing fp8_count_values_of counts: no NaN code and no zero code but those of values +-0. Exact
 // zeros are common in some tensors (the experts' inputs of the benchmark's steps sent ~2 pieces a
@@ -49,12 +54,11 @@ __device__ __forceinline__ bool fp8_codes_zero_or_nan(const uint32_t *words, con
 // is not +-0 (no carry leaves a half), and bytes 1 and 3 of two such words line up with a code word.
 __device__ __forceinline__ bool fp8_piece_zeros_only(const bf16 *x, const uint8_t *q) {
     if ((uintptr_t)x % 16 || (uintptr_t)q % 8) return false;
-    uint4 piece = *reinterpret_cast<const uint4 *>(x);
+    uint4 a = fp8_piece_abs(*reinterpret_cast<const uint4 *>(x));
     uint2 codes = *reinterpret_cast<const uint2 *>(q);
-    uint32_t w[4] = {piece.x, piece.y, piece.z, piece.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) w[i] = (w[i] & 0x7fff7fffu) + 0x7fff7fffu;
-    const uint32_t words[2] = {codes.x, codes.y}, nonzero[2] = {__byte_perm(w[0], w[1], 0x7531), __byte_perm(w[2], w[3], 0x7531)};
+    uint32_t w[4] = {a.x + 0x7fff7fffu, a.y + 0x7fff7fffu, a.z + 0x7fff7fffu, a.w + 0x7fff7fffu};
+    const uint32_t words[2] = {codes.x, codes.y};
+    const uint32_t nonzero[2] = {__byte_perm(w[0], w[1], 0x7531), __byte_perm(w[2], w[3], 0x7531)};
     return !fp8_codes_zero_or_nan<8>(words, nonzero);
 }
 
@@ -162,11 +166,6 @@ __device__ __forceinline__ void fp8_store_piece(bf16 *p, uint4 piece, int n, boo
 #pragma unroll
         for (int i = 0; i < 8; i++)
             if (i < n) p[i] = __ushort_as_bfloat16((uint16_t)((&piece.x)[i / 2] >> (16 * (i % 2))));
-}
-
-// Magnitudes of packed bf16 pairs: the sign bits cleared.
-__device__ __forceinline__ uint4 fp8_piece_abs(uint4 u) {
-    return make_uint4(u.x & 0x7fff7fffu, u.y & 0x7fff7fffu, u.z & 0x7fff7fffu, u.w & 0x7fff7fffu);
 }
 
 // The larger of each pair of two packed bf16 pairs (one instruction for two values; a NaN loses to a
@@ -332,7 +331,8 @@ __device__ __forceinline__ void fp8_store_row_pieces(uint8_t *q, float *scales, 
         if (own == 0) fp8_store_row_scale(scales, K, rs[j], r0, rows, kbs[j], s);
     }
     for (int j = 0; flagged && j < FP8_R_PAIRS; j++)
-        if ((flagged >> j) & 1) fp8_count_row_piece(counts, x, q, K, rs[j], rs[j], kbs[j], invs[j], (sats >> j) & 1, swiglu_up);
+        if ((flagged >> j) & 1)
+            fp8_count_row_piece(counts, x, q, K, rs[j], rs[j], kbs[j], invs[j], (sats >> j) & 1, swiglu_up);
 }
 
 // VEC: K a multiple of 8, x 16-byte and q 8-byte aligned (every piece whole or wholly outside).
