@@ -88,18 +88,33 @@ __device__ inline int grouped_sm90_slot(const int32_t *rows_of, int e, int E, bo
     return slot;
 }
 
-// Thread blocks of the persistent grid per SM: MOE_GROUPED_WAVES (default 1). CUTLASS hands each
-// block a fixed share of the tiles, so when another kernel holds some SMs (row pushes beside the
-// experts, parallel.exchange_chunks) the blocks that wait for them finish late; with more blocks
-// than SMs the hardware fills SMs as they free up and the wait costs a fraction of a share. An
-// experiment's knob (scripts/gpu_multi.sh chunks), read once.
-static int grouped_waves(void) {
-    static int waves;
-    if (!waves) {
-        const char *v = getenv("MOE_GROUPED_WAVES");
-        waves = v && atoi(v) > 0 ? atoi(v) : 1;
+// How the persistent grid runs, experiments' knobs read once. Waves:
+// MOE_GROUPED_WAVES thread blocks per SM (default 1). CUTLASS hands each block a fixed share of the
+// tiles, so when another kernel holds some SMs (row pushes beside the experts,
+// parallel.exchange_chunks) the blocks that wait for them finish late; with more blocks than SMs
+// the hardware fills SMs as they free up and the wait costs a fraction of a share
+// (scripts/gpu_multi.sh chunks). Tile order within an expert: MOE_GROUPED_RASTER n (default:
+// consecutive tiles along N, so that a wave reads a few 128-row strips of a, each once from memory,
+// and b, an expert's weights, from L2) or m (CUTLASS's default: along M, so that every strip of N
+// tiles reads all of a again, from memory where a does not fit L2: a bf16 expert of 16,384 rows of
+// 2,048 is 64 MiB); MOE_GROUPED_SWIZZLE 1 (default), 2, 4 or 8 (the order runs in strips that many
+// tiles wide). Measured in docs/PERF.md (2026-12-02, seventeenth session).
+struct GroupedSm90Knobs {
+    int waves, swizzle;
+    bool along_m;
+};
+static int grouped_env_int(const char *name, int fallback) {
+    const char *v = getenv(name);
+    return v && atoi(v) > 0 ? atoi(v) : fallback;
+}
+static GroupedSm90Knobs grouped_knobs(void) {
+    static GroupedSm90Knobs k;
+    if (!k.waves) {
+        const char *raster = getenv("MOE_GROUPED_RASTER");
+        k = {grouped_env_int("MOE_GROUPED_WAVES", 1), grouped_env_int("MOE_GROUPED_SWIZZLE", 1),
+             raster && raster[0] == 'm'};
     }
-    return waves;
+    return k;
 }
 
 // The expert counts whose initialised CUTLASS state one product type keeps (a step alternates
@@ -130,7 +145,8 @@ template <class G, class Prepare> static void grouped_sm90_launch(int E, Prepare
         if (ready[i].workspace) CUDA_CHECK(cudaFree(ready[i].workspace));
         cutlass::KernelHardwareInfo hw;
         CUDA_CHECK(cudaGetDevice(&hw.device_id));
-        hw.sm_count = cuda_ctx.sm_count * grouped_waves();
+        GroupedSm90Knobs knobs = grouped_knobs();
+        hw.sm_count = cuda_ctx.sm_count * knobs.waves;
         using SourcePtrs = typename G::Epi::ElementC const **; // C, the output read back when accumulating
         SourcePtrs c = nullptr;
         if constexpr (G::Epi::accumulate) c = (SourcePtrs)table->d;
@@ -140,6 +156,9 @@ template <class G, class Prepare> static void grouped_sm90_launch(int E, Prepare
             G::mainloop_arguments(table),
             {{}, c, table->sd, table->d, table->sd},
             hw};
+        args.scheduler.max_swizzle_size = knobs.swizzle;
+        args.scheduler.raster_order = knobs.along_m ? decltype(args.scheduler.raster_order)::AlongM
+                                                    : decltype(args.scheduler.raster_order)::AlongN;
         args.epilogue.thread.alpha = 1.0f;
         args.epilogue.thread.beta = G::Epi::accumulate ? 1.0f : 0.0f;
         CUTLASS_CHECK(ready[i].gemm.can_implement(args));

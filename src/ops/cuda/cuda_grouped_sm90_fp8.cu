@@ -16,8 +16,10 @@ using namespace cute;
 // 128x128 blocks (the forward and input gradient) the consumers run the loop of
 // cuda_fp8_mainloop.cuh, which promotes each K tile beside the next one's wgmma batch (the same
 // bits, 2-4% faster alone); the weight gradient, whose promotions scale each element by a row and a
-// column scale, keeps CUTLASS's (that loop with the two scales spilled registers and ran 7-21%
-// slower: docs/PERF.md, 2026-12-01, fourteenth session).
+// column scale, keeps CUTLASS's: that loop with the two scales spilled registers and ran 7-21%
+// slower (docs/PERF.md, 2026-12-01, fourteenth session), and a tile's batch split into two
+// 64-column halves, each promoted beside the other's batch, gave the same bits 17% slower
+// (2026-12-02, seventeenth session).
 template <int GRANULARITY_N, class ElementD, bool ACCUMULATE> struct GroupedSm90Fp8 {
     using TileShape = Shape<_128, _128, _128>;
     using ClusterShape = Shape<_1, _2, _1>;
