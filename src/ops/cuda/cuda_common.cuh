@@ -103,7 +103,8 @@ __device__ __forceinline__ float block_max(float v, float *scratch) {
 __device__ __forceinline__ float swiglu_sigmoid(float g) { return __fdividef(1.0f, 1.0f + __expf(-g)); }
 
 // SwiGLU of one gate and up value, silu(g) u = g sigmoid(g) u: every kernel that computes it
-// (cuda_dense.cu's forward and backward, the fused FP8 one of cuda_fp8.cu) gets the same bits.
+// (cuda_dense.cu's forward, the fused FP8 one of cuda_fp8.cu) gets the same bits, and the backward
+// (cuda_dense.cu) the same sigmoid.
 __device__ __forceinline__ float swiglu_value(float g, float u) { return g * swiglu_sigmoid(g) * u; }
 
 // 8 bf16 values (16 bytes) to and from fp32: the unit of the memory-bound kernels' loads.

@@ -607,9 +607,9 @@ fp8_quantize_cols_kernel(uint8_t *qt, float *scales_t, uint8_t *q, float *scales
                                (const uint8_t *)&tile[i][fp8_tile_chunk(i, c8 / 2)] + 8 * (c8 % 2),
                                i < n ? C - c : 0, 0, inv + 8 * c8, sat);
         if (ROWS && ((row_flagged >> p) & 1)) {
-            float rs = *fp8_row_scale_at(scales, C, first + i, r0, rows, blockIdx.x);
+            float stored = *fp8_row_scale_at(scales, C, first + i, r0, rows, blockIdx.x);
             fp8_count_row_piece(counts, x, q, C, first + i, fp8_source_row(x_rows, first + i), blockIdx.x,
-                                fp8_scale_inverse(rs), (rsat >> p) & 1, 0);
+                                fp8_scale_inverse(stored), (rsat >> p) & 1, 0);
         }
     }
     fp8_store_transposed(tile, qt + (size_t)c0 * Rt + (size_t)FP8_BLOCK * b, Rt, C - c0, FP8_BLOCK, VEC);

@@ -6,6 +6,7 @@
 // rewrites them on the device), so a tile never reads or writes past its expert's rows.
 #pragma once
 #include <stdlib.h>
+#include <string.h>
 
 #include "cuda_common.cuh"
 #include "cuda_ops.h"
@@ -88,31 +89,39 @@ __device__ inline int grouped_sm90_slot(const int32_t *rows_of, int e, int E, bo
     return slot;
 }
 
-// How the persistent grid runs, experiments' knobs read once. Waves:
-// MOE_GROUPED_WAVES thread blocks per SM (default 1). CUTLASS hands each block a fixed share of the
-// tiles, so when another kernel holds some SMs (row pushes beside the experts,
-// parallel.exchange_chunks) the blocks that wait for them finish late; with more blocks than SMs
-// the hardware fills SMs as they free up and the wait costs a fraction of a share
+// How the persistent grid runs, experiments' knobs read once (values outside those below are
+// fatal). Waves: MOE_GROUPED_WAVES thread blocks per SM (default 1, at most 16). CUTLASS hands each
+// block a fixed share of the tiles, so when another kernel holds some SMs (row pushes beside the
+// experts, parallel.exchange_chunks) the blocks that wait for them finish late; with more blocks
+// than SMs the hardware fills SMs as they free up and the wait costs a fraction of a share
 // (scripts/gpu_multi.sh chunks). Tile order within an expert: MOE_GROUPED_RASTER n (default:
 // consecutive tiles along N, so that a wave reads a few 128-row strips of a, each once from memory,
 // and b, an expert's weights, from L2) or m (CUTLASS's default: along M, so that every strip of N
 // tiles reads all of a again, from memory where a does not fit L2: a bf16 expert of 16,384 rows of
-// 2,048 is 64 MiB); MOE_GROUPED_SWIZZLE 1 (default), 2, 4 or 8 (the order runs in strips that many
-// tiles wide). Measured in docs/PERF.md (2026-12-02, seventeenth session).
+// 2,048 is 64 MiB); MOE_GROUPED_SWIZZLE 1 (default) to 8 (the order runs in strips 1, 2, 4 or 8
+// tiles wide: CUTLASS rounds down to a power of two). Measured in docs/PERF.md (2026-12-02,
+// seventeenth session).
 struct GroupedSm90Knobs {
     int waves, swizzle;
     bool along_m;
 };
-static int grouped_env_int(const char *name, int fallback) {
+// Knob `name` as an integer from 1 to max (fallback where unset); anything else is fatal, naming it.
+static int grouped_env_int(const char *name, int fallback, int max) {
     const char *v = getenv(name);
-    return v && atoi(v) > 0 ? atoi(v) : fallback;
+    if (!v) return fallback;
+    char *end;
+    long x = strtol(v, &end, 10);
+    MOE_CHECK(*v && !*end && x >= 1 && x <= max, "%s = '%s' must be an integer from 1 to %d", name, v, max);
+    return (int)x;
 }
 static GroupedSm90Knobs grouped_knobs(void) {
     static GroupedSm90Knobs k;
     if (!k.waves) {
         const char *raster = getenv("MOE_GROUPED_RASTER");
-        k = {grouped_env_int("MOE_GROUPED_WAVES", 1), grouped_env_int("MOE_GROUPED_SWIZZLE", 1),
-             raster && raster[0] == 'm'};
+        MOE_CHECK(!raster || !strcmp(raster, "m") || !strcmp(raster, "n"),
+                  "MOE_GROUPED_RASTER = '%s' must be m (tiles along M) or n (along N, the default)", raster);
+        k = {grouped_env_int("MOE_GROUPED_WAVES", 1, 16), grouped_env_int("MOE_GROUPED_SWIZZLE", 1, 8),
+             raster && !strcmp(raster, "m")};
     }
     return k;
 }
