@@ -173,18 +173,30 @@ static void test_micro_batch_accumulation(void) {
 }
 
 // How a test step runs its products in FP8 (NULL: all in act precision): the expert products with
-// scaling `how`, the dense linear layers' too or not, and the experts' operands read from the
-// tokens' rows or not (train.fp8_fused_dispatch).
+// scaling `how`, the dense linear layers' too or not, the experts' operands read from the tokens'
+// rows or not (train.fp8_fused_dispatch), and the experts' SwiGLU backward making the FP8 operands or
+// not (train.fp8_fused_swiglu).
 typedef struct {
     Fp8Scaling how;
-    bool dense, fused;
+    bool dense, fused, swiglu;
 } TestFp8;
 
 // What a test model of recompute mode r with products as *fp8 says (NULL: act precision) allocates.
 static ModelModes test_modes(Recompute r, const TestFp8 *fp8) {
     return fp8 ? (ModelModes){.recompute = r, .fp8 = true, .how = fp8->how, .fp8_dense = fp8->dense,
-                              .fp8_fused_dispatch = fp8->fused}
+                              .fp8_fused_dispatch = fp8->fused, .fp8_fused_swiglu = fp8->swiglu}
                : (ModelModes){.recompute = r};
+}
+
+// The parameter count (*P) and metrics length (*len) of a model of config c.
+static void model_sizes(const ModelConfig *c, size_t *P, size_t *len) {
+    Model sizing;
+    Parallel par;
+    test_single_parallel(&par, c);
+    model_init(&sizing, c, ops_counting(false), &par, 1, 1, 1, 1, (ModelModes){0});
+    *P = sizing.reg.total, *len = model_metrics_len(c);
+    model_free(&sizing);
+    test_free_parallel(&par);
 }
 
 // One step's forward and backward of two micro-batches in flight (two slots: both forwards, then
@@ -245,17 +257,12 @@ static void test_recompute_bitwise(void) {
     cfgs[2].qk_norm = QK_NORM_NONE, cfgs[2].random_routing = true, cfgs[2].capacity_factor = 0.75;
     cfgs[2].n_dense_layers = 0;
     cfgs[3].norm_placement = NORM_REORDERED, cfgs[3].random_routing = true;
-    const TestFp8 fp8 = {FP8_SCALE_AMAX, true, true};
+    const TestFp8 fp8 = {FP8_SCALE_AMAX, true, true, true};
     for (int i = 0; i < 4 * 2; i++) {
         const ModelConfig *c = &cfgs[i / 2];
         const char *name = names[i / 2], *precision = i % 2 ? "FP8" : "exact";
-        Model sizing;
-        Parallel par;
-        test_single_parallel(&par, c);
-        model_init(&sizing, c, ops_counting(false), &par, 1, 1, 1, 1, (ModelModes){0});
-        size_t P = sizing.reg.total, len = model_metrics_len(c);
-        model_free(&sizing);
-        test_free_parallel(&par);
+        size_t P, len;
+        model_sizes(c, &P, &len);
         real *grads[3], *metrics[3];
         size_t bytes[3];
         for (int mode = 0; mode < 3; mode++) {
@@ -446,7 +453,7 @@ static void fp8_weight_copies_case(const Ops *ops, real *params, uint8_t *codes,
     test_single_parallel(&par, &c);
     Model m;
     Optimizer o;
-    const TestFp8 fp8 = {FP8_SCALE_AMAX, true, false};
+    const TestFp8 fp8 = {FP8_SCALE_AMAX, true, false, true};
     model_init(&m, &c, ops, &par, B, S, 1, 1, test_modes(RECOMPUTE_NONE, &fp8));
     optim_init(&o, &m);
     model_init_weights(&m, 3);
@@ -532,7 +539,7 @@ static void plan_bytes(const ModelConfig *c, size_t B, size_t S, Recompute r, co
 // layers in FP8 or not: under full recompute, which keeps no FP8 input (nor lends scratch).
 static size_t fp8_plan_bytes(const ModelConfig *c, size_t B, size_t S, bool dense) {
     size_t all, acts, all0, acts0;
-    plan_bytes(c, B, S, RECOMPUTE_FULL, &(TestFp8){FP8_SCALE_AMAX, dense, false}, &all, &acts);
+    plan_bytes(c, B, S, RECOMPUTE_FULL, &(TestFp8){FP8_SCALE_AMAX, dense, false, true}, &all, &acts);
     plan_bytes(c, B, S, RECOMPUTE_FULL, NULL, &all0, &acts0);
     return (all - acts) - (all0 - acts0);
 }
@@ -591,7 +598,7 @@ static void test_fp8_kept_inputs_memory(void) {
     CHECK_MSG(acts_n1 + acts_xe < 0, "the copies keep more than the tensors they replace");
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         size_t all, acts, all0, acts0;
-        plan_bytes(cases[i].c, 2, T / 2, cases[i].r, &(TestFp8){FP8_SCALE_AMAX, cases[i].dense, cases[i].fused}, &all,
+        plan_bytes(cases[i].c, 2, T / 2, cases[i].r, &(TestFp8){FP8_SCALE_AMAX, cases[i].dense, cases[i].fused, true}, &all,
                    &acts);
         plan_bytes(cases[i].c, 2, T / 2, cases[i].r, NULL, &all0, &acts0);
         ptrdiff_t got = (ptrdiff_t)acts - (ptrdiff_t)acts0, rest = (ptrdiff_t)(all - acts) - (ptrdiff_t)(all0 - acts0);
@@ -613,14 +620,9 @@ static void test_fp8_kept_inputs_memory(void) {
 // as before too (class gradients: the experts' (T K, D) and (T K, 2 He) besides the dense layers').
 static void test_fp8_kept_inputs_step(void) {
     ModelConfig c = small_model();
-    Model sizing;
-    Parallel par;
-    test_single_parallel(&par, &c);
-    model_init(&sizing, &c, ops_counting(false), &par, 1, 1, 1, 1, (ModelModes){0});
-    size_t P = sizing.reg.total, len = model_metrics_len(&c);
-    model_free(&sizing);
-    test_free_parallel(&par);
-    const TestFp8 fp8 = {FP8_SCALE_AMAX, true, true};
+    size_t P, len;
+    model_sizes(&c, &P, &len);
+    const TestFp8 fp8 = {FP8_SCALE_AMAX, true, true, true};
     real *grads[2] = {calloc(P, sizeof(real)), calloc(P, sizeof(real))};
     real *metrics[2] = {calloc(len, sizeof(real)), calloc(len, sizeof(real))};
     uint64_t counts[MODEL_FP8_COUNTS], full_counts[MODEL_FP8_COUNTS];
@@ -638,6 +640,34 @@ static void test_fp8_kept_inputs_step(void) {
               "a step counted %llu activation values (want %llu) and %llu gradient values (want %llu)",
               fp8_values(counts, FP8_CLASS_ACTIVATIONS), (unsigned long long)(2 * act),
               fp8_values(counts, FP8_CLASS_GRADIENTS), (unsigned long long)(2 * grad));
+    for (int i = 0; i < 2; i++) free(grads[i]), free(metrics[i]);
+}
+
+// train.fp8_fused_swiglu with an expert_hidden of 128 (the fused SwiGLU backward writes the FP8
+// operands of the products it feeds, from scratch the model lends it): under every recompute mode
+// the gradients, metrics and FP8 counters are bitwise those of the SwiGLU backward's stored outputs
+// quantised after (false), with the experts' operands read from the tokens' rows and gathered.
+static void test_fp8_fused_swiglu(void) {
+    ModelConfig c = small_model();
+    c.expert_hidden = 128;
+    size_t P, len;
+    model_sizes(&c, &P, &len);
+    real *grads[2] = {calloc(P, sizeof(real)), calloc(P, sizeof(real))};
+    real *metrics[2] = {calloc(len, sizeof(real)), calloc(len, sizeof(real))};
+    uint64_t counts[2][MODEL_FP8_COUNTS];
+    const char *names[3] = {"none", "selective", "full"};
+    for (int r = RECOMPUTE_NONE; r <= RECOMPUTE_FULL; r++)
+        for (int dispatch = 0; dispatch < 2; dispatch++) {
+            for (int fused = 0; fused < 2; fused++) {
+                TestFp8 fp8 = {FP8_SCALE_AMAX, true, dispatch, fused};
+                recompute_step(&c, (Recompute)r, &fp8, grads[fused], metrics[fused], counts[fused]);
+            }
+            CHECK_MSG(!memcmp(grads[0], grads[1], P * sizeof(real)) &&
+                          !memcmp(metrics[0], metrics[1], len * sizeof(real)) &&
+                          !memcmp(counts[0], counts[1], sizeof counts[0]),
+                      "recompute %s%s: the fused FP8 SwiGLU backward's step differs from the unfused one",
+                      names[r], dispatch ? ", fused dispatch" : "");
+        }
     for (int i = 0; i < 2; i++) free(grads[i]), free(metrics[i]);
 }
 
@@ -915,6 +945,7 @@ const TestCase train_tests[] = {
     {"model_memory_plan_exact", test_memory_plan_exact},
     {"model_micro_batch_accumulation", test_micro_batch_accumulation},
     {"model_recompute_bitwise", test_recompute_bitwise},
+    {"model_fp8_fused_swiglu", test_fp8_fused_swiglu},
     {"model_fp8_step", test_fp8_step},
     {"model_fp8_weight_copies", test_fp8_weight_copies},
     {"model_fp8_dense_memory", test_fp8_dense_memory},

@@ -322,6 +322,25 @@ static void bench_memory_bound(Bench *b, const Config *cfg) {
                R * H * (3.0 * a + 1 + (double)f / FP8_BLOCK), 0);
         BENCH_FREE_ALL(b, q, qs, n);
     }
+    if (b->aims && o->swiglu_backward_fp8 && H % FP8_BLOCK == 0) { // FP8: the backward's operands in the same pass
+        size_t Rt = fp8_expert_cols(R, 1), Tb = Rt / FP8_BLOCK;
+        void *q = o->alloc(R * 2 * H), *qs = o->alloc(fp8_blocks(2 * H) * R * f), *qt = o->alloc(2 * H * Rt);
+        void *qts = o->alloc(Tb * 2 * H * f), *hwt = o->alloc(H * Rt), *hws = o->alloc(Tb * H * f);
+        void *row_w = o->alloc(R * f), *row_dot = o->alloc(R * f);
+        float *weights = moe_malloc(R * sizeof(float)); // nonzero combine weights: nonzero gradients
+        for (size_t i = 0; i < R; i++) weights[i] = 0.25f + 0.125f * (float)(i % 7);
+        o->upload_f32(row_w, weights, R);
+        free(weights);
+        size_t counts = FP8_COUNTS * sizeof(uint64_t);
+        void *ng = bench_zero_buf(b, counts), *na = bench_zero_buf(b, counts);
+        // dout and gu read; the gradient's rows, its token-major copy and hw's written, with their scales
+        double bytes = R * H * (3.0 * a + 2) + 3.0 * H * Rt + (2.0 * H / FP8_BLOCK * R + 3.0 * Tb * H + 2.0 * R) * f;
+        report(b, "  with the row dots and fp8 operands (fused)", shape,
+               BENCH_TIME_MS(b, 10, o->swiglu_backward_fp8(q, qs, qt, qts, row_dot, hwt, hws, x, x, row_w, NULL, 1, R,
+                                                           H, FP8_SCALE_AMAX, ng, na)),
+               0, bytes, 0);
+        BENCH_FREE_ALL(b, q, qs, qt, qts, hwt, hws, row_w, row_dot, ng, na);
+    }
     BENCH_FREE_ALL(b, x, y, w, rstd);
     ParamCounts p = model_param_counts(c);
     size_t n = (size_t)p.total;

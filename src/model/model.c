@@ -262,6 +262,28 @@ static void alloc_moe_acts(Model *m, LayerActs *a, size_t T) {
 static bool fp8_exchanges(const Model *m) { return m->fp8 && m->fp8->exchange; }
 static bool receives_fp8(const Model *m) { return fp8_exchanges(m) && m->par->ep->size > 1; }
 
+// Whether the experts' SwiGLU backward makes the FP8 operands of the products it feeds in the same
+// pass (fused_swiglu_backward; train.fp8_fused_swiglu): in FP8 with one expert-parallel rank (whose
+// SwiGLU backward also gives the combine weights' gradients), without train.fp8_exchange (whose
+// one-rank backward quantises the experts' inputs again into Fp8Operands.rows, which then holds the
+// gate|up gradient's rows), and an expert_hidden in whole 128-column blocks (a gate block then never
+// shares a 1x128 block of the gate|up gradient with an up block).
+static bool fuses_swiglu_fp8(const Model *m) {
+    return m->fp8 && m->fp8->fused_swiglu && !fp8_exchanges(m) && m->par->ep->size == 1 &&
+           n_local_moe_layers(m) > 0 && m->cfg.expert_hidden % FP8_BLOCK == 0;
+}
+
+// Where fuses_swiglu_fp8: the token-major copy of the experts' gate|up gradient (Rr rows over El
+// experts, 2 expert_hidden wide) in scratch A (codes, then their scales); and its bytes.
+static size_t fused_dgu_cols_bytes(const Model *m, size_t Rr, size_t El) {
+    size_t C = 2 * (size_t)m->cfg.expert_hidden, Tt = fp8_expert_cols(Rr, El);
+    return C * Tt + Tt / FP8_BLOCK * C * m->ops->f32_size;
+}
+static Fp8Cols fused_dgu_cols(const Model *m, size_t Rr, size_t El) {
+    size_t C = 2 * (size_t)m->cfg.expert_hidden;
+    return (Fp8Cols){.q = m->s.dgu, .scales = (char *)m->s.dgu + C * fp8_expert_cols(Rr, El)};
+}
+
 // The buffers of a MoE or a dense layer, or with both (the shared set of full recompute) of a
 // layer of either kind: the larger of their SwiGLU sizes.
 static void alloc_layer_acts(Model *m, LayerActs *a, size_t T, bool moe, bool dense) {
@@ -311,7 +333,10 @@ static size_t scratch_a_elems(const Model *m, size_t T) {
     size_t R = model_n_moe_layers(c) > 0 ? model_routed_rows(c, T) : 0;
     size_t logits = m->last_stage ? head_logit_rows(m, T) * c->vocab_size : 0;
     R = max_size(R, received_fp8_rows(m, T)); // the down projection's output gradients dequantised
-    return max_size(max_size(R * (size_t)c->d_model, 2 * swiglu_elems(m, T)), max_size(T * model_qkv_width(c), logits));
+    size_t act = m->ops->act_size, dgu_cols = 0, Rr = moe_exchange_received_rows(&m->xchg, T);
+    if (fuses_swiglu_fp8(m)) dgu_cols = (fused_dgu_cols_bytes(m, Rr, m->n_experts_local) + act - 1) / act;
+    return max_size(max_size(max_size(R * (size_t)c->d_model, 2 * swiglu_elems(m, T)), dgu_cols),
+                    max_size(T * model_qkv_width(c), logits));
 }
 
 // Elements of gradient scratch B (Scratch), for calls of T tokens: with selective recompute it also
@@ -582,7 +607,7 @@ static Fp8Operands *fp8_operands_new(const Model *m, ModelModes modes) {
                   "Hopper GPU, compute capability 9.0); use train.precision = bf16", m->ops->name);
     Fp8Operands *o = moe_calloc(1, sizeof *o);
     o->how = modes.how, o->dense = modes.fp8_dense, o->fused_dispatch = modes.fp8_fused_dispatch;
-    o->exchange = modes.fp8_exchange;
+    o->exchange = modes.fp8_exchange, o->fused_swiglu = modes.fp8_fused_swiglu;
     size_t f = m->ops->f32_size;
     o->send_pitch = (fp8_blocks(m->cfg.d_model) * f + 15) / 16 * 16 / f; // 16-byte rows of scales
     return o;
@@ -964,16 +989,23 @@ static void fp8_forward(const Model *m, void *out, const void *x, const int32_t 
 // same dout, takes it); or made by the call before (KEPT: not made again).
 typedef enum { DOUT_T_MAKE, DOUT_T_KEEP, DOUT_T_KEPT } DoutCopy;
 
+// dout's FP8 operands made before fp8_backward (by the FP8 exchange or the fused SwiGLU backward):
+// its rows' codes (their scales in Fp8Operands.row_scales) and its token-major copy.
+typedef struct {
+    const void *rows;
+    Fp8Cols t;
+} Fp8Made;
+
 // Its backward in FP8 (groups as fp8_forward's): dx (R, K) = dout . w[e] from quantised rows of dout
 // and the weights' codes transposed here (into Fp8Operands.wt); dw (El, N, K) f32 = dout^T . x per
 // group (added to dw when accumulate_dw) from token-major copies of dout and x (either skipped when
 // NULL): x's the forward kept (x_t, x unread) or, with x_t NULL, made here; dout's two copies from
 // one read of it when both are made here, where dout_rows (non-NULL) may name the rows of dout that
-// make the operand (fp8_quantize_rows_cols); or, with dq (non-NULL), dout's rows made already (its
-// codes, scales in Fp8Operands.row_scales) with its token-major copy (dout_t KEPT; dout unread).
+// make the operand (fp8_quantize_rows_cols); or, with made (non-NULL), both made already (dout_t
+// KEPT; dout unread). dout's token-major copy is Fp8Operands.dout_t unless made says otherwise.
 static void fp8_backward(const Model *m, void *dx, void *dw, bool accumulate_dw, const void *dout,
-                         const int32_t *dout_rows, const void *dq, const void *x, const Fp8Cols *x_t, size_t w,
-                         const int32_t *off, size_t El, size_t N, size_t K, size_t R, DoutCopy dout_t) {
+                         const int32_t *dout_rows, const Fp8Made *made, const void *x, const Fp8Cols *x_t,
+                         size_t w, const int32_t *off, size_t El, size_t N, size_t K, size_t R, DoutCopy dout_t) {
     const Ops *ops = m->ops;
     const Fp8Operands *q = m->fp8;
     Fp8Weights wq = fp8_weights_at(m, w, N, K);
@@ -981,22 +1013,21 @@ static void fp8_backward(const Model *m, void *dx, void *dw, bool accumulate_dw,
     uint64_t *grads = fp8_counts(q, FP8_CLASS_GRADIENTS);
     bool make_t = dout_t == DOUT_T_KEEP || (dw && dout_t == DOUT_T_MAKE);
     MOE_ASSERT(!dout_rows || (dx && make_t));
-    MOE_ASSERT(!dq || dout_t == DOUT_T_KEPT); // so make_t is false
+    MOE_ASSERT(!made || dout_t == DOUT_T_KEPT); // so make_t is false
+    Fp8Cols dt = made ? made->t : (Fp8Cols){.q = q->dout_t, .scales = q->dout_t_scales};
     if (dx && make_t)
-        ops->fp8_quantize_rows_cols(q->rows, q->row_scales, q->dout_t, q->dout_t_scales, dout, dout_rows, off, El, R,
-                                    N, q->how, grads);
-    else if (dx && !dq) ops->fp8_quantize_rows(q->rows, q->row_scales, dout, off, El, R, N, q->how, grads);
-    else if (make_t) ops->fp8_quantize_cols(q->dout_t, q->dout_t_scales, dout, off, El, R, N, q->how, grads);
+        ops->fp8_quantize_rows_cols(q->rows, q->row_scales, dt.q, dt.scales, dout, dout_rows, off, El, R, N, q->how,
+                                    grads);
+    else if (dx && !made) ops->fp8_quantize_rows(q->rows, q->row_scales, dout, off, El, R, N, q->how, grads);
+    else if (make_t) ops->fp8_quantize_cols(dt.q, dt.scales, dout, off, El, R, N, q->how, grads);
     Fp8Cols xt = x_t ? *x_t : (Fp8Cols){.q = q->x_t, .scales = q->x_t_scales};
     if (dw && !x_t)
         ops->fp8_quantize_cols(xt.q, xt.scales, x, off, El, R, K, q->how, fp8_counts(q, FP8_CLASS_ACTIVATIONS));
     if (dx) {
         ops->fp8_transpose_codes(q->wt, wq.q, El, N, K);
-        fp8_product(m, dx, dq ? dq : q->rows, q->wt, wq.scales_t, off, El, K, N, R);
+        fp8_product(m, dx, made ? made->rows : q->rows, q->wt, wq.scales_t, off, El, K, N, R);
     }
-    if (dw)
-        ops->fp8_grouped_matmul_wgrad(dw, q->dout_t, q->dout_t_scales, xt.q, xt.scales, off, El, N, K, R,
-                                      accumulate_dw);
+    if (dw) ops->fp8_grouped_matmul_wgrad(dw, dt.q, dt.scales, xt.q, xt.scales, off, El, N, K, R, accumulate_dw);
 }
 
 // Per expert, out (Rr, N) = x (Rr, K) . w[e] (N, K)^T with the compute weights at offset w: in act
@@ -1009,14 +1040,14 @@ static void expert_forward(const Model *m, void *out, const void *x, const int32
 
 // dx (Rr, K) = dout . w[e]; dw (El, N, K) f32 = dout^T . x per expert, added to dw when
 // accumulate_dw (either skipped when NULL), with the compute weights at offset w: in act precision,
-// or in FP8 (fp8_backward, x_t and dout_t as there; dout_rows and dq too). Every read of x comes before dx
-// is written, so dx may be x's buffer (selective recompute's xp and dxp): the weight gradient first,
-// then the input gradient (two products either way).
+// or in FP8 (fp8_backward, x_t and dout_t as there; dout_rows and made too). Every read of x comes
+// before dx is written, so dx may be x's buffer (selective recompute's xp and dxp): the weight
+// gradient first, then the input gradient (two products either way).
 static void expert_backward(const Model *m, void *dx, void *dw, bool accumulate_dw, const void *dout,
-                            const int32_t *dout_rows, const void *dq, const void *x, const Fp8Cols *x_t, size_t w,
-                            const int32_t *off, size_t El, size_t N, size_t K, size_t Rr, DoutCopy dout_t) {
+                            const int32_t *dout_rows, const Fp8Made *made, const void *x, const Fp8Cols *x_t,
+                            size_t w, const int32_t *off, size_t El, size_t N, size_t K, size_t Rr, DoutCopy dout_t) {
     if (m->fp8) {
-        fp8_backward(m, dx, dw, accumulate_dw, dout, dout_rows, dq, x, x_t, w, off, El, N, K, Rr, dout_t);
+        fp8_backward(m, dx, dw, accumulate_dw, dout, dout_rows, made, x, x_t, w, off, El, N, K, Rr, dout_t);
         return;
     }
     if (dw) m->ops->grouped_matmul_backward(NULL, dw, dout, x, W(m, w), off, El, N, K, Rr, accumulate_dw);
@@ -1415,15 +1446,40 @@ static const Fp8Cols *exchanged_cols(const ExpertWork *w, Fp8Cols *xt, const int
     return xt;
 }
 
-// train.fp8_exchange: the down projection's output gradients dye as FP8 rows (returned) and their
-// token-major copy (Fp8Operands.dout_t) by exchanged_rows: the received rows dequantised into
-// scratch A, whose dgu the SwiGLU backward writes after; with one rank dye's rows quantised here,
-// after which the down projection's products read dye only through these copies.
-static const void *exchanged_dout(const ExpertWork *w, const int32_t *off, size_t n) {
+// train.fp8_exchange (else NULL): the down projection's output gradients dye as FP8 rows and their
+// token-major copy (Fp8Operands.dout_t) by exchanged_rows, into *made (returned): the received rows
+// dequantised into scratch A, whose dgu the SwiGLU backward writes after; with one rank dye's rows
+// quantised here, after which the down projection's products read dye only through these copies.
+static const Fp8Made *exchanged_dout(const ExpertWork *w, Fp8Made *made, const int32_t *off, size_t n) {
     const Fp8Operands *q = w->m->fp8;
-    Fp8Cols t = {.q = q->dout_t, .scales = q->dout_t_scales};
-    return exchanged_rows(w, w->dye, &t, w->m->s.dgu, off, n, FP8_CLASS_GRADIENTS,
-                          fp8_counts(q, FP8_CLASS_GRADIENTS));
+    if (!fp8_exchanges(w->m)) return NULL;
+    made->t = (Fp8Cols){.q = q->dout_t, .scales = q->dout_t_scales};
+    made->rows = exchanged_rows(w, w->dye, &made->t, w->m->s.dgu, off, n, FP8_CLASS_GRADIENTS,
+                                fp8_counts(q, FP8_CLASS_GRADIENTS));
+    return made;
+}
+
+// With one expert-parallel rank in FP8 (fuses_swiglu_fp8), after the down projection's input
+// gradient: the SwiGLU backward with the FP8 operands of the products it feeds from one pass
+// (swiglu_backward_fp8; neither the gate|up gradient nor the weighted h is stored), then the down
+// projection's weight gradient. The gate|up gradient's rows go to Fp8Operands.rows and its token-major
+// copy to scratch A (fused_dgu_cols; free: any rows' gradients dye there were last read by that input
+// gradient, which kept their token-major copy in Fp8Operands.dout_t), the weighted h's token-major
+// copy to Fp8Operands.x_t. Returns the gate|up gradient's operands, in *made.
+static const Fp8Made *fused_swiglu_backward(const ExpertWork *w, Fp8Made *made, size_t down, const int32_t *off,
+                                            size_t n) {
+    Model *m = w->m;
+    const Fp8Operands *q = m->fp8;
+    const Scratch *s = &m->s;
+    size_t D = m->cfg.d_model, H = m->cfg.expert_hidden, Rr = w->Rr;
+    Fp8Cols hw_t = {.q = q->x_t, .scales = q->x_t_scales};
+    *made = (Fp8Made){.rows = q->rows, .t = fused_dgu_cols(m, Rr, n)};
+    m->ops->swiglu_backward_fp8(q->rows, q->row_scales, made->t.q, made->t.scales, s->row_dot, hw_t.q, hw_t.scales,
+                                s->dhact, w->x->gu, s->row_w, off, n, Rr, H, q->how,
+                                fp8_counts(q, FP8_CLASS_GRADIENTS), fp8_counts(q, FP8_CLASS_ACTIVATIONS));
+    expert_backward(m, NULL, G(m, down), w->accumulate_dw, NULL, NULL, NULL, NULL, &hw_t, down, off, n, D, H, Rr,
+                    DOUT_T_KEPT);
+    return made;
 }
 
 static void experts_backward(void *ctx, size_t e0, size_t e1) {
@@ -1437,33 +1493,38 @@ static void experts_backward(void *ctx, size_t e0, size_t e1) {
     size_t down = expert_tensor(p->experts_down, e0, D, H), gu = expert_tensor(p->experts_gu, e0, 2 * H, D);
     const int32_t *off = chunk_offsets(w, e0);
     void *dgu = s->dgu;
+    Fp8Made dye_made, dgu_made;
+    const Fp8Made *dgu_q = NULL; // the gate|up gradient's FP8 operands where the SwiGLU backward made them
     if (m->expert_hact) {
         // The rows' unweighted gradients. One SwiGLU backward also gives the combine weights'
         // gradients and the weighted h for the down projection's weight gradient; it writes the
         // gate|up gradient over the kept gate|up rows (their last read), as dgu's scratch A still
         // holds the rows' gradients dye, which that weight gradient reads after it (or, with
         // train.fp8_exchange, their token-major copy made first).
-        const void *dq = fp8_exchanges(m) ? exchanged_dout(w, off, n) : NULL;
-        expert_backward(m, s->dhact, NULL, false, w->rows ? w->dout : w->dye, w->rows, dq, NULL, NULL, down, off, n,
-                        D, H, Rr, dq ? DOUT_T_KEPT : DOUT_T_KEEP);
-        dgu = x->gu;
-        ops->swiglu_backward(dgu, s->row_dot, m->expert_hact, s->dhact, x->gu, s->row_w, Rr, H, off, n);
-        expert_backward(m, NULL, G(m, down), w->accumulate_dw, w->dye, NULL, NULL, m->expert_hact, NULL, down, off, n,
-                        D, H, Rr, DOUT_T_KEPT);
+        const Fp8Made *dye_q = exchanged_dout(w, &dye_made, off, n);
+        expert_backward(m, s->dhact, NULL, false, w->rows ? w->dout : w->dye, w->rows, dye_q, NULL, NULL, down, off,
+                        n, D, H, Rr, dye_q ? DOUT_T_KEPT : DOUT_T_KEEP);
+        if (fuses_swiglu_fp8(m)) dgu_q = fused_swiglu_backward(w, &dgu_made, down, off, n);
+        else {
+            dgu = x->gu;
+            ops->swiglu_backward(dgu, s->row_dot, m->expert_hact, s->dhact, x->gu, s->row_w, Rr, H, off, n);
+            expert_backward(m, NULL, G(m, down), w->accumulate_dw, w->dye, NULL, NULL, m->expert_hact, NULL, down,
+                            off, n, D, H, Rr, DOUT_T_KEPT);
+        }
     } else {
         swiglu_recompute(m, x->hact, x->gu, Rr, H, off, n);
         MOE_ASSERT(!w->rows);
-        const void *dq = fp8_exchanges(m) ? exchanged_dout(w, off, n) : NULL;
-        expert_backward(m, s->dhact, G(m, down), w->accumulate_dw, w->dye, NULL, dq, x->hact, NULL, down, off, n, D,
-                        H, Rr, dq ? DOUT_T_KEPT : DOUT_T_MAKE);
+        const Fp8Made *dye_q = exchanged_dout(w, &dye_made, off, n);
+        expert_backward(m, s->dhact, G(m, down), w->accumulate_dw, w->dye, NULL, dye_q, x->hact, NULL, down, off, n,
+                        D, H, Rr, dye_q ? DOUT_T_KEPT : DOUT_T_MAKE);
         ops->swiglu_backward(dgu, NULL, NULL, s->dhact, x->gu, NULL, Rr, H, off, n);
     }
     rows_recompute(w);
     Fp8Cols made;
     const Fp8Cols *xe_t = kept_cols(&x->xe_t);
     if (!xe_t && fp8_exchanges(m)) xe_t = exchanged_cols(w, &made, off, n);
-    expert_backward(m, w->dxe, G(m, gu), w->accumulate_dw, dgu, NULL, NULL, x->xe, xe_t, gu, off, n, 2 * H, D, Rr,
-                    DOUT_T_MAKE);
+    expert_backward(m, w->dxe, G(m, gu), w->accumulate_dw, dgu, NULL, dgu_q, x->xe, xe_t, gu, off, n, 2 * H, D, Rr,
+                    dgu_q ? DOUT_T_KEPT : DOUT_T_MAKE);
 }
 
 // With several expert-parallel ranks the combine gradient dy goes straight into the exchange

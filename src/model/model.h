@@ -87,6 +87,9 @@ typedef struct {
     bool fused_dispatch;        // where the experts' inputs keep their FP8 copy, their operands and the
                                 // down projections' output gradients read from the tokens' rows
                                 // (Scratch.row_token: the dispatch and the combine's backward copy none)
+    bool fused_swiglu;          // with one expert-parallel rank, the experts' SwiGLU backward makes the FP8
+                                // operands of the products it feeds (swiglu_backward_fp8), where
+                                // expert_hidden is a multiple of 128 and not with `exchange`
     bool exchange;              // train.fp8_exchange: the experts' inputs and the down projections' output
                                 // gradients are quantised where they are dispatched and travel as FP8 rows
                                 // (codes, then their scales row-major: LayerActs.xe, Scratch.dye8); the
@@ -139,8 +142,10 @@ typedef struct {
 // with several it is an exchange buffer peers write), attention dqkv (A, the QK-norm backward's
 // output in place). With one
 // expert-parallel rank dy (A) is also read by the down projection's weight gradient after dhact
-// (B), and A holds a MoE forward's expert outputs until the combine. With FP8 inputs kept
-// (model_keeps_fp8_n1, _xe) dn is the buffer the forward's n1 shares, and B the one its xp shares;
+// (B), and A holds a MoE forward's expert outputs until the combine; with the fused FP8 SwiGLU
+// backward (model.c, fused_swiglu_backward) A then holds the gate|up gradient's token-major copy.
+// With FP8 inputs kept (model_keeps_fp8_n1, _xe) dn is the buffer the forward's n1 shares, and B the
+// one its xp shares;
 // selective recompute lends B, A, datt, dn and dxf to its recomputed values (model.c,
 // alloc_selective_shared), and the head's xf and logits are B and A (alloc_head).
 typedef struct {
@@ -203,6 +208,7 @@ typedef struct {
     Fp8Scaling how;
     bool fp8_dense;
     bool fp8_fused_dispatch; // train.fp8_fused_dispatch (Fp8Operands.fused_dispatch)
+    bool fp8_fused_swiglu;   // train.fp8_fused_swiglu (Fp8Operands.fused_swiglu)
     bool fp8_exchange;       // train.fp8_exchange (Fp8Operands.exchange)
 } ModelModes;
 

@@ -177,6 +177,13 @@ static void cost_swiglu_fp8(void *o, void *q, void *s, const void *g, const int3
                             size_t H, Fp8Scaling h, uint64_t *n) {
     bytes(KERNEL_FP8_QUANTIZE, swiglu_rows(R, off, E) * H * (3 * A + 1));
 }
+// reads dout and gu (3 H act values a row), writes the gate|up gradient's rows and token-major codes
+// (4 H bytes) and with the row dots hw's token-major codes (H)
+static void cost_swiglu_backward_fp8(void *q, void *s, void *qt, void *st, void *dot, void *hwt, void *hws,
+                                     const void *d, const void *g, const void *w, const int32_t *off, size_t E,
+                                     size_t R, size_t H, Fp8Scaling h, uint64_t *ng, uint64_t *na) {
+    bytes(KERNEL_FP8_QUANTIZE, swiglu_rows(R, off, E) * H * (3 * A + (dot ? 5 : 4)));
+}
 static void cost_fp8_cols(void *q, void *s, const void *x, const int32_t *off, size_t E, size_t R, size_t C,
                           Fp8Scaling h, uint64_t *n) {
     bytes(KERNEL_FP8_QUANTIZE, fp8_rows(R, off) * C * (A + 1));
@@ -251,6 +258,7 @@ const Ops *ops_costing(bool bf16_activations, CostSink *s) {
     o.fp8_transpose_codes = cost_fp8_transpose;
     o.fp8_regroup_scales = cost_fp8_regroup_scales, o.fp8_dequantize_rows = cost_fp8_dequantize;
     o.swiglu_forward_fp8 = cost_swiglu_fp8, o.fp8_quantize_rows_cols = cost_fp8_rows_cols;
+    o.swiglu_backward_fp8 = cost_swiglu_backward_fp8;
     o.fp8_grouped_matmul = cost_fp8_grouped, o.fp8_grouped_matmul_wgrad = cost_fp8_wgrad;
     o.fp8_matmul = cost_fp8_matmul;
     o.router_bias_update = cost_bias_update, o.cross_entropy = cost_cross_entropy;

@@ -343,6 +343,19 @@ typedef struct Ops {
     void (*fp8_quantize_rows_cols)(void *q, void *scales, void *qt, void *scales_t, const void *x,
                                    const int32_t *x_rows, const int32_t *offsets, size_t E, size_t R, size_t K,
                                    Fp8Scaling how, uint64_t *counts);
+    // swiglu_backward with its output's FP8 operands from the same pass, the output itself not stored:
+    // the gate|up gradient dgu (R, 2H) of dout (R, H) act and gu (R, 2H) act, each row's gradient
+    // scaled by row_w (R) f32 first (NULL: 1), on the rows of offsets (E + 1) i32 (NULL: all R) as
+    // swiglu_backward computes and rounds it, quantised to q, scales, qt, scales_t bit for bit as
+    // fp8_quantize_rows_cols(q, scales, qt, scales_t, dgu, NULL, offsets, E, R, 2H, how, grads)
+    // writes and counts them (the gate|up products' input and weight gradients read them). With
+    // row_dot (R) f32 non-NULL also row_dot and hw as swiglu_backward computes them, hw quantised to
+    // hwt, hw_scales as fp8_quantize_cols(hwt, hw_scales, hw, offsets, E, R, H, how, acts) writes and
+    // counts them (the down projection's weight gradient reads them). H a multiple of 128.
+    void (*swiglu_backward_fp8)(void *q, void *scales, void *qt, void *scales_t, void *row_dot, void *hwt,
+                                void *hw_scales, const void *dout, const void *gu, const void *row_w,
+                                const int32_t *offsets, size_t E, size_t R, size_t H, Fp8Scaling how,
+                                uint64_t *grads, uint64_t *acts);
     // The scales of FP8 rows (R of them, Kb blocks a row) between the grouped layout fp8_quantize_rows
     // writes for offsets (E + 1) i32 (group g's (Kb, rows of g) at Kb offsets[g]) and row-major
     // (R, pitch) f32 (row r's Kb scales from r pitch; pitch >= Kb): to_rows from the grouped layout to

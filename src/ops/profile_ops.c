@@ -114,11 +114,16 @@ static ProfilePhase fp8_phase(const int32_t *off) { return off ? PHASE_EXPERT_GE
 WRAP(fp8_quantize_rows, fp8_phase(off),
      (void *q, void *s, const void *x, const int32_t *off, size_t E, size_t R, size_t K, Fp8Scaling h, uint64_t *n),
      (q, s, x, off, E, R, K, h, n))
-// the SwiGLU's phase, which now also quantises its output (the quantisation alone: expert GEMMs)
+// the SwiGLU's phase, forward and backward, which now also quantise its output and gradient (the
+// quantisation alone: expert GEMMs)
 WRAP(swiglu_forward_fp8, PHASE_REST,
      (void *o, void *q, void *s, const void *g, const int32_t *off, size_t E, size_t R, size_t H, Fp8Scaling h,
       uint64_t *n),
      (o, q, s, g, off, E, R, H, h, n))
+WRAP(swiglu_backward_fp8, PHASE_REST,
+     (void *q, void *s, void *qt, void *st, void *dot, void *hwt, void *hws, const void *d, const void *g,
+      const void *w, const int32_t *off, size_t E, size_t R, size_t H, Fp8Scaling h, uint64_t *ng, uint64_t *na),
+     (q, s, qt, st, dot, hwt, hws, d, g, w, off, E, R, H, h, ng, na))
 WRAP(fp8_quantize_cols, fp8_phase(off),
      (void *q, void *s, const void *x, const int32_t *off, size_t E, size_t R, size_t C, Fp8Scaling h, uint64_t *n),
      (q, s, x, off, E, R, C, h, n))
@@ -170,7 +175,8 @@ const Ops *ops_profiled(const Ops *backend) {
     SET(moe_slot_values), SET(moe_row_tokens);
     SET(moe_exchange_plan), SET(moe_push_rows);
     SET(grouped_matmul_forward), SET(grouped_matmul_backward), SET(router_bias_update), SET(cross_entropy);
-    SET(fp8_quantize_rows), SET(swiglu_forward_fp8), SET(fp8_quantize_cols), SET(fp8_quantize_weights);
+    SET(fp8_quantize_rows), SET(swiglu_forward_fp8), SET(swiglu_backward_fp8), SET(fp8_quantize_cols);
+    SET(fp8_quantize_weights);
     SET(fp8_transpose_codes), SET(fp8_regroup_scales), SET(fp8_dequantize_rows);
     SET(fp8_quantize_rows_cols), SET(fp8_grouped_matmul), SET(fp8_grouped_matmul_wgrad), SET(fp8_matmul);
     SET(sum_squares), SET(adamw_update);

@@ -107,6 +107,11 @@ static const ConfigKey KEYS[] = {
                                     "experts' FP8 inputs and output gradients quantised straight from the "
                                     "tokens' rows, so the dispatch and the combine's backward copy none (the "
                                     "same results, two passes a layer less: +0.8-1.2% tokens/s on scale-E8)"),
+    BOOL(train, fp8_fused_swiglu, "with precision fp8 and one expert-parallel rank: the experts' SwiGLU "
+                                  "backward writes the FP8 operands of the products it feeds (the gate|up "
+                                  "gradient's rows and token-major copy, the weighted h's token-major copy) "
+                                  "instead of bf16 tensors that are quantised after (the same results, two "
+                                  "full-size passes a layer less; expert_hidden a multiple of 128, else off)"),
     BOOL(train, fp8_exchange, "with precision fp8: the experts' inputs and their output gradients travel "
                               "between expert-parallel ranks as E4M3 codes and fp32 scales (D + 4 D / 128 "
                               "bytes a row instead of 2 D) and the weight gradients read them dequantised "
@@ -155,7 +160,7 @@ void config_defaults(Config *c) {
         .lr = 3e-3, .min_lr_ratio = 0.1, .warmup = 30, .schedule = SCHED_COSINE,
         .weight_decay = 0.1, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .clip = 1.0,
         .seed = 1, .log_every = 10, .eval_every = 100, .eval_batches = 20,
-        .ckpt_every = 200, .keep_ckpts = 2, .fp8_dense = true, .fp8_fused_dispatch = true,
+        .ckpt_every = 200, .keep_ckpts = 2, .fp8_dense = true, .fp8_fused_dispatch = true, .fp8_fused_swiglu = true,
     };
     snprintf(c->train.out, sizeof c->train.out, "runs/default");
     snprintf(c->train.device, sizeof c->train.device, "cpu");

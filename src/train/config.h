@@ -41,6 +41,7 @@ typedef struct {
     Fp8Recipe fp8_recipe;      // with precision fp8: the scaling recipe
     bool fp8_dense;            // with precision fp8: the dense linear layers in FP8 too (else act precision)
     bool fp8_fused_dispatch;   // with precision fp8: expert operands quantised from the tokens' rows
+    bool fp8_fused_swiglu;     // with precision fp8: the experts' SwiGLU backward writes FP8 operands
     bool fp8_exchange;         // with precision fp8: rows travel to the experts (and inputs are kept) as FP8
     double comm_timeout;       // seconds without progress before a multi-rank run ends (0: never)
     bool launch_ahead;         // each step queued before the previous one's metrics are read

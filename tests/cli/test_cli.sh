@@ -116,6 +116,13 @@ if run train.steps=30 train.precision=fp8 train.fp8_fused_dispatch=false train.o
     if [ "$(losses "$tmp/fp8_gathered")" = "$(losses "$tmp/fp8")" ]; then ok "fp8 fused dispatch: the same 30 losses bit for bit as gathered rows"
     else bad "fp8 fused dispatch: the same losses" "$(losses "$tmp/fp8_gathered" | tail -1) vs $(losses "$tmp/fp8" | tail -1)"; fi
 else bad "fp8 gathered rows run" "$(tail -5 "$tmp/last.log")"; fi
+# train.fp8_fused_swiglu (the default) with an expert_hidden of 128: the experts' SwiGLU backward makes
+# the FP8 operands of the products it feeds, the same losses bit for bit as quantising after (false)
+if run train.steps=20 train.precision=fp8 model.expert_hidden=128 train.out="$tmp/fp8_swiglu" &&
+    run train.steps=20 train.precision=fp8 model.expert_hidden=128 train.fp8_fused_swiglu=false train.out="$tmp/fp8_swiglu_apart"; then
+    if [ "$(losses "$tmp/fp8_swiglu")" = "$(losses "$tmp/fp8_swiglu_apart")" ]; then ok "fp8 fused SwiGLU backward: the same 20 losses bit for bit"
+    else bad "fp8 fused SwiGLU backward: the same losses" "$(losses "$tmp/fp8_swiglu" | tail -1) vs $(losses "$tmp/fp8_swiglu_apart" | tail -1)"; fi
+else bad "fp8 fused SwiGLU backward runs" "$(tail -5 "$tmp/last.log")"; fi
 # Its FP8 counters: every step logs the values quantised per class and the shares flushed, saturated
 # and NaN (numbers in [0, 1], some values flushed); the exact run logs none.
 fp8_class='{"values":[1-9][0-9]*,[^}]*}'

@@ -1054,6 +1054,92 @@ static void test_swiglu_fp8_case(size_t E, const int *rows, size_t H, size_t fir
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) buf_free(all[i]);
 }
 
+// Whether two GPU buffers hold the same `bytes` bytes.
+static bool gpu_same_bytes(const void *a, const void *b, size_t bytes) {
+    char *x = malloc(bytes + 1), *y = malloc(bytes + 1);
+    gpu->download(x, a, bytes), gpu->download(y, b, bytes);
+    bool same = !memcmp(x, y, bytes);
+    free(x), free(y);
+    return same;
+}
+
+// A GPU act buffer's values as the CPU buffer's (the GPU's bf16 outputs for the CPU to quantise).
+static void act_to_cpu(Buf *b) {
+    float *v = malloc(b->n * sizeof(float) + 4);
+    gpu->download_act(v, b->g, b->n);
+    cpu->upload_f32(b->c, v, b->n);
+    free(v);
+}
+
+// The SwiGLU backward with its output's FP8 operands from one pass (swiglu_backward_fp8) on the rows
+// of experts [first, E), with the combine weights' part (row_dot, and hw's token-major copy) or
+// without, outputs poisoned: on the GPU bit for bit what swiglu_backward, fp8_quantize_rows_cols and
+// fp8_quantize_cols write one after the other (row_dot too: its sums in the same order) and count;
+// its codes, scales and counters bit for bit the CPU's quantisation of that swiglu_backward's bf16
+// output. Inputs with exact zeros, outliers, a zero gate block and (output gradient) a NaN,
+// infinities and tiny values.
+static void test_swiglu_backward_fp8_case(size_t E, const int *rows, size_t H, size_t first, bool dot, Fp8Scaling how) {
+    char what[160];
+    size_t R;
+    Buf off = expert_offsets(E, rows, &R);
+    size_t El = E - first, Rb = R + 5, C = 2 * H, Rt = fp8_expert_cols(Rb, El), Cb = fp8_blocks(C);
+    Buf dout = buf_new(K_ACT, Rb * H), gu = buf_new(K_ACT, Rb * C), w = buf_new(K_F32, Rb);
+    Buf dgu = buf_new(K_ACT, Rb * C), hw = buf_new(K_ACT, Rb * H), rd[2] = {buf_new(K_F32, Rb), buf_new(K_F32, Rb)};
+    Buf q[2], s[2], qt[2], st[2], hwt[2], hws[2]; // fused, then the ops one after the other
+    for (int i = 0; i < 2; i++) {
+        q[i] = buf_new(K_U8, Rb * C), s[i] = buf_new(K_F32, Cb * Rb), qt[i] = buf_new(K_U8, C * Rt);
+        st[i] = buf_new(K_F32, Rt / FP8_BLOCK * C), hwt[i] = buf_new(K_U8, H * Rt);
+        hws[i] = buf_new(K_F32, Rt / FP8_BLOCK * H);
+        Buf *out[] = {&q[i], &s[i], &qt[i], &st[i], &hwt[i], &hws[i], &rd[i]};
+        for (size_t j = 0; j < sizeof out / sizeof *out; j++) buf_poison(out[j]);
+    }
+    buf_poison(&dgu), buf_poison(&hw);
+    fp8_inputs(&gu, C, 88, 1, R / 2, R / 2 + 1); // a zero gate block: zero gradients and h there
+    fp8_inputs(&dout, H, 89, 0.01, 0, 0);
+    fp8_specials(&dout);
+    for (size_t r = 0; r < Rb; r++) w.ref[r] = 0.25f + 0.125f * (float)(r % 7);
+    buf_push(&w);
+    const int32_t *og = (const int32_t *)off.g + first, *oc = (const int32_t *)off.c + first;
+    Counts g[2] = {counts_new(), counts_new()}, a[2] = {counts_new(), counts_new()}; // fused, apart
+    gpu->swiglu_backward_fp8(q[0].g, s[0].g, qt[0].g, st[0].g, dot ? rd[0].g : NULL, hwt[0].g, hws[0].g, dout.g, gu.g,
+                             w.g, og, El, Rb, H, how, g[0].g, a[0].g);
+    gpu->swiglu_backward(dgu.g, dot ? rd[1].g : NULL, dot ? hw.g : NULL, dout.g, gu.g, w.g, Rb, H, og, El);
+    gpu->fp8_quantize_rows_cols(q[1].g, s[1].g, qt[1].g, st[1].g, dgu.g, NULL, og, El, Rb, C, how, g[1].g);
+    if (dot) gpu->fp8_quantize_cols(hwt[1].g, hws[1].g, hw.g, og, El, Rb, H, how, a[1].g);
+    snprintf(what, sizeof what, "swiglu backward with fp8 operands E%zu H%zu from expert %zu%s%s", E, H, first,
+             dot ? ", row dots" : "", how == FP8_SCALE_POW2 ? " pow2" : "");
+    const struct {
+        const char *name;
+        const Buf *b;
+        size_t bytes;
+    } same[] = {{"gate|up gradient's codes", q, Rb * C}, {"their scales", s, Cb * Rb * 4},
+                {"token-major codes", qt, C * Rt}, {"their scales", st, Rt / FP8_BLOCK * C * 4},
+                {"row dots", rd, Rb * 4}, {"hw's token-major codes", hwt, H * Rt},
+                {"their scales", hws, Rt / FP8_BLOCK * H * 4}};
+    size_t n_same = dot ? 7 : 4;
+    for (size_t j = 0; j < n_same; j++)
+        if (!gpu_same_bytes(same[j].b[0].g, same[j].b[1].g, same[j].bytes))
+            FAIL("%s: %s are not those of the ops one after the other, bit for bit", what, same[j].name);
+    uint64_t cf[2][FP8_COUNTS], ca[2][FP8_COUNTS];
+    for (int i = 0; i < 2; i++) gpu->download(cf[i], g[i].g, sizeof cf[i]), gpu->download(ca[i], a[i].g, sizeof ca[i]);
+    if (memcmp(cf[0], cf[1], sizeof cf[0]) || (dot && memcmp(ca[0], ca[1], sizeof ca[0])))
+        FAIL("%s: its counters are not those of the ops one after the other", what);
+    act_to_cpu(&dgu), act_to_cpu(&hw); // the GPU's bf16 gradients and hw, quantised by the CPU
+    cpu->fp8_quantize_rows_cols(q[0].c, s[0].c, qt[0].c, st[0].c, dgu.c, NULL, oc, El, Rb, C, how, g[0].c);
+    check(what, &q[0], Rb * C, 0, 0), check("  row scales", &s[0], Cb * Rb, 0, 0);
+    check("  token-major codes", &qt[0], C * Rt, 0, 0), check("  their scales", &st[0], Rt / FP8_BLOCK * C, 0, 0);
+    check_counts("  gradient counters", &g[0]);
+    if (dot) {
+        cpu->fp8_quantize_cols(hwt[0].c, hws[0].c, hw.c, oc, El, Rb, H, how, a[0].c);
+        check("  hw's token-major codes", &hwt[0], H * Rt, 0, 0);
+        check("  their scales", &hws[0], Rt / FP8_BLOCK * H, 0, 0), check_counts("  hw's counters", &a[0]);
+    } else cpu->free(a[0].c), gpu->free(a[0].g);
+    for (int i = 1; i < 2; i++) cpu->free(g[i].c), gpu->free(g[i].g), cpu->free(a[i].c), gpu->free(a[i].g);
+    Buf *all[] = {&off, &dout, &gu, &w, &dgu, &hw, &rd[0], &rd[1], &q[0], &q[1], &s[0], &s[1], &qt[0], &qt[1],
+                  &st[0], &st[1], &hwt[0], &hwt[1], &hws[0], &hws[1]};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) buf_free(all[i]);
+}
+
 // The FP8 exchange's ops (train.fp8_exchange) on rows of experts [first, E), outputs poisoned: the
 // rows' scales to row-major rows of `pitch` (> Kb: padding left as it was) and back, bit for bit;
 // the rows dequantised, bit for bit the CPU's fp32 values rounded to bf16 (a NaN, infinities, an
@@ -1130,6 +1216,10 @@ static void test_fp8(void) {
     test_swiglu_fp8_case(5, rows1, 48, 0, FP8_SCALE_AMAX);
     test_swiglu_fp8_case(8, rows2, 264, 1, FP8_SCALE_AMAX);
     test_swiglu_fp8_case(5, rows1, 208, 2, FP8_SCALE_POW2); // a short last 128-block (widths are multiples of 16)
+    test_swiglu_backward_fp8_case(5, rows1, 128, 0, true, FP8_SCALE_AMAX);
+    test_swiglu_backward_fp8_case(8, rows2, 256, 1, true, FP8_SCALE_AMAX);
+    test_swiglu_backward_fp8_case(8, rows2, 384, 0, false, FP8_SCALE_AMAX);
+    test_swiglu_backward_fp8_case(16, rows3, 384, 2, true, FP8_SCALE_POW2);
     test_fp8_exchange_case(5, rows1, 208, 4, 0, 0);
     test_fp8_exchange_case(8, rows2, 2048, 16, 0, 1); // a scale-E8 row: 16 blocks, 16-byte rows of scales
     test_fp8_exchange_case(16, rows3, 264, 5, 3, 2);  // a width not a multiple of 8, unaligned
@@ -1312,10 +1402,11 @@ static void test_init(void) {
     test_init_model();
 }
 
-// Each option set twice: random routing (every gradient compared) and learned routing; the first
-// two also with every FP8 product on (experts and dense layers), their operands read from the tokens'
+// Each option set twice: random routing (every gradient compared) and learned routing; all three
+// also with every FP8 product on (experts and dense layers), their operands read from the tokens'
 // rows (train.fp8_fused_dispatch) where everything is kept, so that the recompute modes' comparison
-// (which gather them) checks that path bitwise on the GPU.
+// (which gather them) checks that path bitwise on the GPU; the third with an expert_hidden of 128,
+// whose SwiGLU backward makes the FP8 operands (train.fp8_fused_swiglu).
 static void test_models(void) {
     ModelConfig cfgs[3];
     const char *names[3] = {"pre-norm, full qk-norm, softmax", "reordered, head qk-norm, sigmoid renorm, dense first, shared",
@@ -1329,15 +1420,16 @@ static void test_models(void) {
     cfgs[2].capacity_factor = 0.5, cfgs[2].qk_norm = QK_NORM_NONE, cfgs[2].n_heads = 2, cfgs[2].n_kv_heads = 2;
     const ModelModes exact = {.recompute = RECOMPUTE_NONE};
     const ModelModes fp8 = {.recompute = RECOMPUTE_NONE, .fp8 = true, .how = FP8_SCALE_AMAX, .fp8_dense = true,
-                            .fp8_fused_dispatch = true};
-    for (int i = 0; i < 5; i++)
+                            .fp8_fused_dispatch = true, .fp8_fused_swiglu = true};
+    for (int i = 0; i < 6; i++)
         for (int random = 1; random >= 0; random--) {
             char name[200];
             bool f = i >= 3;
             snprintf(name, sizeof name, "model %s, %s routing%s", names[i % 3], random ? "random" : "learned",
-                     f ? ", fp8" : "");
+                     i == 5 ? ", fp8, expert_hidden 128" : f ? ", fp8" : "");
             ModelConfig c = cfgs[i % 3];
             c.random_routing = random;
+            if (i == 5) c.expert_hidden = 128;
             model_compare(name, c, 2, 70, f ? fp8 : exact);
         }
 }

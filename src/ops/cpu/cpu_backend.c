@@ -113,6 +113,7 @@ static const Ops CPU_OPS = {
     .swiglu_forward_fp8 = cpu_swiglu_forward_fp8,
     .fp8_quantize_cols = cpu_fp8_quantize_cols,
     .fp8_quantize_rows_cols = cpu_fp8_quantize_rows_cols,
+    .swiglu_backward_fp8 = cpu_swiglu_backward_fp8,
     .fp8_quantize_weights = cpu_fp8_quantize_weights,
     .fp8_transpose_codes = cpu_fp8_transpose_codes,
     .fp8_regroup_scales = cpu_fp8_regroup_scales,

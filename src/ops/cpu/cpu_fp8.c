@@ -110,6 +110,17 @@ void cpu_fp8_quantize_rows_cols(void *q, void *scales, void *qt, void *scales_t,
     free(rows);
 }
 
+// The ops one after the other (the oracle of the fused kernel), the gradients (and hw) in scratch.
+void cpu_swiglu_backward_fp8(void *q, void *scales, void *qt, void *scales_t, void *row_dot, void *hwt, void *hw_scales,
+                             const void *dout, const void *gu, const void *row_w, const int32_t *offsets, size_t E,
+                             size_t R, size_t H, Fp8Scaling how, uint64_t *grads, uint64_t *acts) {
+    real *dgu = moe_malloc(R * 2 * H * sizeof(real)), *hw = row_dot ? moe_malloc(R * H * sizeof(real)) : NULL;
+    cpu_swiglu_backward(dgu, row_dot, hw, dout, gu, row_w, R, H, offsets, E);
+    cpu_fp8_quantize_rows_cols(q, scales, qt, scales_t, dgu, NULL, offsets, E, R, 2 * H, how, grads);
+    if (row_dot) cpu_fp8_quantize_cols(hwt, hw_scales, hw, offsets, E, R, H, how, acts);
+    free(dgu), free(hw);
+}
+
 void cpu_fp8_quantize_weights(void *q_, void *scales_, void *scales_t_, const void *w_, size_t E, size_t N,
                               size_t K, Fp8Scaling how, uint64_t *counts) {
     uint8_t *q = q_;

@@ -107,6 +107,29 @@ __device__ __forceinline__ float swiglu_sigmoid(float g) { return __fdividef(1.0
 // (cuda_dense.cu) the same sigmoid.
 __device__ __forceinline__ float swiglu_value(float g, float u) { return g * swiglu_sigmoid(g) * u; }
 
+// The SwiGLU gradients of one 8-value piece: d (the output's gradient) weighted by w, gate and up
+// gradients over g and u (dgu may be gu: each thread reads its values before writing them). Shared
+// by the backward kernels of cuda_dense.cu and the fused FP8 one of cuda_fp8.cu: the same bits.
+__device__ __forceinline__ void swiglu_grad8(float g[8], float u[8], const float d[8], float w) {
+    for (int k = 0; k < 8; k++) {
+        float s = swiglu_sigmoid(g[k]), dy = d[k] * w, gate = g[k];
+        g[k] = dy * u[k] * s * (1.0f + gate * (1.0f - s));
+        u[k] = dy * gate * s;
+    }
+}
+
+// The expert rows' part of the SwiGLU backward for one 8-value piece (swiglu_backward with row_dot,
+// ops.h): h = silu(g) u again, returned dot plus d . h summed in order, then h times the row's
+// combine weight w (hw). Shared as swiglu_grad8 is.
+__device__ __forceinline__ float swiglu_hw8(float h[8], const float g[8], const float u[8], const float d[8], float w,
+                                            float dot) {
+    for (int q = 0; q < 8; q++) {
+        h[q] = swiglu_value(g[q], u[q]);
+        dot += d[q] * h[q], h[q] *= w;
+    }
+    return dot;
+}
+
 // 8 bf16 values (16 bytes) to and from fp32: the unit of the memory-bound kernels' loads.
 __device__ __forceinline__ void unpack8(float v[8], uint4 u) {
     const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);

@@ -301,16 +301,6 @@ __global__ void swiglu_forward_kernel(bf16 *out, const bf16 *gu, size_t R, size_
     }
 }
 
-// The SwiGLU gradients of one 8-value piece: d (the output's gradient) weighted by w, gate and up
-// gradients over g and u (dgu may be gu: each thread reads its values before writing them).
-__device__ __forceinline__ void swiglu_grad8(float g[8], float u[8], const float d[8], float w) {
-    for (int k = 0; k < 8; k++) {
-        float s = swiglu_sigmoid(g[k]), dy = d[k] * w, gate = g[k];
-        g[k] = dy * u[k] * s * (1.0f + gate * (1.0f - s));
-        u[k] = dy * gate * s;
-    }
-}
-
 __global__ void swiglu_backward_kernel(bf16 *dgu, const bf16 *dout, const bf16 *gu, const float *row_w, size_t R,
                                        size_t H, const int32_t *rows, size_t n) {
     size_t first, n8;
@@ -337,10 +327,7 @@ __global__ void swiglu_backward_rows_kernel(bf16 *dgu, float *row_dot, bf16 *hw,
         for (size_t j = 8 * lane; j < H; j += 256) {
             float g[8], u[8], d[8], h[8];
             load8(g, gu + r * 2 * H + j), load8(u, gu + r * 2 * H + H + j), load8(d, dout + r * H + j);
-            for (int q = 0; q < 8; q++) {
-                h[q] = swiglu_value(g[q], u[q]);
-                dot += d[q] * h[q], h[q] *= w;
-            }
+            dot = swiglu_hw8(h, g, u, d, w, dot);
             store8(hw + r * H + j, h);
             swiglu_grad8(g, u, d, w);
             store8(dgu + r * 2 * H + j, g), store8(dgu + r * 2 * H + H + j, u);

@@ -502,10 +502,11 @@ __device__ __forceinline__ void fp8_store_transposed(const uint4 (*tile)[FP8_BLO
 #define FP8_C_RESIDENT 4
 #define FP8_C_STAGE_BYTES (FP8_C_PIECES * FP8_C_THREADS * 16)
 
-// The columns' scales of the block into scales (the block's row of them) and their inverses into
-// inv (shared), from each thread's maxima of its 8 columns.
+// The columns' scales of the block (THREADS threads) into scales (the block's row of them) and their
+// inverses into inv (shared), from each thread's maxima of its 8 columns.
+template <int THREADS = FP8_C_THREADS>
 __device__ void fp8_column_scales(float *inv, float *scales, float amax[8], int64_t cols, Fp8Scaling how) {
-    __shared__ float part[FP8_C_THREADS / 32][FP8_BLOCK];
+    __shared__ float part[THREADS / 32][FP8_BLOCK];
     int t = threadIdx.x, c8 = t % 16;
     for (int j = 0; j < 8; j++) amax[j] = fmaxf(amax[j], __shfl_xor_sync(0xffffffffu, amax[j], 16));
     if (t % 32 < 16)
@@ -513,7 +514,7 @@ __device__ void fp8_column_scales(float *inv, float *scales, float amax[8], int6
     __syncthreads();
     if (t < FP8_BLOCK) {
         float m = 0;
-        for (int w = 0; w < FP8_C_THREADS / 32; w++) m = fmaxf(m, part[w][t]);
+        for (int w = 0; w < THREADS / 32; w++) m = fmaxf(m, part[w][t]);
         float s = fp8_block_scale(m, how);
         inv[t] = fp8_scale_inverse(s);
         if (t < cols) scales[t] = s;
@@ -650,6 +651,214 @@ extern "C" void cuda_fp8_quantize_rows_cols(void *q, void *scales, void *qt, voi
                                             const int32_t *x_rows, const int32_t *offsets, size_t E, size_t R,
                                             size_t K, Fp8Scaling how, uint64_t *counts) {
     fp8_quantize_cols_launch(qt, scales_t, q, scales, x, x_rows, offsets, E, R, K, how, counts);
+}
+
+// ---------------------------------------------------------------- the SwiGLU backward with its FP8 operands
+
+// The fused SwiGLU backward's blocks (swiglu_backward_fp8_kernel): FP8_S_THREADS threads a 128x128
+// tile, FP8_S_PIECES 16-byte pieces of a tile a thread, piece p of thread t in tile row t / 16 +
+// FP8_S_STEP p; slots for the gate and up pieces, and 2 blocks an SM.
+#define FP8_S_THREADS 512
+#define FP8_S_PIECES (FP8_BLOCK * FP8_BLOCK / 8 / FP8_S_THREADS)
+#define FP8_S_STEP (FP8_S_THREADS / 16)
+#define FP8_S_RESIDENT 2
+#define FP8_S_STAGE_BYTES (2 * FP8_S_PIECES * FP8_S_THREADS * 16)
+
+// Where a block of the fused SwiGLU backward works: token-major block b of Rt columns, its rows
+// [first, first + n) of the group of rows [r0, r0 + rows) (fp8_block_rows).
+struct Fp8TileRows {
+    int b, first, n, r0, rows, Rt;
+};
+
+// One 128x128 tile of one tensor (C columns wide) of the fused SwiGLU backward, quantised as the
+// one-pass kernel quantises a tile: the thread's pieces piece(p) (packed bf16, tile rows t / 16 +
+// FP8_S_STEP p, columns 8 (t % 16) on: a half-warp holds 128 columns of FP8_S_PIECES rows) to the
+// token-major codes of tile column kb (qt rows [128 kb, + 128), columns from 128 b) and their
+// scales, and with ROWS to the rows' codes and scales of row block kb too. recount(p, codes, valid,
+// inv, col, sat) runs the counters' rare path of piece p (counts non-NULL). Ends with a barrier:
+// tile and inv free again.
+template <bool ROWS, typename Piece, typename Recount>
+__device__ __forceinline__ void fp8_tile_quantize(uint4 (*tile)[FP8_BLOCK / 16], float *inv, Piece piece,
+                                                  Recount recount, uint8_t *q, float *scales, uint8_t *qt,
+                                                  float *scales_t, int C, int kb, const Fp8TileRows &at,
+                                                  Fp8Scaling how, const uint64_t *counts) {
+    constexpr int PIECES = FP8_S_PIECES;
+    int t = threadIdx.x, c8 = t % 16;
+    uint4 cmax = make_uint4(0, 0, 0, 0);
+    float amax[8], rmax[PIECES], v[8];
+#pragma unroll
+    for (int p = 0; p < PIECES; p++) {
+        uint4 a = fp8_piece_abs(piece(p));
+        cmax = make_uint4(fp8_max2(cmax.x, a.x), fp8_max2(cmax.y, a.y), fp8_max2(cmax.z, a.z), fp8_max2(cmax.w, a.w));
+        if (ROWS) rmax[p] = fp8_piece_amax(piece(p));
+    }
+    unpack8(amax, cmax);
+    fp8_column_scales<FP8_S_THREADS>(inv, scales_t + (size_t)at.b * C + (size_t)kb * FP8_BLOCK, amax, FP8_BLOCK, how);
+    float cinv[8], rinv[PIECES], rs;
+    for (int j = 0; j < 8; j++) cinv[j] = inv[8 * c8 + j];
+    uint32_t rsat, sat = 0, flagged = 0, row_flagged = 0;
+    int own;
+    if (ROWS) fp8_row_scales<PIECES>(rmax, rinv, &rsat, &rs, &own, how);
+    for (int j = 0; j < 8; j++) sat |= (uint32_t)fp8_block_may_saturate(amax[j], cinv[j]) << j;
+#pragma unroll
+    for (int p = 0; p < PIECES; p++) {
+        int i = t / 16 + FP8_S_STEP * p;
+        unpack8(v, piece(p));
+        uint2 codes = fp8_codes8(v, cinv, 1);
+        reinterpret_cast<uint2 *>(&tile[i][fp8_tile_chunk(i, c8 / 2)])[c8 % 2] = codes;
+        const uint32_t words[2] = {codes.x, codes.y};
+        if (counts) flagged |= (uint32_t)fp8_needs_count<8>(words, sat) << p;
+        if (ROWS && i < at.n) {
+            row_flagged |= (uint32_t)fp8_store_row_codes(q, C, at.first + i, kb, v, rinv[p], (rsat >> p) & 1, true,
+                                                         counts) << p;
+            if (p == own) fp8_store_row_scale(scales, C, at.first + i, at.r0, at.rows, kb, rs);
+        }
+    }
+    __syncthreads();
+    for (int p = 0; (flagged | row_flagged) && p < PIECES; p++) {
+        int i = t / 16 + FP8_S_STEP * p;
+        if ((flagged >> p) & 1)
+            recount(p, (const uint8_t *)&tile[i][fp8_tile_chunk(i, c8 / 2)] + 8 * (c8 % 2), i < at.n ? 8 : 0, 0.0f,
+                    inv + 8 * c8, sat);
+        if (ROWS && ((row_flagged >> p) & 1)) {
+            float stored = *fp8_row_scale_at(scales, C, at.first + i, at.r0, at.rows, kb);
+            recount(p, q + (size_t)(at.first + i) * C + kb * FP8_BLOCK + 8 * c8, 8, fp8_scale_inverse(stored),
+                    (const float *)NULL, (rsat >> p) & 1 ? 0xffffffffu : 0u);
+        }
+    }
+    if (t < FP8_C_THREADS) // fp8_store_transposed's threads (measured: all 512, each half the share, no faster)
+        fp8_store_transposed(tile, qt + (size_t)kb * FP8_BLOCK * at.Rt + (size_t)FP8_BLOCK * at.b, at.Rt, FP8_BLOCK,
+                             FP8_BLOCK, true);
+    __syncthreads();
+}
+
+// The counters' rare path for a piece of hw = w silu(gate) up (not stored), recomputed from its
+// gate values g (the up values H further on) as swiglu_hw8 computes and pack8 rounds them.
+__device__ __noinline__ void fp8_count_hw_piece(uint64_t *counts, const bf16 *g, int H, float w, const uint8_t *q,
+                                                int valid, const float *col, uint32_t sat) {
+    fp8_count_values_of<8>(
+        counts, [=](int i) { return bf(to_bf(swiglu_value(bf(g[i]), bf(g[i + H])) * w)); }, q, valid, 0.0f, col,
+        sat);
+}
+
+// The fused SwiGLU backward (swiglu_backward_fp8): a block per token-major block b (128 rows of one
+// expert, as fp8_quantize_cols_kernel's), walking the hidden width in 128-column tiles jt. Each
+// thread stages its gate and up pieces in its own slots of shared memory by cp.async and loads its
+// output gradient's pieces into registers; per piece, with HW (row_dot and hw: one expert-parallel
+// rank) h = silu(gate) up, the row sums and hw = row_w h (held as packed bf16), then the gate and
+// up gradients, written over the gate and up slots as bf16. Then the tiles: hw's token-major codes
+// (tile row jt of hwt), the gate gradient's rows and token-major codes (block jt), the up gradient's
+// (block H / 128 + jt). Every value is rounded to bf16 as swiglu_backward stores it, so codes,
+// scales and counts are bit for bit those of swiglu_backward, fp8_quantize_rows_cols and
+// fp8_quantize_cols one after the other, and row_dot is summed in the order of swiglu_backward's
+// kernel (its lane l adds the columns of tiles l / 16, + 2, ...: here a thread's two running sums,
+// even tiles and odd ones, then the same butterfly). A tile's three tensors must be held until their
+// column scales are known (~96 KB: gate and up slots, hw and the output gradient in registers), so
+// 2 tiles an SM: with 256 threads a tile (8 warps, 128 registers) the kernel took 1.06 ms alone on
+// scale-E8's experts, with 512 (16 warps, 64 registers) 0.71 ms (docs/PERF.md, eighteenth session).
+template <bool HW>
+__global__ void __launch_bounds__(FP8_S_THREADS, FP8_S_RESIDENT)
+swiglu_backward_fp8_kernel(uint8_t *q, float *scales, uint8_t *qt, float *scales_t, float *row_dot, uint8_t *hwt,
+                           float *hw_scales, const bf16 *dout, const bf16 *gu, const float *row_w,
+                           const int32_t *offsets, int E, int H, int Rt, Fp8Scaling how, uint64_t *grads,
+                           uint64_t *acts) {
+    fp8_count_values(grads, offsets, E, 0, 4 * (int64_t)H); // the gradients' rows and token-major copy
+    if (HW) fp8_count_values(acts, offsets, E, 0, H);
+    __shared__ uint4 tile[FP8_BLOCK][FP8_BLOCK / 16];
+    __shared__ float inv[FP8_BLOCK]; // the columns' scale inverses of the tile being quantised
+    extern __shared__ uint4 stage[];  // (2, PIECES, THREADS): gate slots, then up slots
+    constexpr int PIECES = FP8_S_PIECES, THREADS = FP8_S_THREADS;
+    __shared__ float sums[2][PIECES][THREADS]; // HW: row_dot's running sums, even and odd tiles
+    int t = threadIdx.x, c8 = t % 16, C = 2 * H;
+    Fp8TileRows at;
+    at.b = blockIdx.x, at.Rt = Rt;
+    int e = fp8_block_rows(offsets, E, at.b, &at.first, &at.n);
+    at.r0 = offsets[e], at.rows = offsets[e + 1] - at.r0;
+    uint4 *gs = stage + t, *us = stage + PIECES * THREADS + t; // piece p at [p THREADS]
+    auto weight = [&](int i) { return i < at.n ? (row_w ? row_w[at.first + i] : 1.0f) : 0.0f; }; // tile row i's
+#pragma unroll
+    for (int p = 0; HW && p < PIECES; p++) sums[0][p][t] = sums[1][p][t] = 0.0f;
+    for (int jt = 0; jt < H / FP8_BLOCK; jt++) {
+        int c = FP8_BLOCK * jt + 8 * c8;
+        uint4 d[PIECES], hw[PIECES];
+#pragma unroll
+        for (int p = 0; p < PIECES; p++) {
+            int i = t / 16 + FP8_S_STEP * p;
+            const bf16 *g = i < at.n ? gu + (size_t)(at.first + i) * C + c : gu;
+            cp_async16(gs + p * THREADS, g, i < at.n), cp_async16(us + p * THREADS, g + H, i < at.n);
+        }
+        cp_async_commit();
+#pragma unroll
+        for (int p = 0; p < PIECES; p++) {
+            int i = t / 16 + FP8_S_STEP * p;
+            d[p] = i < at.n ? *reinterpret_cast<const uint4 *>(dout + (size_t)(at.first + i) * H + c)
+                            : make_uint4(0, 0, 0, 0);
+        }
+        cp_async_wait_all();
+#pragma unroll
+        for (int p = 0; p < PIECES; p++) {
+            float g[8], u[8], dv[8], h[8], w = weight(t / 16 + FP8_S_STEP * p);
+            unpack8(g, gs[p * THREADS]), unpack8(u, us[p * THREADS]), unpack8(dv, d[p]);
+            if (HW) {
+                float *sum = &sums[jt & 1][p][t];
+                *sum = swiglu_hw8(h, g, u, dv, w, *sum);
+                hw[p] = pack8(h);
+            }
+            swiglu_grad8(g, u, dv, w);
+            gs[p * THREADS] = pack8(g), us[p * THREADS] = pack8(u);
+        }
+        if (HW)
+            fp8_tile_quantize<false>(
+                tile, inv, [&](int p) { return hw[p]; },
+                [&](int p, const uint8_t *codes, int valid, float, const float *col, uint32_t sat) {
+                    int i = t / 16 + FP8_S_STEP * p;
+                    fp8_count_hw_piece(acts, gu + (size_t)(at.first + i) * C + c, H, weight(i), codes, valid, col,
+                                       sat);
+                },
+                NULL, NULL, hwt, hw_scales, H, jt, at, how, acts);
+        const uint4 *slots[2] = {gs, us};
+#pragma unroll
+        for (int half = 0; half < 2; half++)
+            fp8_tile_quantize<true>(
+                tile, inv, [&](int p) { return slots[half][p * THREADS]; },
+                [&](int p, const uint8_t *codes, int valid, float rinv, const float *col, uint32_t sat) {
+                    fp8_count_piece<8>(grads, (const bf16 *)&slots[half][p * THREADS], codes, valid, rinv, col,
+                                       sat);
+                },
+                q, scales, qt, scales_t, C, half * (H / FP8_BLOCK) + jt, at, how, grads);
+    }
+#pragma unroll
+    for (int p = 0; HW && p < PIECES; p++) {
+        int i = t / 16 + FP8_S_STEP * p;
+        float v = sums[0][p][t] + sums[1][p][t]; // swiglu_backward's lanes l and l + 16, then its butterfly
+        for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (c8 == 0 && i < at.n) row_dot[at.first + i] = v;
+    }
+}
+
+extern "C" void cuda_swiglu_backward_fp8(void *q, void *scales, void *qt, void *scales_t, void *row_dot, void *hwt,
+                                         void *hw_scales, const void *dout, const void *gu, const void *row_w,
+                                         const int32_t *offsets, size_t E, size_t R, size_t H, Fp8Scaling how,
+                                         uint64_t *grads, uint64_t *acts) {
+    if (!H) return;
+    bool aligned = aligned16(dout) && aligned16(gu) && aligned16(qt) && aligned16(hwt) && (uintptr_t)q % 8 == 0;
+    if (H % FP8_BLOCK || !aligned)
+        moe_fatal("%s:%d: swiglu_backward_fp8 needs a hidden width that is a multiple of %d (got %zu) and 16-byte "
+                  "aligned buffers (the model calls it only so)", __FILE__, __LINE__, FP8_BLOCK, H);
+    if (!offsets) offsets = cuda_fp8_one_group(R);
+    size_t Rt = fp8_expert_cols(R, E);
+    fp8_check_index(Rt, 2 * H);
+    auto kernel = row_dot ? swiglu_backward_fp8_kernel<true> : swiglu_backward_fp8_kernel<false>;
+    static bool sized[2];
+    if (!sized[row_dot != NULL]) {
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, FP8_S_STAGE_BYTES));
+        sized[row_dot != NULL] = true;
+    }
+    kernel<<<(unsigned)(Rt / FP8_BLOCK), FP8_S_THREADS, FP8_S_STAGE_BYTES, cuda_ctx.stream>>>(
+        (uint8_t *)q, (float *)scales, (uint8_t *)qt, (float *)scales_t, (float *)row_dot, (uint8_t *)hwt,
+        (float *)hw_scales, (const bf16 *)dout, (const bf16 *)gu, (const float *)row_w, offsets, (int)E, (int)H,
+        (int)Rt, how, grads, acts);
+    CUDA_LAUNCH_CHECK();
 }
 
 // The weights' kernel: a block of FP8_W_THREADS threads per 128x128 block, each thread holding

@@ -61,6 +61,10 @@ void cuda_swiglu_forward_fp8(void *out, void *q, void *scales, const void *gu, c
                              size_t R, size_t H, Fp8Scaling how, uint64_t *counts);
 void cuda_fp8_quantize_cols(void *qt, void *scales, const void *x, const int32_t *offsets, size_t E, size_t R,
                             size_t C, Fp8Scaling how, uint64_t *counts);
+void cuda_swiglu_backward_fp8(void *q, void *scales, void *qt, void *scales_t, void *row_dot, void *hwt,
+                              void *hw_scales, const void *dout, const void *gu, const void *row_w,
+                              const int32_t *offsets, size_t E, size_t R, size_t H, Fp8Scaling how, uint64_t *grads,
+                              uint64_t *acts);
 void cuda_fp8_quantize_rows_cols(void *q, void *scales, void *qt, void *scales_t, const void *x, const int32_t *x_rows,
                                  const int32_t *offsets, size_t E, size_t R, size_t K, Fp8Scaling how, uint64_t *counts);
 void cuda_fp8_quantize_weights(void *q, void *scales, void *scales_t, const void *w, size_t E, size_t N,
