@@ -228,6 +228,14 @@ bool model_keeps_fp8_xe(const Model *m) {
            n_local_moe_layers(m) > 0;
 }
 
+// Whether the experts' FP8 operands are read from the tokens' rows of the layer's input and output
+// gradient (train.fp8_fused_dispatch; one expert-parallel rank, one exchange chunk, no
+// train.fp8_exchange; reads_token_rows): the dispatch and the combine's backward then copy no rows.
+static bool model_reads_token_rows(const Model *m) {
+    return m->fp8 && m->fp8->fused_dispatch && !m->fp8->exchange && m->par->ep->size == 1 &&
+           m->xchg.chunks == 1 && n_local_moe_layers(m) > 0;
+}
+
 // A kept token-major FP8 copy (Fp8Cols) of an input of K columns, R rows in El groups.
 static Fp8Cols alloc_fp8_cols(Model *m, size_t R, size_t El, size_t K) {
     size_t Tt = fp8_expert_cols(R, El);
@@ -459,7 +467,7 @@ static void alloc_scratch(Model *m, size_t T) {
         if (ep) s->dxe = moe_exchange_buf(&m->xchg, Rr);
         else s->row_w = f32_buf(m, Rr), s->row_dot = f32_buf(m, Rr);
         if (receives_fp8(m)) s->dye8 = moe_exchange_recv_buf(&m->xchg, Rr);
-        if (model_keeps_fp8_xe(m) && m->fp8->fused_dispatch && !m->fp8->exchange) s->row_token = i32_buf(m, Rr);
+        if (model_reads_token_rows(m)) s->row_token = i32_buf(m, Rr);
     }
 }
 
@@ -976,10 +984,10 @@ static void fp8_forward(const Model *m, void *out, const void *x, const int32_t 
     const Fp8Operands *q = m->fp8;
     Fp8Weights wq = fp8_weights_at(m, w, N, K);
     uint64_t *acts = fp8_counts(q, FP8_CLASS_ACTIVATIONS);
-    MOE_ASSERT(!(xq && x_t) && (!x_rows || x_t));
-    if (x_t)
-        m->ops->fp8_quantize_rows_cols(q->rows, q->row_scales, x_t->q, x_t->scales, x, x_rows, off, El, R, K, q->how,
-                                       acts);
+    MOE_ASSERT(!(xq && (x_t || x_rows)));
+    if (x_t || x_rows)
+        m->ops->fp8_quantize_rows_cols(q->rows, q->row_scales, x_t ? x_t->q : NULL, x_t ? x_t->scales : NULL, x,
+                                       x_rows, off, El, R, K, q->how, acts);
     else if (!xq) m->ops->fp8_quantize_rows(q->rows, q->row_scales, x, off, El, R, K, q->how, acts);
     fp8_product(m, out, xq ? xq : q->rows, wq.q, wq.scales, off, El, N, K, R);
 }
@@ -1131,6 +1139,7 @@ typedef struct {
     void *dye, *dxe;      // backward: (Rr, D) gradients of the experts' outputs (receives_fp8: FP8 rows,
                           // Scratch.dye8) and inputs
     const void *in;       // the layer's feed-forward input (T, D), whose rows rows_recompute gathers again
+                          // (or token_cols reads through `rows`)
     const void *dout;     // backward: the gradient of the layer's feed-forward output (T, D)
     bool accumulate_dw;   // backward: the weight gradients add to what the step wrote before
     const int32_t *rows;  // the token of each expert row (Scratch.row_token) where the experts' inputs are
@@ -1244,13 +1253,14 @@ static void experts_forward(void *ctx, size_t e0, size_t e1) {
                    D, H, w->Rr);
 }
 
-// Where the experts' inputs keep their token-major FP8 copy (model_keeps_fp8_xe: one rank, a training
-// forward (xe_t non-NULL) and its backward), nothing but the one-pass quantisations reads the
-// dispatched rows (the backward reads the kept copy) or the combine's gradient rows (the down
-// projection's input gradient and the kept copy for its weight gradient): with
-// Fp8Operands.fused_dispatch those read the rows of the layer's input and output gradient through
-// Scratch.row_token instead, so that neither is made (two full-size passes a layer less).
-static bool reads_token_rows(const Model *m, const Fp8Cols *xe_t) { return xe_t && m->s.row_token; }
+// In FP8 with one expert-parallel rank (one exchange chunk) and no train.fp8_exchange, nothing but
+// quantisations reads the dispatched rows (the forward's rows and, where kept, their token-major
+// copy; the backward's copy, made there where not kept) or the combine's gradient rows (the down
+// projection's rows and token-major copy, from one read): with Fp8Operands.fused_dispatch those read
+// the rows of the layer's input and output gradient through Scratch.row_token instead
+// (model_reads_token_rows), so that neither is made (two full-size passes a layer less; with
+// selective recompute also the backward's second gather).
+static bool reads_token_rows(const Model *m) { return m->s.row_token != NULL; }
 
 // The token of each expert row of layer acts x into Scratch.row_token, returned.
 static const int32_t *row_tokens(Model *m, const LayerActs *x, size_t T) {
@@ -1266,7 +1276,7 @@ static void moe_forward(Model *m, int l, LayerActs *x, const void *in, void *out
     size_t T = a->B * a->S, D = c->d_model, E = c->n_experts, K = c->top_k;
     void *stats = router_stats(m, a->metrics, l);
     const Fp8Cols *xe_t = forward_cols(&x->xe_t, a);
-    bool token_rows = reads_token_rows(m, xe_t);
+    bool token_rows = reads_token_rows(m);
     route(m, l, x, in, a);
     dispatch(m, x, token_rows ? NULL : x->xp, in, stats, T);
     moe_exchange_route(&m->xchg, &x->routes, x->offsets, model_f32(m, stats, router_stat_dropped(E)), T);
@@ -1430,9 +1440,21 @@ static void moe_recompute(Model *m, int l, LayerActs *x, const void *in, const F
 // Several ranks keep the received rows (no exchange is redone).
 static void rows_recompute(const ExpertWork *w) {
     Model *m = w->m;
-    if (m->recompute != RECOMPUTE_SELECTIVE || m->par->ep->size > 1) return;
+    if (m->recompute != RECOMPUTE_SELECTIVE || m->par->ep->size > 1 || w->rows) return;
     MOE_ASSERT(m->xchg.chunks == 1); // one call over every expert: no chunk's rows are read after this
     dispatch(m, w->x, w->x->xp, w->in, router_stats(m, m->metrics_scratch, w->l), w->a->B * w->a->S);
+}
+
+// Where the experts' inputs are read from the tokens' rows (reads_token_rows) and no copy is kept: the
+// gate|up weight gradient's token-major copy of them into Fp8Operands.x_t (described in *xt,
+// returned), from the layer's input through Scratch.row_token (no gather).
+static const Fp8Cols *token_cols(const ExpertWork *w, Fp8Cols *xt, const int32_t *off, size_t n) {
+    const Model *m = w->m;
+    const Fp8Operands *q = m->fp8;
+    *xt = (Fp8Cols){.q = q->x_t, .scales = q->x_t_scales};
+    m->ops->fp8_quantize_rows_cols(NULL, NULL, xt->q, xt->scales, w->in, w->rows, off, n, w->Rr, m->cfg.d_model, q->how,
+                                   fp8_counts(q, FP8_CLASS_ACTIVATIONS));
+    return xt;
 }
 
 // train.fp8_exchange in the backward (no copy kept): the gate|up weight gradient's token-major copy
@@ -1523,6 +1545,7 @@ static void experts_backward(void *ctx, size_t e0, size_t e1) {
     Fp8Cols made;
     const Fp8Cols *xe_t = kept_cols(&x->xe_t);
     if (!xe_t && fp8_exchanges(m)) xe_t = exchanged_cols(w, &made, off, n);
+    else if (!xe_t && w->rows) xe_t = token_cols(w, &made, off, n);
     expert_backward(m, w->dxe, G(m, gu), w->accumulate_dw, dgu, NULL, dgu_q, x->xe, xe_t, gu, off, n, 2 * H, D, Rr,
                     dgu_q ? DOUT_T_KEPT : DOUT_T_MAKE);
 }
@@ -1546,7 +1569,7 @@ static void moe_backward(Model *m, int l, LayerActs *x, void *din, const void *d
         accumulate = true;
     }
     void *dy = ep ? s->dxp : s->dy;
-    const int32_t *rows = reads_token_rows(m, kept_cols(&x->xe_t)) ? row_tokens(m, x, T) : NULL;
+    const int32_t *rows = reads_token_rows(m) ? row_tokens(m, x, T) : NULL;
     ops->moe_combine_backward(rows ? NULL : dy, s->dtopk_w, s->row_w, dout, x->y, x->slot_pos, x->topk_w, T, K, D);
     ExpertWork w = {.m = m, .l = l, .x = x, .Rr = moe_exchange_received_rows(&m->xchg, T),
                     .dye = !ep ? s->dy : receives_fp8(m) ? s->dye8 : s->dxe, .dxe = ep ? s->dxe : s->dxp,

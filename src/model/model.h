@@ -84,8 +84,8 @@ typedef struct {
     Fp8Scaling how;
     bool dense;                 // the dense linear layers' products too (QKV, output projection, dense
                                 // and shared MLPs), not only the experts'
-    bool fused_dispatch;        // where the experts' inputs keep their FP8 copy, their operands and the
-                                // down projections' output gradients read from the tokens' rows
+    bool fused_dispatch;        // with one expert-parallel rank, the experts' operands and the down
+                                // projections' output gradients read from the tokens' rows
                                 // (Scratch.row_token: the dispatch and the combine's backward copy none)
     bool fused_swiglu;          // with one expert-parallel rank, the experts' SwiGLU backward makes the FP8
                                 // operands of the products it feeds (swiglu_backward_fp8), where
@@ -164,11 +164,11 @@ typedef struct {
     void *dtopk_w;            // f32 (T, K)
     void *row_w, *row_dot;    // f32 (Rr), one expert-parallel rank: each expert row's combine weight,
                               // and the gradient of that weight (swiglu_backward's row_dot)
-    int32_t *row_token;       // i32 (Rr) with Fp8Operands.fused_dispatch where the experts' FP8 inputs are
-                              // kept (model_keeps_fp8_xe): the token of each expert row (moe_row_tokens),
-                              // whose rows of the layer's input and output gradient the one-pass
-                              // quantisations read in place of the dispatched rows and the combine's
-                              // gradient rows, which are then not made
+    int32_t *row_token;       // i32 (Rr) with Fp8Operands.fused_dispatch, one expert-parallel rank and no
+                              // fp8_exchange (model.c, reads_token_rows): the token of each expert row
+                              // (moe_row_tokens), whose rows of the layer's input and output gradient
+                              // the quantisations read in place of the dispatched rows and the
+                              // combine's gradient rows, which are then not made
     void *dxf;                // act (T, D) gradient of the final-norm output (within the head's forward; the
                               // FP8 dense products' Fp8Operands.sum and selective recompute's n1, n2 outside it)
 } Scratch;

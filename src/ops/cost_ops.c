@@ -190,7 +190,7 @@ static void cost_fp8_cols(void *q, void *s, const void *x, const int32_t *off, s
 }
 static void cost_fp8_rows_cols(void *q, void *s, void *qt, void *st, const void *x, const int32_t *xr,
                                const int32_t *off, size_t E, size_t R, size_t K, Fp8Scaling h, uint64_t *n) {
-    bytes(KERNEL_FP8_QUANTIZE, fp8_rows(R, off) * K * (A + 2));
+    bytes(KERNEL_FP8_QUANTIZE, fp8_rows(R, off) * K * (A + (q != NULL) + (qt != NULL)));
 }
 static void cost_fp8_weights(void *q, void *s, void *st, const void *w, size_t E, size_t N, size_t K, Fp8Scaling h,
                              uint64_t *n) {

@@ -339,7 +339,8 @@ typedef struct Ops {
     // offsets, E, R, K, how) writes them and qt, scales_t as fp8_quantize_cols(qt, scales_t, x,
     // offsets, E, R, K, how) does; counted as those two quantisations are. With x_rows (R) i32, row r
     // of the tensor quantised is row x_rows[r] of x (the dispatched rows read from the tokens' tensor,
-    // moe_row_tokens; NULL: row r), for the rows of the groups.
+    // moe_row_tokens; NULL: row r), for the rows of the groups. q NULL: the token-major copy alone;
+    // qt NULL: the rows alone (as the op alone, from rows x_rows names).
     void (*fp8_quantize_rows_cols)(void *q, void *scales, void *qt, void *scales_t, const void *x,
                                    const int32_t *x_rows, const int32_t *offsets, size_t E, size_t R, size_t K,
                                    Fp8Scaling how, uint64_t *counts);

@@ -103,10 +103,10 @@ static const ConfigKey KEYS[] = {
     BOOL(train, fp8_dense, "with precision fp8: the dense linear layers (QKV and output projections, dense and "
                            "shared MLPs) in FP8 too; false keeps them in bf16 beside FP8 experts (the router and "
                            "the LM head always are)"),
-    BOOL(train, fp8_fused_dispatch, "with precision fp8, recompute none and one expert-parallel rank: the "
-                                    "experts' FP8 inputs and output gradients quantised straight from the "
-                                    "tokens' rows, so the dispatch and the combine's backward copy none (the "
-                                    "same results, two passes a layer less: +0.8-1.2% tokens/s on scale-E8)"),
+    BOOL(train, fp8_fused_dispatch, "with precision fp8 and one expert-parallel rank: the experts' FP8 "
+                                    "inputs and output gradients quantised straight from the tokens' rows, "
+                                    "so the dispatch and the combine's backward copy none (the same "
+                                    "results, two passes a layer less, three with selective recompute)"),
     BOOL(train, fp8_fused_swiglu, "with precision fp8 and one expert-parallel rank: the experts' SwiGLU "
                                   "backward writes the FP8 operands of the products it feeds (the gate|up "
                                   "gradient's rows and token-major copy, the weighted h's token-major copy) "

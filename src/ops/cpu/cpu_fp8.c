@@ -93,8 +93,8 @@ void cpu_fp8_quantize_cols(void *qt_, void *scales_, const void *x_, const int32
     }
 }
 
-// The two ops one after the other (the oracle of the one-pass kernel), on the rows gathered first
-// where x_rows maps them (rows of no group zero).
+// The two ops one after the other (the oracle of the one-pass kernel; either alone where the other's
+// output is NULL), on the rows gathered first where x_rows maps them (rows of no group zero).
 void cpu_fp8_quantize_rows_cols(void *q, void *scales, void *qt, void *scales_t, const void *x_,
                                 const int32_t *x_rows, const int32_t *offsets, size_t E, size_t R, size_t K,
                                 Fp8Scaling how, uint64_t *counts) {
@@ -105,8 +105,8 @@ void cpu_fp8_quantize_rows_cols(void *q, void *scales, void *qt, void *scales_t,
         rows = moe_calloc(R * K, sizeof(real));
         for (size_t r = lo; r < hi; r++) memcpy(rows + r * K, x + (size_t)x_rows[r] * K, K * sizeof(real));
     }
-    cpu_fp8_quantize_rows(q, scales, rows ? rows : x, offsets, E, R, K, how, counts);
-    cpu_fp8_quantize_cols(qt, scales_t, rows ? rows : x, offsets, E, R, K, how, counts);
+    if (q) cpu_fp8_quantize_rows(q, scales, rows ? rows : x, offsets, E, R, K, how, counts);
+    if (qt) cpu_fp8_quantize_cols(qt, scales_t, rows ? rows : x, offsets, E, R, K, how, counts);
     free(rows);
 }
 

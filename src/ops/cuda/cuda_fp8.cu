@@ -305,6 +305,13 @@ __device__ __forceinline__ bool fp8_row_in_group(const int32_t *offsets, int E, 
     return r < R && ((*rows && r >= *r0 && r < *r0 + *rows) || fp8_row_group(offsets, E, R, r, r0, rows));
 }
 
+// Row r of the tensor quantised is row fp8_source_row(x_rows, r) of x (x_rows NULL: r itself);
+// its piece at column c starts at fp8_piece_src.
+__device__ __forceinline__ int fp8_source_row(const int32_t *x_rows, int r) { return x_rows ? x_rows[r] : r; }
+__device__ __forceinline__ const bf16 *fp8_piece_src(const bf16 *x, const int32_t *x_rows, int r, int C, int c) {
+    return x + (size_t)fp8_source_row(x_rows, r) * C + c;
+}
+
 // The codes and scales of the rows' kernels' pieces, packed as bf16 in piece (the values as stored
 // at x; swiglu_up as fp8_count_row_piece), a block at a time (fp8_row_scales of one block: one pass
 // over a piece's values; measured, the scales of a half-warp's FP8_R_PAIRS blocks at once ran slower
@@ -313,7 +320,8 @@ __device__ __forceinline__ bool fp8_row_in_group(const int32_t *offsets, int E, 
 __device__ __forceinline__ void fp8_store_row_pieces(uint8_t *q, float *scales, const bf16 *x, const int32_t *offsets,
                                                      int E, int R, int K, const int rs[FP8_R_PAIRS],
                                                      const int kbs[FP8_R_PAIRS], const uint4 piece[FP8_R_PAIRS],
-                                                     bool vec, Fp8Scaling how, uint64_t *counts, int swiglu_up = 0) {
+                                                     bool vec, Fp8Scaling how, uint64_t *counts, int swiglu_up = 0,
+                                                     const int32_t *x_rows = NULL) {
     int r0 = 0, rows = 0; // the group of the last row looked up: the next pieces' rows are mostly in it
     float invs[FP8_R_PAIRS];
     uint32_t flagged = 0, sats = 0; // bit j: piece j takes the rare path, its block may saturate
@@ -332,24 +340,28 @@ __device__ __forceinline__ void fp8_store_row_pieces(uint8_t *q, float *scales, 
     }
     for (int j = 0; flagged && j < FP8_R_PAIRS; j++)
         if ((flagged >> j) & 1)
-            fp8_count_row_piece(counts, x, q, K, rs[j], rs[j], kbs[j], invs[j], (sats >> j) & 1, swiglu_up);
+            fp8_count_row_piece(counts, x, q, K, rs[j], fp8_source_row(x_rows, rs[j]), kbs[j], invs[j], (sats >> j) & 1,
+                                swiglu_up);
 }
 
 // VEC: K a multiple of 8, x 16-byte and q 8-byte aligned (every piece whole or wholly outside).
-template <bool VEC>
+// GATHER: row r is row x_rows[r] of x (fp8_source_row; only rows of the groups are read), else r.
+template <bool VEC, bool GATHER>
 __global__ void __launch_bounds__(FP8_R_THREADS)
-fp8_quantize_rows_kernel(uint8_t *q, float *scales, const bf16 *x, const int32_t *offsets, int E, int R, int K,
-                         Fp8Scaling how, uint64_t *counts) {
+fp8_quantize_rows_kernel(uint8_t *q, float *scales, const bf16 *x, const int32_t *x_rows, const int32_t *offsets,
+                         int E, int R, int K, Fp8Scaling how, uint64_t *counts) {
     fp8_count_values(counts, offsets, E, R, K);
-    int rs[FP8_R_PAIRS], kbs[FP8_R_PAIRS], c = 8 * (threadIdx.x & 15);
+    int rs[FP8_R_PAIRS], kbs[FP8_R_PAIRS], c = 8 * (threadIdx.x & 15), r0 = 0, rows = 0;
     fp8_row_pieces(R, (int)fp8_blocks((size_t)K), rs, kbs);
     uint4 raw[FP8_R_PAIRS];
 #pragma unroll
     for (int j = 0; j < FP8_R_PAIRS; j++) {
         int k = kbs[j] * FP8_BLOCK + c;
-        raw[j] = rs[j] < R ? fp8_load_piece(x + (size_t)rs[j] * K + k, K - k, VEC) : make_uint4(0, 0, 0, 0);
+        bool in = GATHER ? fp8_row_in_group(offsets, E, R, rs[j], &r0, &rows) : rs[j] < R;
+        raw[j] = in ? fp8_load_piece(fp8_piece_src(x, GATHER ? x_rows : NULL, rs[j], K, k), K - k, VEC)
+                    : make_uint4(0, 0, 0, 0);
     }
-    fp8_store_row_pieces(q, scales, x, offsets, E, R, K, rs, kbs, raw, VEC, how, counts);
+    fp8_store_row_pieces(q, scales, x, offsets, E, R, K, rs, kbs, raw, VEC, how, counts, 0, GATHER ? x_rows : NULL);
 }
 
 // SwiGLU with its output's quantised rows in the same pass (the pieces of the rows' kernel, the
@@ -401,14 +413,23 @@ static unsigned fp8_rows_grid(size_t R, size_t K) {
     return cuda_blocks(warps * 32, FP8_R_THREADS);
 }
 
-extern "C" void cuda_fp8_quantize_rows(void *q, void *scales, const void *x, const int32_t *offsets, size_t E, size_t R,
-                                       size_t K, Fp8Scaling how, uint64_t *counts) {
+// The rows of x (R, K), or with x_rows the rows it names (fp8_source_row).
+static void fp8_quantize_rows_launch(void *q, void *scales, const void *x, const int32_t *x_rows,
+                                     const int32_t *offsets, size_t E, size_t R, size_t K, Fp8Scaling how,
+                                     uint64_t *counts) {
     if (!R || !K) return;
     bool vec = K % 8 == 0 && aligned16(x) && (uintptr_t)q % 8 == 0;
-    auto kernel = vec ? fp8_quantize_rows_kernel<true> : fp8_quantize_rows_kernel<false>;
-    kernel<<<fp8_rows_grid(R, K), FP8_R_THREADS, 0, cuda_ctx.stream>>>((uint8_t *)q, (float *)scales, (const bf16 *)x,
-                                                                      offsets, (int)E, (int)R, (int)K, how, counts);
+    static decltype(&fp8_quantize_rows_kernel<true, true>) const kernels[2][2] = {
+        {fp8_quantize_rows_kernel<false, false>, fp8_quantize_rows_kernel<false, true>},
+        {fp8_quantize_rows_kernel<true, false>, fp8_quantize_rows_kernel<true, true>}};
+    kernels[vec][x_rows != NULL]<<<fp8_rows_grid(R, K), FP8_R_THREADS, 0, cuda_ctx.stream>>>(
+        (uint8_t *)q, (float *)scales, (const bf16 *)x, x_rows, offsets, (int)E, (int)R, (int)K, how, counts);
     CUDA_LAUNCH_CHECK();
+}
+
+extern "C" void cuda_fp8_quantize_rows(void *q, void *scales, const void *x, const int32_t *offsets, size_t E, size_t R,
+                                       size_t K, Fp8Scaling how, uint64_t *counts) {
+    fp8_quantize_rows_launch(q, scales, x, NULL, offsets, E, R, K, how, counts);
 }
 
 extern "C" void cuda_swiglu_forward_fp8(void *out, void *q, void *scales, const void *gu, const int32_t *offsets,
@@ -522,12 +543,6 @@ __device__ void fp8_column_scales(float *inv, float *scales, float amax[8], int6
     __syncthreads();
 }
 
-// Row r of the tensor quantised is row fp8_source_row(x_rows, r) of x (x_rows NULL: r itself);
-// its piece at column c starts at fp8_piece_src.
-__device__ __forceinline__ int fp8_source_row(const int32_t *x_rows, int r) { return x_rows ? x_rows[r] : r; }
-__device__ __forceinline__ const bf16 *fp8_piece_src(const bf16 *x, const int32_t *x_rows, int r, int C, int c) {
-    return x + (size_t)fp8_source_row(x_rows, r) * C + c;
-}
 
 // This thread's pieces of the tile's rows [first, first + n) at column c (piece p: tile row t / 16 +
 // 16 p) into its slots (piece p at slots[p FP8_C_THREADS], so that a warp's 32 slots are 512
@@ -650,7 +665,8 @@ extern "C" void cuda_fp8_quantize_cols(void *qt, void *scales, const void *x, co
 extern "C" void cuda_fp8_quantize_rows_cols(void *q, void *scales, void *qt, void *scales_t, const void *x,
                                             const int32_t *x_rows, const int32_t *offsets, size_t E, size_t R,
                                             size_t K, Fp8Scaling how, uint64_t *counts) {
-    fp8_quantize_cols_launch(qt, scales_t, q, scales, x, x_rows, offsets, E, R, K, how, counts);
+    if (qt) fp8_quantize_cols_launch(qt, scales_t, q, scales, x, x_rows, offsets, E, R, K, how, counts);
+    else fp8_quantize_rows_launch(q, scales, x, x_rows, offsets, E, R, K, how, counts);
 }
 
 // ---------------------------------------------------------------- the SwiGLU backward with its FP8 operands
