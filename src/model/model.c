@@ -271,18 +271,19 @@ static bool fp8_exchanges(const Model *m) { return m->fp8 && m->fp8->exchange; }
 static bool receives_fp8(const Model *m) { return fp8_exchanges(m) && m->par->ep->size > 1; }
 
 // Whether the experts' SwiGLU backward makes the FP8 operands of the products it feeds in the same
-// pass (fused_swiglu_backward; train.fp8_fused_swiglu): in FP8 with one expert-parallel rank (whose
-// SwiGLU backward also gives the combine weights' gradients), without train.fp8_exchange (whose
-// one-rank backward quantises the experts' inputs again into Fp8Operands.rows, which then holds the
-// gate|up gradient's rows), and an expert_hidden in whole 128-column blocks (a gate block then never
-// shares a 1x128 block of the gate|up gradient with an up block).
+// pass (fused_swiglu_backward, fused_swiglu_grads; train.fp8_fused_swiglu): in FP8 without
+// train.fp8_exchange (whose backward writes the experts' inputs' row scales, or with one rank their
+// rows too, into Fp8Operands while it holds the gate|up gradient's), and with an expert_hidden in
+// whole 128-column blocks (a gate block then never shares a 1x128 block of the gate|up gradient with
+// an up block).
 static bool fuses_swiglu_fp8(const Model *m) {
-    return m->fp8 && m->fp8->fused_swiglu && !fp8_exchanges(m) && m->par->ep->size == 1 &&
-           n_local_moe_layers(m) > 0 && m->cfg.expert_hidden % FP8_BLOCK == 0;
+    return m->fp8 && m->fp8->fused_swiglu && !fp8_exchanges(m) && n_local_moe_layers(m) > 0 &&
+           m->cfg.expert_hidden % FP8_BLOCK == 0;
 }
 
-// Where fuses_swiglu_fp8: the token-major copy of the experts' gate|up gradient (Rr rows over El
-// experts, 2 expert_hidden wide) in scratch A (codes, then their scales); and its bytes.
+// Where fuses_swiglu_fp8 with one expert-parallel rank: the token-major copy of the experts' gate|up
+// gradient (Rr rows over El experts, 2 expert_hidden wide) in scratch A (codes, then their scales);
+// and its bytes.
 static size_t fused_dgu_cols_bytes(const Model *m, size_t Rr, size_t El) {
     size_t C = 2 * (size_t)m->cfg.expert_hidden, Tt = fp8_expert_cols(Rr, El);
     return C * Tt + Tt / FP8_BLOCK * C * m->ops->f32_size;
@@ -342,7 +343,8 @@ static size_t scratch_a_elems(const Model *m, size_t T) {
     size_t logits = m->last_stage ? head_logit_rows(m, T) * c->vocab_size : 0;
     R = max_size(R, received_fp8_rows(m, T)); // the down projection's output gradients dequantised
     size_t act = m->ops->act_size, dgu_cols = 0, Rr = moe_exchange_received_rows(&m->xchg, T);
-    if (fuses_swiglu_fp8(m)) dgu_cols = (fused_dgu_cols_bytes(m, Rr, m->n_experts_local) + act - 1) / act;
+    if (fuses_swiglu_fp8(m) && m->par->ep->size == 1) // fused_swiglu_backward's
+        dgu_cols = (fused_dgu_cols_bytes(m, Rr, m->n_experts_local) + act - 1) / act;
     return max_size(max_size(max_size(R * (size_t)c->d_model, 2 * swiglu_elems(m, T)), dgu_cols),
                     max_size(T * model_qkv_width(c), logits));
 }
@@ -1504,6 +1506,20 @@ static const Fp8Made *fused_swiglu_backward(const ExpertWork *w, Fp8Made *made, 
     return made;
 }
 
+// With several expert-parallel ranks in FP8 (fuses_swiglu_fp8; no row dots: those layers keep their
+// SwiGLU output), after the down projection's products: the SwiGLU backward with the gate|up
+// gradient's rows (Fp8Operands.rows) and token-major copy (Fp8Operands.dout_t, which that weight
+// gradient has read) from one pass, the gradient itself not stored. Returns its operands, in *made.
+static const Fp8Made *fused_swiglu_grads(const ExpertWork *w, Fp8Made *made, const int32_t *off, size_t n) {
+    const Model *m = w->m;
+    const Fp8Operands *q = m->fp8;
+    *made = (Fp8Made){.rows = q->rows, .t = {.q = q->dout_t, .scales = q->dout_t_scales}};
+    m->ops->swiglu_backward_fp8(q->rows, q->row_scales, made->t.q, made->t.scales, NULL, NULL, NULL, m->s.dhact,
+                                w->x->gu, NULL, off, n, w->Rr, m->cfg.expert_hidden, q->how,
+                                fp8_counts(q, FP8_CLASS_GRADIENTS), NULL);
+    return made;
+}
+
 static void experts_backward(void *ctx, size_t e0, size_t e1) {
     const ExpertWork *w = ctx;
     Model *m = w->m;
@@ -1539,7 +1555,8 @@ static void experts_backward(void *ctx, size_t e0, size_t e1) {
         const Fp8Made *dye_q = exchanged_dout(w, &dye_made, off, n);
         expert_backward(m, s->dhact, G(m, down), w->accumulate_dw, w->dye, NULL, dye_q, x->hact, NULL, down, off, n,
                         D, H, Rr, dye_q ? DOUT_T_KEPT : DOUT_T_MAKE);
-        ops->swiglu_backward(dgu, NULL, NULL, s->dhact, x->gu, NULL, Rr, H, off, n);
+        if (fuses_swiglu_fp8(m)) dgu_q = fused_swiglu_grads(w, &dgu_made, off, n);
+        else ops->swiglu_backward(dgu, NULL, NULL, s->dhact, x->gu, NULL, Rr, H, off, n);
     }
     rows_recompute(w);
     Fp8Cols made;

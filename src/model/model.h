@@ -87,9 +87,9 @@ typedef struct {
     bool fused_dispatch;        // with one expert-parallel rank, the experts' operands and the down
                                 // projections' output gradients read from the tokens' rows
                                 // (Scratch.row_token: the dispatch and the combine's backward copy none)
-    bool fused_swiglu;          // with one expert-parallel rank, the experts' SwiGLU backward makes the FP8
-                                // operands of the products it feeds (swiglu_backward_fp8), where
-                                // expert_hidden is a multiple of 128 and not with `exchange`
+    bool fused_swiglu;          // the experts' SwiGLU backward makes the FP8 operands of the products it
+                                // feeds (swiglu_backward_fp8), where expert_hidden is a multiple of 128
+                                // and not with `exchange`
     bool exchange;              // train.fp8_exchange: the experts' inputs and the down projections' output
                                 // gradients are quantised where they are dispatched and travel as FP8 rows
                                 // (codes, then their scales row-major: LayerActs.xe, Scratch.dye8); the

@@ -107,11 +107,12 @@ static const ConfigKey KEYS[] = {
                                     "inputs and output gradients quantised straight from the tokens' rows, "
                                     "so the dispatch and the combine's backward copy none (the same "
                                     "results, two passes a layer less, three with selective recompute)"),
-    BOOL(train, fp8_fused_swiglu, "with precision fp8 and one expert-parallel rank: the experts' SwiGLU "
-                                  "backward writes the FP8 operands of the products it feeds (the gate|up "
-                                  "gradient's rows and token-major copy, the weighted h's token-major copy) "
-                                  "instead of bf16 tensors that are quantised after (the same results, two "
-                                  "full-size passes a layer less; expert_hidden a multiple of 128, else off)"),
+    BOOL(train, fp8_fused_swiglu, "with precision fp8: the experts' SwiGLU backward writes the FP8 operands "
+                                  "of the products it feeds (the gate|up gradient's rows and token-major "
+                                  "copy; with one expert-parallel rank the weighted h's token-major copy) "
+                                  "instead of bf16 tensors that are quantised after (the same results, "
+                                  "full-size passes a layer less; expert_hidden a multiple of 128 and "
+                                  "train.fp8_exchange off, else no effect)"),
     BOOL(train, fp8_exchange, "with precision fp8: the experts' inputs and their output gradients travel "
                               "between expert-parallel ranks as E4M3 codes and fp32 scales (D + 4 D / 128 "
                               "bytes a row instead of 2 D) and the weight gradients read them dequantised "

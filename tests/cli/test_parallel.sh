@@ -81,6 +81,12 @@ if train 4 "$tmp/fp8_pp2" train.precision=fp8 parallel.pp=2 parallel.ep=2 && nea
 else bad "fp8 pp=2 x dp=2 ep=2 near one rank" "$(paste <(losses "$tmp/fp8_single") <(losses "$tmp/fp8_pp2") | head -10)"; fi
 bitwise_as "fp8 pp=2 x dp=2 ep=2, train.recompute=full" "$tmp/fp8_pp2" train.recompute=none 4 train.precision=fp8 \
     parallel.pp=2 parallel.ep=2 train.recompute=full
+# train.fp8_fused_swiglu with several expert ranks and an expert_hidden of 128: the SwiGLU backward
+# writes the gate|up gradient's FP8 operands (no row dots there), bitwise the passes apart
+f8h="train.precision=fp8 parallel.ep=2 model.expert_hidden=128"
+if train 2 "$tmp/fp8_swiglu_apart" $f8h train.fp8_fused_swiglu=false; then
+    bitwise_as "fp8 dp=2 ep=2, expert_hidden 128, fused SwiGLU backward" "$tmp/fp8_swiglu_apart" "the passes apart" 2 $f8h
+else bad "fp8 dp=2 ep=2, expert_hidden 128, the passes apart" "$(tail -5 "$tmp/fp8_swiglu_apart.log")"; fi
 # Every run above queues each step before the previous one's metrics are read (train.launch_ahead);
 # waiting for them first changes nothing, on one rank and across stages and expert ranks.
 bitwise_as "one rank, train.launch_ahead=false" "$tmp/single" "launching ahead" 1 train.launch_ahead=false
