@@ -1,4 +1,6 @@
-// Tests of the shared helpers: suggestions, number and duration formatting, counter-based random numbers.
+// Tests of the shared helpers: suggestions, environment knobs, number and duration formatting,
+// counter-based random numbers.
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/util.h"
@@ -72,8 +74,23 @@ static void test_uniform_range(void) {
     CHECK_CLOSE(sum / 100000, 0.5, 0, 0.01);
 }
 
+// An environment knob: its value where set to an integer in range (either bound included), the
+// fallback where unset. (Bad values are fatal: tests/cli/test_mpi_comm.sh checks the message.)
+static void test_env_int(void) {
+    unsetenv("MOE_TEST_KNOB");
+    CHECK(moe_env_int("MOE_TEST_KNOB", 7, 1, 16) == 7);
+    setenv("MOE_TEST_KNOB", "16", 1);
+    CHECK(moe_env_int("MOE_TEST_KNOB", 7, 1, 16) == 16);
+    setenv("MOE_TEST_KNOB", "1", 1);
+    CHECK(moe_env_int("MOE_TEST_KNOB", 7, 1, 16) == 1);
+    setenv("MOE_TEST_KNOB", "-3", 1);
+    CHECK(moe_env_int("MOE_TEST_KNOB", 7, -5, 16) == -3);
+    unsetenv("MOE_TEST_KNOB");
+}
+
 const TestCase util_tests[] = {
     {"util_suggest", test_suggest},
+    {"util_env_int", test_env_int},
     {"util_fmt_count_and_duration", test_fmt_count},
     {"util_rng_pure_function", test_rng_is_a_pure_function},
     {"util_trunc_normal_moments", test_trunc_normal_moments},

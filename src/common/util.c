@@ -1,6 +1,7 @@
 // Implementation of the shared helpers declared in util.h.
 #include "util.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -113,6 +114,17 @@ size_t moe_host_memory_available(void) {
 int moe_cpu_cores(void) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
+}
+
+long moe_env_int(const char *name, long fallback, long min, long max) {
+    const char *v = getenv(name);
+    if (!v) return fallback;
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    MOE_CHECK(*v && !*end && !errno && x >= min && x <= max, "%s = '%s' must be an integer from %ld to %ld", name, v,
+              min, max);
+    return x;
 }
 
 uint64_t rng_hash_str(uint64_t seed, const char *s) {

@@ -50,6 +50,11 @@ size_t moe_process_peak_memory(void); // the process's peak resident memory (0 w
 // Online CPU cores (at least 1).
 int moe_cpu_cores(void);
 
+// Environment variable `name` as an integer from min to max (fallback where it is unset); any other
+// value is fatal, naming the variable and the range (the experiment and test knobs MOE_COMM_CHUNK
+// and MOE_GROUPED_*).
+long moe_env_int(const char *name, long fallback, long min, long max);
+
 // Mixes a name into an RNG key (e.g. a tensor name for its initial values).
 uint64_t rng_hash_str(uint64_t seed, const char *s);
 

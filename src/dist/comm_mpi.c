@@ -313,15 +313,7 @@ static const CommOps comm_mpi_ops = {
 
 // Elements per MPI call: MPI counts are int. MOE_COMM_CHUNK lowers it so that the tests exercise
 // transfers in several pieces without gigabyte buffers.
-static size_t comm_mpi_chunk_limit(void) {
-    const char *s = getenv("MOE_COMM_CHUNK");
-    if (!s) return INT_MAX;
-    char *end;
-    unsigned long long v = strtoull(s, &end, 10);
-    MOE_CHECK(*s && !*end && v >= 1 && v <= INT_MAX,
-              "MOE_COMM_CHUNK = '%s' must be an integer from 1 to %d", s, INT_MAX);
-    return (size_t)v;
-}
+static size_t comm_mpi_chunk_limit(void) { return (size_t)moe_env_int("MOE_COMM_CHUNK", INT_MAX, 1, INT_MAX); }
 
 // Started by a launcher (mpirun, srun, a PMI/PMIx job)? A plain `./moe` skips MPI altogether: a
 // singleton MPI start forks a runtime daemon, slower and more fragile than one process needs.

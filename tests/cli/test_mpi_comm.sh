@@ -25,6 +25,9 @@ for np in 1 2 3 4; do run_comm_tests "comm operations on $np rank(s)" "$np"; don
 # Pieces of 3 elements: every long transfer and all_reduce goes as many MPI calls.
 run_comm_tests "comm operations on 3 ranks in 3-element pieces" 3 3
 
+# A piece size that is no count is refused with a message naming the variable and its range.
+expect_error "MOE_COMM_CHUNK of no count is refused" "MOE_COMM_CHUNK = '0x10' must be an integer from 1 to 2147483647" \
+    env MOE_COMM_CHUNK=0x10 $MPIRUN -np 1 build/test_comm
 # Rank 1 fails while rank 0 waits in a receive from it and rank 2 in a barrier. mpirun would itself
 # end the job on a rank's non-zero exit (srun and others need not): turned off, only the abort of
 # the fatal hook can free the waiting ranks.

@@ -105,22 +105,13 @@ struct GroupedSm90Knobs {
     int waves, swizzle;
     bool along_m;
 };
-// Knob `name` as an integer from 1 to max (fallback where unset); anything else is fatal, naming it.
-static int grouped_env_int(const char *name, int fallback, int max) {
-    const char *v = getenv(name);
-    if (!v) return fallback;
-    char *end;
-    long x = strtol(v, &end, 10);
-    MOE_CHECK(*v && !*end && x >= 1 && x <= max, "%s = '%s' must be an integer from 1 to %d", name, v, max);
-    return (int)x;
-}
 static GroupedSm90Knobs grouped_knobs(void) {
     static GroupedSm90Knobs k;
     if (!k.waves) {
         const char *raster = getenv("MOE_GROUPED_RASTER");
         MOE_CHECK(!raster || !strcmp(raster, "m") || !strcmp(raster, "n"),
                   "MOE_GROUPED_RASTER = '%s' must be m (tiles along M) or n (along N, the default)", raster);
-        k = {grouped_env_int("MOE_GROUPED_WAVES", 1, 16), grouped_env_int("MOE_GROUPED_SWIZZLE", 1, 8),
+        k = {(int)moe_env_int("MOE_GROUPED_WAVES", 1, 1, 16), (int)moe_env_int("MOE_GROUPED_SWIZZLE", 1, 1, 8),
              raster && !strcmp(raster, "m")};
     }
     return k;
