@@ -223,17 +223,19 @@ bool model_keeps_fp8_n1(const Model *m) {
     return m->fp8 && m->fp8->dense && m->recompute == RECOMPUTE_NONE && m->cfg.norm_placement == NORM_PRE;
 }
 
-bool model_keeps_fp8_xe(const Model *m) {
-    return m->fp8 && m->recompute == RECOMPUTE_NONE && m->par->ep->size == 1 && m->xchg.chunks == 1 &&
-           n_local_moe_layers(m) > 0;
+// FP8 experts held here on one expert-parallel rank, in one exchange chunk: their rows are the
+// dispatched rows of this rank's tokens, in one call over every expert.
+static bool fp8_experts_one_chunk(const Model *m) {
+    return m->fp8 && m->par->ep->size == 1 && m->xchg.chunks == 1 && n_local_moe_layers(m) > 0;
 }
+
+bool model_keeps_fp8_xe(const Model *m) { return m->recompute == RECOMPUTE_NONE && fp8_experts_one_chunk(m); }
 
 // Whether the experts' FP8 operands are read from the tokens' rows of the layer's input and output
 // gradient (train.fp8_fused_dispatch; one expert-parallel rank, one exchange chunk, no
 // train.fp8_exchange; reads_token_rows): the dispatch and the combine's backward then copy no rows.
 static bool model_reads_token_rows(const Model *m) {
-    return m->fp8 && m->fp8->fused_dispatch && !m->fp8->exchange && m->par->ep->size == 1 &&
-           m->xchg.chunks == 1 && n_local_moe_layers(m) > 0;
+    return fp8_experts_one_chunk(m) && m->fp8->fused_dispatch && !m->fp8->exchange;
 }
 
 // A kept token-major FP8 copy (Fp8Cols) of an input of K columns, R rows in El groups.

@@ -543,7 +543,6 @@ __device__ void fp8_column_scales(float *inv, float *scales, float amax[8], int6
     __syncthreads();
 }
 
-
 // This thread's pieces of the tile's rows [first, first + n) at column c (piece p: tile row t / 16 +
 // 16 p) into its slots (piece p at slots[p FP8_C_THREADS], so that a warp's 32 slots are 512
 // contiguous bytes) by cp.async where a piece is whole (vec) or past the rows (zeros), else value by
