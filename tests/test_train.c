@@ -655,18 +655,25 @@ static void test_fp8_fused_swiglu(void) {
     real *grads[2] = {calloc(P, sizeof(real)), calloc(P, sizeof(real))};
     real *metrics[2] = {calloc(len, sizeof(real)), calloc(len, sizeof(real))};
     uint64_t counts[2][MODEL_FP8_COUNTS];
+    size_t bytes[2];
     const char *names[3] = {"none", "selective", "full"};
     for (int r = RECOMPUTE_NONE; r <= RECOMPUTE_FULL; r++)
         for (int dispatch = 0; dispatch < 2; dispatch++) {
             for (int fused = 0; fused < 2; fused++) {
                 TestFp8 fp8 = {FP8_SCALE_AMAX, true, dispatch, fused};
-                recompute_step(&c, (Recompute)r, &fp8, grads[fused], metrics[fused], counts[fused]);
+                bytes[fused] = recompute_step(&c, (Recompute)r, &fp8, grads[fused], metrics[fused], counts[fused]);
             }
             CHECK_MSG(!memcmp(grads[0], grads[1], P * sizeof(real)) &&
                           !memcmp(metrics[0], metrics[1], len * sizeof(real)) &&
                           !memcmp(counts[0], counts[1], sizeof counts[0]),
                       "recompute %s%s: the fused FP8 SwiGLU backward's step differs from the unfused one",
                       names[r], dispatch ? ", fused dispatch" : "");
+            // No buffer for the experts' SwiGLU output (Model.expert_hact; recompute_step's 12 tokens),
+            // but where selective recompute's shared SwiGLU buffer serves as that anyway.
+            size_t hact = r == RECOMPUTE_SELECTIVE ? 0 : model_routed_rows(&c, 12) * c.expert_hidden * sizeof(real);
+            CHECK_MSG(bytes[0] - bytes[1] == hact, "recompute %s%s: the fused FP8 SwiGLU backward's activations take "
+                      "%zu bytes less than the unfused one's, not %zu", names[r], dispatch ? ", fused dispatch" : "",
+                      bytes[0] - bytes[1], hact);
         }
     for (int i = 0; i < 2; i++) free(grads[i]), free(metrics[i]);
 }

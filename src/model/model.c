@@ -272,6 +272,11 @@ static void alloc_moe_acts(Model *m, LayerActs *a, size_t T) {
 static bool fp8_exchanges(const Model *m) { return m->fp8 && m->fp8->exchange; }
 static bool receives_fp8(const Model *m) { return fp8_exchanges(m) && m->par->ep->size > 1; }
 
+// With one expert-parallel rank no MoE layer keeps its experts' SwiGLU output: they share
+// Model.expert_hact (alloc_expert_hact), and the backward takes the combine weights' gradients from
+// the kept gate|up rows.
+static bool experts_share_hact(const Model *m) { return m->par->ep->size == 1 && n_local_moe_layers(m) > 0; }
+
 // Whether the experts' SwiGLU backward makes the FP8 operands of the products it feeds in the same
 // pass (fused_swiglu_backward, fused_swiglu_grads; train.fp8_fused_swiglu): in FP8 without
 // train.fp8_exchange (whose backward writes the experts' inputs' row scales, or with one rank their
@@ -302,7 +307,7 @@ static void alloc_layer_acts(Model *m, LayerActs *a, size_t T, bool moe, bool de
     const LayerActs *sh = &m->shared;
     size_t D = c->d_model, C = model_qkv_width(c), Dq = (size_t)c->n_heads * c->head_dim;
     size_t expert = moe ? moe_exchange_received_rows(&m->xchg, T) * c->expert_hidden : 0; // rows x width
-    size_t hidden = max_size(m->expert_hact ? 0 : expert, dense ? T * c->dense_hidden : 0); // hact's, if kept
+    size_t hidden = max_size(experts_share_hact(m) ? 0 : expert, dense ? T * c->dense_hidden : 0); // hact's, if kept
     a->n1 = layer_act(m, sh->n1, T * D), a->n1_rstd = layer_f32(m, sh->n1_rstd, T);
     if (model_keeps_fp8_n1(m)) a->n1_t = alloc_fp8_cols(m, T, 1, D);
     a->qkv_raw = layer_act(m, sh->qkv_raw, T * C), a->qkv = layer_act(m, sh->qkv, T * C);
@@ -434,9 +439,11 @@ static void alloc_fp8_kept_shared(Model *m) {
 }
 
 // With one expert-parallel rank no MoE layer keeps its experts' SwiGLU output (Model.expert_hact):
-// one buffer serves them all, selective recompute's shared SwiGLU buffer where there is one.
+// one buffer serves them all, selective recompute's shared SwiGLU buffer where there is one; none
+// where the SwiGLU backward is fused with its FP8 operands (fuses_swiglu_fp8: the forward stores only
+// the output's codes and the backward makes hw's token-major copy from gu, so nothing reads it).
 static void alloc_expert_hact(Model *m, size_t T) {
-    if (m->par->ep->size > 1 || n_local_moe_layers(m) == 0) return;
+    if (!experts_share_hact(m) || fuses_swiglu_fp8(m)) return;
     size_t n = moe_exchange_received_rows(&m->xchg, T) * m->cfg.expert_hidden;
     m->expert_hact = m->shared.hact ? m->shared.hact : act_buf(m, n);
 }
@@ -1158,8 +1165,11 @@ static const int32_t *chunk_offsets(const ExpertWork *w, size_t e0) { return exp
 static size_t expert_tensor(size_t off, size_t e0, size_t rows, size_t cols) { return off + e0 * rows * cols; }
 
 // The experts' SwiGLU output: the layer's own with several expert-parallel ranks, else the one
-// buffer every MoE layer shares (Model.expert_hact).
-static void *experts_hact(const Model *m, const LayerActs *x) { return m->expert_hact ? m->expert_hact : x->hact; }
+// buffer every MoE layer shares (Model.expert_hact; NULL with the fused FP8 SwiGLU backward, where
+// the forward stores only the output's codes).
+static void *experts_hact(const Model *m, const LayerActs *x) {
+    return experts_share_hact(m) ? m->expert_hact : x->hact;
+}
 
 // The received rows' row-major scales, after their codes (Rr, D) in the buffer they landed in.
 static void *received_scales(const Model *m, const void *xe, size_t Rr) { return (char *)xe + Rr * m->cfg.d_model; }
@@ -1252,7 +1262,7 @@ static void experts_forward(void *ctx, size_t e0, size_t e1) {
                    expert_tensor(p->experts_gu, e0, 2 * H, D), off, n, 2 * H, D, w->Rr);
     // In FP8 the shared output (one expert-parallel rank) is not stored: only its quantised rows are
     // read, and the backward makes its own from gu (swiglu_backward's hw).
-    swiglu_fp8(m, m->fp8, m->fp8 && m->expert_hact ? NULL : hact, w->x->gu, off, n, H, w->Rr);
+    swiglu_fp8(m, m->fp8, m->fp8 && experts_share_hact(m) ? NULL : hact, w->x->gu, off, n, H, w->Rr);
     expert_forward(m, w->ye, hact, NULL, swiglu_rows(m->fp8), NULL, expert_tensor(p->experts_down, e0, D, H), off, n,
                    D, H, w->Rr);
 }
@@ -1535,7 +1545,7 @@ static void experts_backward(void *ctx, size_t e0, size_t e1) {
     void *dgu = s->dgu;
     Fp8Made dye_made, dgu_made;
     const Fp8Made *dgu_q = NULL; // the gate|up gradient's FP8 operands where the SwiGLU backward made them
-    if (m->expert_hact) {
+    if (experts_share_hact(m)) {
         // The rows' unweighted gradients. One SwiGLU backward also gives the combine weights'
         // gradients and the weighted h for the down projection's weight gradient; it writes the
         // gate|up gradient over the kept gate|up rows (their last read), as dgu's scratch A still

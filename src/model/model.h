@@ -247,7 +247,8 @@ typedef struct {
                                  // weighted by their combine weights in the backward. Not kept: the
                                  // backward takes the combine weights' gradients as (dout W) . h from the
                                  // kept gate|up rows (swiglu_backward's row_dot), so neither h nor
-                                 // the expert outputs y are kept in any train.recompute mode.
+                                 // the expert outputs y are kept in any train.recompute mode. NULL too
+                                 // with train.fp8_fused_swiglu in effect, where nothing reads it.
     void *rope;                  // f32 (S, hd / 2, 2)
     StepInfo *step_info;         // backend memory, written before each step
     void *metrics_scratch;       // f32 (model_metrics_len) for forwards whose metrics are unused

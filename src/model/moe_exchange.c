@@ -177,7 +177,7 @@ static void push_chunk(MoeExchange *x, const ExchangeRoutes *r, const void *rows
 
 // Send/recv: one all-to-all-v of rank-major blocks of rows (width act elements a row), regrouped to
 // or from expert-major order.
-static void transfer_rows(MoeExchange *x, const ExchangeRoutes *r, void *rows, void *out, size_t width,
+static void transfer_rows(MoeExchange *x, const ExchangeRoutes *r, const void *rows, void *out, size_t width,
                           bool to_experts) {
     Comm *ep = ep_group(x);
     size_t n = (size_t)ep->size, El = x->El;
@@ -215,7 +215,7 @@ static void exchange_tensors(MoeExchange *x, const ExchangeRoutes *r, const Exch
     ep->ops->fence(ep);
 }
 
-ExchangeRows moe_exchange_act_rows(const MoeExchange *x, void *rows, void *at) {
+ExchangeRows moe_exchange_act_rows(const MoeExchange *x, const void *rows, void *at) {
     return (ExchangeRows){.n = 1, .rows = {rows}, .at = {at}, .width = {x->cfg.d_model}};
 }
 

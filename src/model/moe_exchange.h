@@ -85,15 +85,15 @@ void moe_exchange_route(MoeExchange *x, ExchangeRoutes *r, const int32_t *offset
 // fp8_regroup_scales); back, the experts' act results. Each travels as rows of act elements of
 // its bytes (moe_exchange_width), so both transports move any of them as they move act rows.
 typedef struct {
-    int n;            // tensors (1 or 2)
-    void *rows[2];    // (rows, width[i]) in the order they leave: toward the experts this rank's
-                      // dispatch order (R rows), back the experts' expert-major order
-    void *at[2];      // where they land, in the other order (the direct transport: peer memory)
-    size_t width[2];  // act elements a row
+    int n;               // tensors (1 or 2)
+    const void *rows[2]; // (rows, width[i]) in the order they leave: toward the experts this rank's
+                         // dispatch order (R rows), back the experts' expert-major order
+    void *at[2];         // where they land, in the other order (the direct transport: peer memory)
+    size_t width[2];     // act elements a row
 } ExchangeRows;
 
 // The act rows `rows` to `at` (one tensor d_model wide).
-ExchangeRows moe_exchange_act_rows(const MoeExchange *x, void *rows, void *at);
+ExchangeRows moe_exchange_act_rows(const MoeExchange *x, const void *rows, void *at);
 // Act elements of a row of `bytes` bytes (a multiple of the act size).
 size_t moe_exchange_width(const MoeExchange *x, size_t bytes);
 // A call's rows to its experts and back: the tensors of s go from this rank's dispatch order to
