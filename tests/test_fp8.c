@@ -163,14 +163,16 @@ static void test_fp8_quantize_rows(void) {
 }
 
 // The rows of the token-major copies back in row layout: (R, C) dequantised.
-static double *deq_cols(const uint8_t *qt, const real *scales, size_t C) {
-    size_t Rt = fp8_expert_cols(N_ROWS, N_EXPERTS);
+static double *deq_cols(const uint8_t *qt, const real *scales, size_t C, Fp8ColBlocks blocks) {
+    size_t Rt = fp8_expert_cols(N_ROWS, N_EXPERTS), Cs = fp8_col_scales(C, blocks);
+    size_t width = blocks == FP8_COLS_128X128 ? 128 : 1; // columns a scale
     double *x = malloc(N_ROWS * C * sizeof(double));
     for (size_t e = 0; e < N_EXPERTS; e++) {
         size_t p = fp8_expert_col((size_t)OFFSETS[e], e);
         for (size_t i = 0; i < (size_t)(OFFSETS[e + 1] - OFFSETS[e]); i++)
             for (size_t c = 0; c < C; c++)
-                x[(OFFSETS[e] + i) * C + c] = fp8_e4m3_decode(qt[c * Rt + p + i]) * scales[((p + i) / 128) * C + c];
+                x[(OFFSETS[e] + i) * C + c] =
+                    fp8_e4m3_decode(qt[c * Rt + p + i]) * scales[((p + i) / 128) * Cs + c / width];
     }
     return x;
 }
@@ -198,36 +200,49 @@ static double *deq_weights(const uint8_t *q, const real *scales, size_t E, size_
     return w;
 }
 
-static void test_fp8_quantize_cols(void) {
-    size_t C = 20, Rt = fp8_expert_cols(N_ROWS, N_EXPERTS);
-    real *x = rnd_outliers(N_ROWS * C, 2), *scales = malloc(Rt / 128 * C * sizeof(real));
-    for (size_t r = 170; r < 300; r++) x[r * C + 7] = 0; // column 7 of the last expert is all zeros
+// Token-major copies in `blocks`, 200 columns wide (two column blocks, the second short): each
+// scale is its block's (rows of one expert, 1 or 128 columns), each value within half a step;
+// columns 128-199 of the last expert's rows are zeros (scale 1, codes 0).
+static void check_quantize_cols(Fp8ColBlocks blocks) {
+    size_t C = 200, Rt = fp8_expert_cols(N_ROWS, N_EXPERTS), Cs = fp8_col_scales(C, blocks);
+    size_t width = blocks == FP8_COLS_128X128 ? 128 : 1;
+    real *x = rnd_outliers(N_ROWS * C, 2), *scales = malloc(Rt / 128 * Cs * sizeof(real));
+    for (size_t r = 170; r < 300; r++)
+        for (size_t c = 128; c < C; c++) x[r * C + c] = 0;
     uint8_t *qt = malloc(C * Rt);
     memset(qt, 0x55, C * Rt);
-    ops->fp8_quantize_cols(qt, scales, x, OFFSETS, N_EXPERTS, N_ROWS, C, FP8_SCALE_AMAX, NULL);
-    double *back = deq_cols(qt, scales, C);
-    size_t blocks = 0;
+    ops->fp8_quantize_cols(qt, scales, x, OFFSETS, N_EXPERTS, N_ROWS, C, FP8_SCALE_AMAX, blocks, NULL);
+    double *back = deq_cols(qt, scales, C, blocks);
+    size_t row_blocks = 0;
     for (size_t e = 0; e < N_EXPERTS; e++) {
         size_t r0 = (size_t)OFFSETS[e], r1 = (size_t)OFFSETS[e + 1], p = fp8_expert_col(r0, e);
-        for (size_t b = r0; b < r1; b += 128, blocks++)
-            for (size_t c = 0; c < C; c++) {
+        for (size_t b = r0; b < r1; b += 128, row_blocks++)
+            for (size_t cb = 0; cb < Cs; cb++) {
                 float amax = 0;
-                for (size_t r = b; r < r1 && r < b + 128; r++) amax = fmaxf(amax, fabsf((float)x[r * C + c]));
-                double sc = scales[((p + b - r0) / 128) * C + c];
-                CHECK_MSG(sc == fp8_block_scale(amax, FP8_SCALE_AMAX), "expert %zu rows from %zu col %zu", e, b, c);
                 for (size_t r = b; r < r1 && r < b + 128; r++)
-                    CHECK_MSG(within_half_step(x[r * C + c], back[r * C + c], sc), "row %zu col %zu", r, c);
+                    for (size_t c = cb * width; c < C && c < (cb + 1) * width; c++)
+                        amax = fmaxf(amax, fabsf((float)x[r * C + c]));
+                double sc = scales[((p + b - r0) / 128) * Cs + cb];
+                CHECK_MSG(sc == fp8_block_scale(amax, FP8_SCALE_AMAX), "expert %zu rows from %zu block %zu", e, b, cb);
+                for (size_t r = b; r < r1 && r < b + 128; r++)
+                    for (size_t c = cb * width; c < C && c < (cb + 1) * width; c++)
+                        CHECK_MSG(within_half_step(x[r * C + c], back[r * C + c], sc), "row %zu col %zu", r, c);
             }
     }
     size_t p3 = fp8_expert_col(170, 3);
-    CHECK(scales[(p3 / 128) * C + 7] == 1 && qt[7 * Rt + p3 + 5] == 0);
+    CHECK(scales[(p3 / 128) * Cs + 128 / width] == 1 && qt[150 * Rt + p3 + 5] == 0);
     // Every byte outside the experts' columns is 0 (0x55 poison before), every other scale block 1.
     size_t zeros = 0, ones = 0, used = (size_t)OFFSETS[N_EXPERTS];
     for (size_t i = 0; i < C * Rt; i++) zeros += qt[i] == 0 || qt[i] == 0x80;
-    for (size_t i = 0; i < Rt / 128 * C; i++) ones += scales[i] == 1;
+    for (size_t i = 0; i < Rt / 128 * Cs; i++) ones += scales[i] == 1;
     CHECK_MSG(zeros >= (Rt - used) * C, "padding columns hold zero codes (%zu zeros)", zeros);
-    CHECK_MSG(ones >= (Rt / 128 - blocks) * C, "padding blocks have scale 1 (%zu ones)", ones);
+    CHECK_MSG(ones >= (Rt / 128 - row_blocks) * Cs, "padding blocks have scale 1 (%zu ones)", ones);
     free(x), free(scales), free(qt), free(back);
+}
+
+static void test_fp8_quantize_cols(void) {
+    check_quantize_cols(FP8_COLS_1X128);
+    check_quantize_cols(FP8_COLS_128X128);
 }
 
 static void test_fp8_quantize_weights(void) {
@@ -323,36 +338,55 @@ static void check_product(const char *what, const real *got, size_t ld, const do
 // sum of the dequantised operands.
 static double fp32_block_sum_tol(size_t K) { return (double)(FP8_BLOCK + fp8_blocks(K) + 2) * 0x1p-24; }
 
+// The weight gradient per expert from token-major copies of x (R, K) in `blocks` and dy (R, N) in
+// 1x128, against the exact product of the dequantised copies: added to dw (an empty expert's
+// untouched), then written over it (an empty expert's zeros).
+static void check_grouped_wgrad(const real *x, const real *dy, size_t R, size_t E, size_t N, size_t K,
+                                Fp8ColBlocks blocks) {
+    size_t Rt = fp8_expert_cols(R, E);
+    uint8_t *xt = malloc(K * Rt), *dyt = malloc(N * Rt);
+    real *xts = malloc(Rt / 128 * K * sizeof(real)), *dyts = malloc(Rt / 128 * N * sizeof(real));
+    real *dw = malloc(E * N * K * sizeof(real));
+    ops->fp8_quantize_cols(xt, xts, x, OFFSETS, E, R, K, FP8_SCALE_AMAX, blocks, NULL);
+    ops->fp8_quantize_cols(dyt, dyts, dy, OFFSETS, E, R, N, FP8_SCALE_AMAX, FP8_COLS_1X128, NULL);
+    double *XT = deq_cols(xt, xts, K, blocks), *DYT = deq_cols(dyt, dyts, N, FP8_COLS_1X128);
+    double *ref = malloc(N * K * sizeof(double)), *abs_sum = malloc(N * K * sizeof(double));
+    for (int accumulate = 1; accumulate >= 0; accumulate--) {
+        for (size_t i = 0; i < E * N * K; i++) dw[i] = accumulate ? 1.5 : NAN;
+        ops->fp8_grouped_matmul_wgrad(dw, dyt, dyts, xt, xts, blocks, OFFSETS, E, N, K, R, accumulate);
+        for (size_t e = 0; e < E; e++) {
+            size_t r0 = (size_t)OFFSETS[e], rows = (size_t)(OFFSETS[e + 1] - OFFSETS[e]);
+            ref_product(ref, abs_sum, DYT + r0 * N, 1, N, XT + r0 * K, 1, K, N, K, rows);
+            check_product(accumulate ? "weight gradient added" : "weight gradient written over", dw + e * N * K, K,
+                          ref, abs_sum, N, K, fp32_block_sum_tol(rows), accumulate ? 1.5 : 0);
+        }
+        CHECK(dw[1 * N * K + 17] == (accumulate ? 1.5 : 0)); // the empty expert's
+    }
+    free(xt), free(dyt), free(xts), free(dyts), free(dw), free(XT), free(DYT), free(ref), free(abs_sum);
+}
+
 static void test_fp8_grouped_products(void) {
     size_t R = N_ROWS, E = N_EXPERTS, N = 136, K = 260;
-    size_t Kb = fp8_blocks(K), Nb = fp8_blocks(N), Rt = fp8_expert_cols(R, E);
+    size_t Kb = fp8_blocks(K), Nb = fp8_blocks(N);
     real *x = rnd_outliers(R * K, 4), *dy = rnd_outliers(R * N, 5), *w = rnd_outliers(E * N * K, 6);
     uint8_t *xq = malloc(R * K), *dyq = malloc(R * N), *wq = malloc(E * N * K), *wqt = malloc(E * N * K);
-    uint8_t *xt = malloc(K * Rt), *dyt = malloc(N * Rt);
     real *xs = malloc(Kb * R * sizeof(real)), *dys = malloc(Nb * R * sizeof(real)), *ws = malloc(E * Kb * Nb * sizeof(real));
-    real *wst = malloc(E * Kb * Nb * sizeof(real)), *xts = malloc(Rt / 128 * K * sizeof(real)), *dyts = malloc(Rt / 128 * N * sizeof(real));
+    real *wst = malloc(E * Kb * Nb * sizeof(real));
     ops->fp8_quantize_rows(xq, xs, x, OFFSETS, E, R, K, FP8_SCALE_AMAX, NULL);
     ops->fp8_quantize_rows(dyq, dys, dy, OFFSETS, E, R, N, FP8_SCALE_AMAX, NULL);
     ops->fp8_quantize_weights(wq, ws, wst, w, E, N, K, FP8_SCALE_AMAX, NULL);
     ops->fp8_transpose_codes(wqt, wq, E, N, K);
-    ops->fp8_quantize_cols(xt, xts, x, OFFSETS, E, R, K, FP8_SCALE_AMAX, NULL);
-    ops->fp8_quantize_cols(dyt, dyts, dy, OFFSETS, E, R, N, FP8_SCALE_AMAX, NULL);
     double *X = deq_rows(xq, xs, OFFSETS, E, R, K), *DY = deq_rows(dyq, dys, OFFSETS, E, R, N), *W = deq_weights(wq, ws, E, N, K);
-    double *XT = deq_cols(xt, xts, K), *DYT = deq_cols(dyt, dyts, N);
     double *ref = malloc(R * (N > K ? N : K) * sizeof(double)), *abs_sum = malloc(R * (N > K ? N : K) * sizeof(double));
-    real *y = malloc(R * N * sizeof(real)), *dx = malloc(R * K * sizeof(real)), *dw = malloc(E * N * K * sizeof(real));
+    real *y = malloc(R * N * sizeof(real)), *dx = malloc(R * K * sizeof(real));
     ops->fp8_grouped_matmul(y, xq, xs, wq, ws, OFFSETS, E, N, K, R);
     ops->fp8_grouped_matmul(dx, dyq, dys, wqt, wst, OFFSETS, E, K, N, R);
-    for (size_t i = 0; i < E * N * K; i++) dw[i] = 1.5;
-    ops->fp8_grouped_matmul_wgrad(dw, dyt, dyts, xt, xts, OFFSETS, E, N, K, R, true);
     for (size_t e = 0; e < E; e++) {
         size_t r0 = (size_t)OFFSETS[e], rows = (size_t)(OFFSETS[e + 1] - OFFSETS[e]);
         ref_product(ref, abs_sum, X + r0 * K, K, 1, W + e * N * K, K, 1, rows, N, K);
         check_product("forward", y + r0 * N, N, ref, abs_sum, rows, N, fp32_block_sum_tol(K), 0);
         ref_product(ref, abs_sum, DY + r0 * N, N, 1, W + e * N * K, 1, K, rows, K, N);
         check_product("input gradient", dx + r0 * K, K, ref, abs_sum, rows, K, fp32_block_sum_tol(N), 0);
-        ref_product(ref, abs_sum, DYT + r0 * N, 1, N, XT + r0 * K, 1, K, N, K, rows);
-        check_product("weight gradient", dw + e * N * K, K, ref, abs_sum, N, K, fp32_block_sum_tol(rows), 1.5);
         // Against the unquantised operands: each factor within 2^-4 (+ subnormal steps) of its value.
         double *x64 = malloc(rows * K * sizeof(double)), *w64 = malloc(N * K * sizeof(double));
         for (size_t i = 0; i < rows * K; i++) x64[i] = x[r0 * K + i];
@@ -361,14 +395,8 @@ static void test_fp8_grouped_products(void) {
         check_product("forward against the unquantised operands", y + r0 * N, N, ref, abs_sum, rows, N, 0.13, 0);
         free(x64), free(w64);
     }
-    CHECK(dw[1 * N * K + 17] == 1.5); // the empty expert's gradient is untouched
-    for (size_t i = 0; i < E * N * K; i++) dw[i] = NAN; // overwritten: each expert's block, the empty one's 0
-    ops->fp8_grouped_matmul_wgrad(dw, dyt, dyts, xt, xts, OFFSETS, E, N, K, R, false);
-    for (size_t e = 0; e < E; e++) {
-        size_t r0 = (size_t)OFFSETS[e], rows = (size_t)(OFFSETS[e + 1] - OFFSETS[e]);
-        ref_product(ref, abs_sum, DYT + r0 * N, 1, N, XT + r0 * K, 1, K, N, K, rows);
-        check_product("weight gradient written over", dw + e * N * K, K, ref, abs_sum, N, K, fp32_block_sum_tol(rows), 0);
-    }
+    check_grouped_wgrad(x, dy, R, E, N, K, FP8_COLS_1X128);
+    check_grouped_wgrad(x, dy, R, E, N, K, FP8_COLS_128X128);
     real *yd = malloc(R * N * sizeof(real));
     ops->fp8_quantize_rows(xq, xs, x, NULL, 0, R, K, FP8_SCALE_AMAX, NULL);
     free(X);
@@ -376,9 +404,9 @@ static void test_fp8_grouped_products(void) {
     ops->fp8_matmul(yd, xq, xs, wq, ws, R, N, K);
     ref_product(ref, abs_sum, X, K, 1, W, K, 1, R, N, K);
     check_product("dense", yd, N, ref, abs_sum, R, N, fp32_block_sum_tol(K), 0);
-    free(x), free(dy), free(w), free(xq), free(dyq), free(wq), free(wqt), free(xt), free(dyt), free(xs), free(dys);
-    free(ws), free(wst), free(xts), free(dyts), free(X), free(DY), free(W), free(XT), free(DYT), free(ref), free(abs_sum);
-    free(y), free(dx), free(dw), free(yd);
+    free(x), free(dy), free(w), free(xq), free(dyq), free(wq), free(wqt), free(xs), free(dys);
+    free(ws), free(wst), free(X), free(DY), free(W), free(ref), free(abs_sum);
+    free(y), free(dx), free(yd);
 }
 
 // ---------------------------------------------------------------- overflow and underflow counters
@@ -443,7 +471,7 @@ static void test_fp8_counts_cols(void) {
     for (size_t r = 1; r <= 20; r++) x[r * C] = 0x1p-11f;
     uint8_t *qt = malloc(C * Rt);
     uint64_t n[FP8_COUNTS] = {0};
-    ops->fp8_quantize_cols(qt, scales, x, OFF, 2, R, C, FP8_SCALE_AMAX, n);
+    ops->fp8_quantize_cols(qt, scales, x, OFF, 2, R, C, FP8_SCALE_AMAX, FP8_COLS_1X128, n);
     expect_counts("token-major copies", n, R * C, 20, 0, 1);
     free(x), free(scales), free(qt);
 }

@@ -178,13 +178,14 @@ static void test_micro_batch_accumulation(void) {
 // not (train.fp8_fused_swiglu).
 typedef struct {
     Fp8Scaling how;
-    bool dense, fused, swiglu;
+    bool dense, fused, swiglu, wgrad_blocks;
 } TestFp8;
 
 // What a test model of recompute mode r with products as *fp8 says (NULL: act precision) allocates.
 static ModelModes test_modes(Recompute r, const TestFp8 *fp8) {
     return fp8 ? (ModelModes){.recompute = r, .fp8 = true, .how = fp8->how, .fp8_dense = fp8->dense,
-                              .fp8_fused_dispatch = fp8->fused, .fp8_fused_swiglu = fp8->swiglu}
+                              .fp8_fused_dispatch = fp8->fused, .fp8_fused_swiglu = fp8->swiglu,
+                              .fp8_wgrad_blocks = fp8->wgrad_blocks}
                : (ModelModes){.recompute = r};
 }
 
@@ -257,7 +258,7 @@ static void test_recompute_bitwise(void) {
     cfgs[2].qk_norm = QK_NORM_NONE, cfgs[2].random_routing = true, cfgs[2].capacity_factor = 0.75;
     cfgs[2].n_dense_layers = 0;
     cfgs[3].norm_placement = NORM_REORDERED, cfgs[3].random_routing = true;
-    const TestFp8 fp8 = {FP8_SCALE_AMAX, true, true, true};
+    const TestFp8 fp8 = {FP8_SCALE_AMAX, true, true, true, true};
     for (int i = 0; i < 4 * 2; i++) {
         const ModelConfig *c = &cfgs[i / 2];
         const char *name = names[i / 2], *precision = i % 2 ? "FP8" : "exact";
@@ -330,13 +331,14 @@ static void fp8_step_case(ModelConfig c, const char *config, double tol) {
     size_t dense_len = sizing.layer[0].dense_down + (size_t)c.d_model * c.dense_hidden - dense;
     model_free(&sizing);
     test_free_parallel(&par);
-    enum { EXACT, DENSE, DENSE_FULL, DENSE_SELECTIVE, DENSE_POW2, EXPERTS, RUNS };
+    enum { EXACT, DENSE, DENSE_FULL, DENSE_SELECTIVE, DENSE_POW2, EXPERTS, BLOCKS, RUNS };
     const TestFp8 modes[RUNS] = {[DENSE] = {FP8_SCALE_AMAX, true}, [DENSE_FULL] = {FP8_SCALE_AMAX, true},
                                  [DENSE_SELECTIVE] = {FP8_SCALE_AMAX, true}, [DENSE_POW2] = {FP8_SCALE_POW2, true},
-                                 [EXPERTS] = {FP8_SCALE_AMAX, false}};
+                                 [EXPERTS] = {FP8_SCALE_AMAX, false},
+                                 [BLOCKS] = {FP8_SCALE_AMAX, true, .wgrad_blocks = true}};
     const Recompute recompute[RUNS] = {[DENSE_FULL] = RECOMPUTE_FULL, [DENSE_SELECTIVE] = RECOMPUTE_SELECTIVE};
     const char *names[RUNS] = {"exact", "FP8 amax", "FP8 amax, full recompute", "FP8 amax, selective recompute",
-                               "FP8 pow2", "FP8 experts only"};
+                               "FP8 pow2", "FP8 experts only", "FP8 amax, weight gradients' inputs in 128x128 blocks"};
     real *grads[RUNS], *metrics[RUNS];
     uint64_t counts[RUNS][MODEL_FP8_COUNTS];
     for (int i = 0; i < RUNS; i++) {
@@ -350,6 +352,12 @@ static void fp8_step_case(ModelConfig c, const char *config, double tol) {
                   "%s: %s differs from FP8 keeping everything", config, names[i]);
     CHECK_MSG(memcmp(grads[DENSE] + dense, grads[EXPERTS] + dense, dense_len * sizeof(real)),
               "%s: the dense layers' gradients are the same with the dense layers in FP8 and in act precision", config);
+    // 128x128 blocks for the weight gradients' inputs: the same forward, other weight gradients.
+    CHECK_MSG(memcmp(grads[BLOCKS] + dense, grads[DENSE] + dense, dense_len * sizeof(real)) &&
+                  memcmp(grads[BLOCKS] + experts, grads[DENSE] + experts, expert_len * sizeof(real)) &&
+                  !memcmp(metrics[BLOCKS], metrics[DENSE], len * sizeof(real)),
+              "%s: 128x128 blocks for the weight gradients' inputs: another forward, or the same dense or expert "
+              "weight gradients", config);
     for (int i = DENSE; i < RUNS; i++) {
         if (i == DENSE_FULL || i == DENSE_SELECTIVE) continue;
         double ce = metrics[i][METRIC_CE], ce0 = metrics[EXACT][METRIC_CE];
@@ -453,7 +461,7 @@ static void fp8_weight_copies_case(const Ops *ops, real *params, uint8_t *codes,
     test_single_parallel(&par, &c);
     Model m;
     Optimizer o;
-    const TestFp8 fp8 = {FP8_SCALE_AMAX, true, false, true};
+    const TestFp8 fp8 = {FP8_SCALE_AMAX, true, false, true, true};
     model_init(&m, &c, ops, &par, B, S, 1, 1, test_modes(RECOMPUTE_NONE, &fp8));
     optim_init(&o, &m);
     model_init_weights(&m, 3);
@@ -539,7 +547,7 @@ static void plan_bytes(const ModelConfig *c, size_t B, size_t S, Recompute r, co
 // layers in FP8 or not: under full recompute, which keeps no FP8 input (nor lends scratch).
 static size_t fp8_plan_bytes(const ModelConfig *c, size_t B, size_t S, bool dense) {
     size_t all, acts, all0, acts0;
-    plan_bytes(c, B, S, RECOMPUTE_FULL, &(TestFp8){FP8_SCALE_AMAX, dense, false, true}, &all, &acts);
+    plan_bytes(c, B, S, RECOMPUTE_FULL, &(TestFp8){FP8_SCALE_AMAX, dense, false, true, true}, &all, &acts);
     plan_bytes(c, B, S, RECOMPUTE_FULL, NULL, &all0, &acts0);
     return (all - acts) - (all0 - acts0);
 }
@@ -598,7 +606,8 @@ static void test_fp8_kept_inputs_memory(void) {
     CHECK_MSG(acts_n1 + acts_xe < 0, "the copies keep more than the tensors they replace");
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         size_t all, acts, all0, acts0;
-        plan_bytes(cases[i].c, 2, T / 2, cases[i].r, &(TestFp8){FP8_SCALE_AMAX, cases[i].dense, cases[i].fused, true}, &all,
+        plan_bytes(cases[i].c, 2, T / 2, cases[i].r,
+                   &(TestFp8){FP8_SCALE_AMAX, cases[i].dense, cases[i].fused, true, true}, &all,
                    &acts);
         plan_bytes(cases[i].c, 2, T / 2, cases[i].r, NULL, &all0, &acts0);
         ptrdiff_t got = (ptrdiff_t)acts - (ptrdiff_t)acts0, rest = (ptrdiff_t)(all - acts) - (ptrdiff_t)(all0 - acts0);
@@ -622,7 +631,7 @@ static void test_fp8_kept_inputs_step(void) {
     ModelConfig c = small_model();
     size_t P, len;
     model_sizes(&c, &P, &len);
-    const TestFp8 fp8 = {FP8_SCALE_AMAX, true, true, true};
+    const TestFp8 fp8 = {FP8_SCALE_AMAX, true, true, true, true};
     real *grads[2] = {calloc(P, sizeof(real)), calloc(P, sizeof(real))};
     real *metrics[2] = {calloc(len, sizeof(real)), calloc(len, sizeof(real))};
     uint64_t counts[MODEL_FP8_COUNTS], full_counts[MODEL_FP8_COUNTS];
@@ -658,16 +667,17 @@ static void test_fp8_fused_swiglu(void) {
     size_t bytes[2];
     const char *names[3] = {"none", "selective", "full"};
     for (int r = RECOMPUTE_NONE; r <= RECOMPUTE_FULL; r++)
-        for (int dispatch = 0; dispatch < 2; dispatch++) {
+        for (int mode = 0; mode < 4; mode++) {
+            bool dispatch = mode & 1, blocks = mode & 2;
             for (int fused = 0; fused < 2; fused++) {
-                TestFp8 fp8 = {FP8_SCALE_AMAX, true, dispatch, fused};
+                TestFp8 fp8 = {FP8_SCALE_AMAX, true, dispatch, fused, blocks};
                 bytes[fused] = recompute_step(&c, (Recompute)r, &fp8, grads[fused], metrics[fused], counts[fused]);
             }
             CHECK_MSG(!memcmp(grads[0], grads[1], P * sizeof(real)) &&
                           !memcmp(metrics[0], metrics[1], len * sizeof(real)) &&
                           !memcmp(counts[0], counts[1], sizeof counts[0]),
-                      "recompute %s%s: the fused FP8 SwiGLU backward's step differs from the unfused one",
-                      names[r], dispatch ? ", fused dispatch" : "");
+                      "recompute %s%s%s: the fused FP8 SwiGLU backward's step differs from the unfused one",
+                      names[r], dispatch ? ", fused dispatch" : "", blocks ? ", 128x128 blocks" : "");
             // No buffer for the experts' SwiGLU output (Model.expert_hact; recompute_step's 12 tokens),
             // but where selective recompute's shared SwiGLU buffer serves as that anyway.
             size_t hact = r == RECOMPUTE_SELECTIVE ? 0 : model_routed_rows(&c, 12) * c.expert_hidden * sizeof(real);

@@ -157,13 +157,16 @@ static void measure_fp8_layer(Calibration *c, const int32_t *off, size_t E, size
     void *dx = b->o->alloc(R * K * b->o->act_size), *dw = bench_zero_buf(b, E * N * K * b->o->f32_size);
     CALIBRATE(c, o->fp8_quantize_weights(q.wq, q.ws, q.wst, w, E, N, K, h, NULL));
     CALIBRATE(c, o->fp8_transpose_codes(q.wqt, q.wq, E, N, K));
-    CALIBRATE(c, o->fp8_quantize_rows_cols(q.xq, q.xs, q.xt, q.xts, x, NULL, off, E, R, K, h, NULL));
+    CALIBRATE(c, o->fp8_quantize_rows_cols(q.xq, q.xs, q.xt, q.xts, x, NULL, off, E, R, K, h, FP8_COLS_1X128, NULL));
     CALIBRATE(c, fp8_product(o, y, q.xq, q.xs, q.wq, q.ws, off, E, N, K, R));
-    CALIBRATE(c, o->fp8_quantize_rows_cols(q.dyq, q.dys, q.dyt, q.dyts, dy, NULL, off, E, R, N, h, NULL));
+    CALIBRATE(c,
+              o->fp8_quantize_rows_cols(q.dyq, q.dys, q.dyt, q.dyts, dy, NULL, off, E, R, N, h, FP8_COLS_1X128, NULL));
     CALIBRATE(c, fp8_product(o, dx, q.dyq, q.dys, q.wqt, q.wst, off, E, K, N, R));
     CALIBRATE(c, o->fp8_quantize_rows(q.dyq, q.dys, dy, off, E, R, N, h, NULL));
-    CALIBRATE(c, o->fp8_quantize_cols(q.xt, q.xts, x, off, E, R, K, h, NULL));
-    CALIBRATE(c, o->fp8_grouped_matmul_wgrad(dw, q.dyt, q.dyts, q.xt, q.xts, off, E, N, K, R, false));
+    // the weight gradient with x in 1x128 blocks (KERNEL_FP8_GROUPED_WGRAD; in 128x128 blocks it runs
+    // the forward's loop and is priced at KERNEL_FP8_GROUPED's rate, ops/cost_ops.c)
+    CALIBRATE(c, o->fp8_quantize_cols(q.xt, q.xts, x, off, E, R, K, h, FP8_COLS_1X128, NULL));
+    CALIBRATE(c, o->fp8_grouped_matmul_wgrad(dw, q.dyt, q.dyts, q.xt, q.xts, FP8_COLS_1X128, off, E, N, K, R, false));
     bench_fp8_free(b, &q);
     BENCH_FREE_ALL(b, x, w, dy, y, dx, dw);
 }

@@ -161,17 +161,17 @@ static void bench_grouped_fp8(Bench *b, const char *what, const char *shape, con
     report(b, "  fp8 quantise rows (x)", shape, ms, 0, (double)rows * Kd * a + rows_out, 0);
     ms = BENCH_TIME_MS(b, 10, o->fp8_dequantize_rows(dx, q.xq, q.xs, doff, E, R, Kd));
     report(b, "  fp8 dequantise rows (x, exchange)", shape, ms, 0, rows_out + (double)rows * Kd * a, 0);
-    ms = BENCH_TIME_MS(b, 10, o->fp8_quantize_cols(q.xt, q.xts, x, doff, E, R, Kd, FP8_SCALE_AMAX, n));
+    ms = BENCH_TIME_MS(b, 10, o->fp8_quantize_cols(q.xt, q.xts, x, doff, E, R, Kd, FP8_SCALE_AMAX, FP8_COLS_1X128, n));
     report(b, "  fp8 quantise token-major (x)", shape, ms, 0, (double)rows * Kd * a + cols_out, 0);
     ms = BENCH_TIME_MS(b, 10, o->fp8_quantize_rows_cols(q.dyq, q.dys, q.dyt, q.dyts, dy, NULL, doff, E, R, N,
-                                                        FP8_SCALE_AMAX, n));
+                                                        FP8_SCALE_AMAX, FP8_COLS_1X128, n));
     report(b, "  fp8 quantise rows+cols (dy)", shape, ms, 0, (double)rows * N * a + dy_out, 0);
     int32_t *map = moe_malloc(R * sizeof(int32_t)), *dmap = o->alloc(R * sizeof(int32_t));
     for (size_t r = 0; r < R; r++) map[r] = (int32_t)(rng_hash64(7, r) % (rows ? rows : 1));
     o->upload(dmap, map, R * sizeof(int32_t));
     free(map);
     ms = BENCH_TIME_MS(b, 10, o->fp8_quantize_rows_cols(q.dyq, q.dys, q.dyt, q.dyts, dy, dmap, doff, E, R, N,
-                                                        FP8_SCALE_AMAX, n));
+                                                        FP8_SCALE_AMAX, FP8_COLS_1X128, n));
     report(b, "  fp8 quantise rows+cols gathered", shape, ms, 0, (double)rows * N * a + dy_out, 0);
     o->free(dmap);
     ms = BENCH_TIME_MS(b, 10, o->fp8_quantize_weights(q.wq, q.ws, q.wst, w, E, N, Kd, FP8_SCALE_AMAX, n));
@@ -184,8 +184,17 @@ static void bench_grouped_fp8(Bench *b, const char *what, const char *shape, con
     snprintf(name, sizeof name, "fp8 %s input grad", what);
     ms = BENCH_TIME_MS(b, 10, o->fp8_grouped_matmul(dx, q.dyq, q.dys, q.wqt, q.wst, doff, E, Kd, N, R));
     report(b, name, shape, ms, flops, 0, 1.6 * flops / (bf16_ms[1] * 1e-3) / 1e12);
+    snprintf(name, sizeof name, "fp8 %s weight grad, x 1x128", what);
+    ms = BENCH_TIME_MS(b, 10, o->fp8_grouped_matmul_wgrad(dw, q.dyt, q.dyts, q.xt, q.xts, FP8_COLS_1X128, doff, E, N,
+                                                          Kd, R, false));
+    report(b, name, shape, ms, flops, 0, 1.6 * flops / (bf16_ms[2] * 1e-3) / 1e12);
+    // the experts' default (train.fp8_wgrad_blocks): x's token-major copy in 128x128 blocks
+    ms = BENCH_TIME_MS(b, 10,
+                       o->fp8_quantize_cols(q.xt, q.xts, x, doff, E, R, Kd, FP8_SCALE_AMAX, FP8_COLS_128X128, n));
+    report(b, "  fp8 quantise token-major (x, 128x128)", shape, ms, 0, (double)rows * Kd * a + cols_out, 0);
     snprintf(name, sizeof name, "fp8 %s weight grad", what);
-    ms = BENCH_TIME_MS(b, 10, o->fp8_grouped_matmul_wgrad(dw, q.dyt, q.dyts, q.xt, q.xts, doff, E, N, Kd, R, false));
+    ms = BENCH_TIME_MS(b, 10, o->fp8_grouped_matmul_wgrad(dw, q.dyt, q.dyts, q.xt, q.xts, FP8_COLS_128X128, doff, E, N,
+                                                          Kd, R, false));
     report(b, name, shape, ms, flops, 0, 1.6 * flops / (bf16_ms[2] * 1e-3) / 1e12);
     bench_fp8_free(b, &q);
     BENCH_FREE_ALL(b, y, dx, dw, n);
@@ -334,10 +343,11 @@ static void bench_memory_bound(Bench *b, const Config *cfg) {
         size_t counts = FP8_COUNTS * sizeof(uint64_t);
         void *ng = bench_zero_buf(b, counts), *na = bench_zero_buf(b, counts);
         // dout and gu read; the gradient's rows, its token-major copy and hw's written, with their scales
-        double bytes = R * H * (3.0 * a + 2) + 3.0 * H * Rt + (2.0 * H / FP8_BLOCK * R + 3.0 * Tb * H + 2.0 * R) * f;
+        double bytes = R * H * (3.0 * a + 2) + 3.0 * H * Rt +
+                       (2.0 * H / FP8_BLOCK * R + Tb * (2.0 * H + (double)H / FP8_BLOCK) + 2.0 * R) * f;
         report(b, "  with the row dots and fp8 operands (fused)", shape,
                BENCH_TIME_MS(b, 10, o->swiglu_backward_fp8(q, qs, qt, qts, row_dot, hwt, hws, x, x, row_w, NULL, 1, R,
-                                                           H, FP8_SCALE_AMAX, ng, na)),
+                                                           H, FP8_SCALE_AMAX, FP8_COLS_128X128, ng, na)),
                0, bytes, 0);
         BENCH_FREE_ALL(b, q, qs, qt, qts, hwt, hws, row_w, row_dot, ng, na);
     }

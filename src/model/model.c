@@ -627,6 +627,7 @@ static Fp8Operands *fp8_operands_new(const Model *m, ModelModes modes) {
     Fp8Operands *o = moe_calloc(1, sizeof *o);
     o->how = modes.how, o->dense = modes.fp8_dense, o->fused_dispatch = modes.fp8_fused_dispatch;
     o->exchange = modes.fp8_exchange, o->fused_swiglu = modes.fp8_fused_swiglu;
+    o->x_cols = modes.fp8_wgrad_blocks ? FP8_COLS_128X128 : FP8_COLS_1X128;
     size_t f = m->ops->f32_size;
     o->send_pitch = (fp8_blocks(m->cfg.d_model) * f + 15) / 16 * 16 / f; // 16-byte rows of scales
     return o;
@@ -998,7 +999,7 @@ static void fp8_forward(const Model *m, void *out, const void *x, const int32_t 
     MOE_ASSERT(!(xq && (x_t || x_rows)));
     if (x_t || x_rows)
         m->ops->fp8_quantize_rows_cols(q->rows, q->row_scales, x_t ? x_t->q : NULL, x_t ? x_t->scales : NULL, x,
-                                       x_rows, off, El, R, K, q->how, acts);
+                                       x_rows, off, El, R, K, q->how, q->x_cols, acts);
     else if (!xq) m->ops->fp8_quantize_rows(q->rows, q->row_scales, x, off, El, R, K, q->how, acts);
     fp8_product(m, out, xq ? xq : q->rows, wq.q, wq.scales, off, El, N, K, R);
 }
@@ -1036,17 +1037,19 @@ static void fp8_backward(const Model *m, void *dx, void *dw, bool accumulate_dw,
     Fp8Cols dt = made ? made->t : (Fp8Cols){.q = q->dout_t, .scales = q->dout_t_scales};
     if (dx && make_t)
         ops->fp8_quantize_rows_cols(q->rows, q->row_scales, dt.q, dt.scales, dout, dout_rows, off, El, R, N, q->how,
-                                    grads);
+                                    FP8_COLS_1X128, grads);
     else if (dx && !made) ops->fp8_quantize_rows(q->rows, q->row_scales, dout, off, El, R, N, q->how, grads);
-    else if (make_t) ops->fp8_quantize_cols(dt.q, dt.scales, dout, off, El, R, N, q->how, grads);
+    else if (make_t) ops->fp8_quantize_cols(dt.q, dt.scales, dout, off, El, R, N, q->how, FP8_COLS_1X128, grads);
     Fp8Cols xt = x_t ? *x_t : (Fp8Cols){.q = q->x_t, .scales = q->x_t_scales};
     if (dw && !x_t)
-        ops->fp8_quantize_cols(xt.q, xt.scales, x, off, El, R, K, q->how, fp8_counts(q, FP8_CLASS_ACTIVATIONS));
+        ops->fp8_quantize_cols(xt.q, xt.scales, x, off, El, R, K, q->how, q->x_cols,
+                               fp8_counts(q, FP8_CLASS_ACTIVATIONS));
     if (dx) {
         ops->fp8_transpose_codes(q->wt, wq.q, El, N, K);
         fp8_product(m, dx, made ? made->rows : q->rows, q->wt, wq.scales_t, off, El, K, N, R);
     }
-    if (dw) ops->fp8_grouped_matmul_wgrad(dw, dt.q, dt.scales, xt.q, xt.scales, off, El, N, K, R, accumulate_dw);
+    if (dw)
+        ops->fp8_grouped_matmul_wgrad(dw, dt.q, dt.scales, xt.q, xt.scales, q->x_cols, off, El, N, K, R, accumulate_dw);
 }
 
 // Per expert, out (Rr, N) = x (Rr, K) . w[e] (N, K)^T with the compute weights at offset w: in act
@@ -1208,7 +1211,8 @@ static void dequantised_cols(const Model *m, const Fp8Cols *t, void *x, const vo
     const Fp8Operands *q = m->fp8;
     size_t D = m->cfg.d_model;
     m->ops->fp8_dequantize_rows(x, codes, q->row_scales, off, El, Rr, D);
-    m->ops->fp8_quantize_cols(t->q, t->scales, x, off, El, Rr, D, q->how, fp8_counts(q, c));
+    Fp8ColBlocks blocks = c == FP8_CLASS_ACTIVATIONS ? q->x_cols : FP8_COLS_1X128; // an input's, or a gradient's
+    m->ops->fp8_quantize_cols(t->q, t->scales, x, off, El, Rr, D, q->how, blocks, fp8_counts(q, c));
 }
 
 size_t model_exchange_row_bytes(const Model *m) {
@@ -1467,7 +1471,7 @@ static const Fp8Cols *token_cols(const ExpertWork *w, Fp8Cols *xt, const int32_t
     const Fp8Operands *q = m->fp8;
     *xt = (Fp8Cols){.q = q->x_t, .scales = q->x_t_scales};
     m->ops->fp8_quantize_rows_cols(NULL, NULL, xt->q, xt->scales, w->in, w->rows, off, n, w->Rr, m->cfg.d_model, q->how,
-                                   fp8_counts(q, FP8_CLASS_ACTIVATIONS));
+                                   q->x_cols, fp8_counts(q, FP8_CLASS_ACTIVATIONS));
     return xt;
 }
 
@@ -1511,7 +1515,7 @@ static const Fp8Made *fused_swiglu_backward(const ExpertWork *w, Fp8Made *made, 
     Fp8Cols hw_t = {.q = q->x_t, .scales = q->x_t_scales};
     *made = (Fp8Made){.rows = q->rows, .t = fused_dgu_cols(m, Rr, n)};
     m->ops->swiglu_backward_fp8(q->rows, q->row_scales, made->t.q, made->t.scales, s->row_dot, hw_t.q, hw_t.scales,
-                                s->dhact, w->x->gu, s->row_w, off, n, Rr, H, q->how,
+                                s->dhact, w->x->gu, s->row_w, off, n, Rr, H, q->how, q->x_cols,
                                 fp8_counts(q, FP8_CLASS_GRADIENTS), fp8_counts(q, FP8_CLASS_ACTIVATIONS));
     expert_backward(m, NULL, G(m, down), w->accumulate_dw, NULL, NULL, NULL, NULL, &hw_t, down, off, n, D, H, Rr,
                     DOUT_T_KEPT);
@@ -1527,7 +1531,7 @@ static const Fp8Made *fused_swiglu_grads(const ExpertWork *w, Fp8Made *made, con
     const Fp8Operands *q = m->fp8;
     *made = (Fp8Made){.rows = q->rows, .t = {.q = q->dout_t, .scales = q->dout_t_scales}};
     m->ops->swiglu_backward_fp8(q->rows, q->row_scales, made->t.q, made->t.scales, NULL, NULL, NULL, m->s.dhact,
-                                w->x->gu, NULL, off, n, w->Rr, m->cfg.expert_hidden, q->how,
+                                w->x->gu, NULL, off, n, w->Rr, m->cfg.expert_hidden, q->how, q->x_cols,
                                 fp8_counts(q, FP8_CLASS_GRADIENTS), NULL);
     return made;
 }

@@ -82,6 +82,9 @@ typedef struct {
 // is sized for the larger need of the two kinds.
 typedef struct {
     Fp8Scaling how;
+    Fp8ColBlocks x_cols;        // the scale blocks of the token-major copies of the products' inputs
+                                // that their weight gradients read (train.fp8_wgrad_blocks); the output
+                                // gradients' copies are in 1x128
     bool dense;                 // the dense linear layers' products too (QKV, output projection, dense
                                 // and shared MLPs), not only the experts'
     bool fused_dispatch;        // with one expert-parallel rank, the experts' operands and the down
@@ -210,6 +213,7 @@ typedef struct {
     bool fp8_fused_dispatch; // train.fp8_fused_dispatch (Fp8Operands.fused_dispatch)
     bool fp8_fused_swiglu;   // train.fp8_fused_swiglu (Fp8Operands.fused_swiglu)
     bool fp8_exchange;       // train.fp8_exchange (Fp8Operands.exchange)
+    bool fp8_wgrad_blocks;   // train.fp8_wgrad_blocks (Fp8Operands.x_cols)
 } ModelModes;
 
 typedef struct {

@@ -181,15 +181,17 @@ static void cost_swiglu_fp8(void *o, void *q, void *s, const void *g, const int3
 // (4 H bytes) and with the row dots hw's token-major codes (H)
 static void cost_swiglu_backward_fp8(void *q, void *s, void *qt, void *st, void *dot, void *hwt, void *hws,
                                      const void *d, const void *g, const void *w, const int32_t *off, size_t E,
-                                     size_t R, size_t H, Fp8Scaling h, uint64_t *ng, uint64_t *na) {
+                                     size_t R, size_t H, Fp8Scaling h, Fp8ColBlocks hb, uint64_t *ng,
+                                     uint64_t *na) {
     bytes(KERNEL_FP8_QUANTIZE, swiglu_rows(R, off, E) * H * (3 * A + (dot ? 5 : 4)));
 }
 static void cost_fp8_cols(void *q, void *s, const void *x, const int32_t *off, size_t E, size_t R, size_t C,
-                          Fp8Scaling h, uint64_t *n) {
+                          Fp8Scaling h, Fp8ColBlocks b, uint64_t *n) {
     bytes(KERNEL_FP8_QUANTIZE, fp8_rows(R, off) * C * (A + 1));
 }
 static void cost_fp8_rows_cols(void *q, void *s, void *qt, void *st, const void *x, const int32_t *xr,
-                               const int32_t *off, size_t E, size_t R, size_t K, Fp8Scaling h, uint64_t *n) {
+                               const int32_t *off, size_t E, size_t R, size_t K, Fp8Scaling h, Fp8ColBlocks b,
+                               uint64_t *n) {
     bytes(KERNEL_FP8_QUANTIZE, fp8_rows(R, off) * K * (A + (q != NULL) + (qt != NULL)));
 }
 static void cost_fp8_weights(void *q, void *s, void *st, const void *w, size_t E, size_t N, size_t K, Fp8Scaling h,
@@ -212,9 +214,11 @@ static void cost_fp8_grouped(void *o, const void *a, const void *as, const void 
                              const int32_t *off, size_t E, size_t N, size_t K, size_t R) {
     grouped(KERNEL_FP8_GROUPED, E, N, K, R);
 }
-static void cost_fp8_wgrad(void *dw, const void *d, const void *ds, const void *x, const void *xs,
+// The experts' weight gradient with its activations in 128x128 blocks runs the forward's loop (one
+// scale a row at each promotion, overlapped with the next product): KERNEL_FP8_GROUPED's rate.
+static void cost_fp8_wgrad(void *dw, const void *d, const void *ds, const void *x, const void *xs, Fp8ColBlocks xb,
                            const int32_t *off, size_t E, size_t N, size_t K, size_t R, bool acc) {
-    if (off) grouped(KERNEL_FP8_GROUPED_WGRAD, E, N, K, R);
+    if (off) grouped(xb == FP8_COLS_128X128 ? KERNEL_FP8_GROUPED : KERNEL_FP8_GROUPED_WGRAD, E, N, K, R);
     else product(KERNEL_FP8_DENSE, (double)N, (double)K, (double)R, 1);
     wgrad_readback(acc, E, N, K);
 }

@@ -150,3 +150,16 @@ FP8_FN size_t fp8_blocks(size_t n) { return (n + FP8_BLOCK - 1) / FP8_BLOCK; }
 // columns after the one before). R rows over E experts fit in fp8_expert_cols(R, E) columns.
 FP8_FN size_t fp8_expert_col(size_t offset, size_t e) { return FP8_BLOCK * (offset / FP8_BLOCK + e); }
 FP8_FN size_t fp8_expert_cols(size_t R, size_t E) { return FP8_BLOCK * (fp8_blocks(R) + E); }
+
+// The scale blocks of a token-major copy (qt (C, Rt), 128 tokens a block along Rt): FP8_COLS_1X128,
+// a scale per column and 128 tokens (scales (Rt / 128, C): the recipe's activations and gradients);
+// FP8_COLS_128X128, a scale per 128 columns and 128 tokens, as the weights' blocks (scales (Rt /
+// 128, fp8_blocks(C))). The weight gradients read their inputs' copies (the activations x) in
+// 128x128 blocks unless train.fp8_wgrad_blocks is false: each promotion of such a product then
+// scales a row of partial sums by one number, as the forward's do (docs/FP8.md).
+typedef enum { FP8_COLS_1X128, FP8_COLS_128X128 } Fp8ColBlocks;
+
+// Scales a row of token-major blocks holds: a copy C columns wide in `blocks`.
+FP8_FN size_t fp8_col_scales(size_t C, Fp8ColBlocks blocks) {
+    return blocks == FP8_COLS_128X128 ? fp8_blocks(C) : C;
+}

@@ -330,33 +330,34 @@ typedef struct Ops {
     // The rows of each expert of x (R, C) act (offsets as grouped_matmul_forward; NULL: one group of
     // all R rows with E = 1, a dense layer's), transposed, in blocks of 128 rows from the expert's
     // first row: qt (C, Rt) e4m3 with Rt = fp8_expert_cols(R, E) and expert e's rows at columns
-    // [fp8_expert_col(offsets[e], e), + its rows); scales (Rt / 128, C) f32. Columns of no expert
-    // are all-zero blocks (codes 0, scale 1).
+    // [fp8_expert_col(offsets[e], e), + its rows); scales (Rt / 128, fp8_col_scales(C, blocks)) f32,
+    // a scale per column and 128 rows (FP8_COLS_1X128) or per 128 columns and 128 rows
+    // (FP8_COLS_128X128). Columns of no expert are all-zero blocks (codes 0, scale 1).
     void (*fp8_quantize_cols)(void *qt, void *scales, const void *x, const int32_t *offsets, size_t E,
-                              size_t R, size_t C, Fp8Scaling how, uint64_t *counts);
+                              size_t R, size_t C, Fp8Scaling how, Fp8ColBlocks blocks, uint64_t *counts);
     // Both copies of one tensor from one read of it (the output gradient of a product, for
     // the input and the weight gradient): q, scales bit for bit as fp8_quantize_rows(q, scales, x,
     // offsets, E, R, K, how) writes them and qt, scales_t as fp8_quantize_cols(qt, scales_t, x,
-    // offsets, E, R, K, how) does; counted as those two quantisations are. With x_rows (R) i32, row r
+    // offsets, E, R, K, how, blocks) does; counted as those two quantisations are. With x_rows (R) i32, row r
     // of the tensor quantised is row x_rows[r] of x (the dispatched rows read from the tokens' tensor,
     // moe_row_tokens; NULL: row r), for the rows of the groups. q NULL: the token-major copy alone;
     // qt NULL: the rows alone (as the op alone, from rows x_rows names).
     void (*fp8_quantize_rows_cols)(void *q, void *scales, void *qt, void *scales_t, const void *x,
                                    const int32_t *x_rows, const int32_t *offsets, size_t E, size_t R, size_t K,
-                                   Fp8Scaling how, uint64_t *counts);
+                                   Fp8Scaling how, Fp8ColBlocks blocks, uint64_t *counts);
     // swiglu_backward with its output's FP8 operands from the same pass, the output itself not stored:
     // the gate|up gradient dgu (R, 2H) of dout (R, H) act and gu (R, 2H) act, each row's gradient
     // scaled by row_w (R) f32 first (NULL: 1), on the rows of offsets (E + 1) i32 (NULL: all R) as
     // swiglu_backward computes and rounds it, quantised to q, scales, qt, scales_t bit for bit as
-    // fp8_quantize_rows_cols(q, scales, qt, scales_t, dgu, NULL, offsets, E, R, 2H, how, grads)
+    // fp8_quantize_rows_cols(q, scales, qt, scales_t, dgu, NULL, offsets, E, R, 2H, how, FP8_COLS_1X128, grads)
     // writes and counts them (the gate|up products' input and weight gradients read them). With
     // row_dot (R) f32 non-NULL also row_dot and hw as swiglu_backward computes them, hw quantised to
-    // hwt, hw_scales as fp8_quantize_cols(hwt, hw_scales, hw, offsets, E, R, H, how, acts) writes and
+    // hwt, hw_scales as fp8_quantize_cols(hwt, hw_scales, hw, offsets, E, R, H, how, hw_blocks, acts) writes and
     // counts them (the down projection's weight gradient reads them). H a multiple of 128.
     void (*swiglu_backward_fp8)(void *q, void *scales, void *qt, void *scales_t, void *row_dot, void *hwt,
                                 void *hw_scales, const void *dout, const void *gu, const void *row_w,
                                 const int32_t *offsets, size_t E, size_t R, size_t H, Fp8Scaling how,
-                                uint64_t *grads, uint64_t *acts);
+                                Fp8ColBlocks hw_blocks, uint64_t *grads, uint64_t *acts);
     // The scales of FP8 rows (R of them, Kb blocks a row) between the grouped layout fp8_quantize_rows
     // writes for offsets (E + 1) i32 (group g's (Kb, rows of g) at Kb offsets[g]) and row-major
     // (R, pitch) f32 (row r's Kb scales from r pitch; pitch >= Kb): to_rows from the grouped layout to
@@ -386,10 +387,12 @@ typedef struct Ops {
     // Per expert, dw[e] (N, K) f32 = dout^T . x over the expert's rows, added to dw when accumulate
     // (an expert without rows: as grouped_matmul_backward's dw), from their token-major copies
     // (fp8_quantize_cols of the same offsets, NULL included): dout_t (N, Rt) e4m3 with scales
-    // (Rt / 128, N), x_t (K, Rt) e4m3 with scales (Rt / 128, K).
+    // (Rt / 128, N) (FP8_COLS_1X128), x_t (K, Rt) e4m3 with scales (Rt / 128, fp8_col_scales(K,
+    // x_blocks)).
     void (*fp8_grouped_matmul_wgrad)(void *dw, const void *dout_t, const void *dout_scales,
-                                     const void *x_t, const void *x_scales, const int32_t *offsets,
-                                     size_t E, size_t N, size_t K, size_t R, bool accumulate);
+                                     const void *x_t, const void *x_scales, Fp8ColBlocks x_blocks,
+                                     const int32_t *offsets, size_t E, size_t N, size_t K, size_t R,
+                                     bool accumulate);
     // out (M, N) act = a (M, K) . b (N, K)^T: a rows (one group: scales (Kb, M)), b weights
     // (scales (Kb, Nb))
     void (*fp8_matmul)(void *out, const void *a, const void *a_scales, const void *b,

@@ -122,15 +122,17 @@ WRAP(swiglu_forward_fp8, PHASE_REST,
      (o, q, s, g, off, E, R, H, h, n))
 WRAP(swiglu_backward_fp8, PHASE_REST,
      (void *q, void *s, void *qt, void *st, void *dot, void *hwt, void *hws, const void *d, const void *g,
-      const void *w, const int32_t *off, size_t E, size_t R, size_t H, Fp8Scaling h, uint64_t *ng, uint64_t *na),
-     (q, s, qt, st, dot, hwt, hws, d, g, w, off, E, R, H, h, ng, na))
+      const void *w, const int32_t *off, size_t E, size_t R, size_t H, Fp8Scaling h, Fp8ColBlocks hb, uint64_t *ng,
+      uint64_t *na),
+     (q, s, qt, st, dot, hwt, hws, d, g, w, off, E, R, H, h, hb, ng, na))
 WRAP(fp8_quantize_cols, fp8_phase(off),
-     (void *q, void *s, const void *x, const int32_t *off, size_t E, size_t R, size_t C, Fp8Scaling h, uint64_t *n),
-     (q, s, x, off, E, R, C, h, n))
+     (void *q, void *s, const void *x, const int32_t *off, size_t E, size_t R, size_t C, Fp8Scaling h,
+      Fp8ColBlocks b, uint64_t *n),
+     (q, s, x, off, E, R, C, h, b, n))
 WRAP(fp8_quantize_rows_cols, fp8_phase(off),
      (void *q, void *s, void *qt, void *st, const void *x, const int32_t *xr, const int32_t *off, size_t E, size_t R,
-      size_t K, Fp8Scaling h, uint64_t *n),
-     (q, s, qt, st, x, xr, off, E, R, K, h, n))
+      size_t K, Fp8Scaling h, Fp8ColBlocks b, uint64_t *n),
+     (q, s, qt, st, x, xr, off, E, R, K, h, b, n))
 WRAP(fp8_quantize_weights, PHASE_EXPERT_GEMM,
      (void *q, void *s, void *st, const void *w, size_t E, size_t N, size_t K, Fp8Scaling h, uint64_t *n),
      (q, s, st, w, E, N, K, h, n))
@@ -146,9 +148,9 @@ WRAP(fp8_grouped_matmul, PHASE_EXPERT_GEMM,
       size_t K, size_t R),
      (o, a, as, b, bs, off, E, N, K, R))
 WRAP(fp8_grouped_matmul_wgrad, fp8_phase(off),
-     (void *dw, const void *d, const void *ds, const void *x, const void *xs, const int32_t *off, size_t E, size_t N,
-      size_t K, size_t R, bool acc),
-     (dw, d, ds, x, xs, off, E, N, K, R, acc))
+     (void *dw, const void *d, const void *ds, const void *x, const void *xs, Fp8ColBlocks xb, const int32_t *off,
+      size_t E, size_t N, size_t K, size_t R, bool acc),
+     (dw, d, ds, x, xs, xb, off, E, N, K, R, acc))
 WRAP(fp8_matmul, PHASE_DENSE_GEMM,
      (void *o, const void *a, const void *as, const void *b, const void *bs, size_t M, size_t N, size_t K),
      (o, a, as, b, bs, M, N, K))

@@ -43,6 +43,7 @@ typedef struct {
     bool fp8_fused_dispatch;   // with precision fp8: expert operands quantised from the tokens' rows
     bool fp8_fused_swiglu;     // with precision fp8: the experts' SwiGLU backward writes FP8 operands
     bool fp8_exchange;         // with precision fp8: rows travel to the experts (and inputs are kept) as FP8
+    bool fp8_wgrad_blocks;     // with precision fp8: the weight gradients read their inputs in 128x128 blocks
     double comm_timeout;       // seconds without progress before a multi-rank run ends (0: never)
     bool launch_ahead;         // each step queued before the previous one's metrics are read
     bool optimizer_overlap;    // each step's parameter update runs beside the next step's forward

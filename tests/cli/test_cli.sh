@@ -110,6 +110,14 @@ if run train.steps=30 train.precision=fp8 train.fp8_dense=false model.head_dim=1
         ok "fp8 experts only: step-30 loss $c (dense layers in FP8 $a, exact $b)"
     else bad "fp8 experts only: near exact, not the dense FP8 loss" "experts only $c, dense FP8 $a, exact $b"; fi
 else bad "fp8 experts only runs (any head width)" "$(tail -5 "$tmp/last.log")"; fi
+# train.fp8_wgrad_blocks=false: the experts' weight gradients read their inputs' token-major copies in
+# 1x128 blocks, not the default 128x128: another loss, as near exact.
+if run train.steps=30 train.precision=fp8 train.fp8_wgrad_blocks=false train.out="$tmp/fp8_1x128"; then
+    c=$(losses "$tmp/fp8_1x128" | tail -1 | cut -d: -f2)
+    if awk -v a="$a" -v b="$b" -v c="$c" 'BEGIN { d = c - b; if (d < 0) d = -d; exit !(d <= 0.02 * b && c != a && c != b) }'; then
+        ok "fp8 weight gradients' inputs in 1x128 blocks: step-30 loss $c (128x128 $a, exact $b)"
+    else bad "fp8 weight gradients' inputs in 1x128 blocks: near exact, not the 128x128 loss" "1x128 $c, 128x128 $a, exact $b"; fi
+else bad "fp8 weight gradients' inputs in 1x128 blocks runs" "$(tail -5 "$tmp/last.log")"; fi
 # train.fp8_fused_dispatch (the default): the experts' operands read from the tokens' rows, the same
 # losses bit for bit as the gathered rows' (false)
 if run train.steps=30 train.precision=fp8 train.fp8_fused_dispatch=false train.out="$tmp/fp8_gathered"; then

@@ -816,32 +816,76 @@ static void fp8_dense_case(const char *what, Buf *q, Buf *sc, Buf *out, const Bu
     free(S);
 }
 
-static void test_fp8_case(size_t E, const int *rows, size_t N, size_t K, Fp8Scaling how) {
+// Rows (q, s) and token-major copy (qt, st: in `blocks`) of x (R, K) quantised from the rows map (R)
+// i32 names, as the model's fused dispatch and combine backward read each expert row from a token's
+// row, on both backends, outputs poisoned: in one pass, then each alone (the other's outputs NULL,
+// as the model quantises the experts' inputs where no copy is kept: selective and full recompute);
+// the codes, scales and counters bit for bit the CPU's.
+static void fp8_map_case(const char *what, Buf *q, Buf *s, Buf *qt, Buf *st, const Buf *x, const Buf *map,
+                         const Buf *off, size_t E, size_t R, size_t K, Fp8Scaling how, Fp8ColBlocks blocks) {
+    char line[160];
+    size_t Rt = fp8_expert_cols(R, E);
+    Buf *outs[] = {q, s, qt, st};
+    const Ops *o[2] = {cpu, gpu};
+    for (int alone = 0; alone < 2; alone++) {
+        for (size_t i = 0; i < 4; i++) buf_poison(outs[i]);
+        Counts n = counts_new();
+        for (int i = 0; i < 2; i++) {
+            void *qo = i ? q->g : q->c, *so = i ? s->g : s->c, *qto = i ? qt->g : qt->c, *sto = i ? st->g : st->c;
+            const void *xo = i ? x->g : x->c;
+            const int32_t *mo = i ? map->g : map->c, *oo = i ? off->g : off->c;
+            uint64_t *no = i ? n.g : n.c;
+            o[i]->fp8_quantize_rows_cols(qo, so, alone ? NULL : qto, alone ? NULL : sto, xo, mo, oo, E, R, K, how,
+                                         blocks, no);
+            if (alone) o[i]->fp8_quantize_rows_cols(NULL, NULL, qto, sto, xo, mo, oo, E, R, K, how, blocks, no);
+        }
+        snprintf(line, sizeof line, "fp8 quantise %s through a map%s E%zu K%zu%s%s", what,
+                 alone ? ", each copy alone" : " (one pass)", E, K, how == FP8_SCALE_POW2 ? " pow2" : "",
+                 blocks == FP8_COLS_128X128 ? ", token-major 128x128" : "");
+        check(line, q, R * K, 0, 0), check("  their scales", s, fp8_blocks(K) * R, 0, 0);
+        check("  their token-major copy", qt, K * Rt, 0, 0);
+        check("  its scales", st, Rt / FP8_BLOCK * fp8_col_scales(K, blocks), 0, 0);
+        check_counts("  their counters", &n);
+    }
+}
+
+// The FP8 ops of an MoE layer's experts on both backends, against the CPU's: the quantisations bit
+// for bit (experts 1.. alone too, as a chunk of experts; rows read through a map), the grouped and
+// dense products within FP8_SUM; the inputs' token-major copies (what the weight gradient reads of
+// x) in xb blocks, the gradient's always 1x128.
+static void test_fp8_case(size_t E, const int *rows, size_t N, size_t K, Fp8Scaling how, Fp8ColBlocks xb) {
     char what[160];
     size_t R;
     Buf off = expert_offsets(E, rows, &R);
-    size_t Rb = R + 13, Kb = fp8_blocks(K), Nb = fp8_blocks(N), Rt = fp8_expert_cols(Rb, E);
+    size_t Rb = R + 13, Kb = fp8_blocks(K), Nb = fp8_blocks(N), Rt = fp8_expert_cols(Rb, E), Kc = fp8_col_scales(K, xb);
     Buf x = buf_new(K_ACT, Rb * K), dy = buf_new(K_ACT, Rb * N), w = buf_new(K_ACT, E * N * K);
     fp8_inputs(&x, K, 80, 1, R / 2, R / 2 + 1), fp8_inputs(&dy, N, 81, 1, 0, R < 200 ? R : 200);
     fp8_inputs(&w, K, 82, 0.1, 0, N < FP8_BLOCK ? N : FP8_BLOCK);
     Buf xq = buf_new(K_U8, Rb * K), xs = buf_new(K_F32, Kb * Rb), dyq = buf_new(K_U8, Rb * N), dys = buf_new(K_F32, Nb * Rb);
-    Buf xt = buf_new(K_U8, K * Rt), xts = buf_new(K_F32, Rt / FP8_BLOCK * K), dyt = buf_new(K_U8, N * Rt);
-    Buf dyts = buf_new(K_F32, Rt / FP8_BLOCK * N);
+    Buf xt = buf_new(K_U8, K * Rt), xts = buf_new(K_F32, Rt / FP8_BLOCK * Kc), dyt = buf_new(K_U8, N * Rt);
+    Buf dyts = buf_new(K_F32, Rt / FP8_BLOCK * N), map = buf_new(K_I32, Rb);
+    for (size_t r = 0; r < Rb; r++) map.ref[r] = (float)((r * 7 + 3) % Rb);
+    buf_push(&map);
+    const char *blocks = xb == FP8_COLS_128X128 ? ", x token-major 128x128" : "";
+    // the experts' inputs as the model's fused dispatch quantises them (rows read from the tokens'
+    // rows, the token-major copy in the weight gradient's blocks); then poisoned again for the rest
+    fp8_map_case("input rows", &xq, &xs, &xt, &xts, &x, &map, &off, E, Rb, K, how, xb);
     buf_poison(&xq), buf_poison(&xs), buf_poison(&dyq), buf_poison(&dys);
     buf_poison(&xt), buf_poison(&xts), buf_poison(&dyt), buf_poison(&dyts);
     Counts n = counts_new(); // of every quantisation below but the dense one's
     // experts 1.. alone, as a chunk of experts: the rows of the others stay as they were
     cpu->fp8_quantize_rows(xq.c, xs.c, x.c, (const int32_t *)off.c + 1, E - 1, Rb, K, how, n.c);
     gpu->fp8_quantize_rows(xq.g, xs.g, x.g, (const int32_t *)off.g + 1, E - 1, Rb, K, how, n.g);
-    snprintf(what, sizeof what, "fp8 quantise rows of experts 1.. E%zu K%zu", E, K);
+    snprintf(what, sizeof what, "fp8 quantise rows of experts 1.. E%zu K%zu%s", E, K, blocks);
     check(what, &xq, Rb * K, 0, 0), check("  their scales", &xs, Kb * Rb, 0, 0);
-    snprintf(what, sizeof what, "fp8 quantise rows E%zu N%zu K%zu rows %zu%s", E, N, K, R, how == FP8_SCALE_POW2 ? " pow2" : "");
+    snprintf(what, sizeof what, "fp8 quantise rows E%zu N%zu K%zu rows %zu%s%s", E, N, K, R,
+             how == FP8_SCALE_POW2 ? " pow2" : "", blocks);
     cpu->fp8_quantize_rows(xq.c, xs.c, x.c, off.c, E, Rb, K, how, n.c);
     gpu->fp8_quantize_rows(xq.g, xs.g, x.g, off.g, E, Rb, K, how, n.g);
     // the gradient's rows and token-major copy from one pass on the GPU (as the model's backward)
     cpu->fp8_quantize_rows(dyq.c, dys.c, dy.c, off.c, E, Rb, N, how, n.c);
-    cpu->fp8_quantize_cols(dyt.c, dyts.c, dy.c, off.c, E, Rb, N, how, n.c);
-    gpu->fp8_quantize_rows_cols(dyq.g, dys.g, dyt.g, dyts.g, dy.g, NULL, off.g, E, Rb, N, how, n.g);
+    cpu->fp8_quantize_cols(dyt.c, dyts.c, dy.c, off.c, E, Rb, N, how, FP8_COLS_1X128, n.c);
+    gpu->fp8_quantize_rows_cols(dyq.g, dys.g, dyt.g, dyts.g, dy.g, NULL, off.g, E, Rb, N, how, FP8_COLS_1X128, n.g);
     check(what, &xq, Rb * K, 0, 0), check("  row scales", &xs, Kb * Rb, 0, 0);
     check("  gradient rows (rows and token-major in one pass)", &dyq, Rb * N, 0, 0);
     check("  gradient row scales", &dys, Nb * Rb, 0, 0);
@@ -851,42 +895,22 @@ static void test_fp8_case(size_t E, const int *rows, size_t N, size_t K, Fp8Scal
     cpu->fp8_transpose_codes(wqt.c, wq.c, E, N, K), gpu->fp8_transpose_codes(wqt.g, wq.g, E, N, K);
     check("  weights", &wq, E * N * K, 0, 0), check("  transposed weights", &wqt, E * N * K, 0, 0);
     check("  weight scales", &ws, E * Kb * Nb, 0, 0), check("  transposed weight scales", &wst, E * Kb * Nb, 0, 0);
-    cpu->fp8_quantize_cols(xt.c, xts.c, x.c, off.c, E, Rb, K, how, n.c);
-    gpu->fp8_quantize_cols(xt.g, xts.g, x.g, off.g, E, Rb, K, how, n.g);
-    check("  token-major copies", &xt, K * Rt, 0, 0), check("  token-major scales", &xts, Rt / FP8_BLOCK * K, 0, 0);
+    cpu->fp8_quantize_cols(xt.c, xts.c, x.c, off.c, E, Rb, K, how, xb, n.c);
+    gpu->fp8_quantize_cols(xt.g, xts.g, x.g, off.g, E, Rb, K, how, xb, n.g);
+    check("  token-major copies", &xt, K * Rt, 0, 0), check("  token-major scales", &xts, Rt / FP8_BLOCK * Kc, 0, 0);
     check("  token-major gradient", &dyt, N * Rt, 0, 0), check("  its scales", &dyts, Rt / FP8_BLOCK * N, 0, 0);
     // experts 1.. alone, offsets from the second on (a chunk, as parallel.exchange_chunks passes it)
     size_t Rt1 = fp8_expert_cols(Rb, E - 1);
-    cpu->fp8_quantize_cols(xt.c, xts.c, x.c, (const int32_t *)off.c + 1, E - 1, Rb, K, how, n.c);
-    gpu->fp8_quantize_cols(xt.g, xts.g, x.g, (const int32_t *)off.g + 1, E - 1, Rb, K, how, n.g);
+    cpu->fp8_quantize_cols(xt.c, xts.c, x.c, (const int32_t *)off.c + 1, E - 1, Rb, K, how, xb, n.c);
+    gpu->fp8_quantize_cols(xt.g, xts.g, x.g, (const int32_t *)off.g + 1, E - 1, Rb, K, how, xb, n.g);
     check("  token-major copies of a chunk of experts", &xt, K * Rt1, 0, 0);
-    check("  their scales", &xts, Rt1 / FP8_BLOCK * K, 0, 0);
+    check("  their scales", &xts, Rt1 / FP8_BLOCK * Kc, 0, 0);
     check_counts("  counters of the quantisations (rows, weights, token-major copies)", &n);
-    cpu->fp8_quantize_cols(xt.c, xts.c, x.c, off.c, E, Rb, K, how, NULL);
-    gpu->fp8_quantize_cols(xt.g, xts.g, x.g, off.g, E, Rb, K, how, NULL);
-    // the gradient's rows and token-major copy from rows named by a map (the model's fused dispatch
-    // and combine backward read each expert row from a token's row): the products below take these
-    Buf map = buf_new(K_I32, Rb);
-    for (size_t r = 0; r < Rb; r++) map.ref[r] = (float)((r * 7 + 3) % Rb);
-    buf_push(&map);
-    Counts ng = counts_new();
-    cpu->fp8_quantize_rows_cols(dyq.c, dys.c, dyt.c, dyts.c, dy.c, map.c, off.c, E, Rb, N, how, ng.c);
-    gpu->fp8_quantize_rows_cols(dyq.g, dys.g, dyt.g, dyts.g, dy.g, map.g, off.g, E, Rb, N, how, ng.g);
-    check("  gradient rows through a map (one pass)", &dyq, Rb * N, 0, 0), check("  their scales", &dys, Nb * Rb, 0, 0);
-    check("  their token-major copy", &dyt, N * Rt, 0, 0), check("  its scales", &dyts, Rt / FP8_BLOCK * N, 0, 0);
-    check_counts("  their counters", &ng);
-    // each alone through the map (the other's outputs NULL), as the model quantises the experts'
-    // inputs where no copy is kept (selective and full recompute): the same codes and counts
-    Buf *outs[] = {&dyq, &dys, &dyt, &dyts};
-    for (size_t i = 0; i < 4; i++) buf_poison(outs[i]);
-    Counts na = counts_new();
-    cpu->fp8_quantize_rows_cols(dyq.c, dys.c, NULL, NULL, dy.c, map.c, off.c, E, Rb, N, how, na.c);
-    gpu->fp8_quantize_rows_cols(dyq.g, dys.g, NULL, NULL, dy.g, map.g, off.g, E, Rb, N, how, na.g);
-    cpu->fp8_quantize_rows_cols(NULL, NULL, dyt.c, dyts.c, dy.c, map.c, off.c, E, Rb, N, how, na.c);
-    gpu->fp8_quantize_rows_cols(NULL, NULL, dyt.g, dyts.g, dy.g, map.g, off.g, E, Rb, N, how, na.g);
-    check("  gradient rows alone through a map", &dyq, Rb * N, 0, 0), check("  their scales", &dys, Nb * Rb, 0, 0);
-    check("  the token-major copy alone", &dyt, N * Rt, 0, 0), check("  its scales", &dyts, Rt / FP8_BLOCK * N, 0, 0);
-    check_counts("  their counters", &na);
+    cpu->fp8_quantize_cols(xt.c, xts.c, x.c, off.c, E, Rb, K, how, xb, NULL);
+    gpu->fp8_quantize_cols(xt.g, xts.g, x.g, off.g, E, Rb, K, how, xb, NULL);
+    // the gradient's rows and token-major copy through the map (the combine backward's): the products
+    // below take these
+    fp8_map_case("gradient rows", &dyq, &dys, &dyt, &dyts, &dy, &map, &off, E, Rb, N, how, FP8_COLS_1X128);
     buf_free(&map);
 
     void *axq = abs_codes(&xq), *awq = abs_codes(&wq), *adyq = abs_codes(&dyq), *awqt = abs_codes(&wqt);
@@ -908,15 +932,15 @@ static void test_fp8_case(size_t E, const int *rows, size_t N, size_t K, Fp8Scal
     check_scaled("  fp8 grouped input gradient", &dx, Rb * K, FP8_BF16_OUT, FP8_SUM, S);
     free(S);
     sum = cpu_zeroed(E * N * K);
-    cpu->fp8_grouped_matmul_wgrad(sum, adyt, dyts.c, axt, xts.c, off.c, E, N, K, Rb, false);
+    cpu->fp8_grouped_matmul_wgrad(sum, adyt, dyts.c, axt, xts.c, xb, off.c, E, N, K, Rb, false);
     S = cpu_take(sum, E * N * K);
-    cpu->fp8_grouped_matmul_wgrad(dw.c, dyt.c, dyts.c, xt.c, xts.c, off.c, E, N, K, Rb, true);
-    gpu->fp8_grouped_matmul_wgrad(dw.g, dyt.g, dyts.g, xt.g, xts.g, off.g, E, N, K, Rb, true);
+    cpu->fp8_grouped_matmul_wgrad(dw.c, dyt.c, dyts.c, xt.c, xts.c, xb, off.c, E, N, K, Rb, true);
+    gpu->fp8_grouped_matmul_wgrad(dw.g, dyt.g, dyts.g, xt.g, xts.g, xb, off.g, E, N, K, Rb, true);
     check_scaled("  fp8 grouped weight gradient (accumulates; empty experts unchanged)", &dw, E * N * K, FP8_F32_OUT,
                  FP8_SUM, S);
     buf_poison(&dw);
-    cpu->fp8_grouped_matmul_wgrad(dw.c, dyt.c, dyts.c, xt.c, xts.c, off.c, E, N, K, Rb, false);
-    gpu->fp8_grouped_matmul_wgrad(dw.g, dyt.g, dyts.g, xt.g, xts.g, off.g, E, N, K, Rb, false);
+    cpu->fp8_grouped_matmul_wgrad(dw.c, dyt.c, dyts.c, xt.c, xts.c, xb, off.c, E, N, K, Rb, false);
+    gpu->fp8_grouped_matmul_wgrad(dw.g, dyt.g, dyts.g, xt.g, xts.g, xb, off.g, E, N, K, Rb, false);
     check_scaled("  fp8 grouped weight gradient written over (empty experts zero)", &dw, E * N * K, FP8_F32_OUT,
                  FP8_SUM, S);
     free(S);
@@ -927,25 +951,26 @@ static void test_fp8_case(size_t E, const int *rows, size_t N, size_t K, Fp8Scal
     // Its weight gradient: token-major copies of all Rb rows as one group (NULL offsets: the CUDA
     // wrappers write {0, Rb} on the device), into a fresh (N, K).
     size_t Rt0 = fp8_expert_cols(Rb, 1);
-    cpu->fp8_quantize_cols(xt.c, xts.c, x.c, NULL, 1, Rb, K, how, NULL);
-    gpu->fp8_quantize_cols(xt.g, xts.g, x.g, NULL, 1, Rb, K, how, NULL);
-    cpu->fp8_quantize_cols(dyt.c, dyts.c, dy.c, NULL, 1, Rb, N, how, NULL);
-    gpu->fp8_quantize_cols(dyt.g, dyts.g, dy.g, NULL, 1, Rb, N, how, NULL);
-    check("  token-major copies, one group", &xt, K * Rt0, 0, 0), check("  their scales", &xts, Rt0 / FP8_BLOCK * K, 0, 0);
+    cpu->fp8_quantize_cols(xt.c, xts.c, x.c, NULL, 1, Rb, K, how, xb, NULL);
+    gpu->fp8_quantize_cols(xt.g, xts.g, x.g, NULL, 1, Rb, K, how, xb, NULL);
+    cpu->fp8_quantize_cols(dyt.c, dyts.c, dy.c, NULL, 1, Rb, N, how, FP8_COLS_1X128, NULL);
+    gpu->fp8_quantize_cols(dyt.g, dyts.g, dy.g, NULL, 1, Rb, N, how, FP8_COLS_1X128, NULL);
+    check("  token-major copies, one group", &xt, K * Rt0, 0, 0);
+    check("  their scales", &xts, Rt0 / FP8_BLOCK * Kc, 0, 0);
     check("  token-major gradient, one group", &dyt, N * Rt0, 0, 0);
     check("  its scales", &dyts, Rt0 / FP8_BLOCK * N, 0, 0);
     cpu->free(axt), cpu->free(adyt);
     axt = abs_codes(&xt), adyt = abs_codes(&dyt);
     sum = cpu_zeroed(N * K);
-    cpu->fp8_grouped_matmul_wgrad(sum, adyt, dyts.c, axt, xts.c, NULL, 1, N, K, Rb, false);
+    cpu->fp8_grouped_matmul_wgrad(sum, adyt, dyts.c, axt, xts.c, xb, NULL, 1, N, K, Rb, false);
     S = cpu_take(sum, N * K);
     buf_random(&dw, 87, 1);
-    cpu->fp8_grouped_matmul_wgrad(dw.c, dyt.c, dyts.c, xt.c, xts.c, NULL, 1, N, K, Rb, true);
-    gpu->fp8_grouped_matmul_wgrad(dw.g, dyt.g, dyts.g, xt.g, xts.g, NULL, 1, N, K, Rb, true);
+    cpu->fp8_grouped_matmul_wgrad(dw.c, dyt.c, dyts.c, xt.c, xts.c, xb, NULL, 1, N, K, Rb, true);
+    gpu->fp8_grouped_matmul_wgrad(dw.g, dyt.g, dyts.g, xt.g, xts.g, xb, NULL, 1, N, K, Rb, true);
     check_scaled("  fp8 dense weight gradient (one group, accumulates)", &dw, N * K, FP8_F32_OUT, FP8_SUM, S);
     buf_poison(&dw);
-    cpu->fp8_grouped_matmul_wgrad(dw.c, dyt.c, dyts.c, xt.c, xts.c, NULL, 1, N, K, Rb, false);
-    gpu->fp8_grouped_matmul_wgrad(dw.g, dyt.g, dyts.g, xt.g, xts.g, NULL, 1, N, K, Rb, false);
+    cpu->fp8_grouped_matmul_wgrad(dw.c, dyt.c, dyts.c, xt.c, xts.c, xb, NULL, 1, N, K, Rb, false);
+    gpu->fp8_grouped_matmul_wgrad(dw.g, dyt.g, dyts.g, xt.g, xts.g, xb, NULL, 1, N, K, Rb, false);
     check_scaled("  fp8 dense weight gradient (one group, written over)", &dw, N * K, FP8_F32_OUT, FP8_SUM, S);
     free(S);
     void *abs_bufs[] = {axq, awq, adyq, awqt, axt, adyt};
@@ -979,11 +1004,12 @@ static void test_fp8_weights_case(size_t E, size_t N, size_t K, size_t shift, Fp
     buf_free(&w), buf_free(&q), buf_free(&qt), buf_free(&sc), buf_free(&sct);
 }
 
-// Rows (q, s) and token-major copies (qt, st) of x (act, all four `shift` values or bytes in) on
-// experts [first, E) of offsets, by both backends: the two ops, or (fused) the one pass of both;
-// counted in c.
+// Rows (q, s) and token-major copies (qt, st: in `blocks`) of x (act, all four `shift` values or bytes
+// in) on experts [first, E) of offsets, by both backends: the two ops, or (fused) the one pass of
+// both; counted in c.
 static void fp8_quantize_acts(Buf *q, Buf *s, Buf *qt, Buf *st, const Buf *x, const Buf *off, size_t E, size_t Rb,
-                              size_t K, size_t shift, size_t first, bool fused, Fp8Scaling how, Counts *c) {
+                              size_t K, size_t shift, size_t first, bool fused, Fp8Scaling how, Fp8ColBlocks blocks,
+                              Counts *c) {
     const Ops *o[2] = {cpu, gpu};
     for (int i = 0; i < 2; i++) {
         uint64_t *co = i ? c->g : c->c;
@@ -991,10 +1017,10 @@ static void fp8_quantize_acts(Buf *q, Buf *s, Buf *qt, Buf *st, const Buf *x, co
         void *so = i ? s->g : s->c, *sto = i ? st->g : st->c;
         const void *xo = (const char *)(i ? x->g : x->c) + shift * o[i]->act_size;
         const int32_t *oo = (const int32_t *)(i ? off->g : off->c) + first;
-        if (fused) o[i]->fp8_quantize_rows_cols(qo, so, qto, sto, xo, NULL, oo, E - first, Rb, K, how, co);
+        if (fused) o[i]->fp8_quantize_rows_cols(qo, so, qto, sto, xo, NULL, oo, E - first, Rb, K, how, blocks, co);
         else {
             o[i]->fp8_quantize_rows(qo, so, xo, oo, E - first, Rb, K, how, co);
-            o[i]->fp8_quantize_cols(qto, sto, xo, oo, E - first, Rb, K, how, co);
+            o[i]->fp8_quantize_cols(qto, sto, xo, oo, E - first, Rb, K, how, blocks, co);
         }
     }
 }
@@ -1003,25 +1029,27 @@ static void fp8_quantize_acts(Buf *q, Buf *s, Buf *qt, Buf *st, const Buf *x, co
 // widths not multiples of 8 and buffers `shift` values or bytes past 16-byte alignment (value-by-value
 // loads and stores), rows and token-major copies, alone and in one pass (fp8_quantize_rows_cols), of
 // experts [first, E) (from the second: a chunk of experts, whose rows of no expert stay as they were),
-// outputs poisoned.
-static void test_fp8_acts_case(size_t E, const int *rows, size_t K, size_t shift, size_t first, Fp8Scaling how) {
-    char what[160];
+// the token-major copies in `blocks`, outputs poisoned.
+static void test_fp8_acts_case(size_t E, const int *rows, size_t K, size_t shift, size_t first, Fp8Scaling how,
+                               Fp8ColBlocks blocks) {
+    char what[192];
     size_t R;
     Buf off = expert_offsets(E, rows, &R);
     size_t Rb = R + 3, Kb = fp8_blocks(K), Rt = fp8_expert_cols(Rb, E - first), n = Rb * K + shift, nt = K * Rt + shift;
+    size_t nst = Rt / FP8_BLOCK * fp8_col_scales(K, blocks);
     Buf x = buf_new(K_ACT, n), q = buf_new(K_U8, n), s = buf_new(K_F32, Kb * Rb), qt = buf_new(K_U8, nt);
-    Buf st = buf_new(K_F32, Rt / FP8_BLOCK * K);
+    Buf st = buf_new(K_F32, nst);
     fp8_inputs(&x, K, 86, 1, R / 2, R / 2 + 1);
     fp8_specials(&x);
     for (int fused = 0; fused < 2; fused++) {
         buf_poison(&q), buf_poison(&s), buf_poison(&qt), buf_poison(&st);
         Counts c = counts_new();
-        fp8_quantize_acts(&q, &s, &qt, &st, &x, &off, E, Rb, K, shift, first, fused, how, &c);
-        snprintf(what, sizeof what, "fp8 quantise activations%s E%zu K%zu from expert %zu%s%s",
+        fp8_quantize_acts(&q, &s, &qt, &st, &x, &off, E, Rb, K, shift, first, fused, how, blocks, &c);
+        snprintf(what, sizeof what, "fp8 quantise activations%s E%zu K%zu from expert %zu%s%s%s",
                  fused ? " (rows and token-major in one pass)" : "", E, K, first, shift ? " unaligned" : "",
-                 how == FP8_SCALE_POW2 ? " pow2" : "");
+                 how == FP8_SCALE_POW2 ? " pow2" : "", blocks == FP8_COLS_128X128 ? ", token-major 128x128" : "");
         check(what, &q, n, 0, 0), check("  row scales", &s, Kb * Rb, 0, 0);
-        check("  token-major copies", &qt, nt, 0, 0), check("  their scales", &st, Rt / FP8_BLOCK * K, 0, 0);
+        check("  token-major copies", &qt, nt, 0, 0), check("  their scales", &st, nst, 0, 0);
         check_counts("  counters of both (a NaN, infinities, tiny values)", &c);
     }
     Buf *all[] = {&off, &x, &q, &s, &qt, &st};
@@ -1088,20 +1116,22 @@ static void act_to_cpu(Buf *b) {
 // without, outputs poisoned: on the GPU bit for bit what swiglu_backward, fp8_quantize_rows_cols and
 // fp8_quantize_cols write one after the other (row_dot too: its sums in the same order) and count;
 // its codes, scales and counters bit for bit the CPU's quantisation of that swiglu_backward's bf16
-// output. Inputs with exact zeros, outliers, a zero gate block and (output gradient) a NaN,
-// infinities and tiny values.
-static void test_swiglu_backward_fp8_case(size_t E, const int *rows, size_t H, size_t first, bool dot, Fp8Scaling how) {
-    char what[160];
+// output; hw's token-major copy in hb blocks. Inputs with exact zeros, outliers, a zero gate block
+// and (output gradient) a NaN, infinities and tiny values.
+static void test_swiglu_backward_fp8_case(size_t E, const int *rows, size_t H, size_t first, bool dot, Fp8Scaling how,
+                                          Fp8ColBlocks hb) {
+    char what[192];
     size_t R;
     Buf off = expert_offsets(E, rows, &R);
     size_t El = E - first, Rb = R + 5, C = 2 * H, Rt = fp8_expert_cols(Rb, El), Cb = fp8_blocks(C);
+    size_t nhws = Rt / FP8_BLOCK * fp8_col_scales(H, hb);
     Buf dout = buf_new(K_ACT, Rb * H), gu = buf_new(K_ACT, Rb * C), w = buf_new(K_F32, Rb);
     Buf dgu = buf_new(K_ACT, Rb * C), hw = buf_new(K_ACT, Rb * H), rd[2] = {buf_new(K_F32, Rb), buf_new(K_F32, Rb)};
     Buf q[2], s[2], qt[2], st[2], hwt[2], hws[2]; // fused, then the ops one after the other
     for (int i = 0; i < 2; i++) {
         q[i] = buf_new(K_U8, Rb * C), s[i] = buf_new(K_F32, Cb * Rb), qt[i] = buf_new(K_U8, C * Rt);
         st[i] = buf_new(K_F32, Rt / FP8_BLOCK * C), hwt[i] = buf_new(K_U8, H * Rt);
-        hws[i] = buf_new(K_F32, Rt / FP8_BLOCK * H);
+        hws[i] = buf_new(K_F32, nhws);
         Buf *out[] = {&q[i], &s[i], &qt[i], &st[i], &hwt[i], &hws[i], &rd[i]};
         for (size_t j = 0; j < sizeof out / sizeof *out; j++) buf_poison(out[j]);
     }
@@ -1114,12 +1144,14 @@ static void test_swiglu_backward_fp8_case(size_t E, const int *rows, size_t H, s
     const int32_t *og = (const int32_t *)off.g + first, *oc = (const int32_t *)off.c + first;
     Counts g[2] = {counts_new(), counts_new()}, a[2] = {counts_new(), counts_new()}; // fused, apart
     gpu->swiglu_backward_fp8(q[0].g, s[0].g, qt[0].g, st[0].g, dot ? rd[0].g : NULL, hwt[0].g, hws[0].g, dout.g, gu.g,
-                             w.g, og, El, Rb, H, how, g[0].g, a[0].g);
+                             w.g, og, El, Rb, H, how, hb, g[0].g, a[0].g);
     gpu->swiglu_backward(dgu.g, dot ? rd[1].g : NULL, dot ? hw.g : NULL, dout.g, gu.g, w.g, Rb, H, og, El);
-    gpu->fp8_quantize_rows_cols(q[1].g, s[1].g, qt[1].g, st[1].g, dgu.g, NULL, og, El, Rb, C, how, g[1].g);
-    if (dot) gpu->fp8_quantize_cols(hwt[1].g, hws[1].g, hw.g, og, El, Rb, H, how, a[1].g);
-    snprintf(what, sizeof what, "swiglu backward with fp8 operands E%zu H%zu from expert %zu%s%s", E, H, first,
-             dot ? ", row dots" : "", how == FP8_SCALE_POW2 ? " pow2" : "");
+    gpu->fp8_quantize_rows_cols(q[1].g, s[1].g, qt[1].g, st[1].g, dgu.g, NULL, og, El, Rb, C, how, FP8_COLS_1X128,
+                                g[1].g);
+    if (dot) gpu->fp8_quantize_cols(hwt[1].g, hws[1].g, hw.g, og, El, Rb, H, how, hb, a[1].g);
+    snprintf(what, sizeof what, "swiglu backward with fp8 operands E%zu H%zu from expert %zu%s%s%s", E, H, first,
+             dot ? ", row dots" : "", how == FP8_SCALE_POW2 ? " pow2" : "",
+             dot && hb == FP8_COLS_128X128 ? ", hw token-major 128x128" : "");
     const struct {
         const char *name;
         const Buf *b;
@@ -1127,7 +1159,7 @@ static void test_swiglu_backward_fp8_case(size_t E, const int *rows, size_t H, s
     } same[] = {{"gate|up gradient's codes", q, Rb * C}, {"their scales", s, Cb * Rb * 4},
                 {"token-major codes", qt, C * Rt}, {"their scales", st, Rt / FP8_BLOCK * C * 4},
                 {"row dots", rd, Rb * 4}, {"hw's token-major codes", hwt, H * Rt},
-                {"their scales", hws, Rt / FP8_BLOCK * H * 4}};
+                {"their scales", hws, nhws * 4}};
     size_t n_same = dot ? 7 : 4;
     for (size_t j = 0; j < n_same; j++)
         if (!gpu_same_bytes(same[j].b[0].g, same[j].b[1].g, same[j].bytes))
@@ -1137,14 +1169,15 @@ static void test_swiglu_backward_fp8_case(size_t E, const int *rows, size_t H, s
     if (memcmp(cf[0], cf[1], sizeof cf[0]) || (dot && memcmp(ca[0], ca[1], sizeof ca[0])))
         FAIL("%s: its counters are not those of the ops one after the other", what);
     act_to_cpu(&dgu), act_to_cpu(&hw); // the GPU's bf16 gradients and hw, quantised by the CPU
-    cpu->fp8_quantize_rows_cols(q[0].c, s[0].c, qt[0].c, st[0].c, dgu.c, NULL, oc, El, Rb, C, how, g[0].c);
+    cpu->fp8_quantize_rows_cols(q[0].c, s[0].c, qt[0].c, st[0].c, dgu.c, NULL, oc, El, Rb, C, how, FP8_COLS_1X128,
+                                g[0].c);
     check(what, &q[0], Rb * C, 0, 0), check("  row scales", &s[0], Cb * Rb, 0, 0);
     check("  token-major codes", &qt[0], C * Rt, 0, 0), check("  their scales", &st[0], Rt / FP8_BLOCK * C, 0, 0);
     check_counts("  gradient counters", &g[0]);
     if (dot) {
-        cpu->fp8_quantize_cols(hwt[0].c, hws[0].c, hw.c, oc, El, Rb, H, how, a[0].c);
+        cpu->fp8_quantize_cols(hwt[0].c, hws[0].c, hw.c, oc, El, Rb, H, how, hb, a[0].c);
         check("  hw's token-major codes", &hwt[0], H * Rt, 0, 0);
-        check("  their scales", &hws[0], Rt / FP8_BLOCK * H, 0, 0), check_counts("  hw's counters", &a[0]);
+        check("  their scales", &hws[0], nhws, 0, 0), check_counts("  hw's counters", &a[0]);
     } else cpu->free(a[0].c), gpu->free(a[0].g);
     for (int i = 1; i < 2; i++) cpu->free(g[i].c), gpu->free(g[i].g), cpu->free(a[i].c), gpu->free(a[i].g);
     Buf *all[] = {&off, &dout, &gu, &w, &dgu, &hw, &rd[0], &rd[1], &q[0], &q[1], &s[0], &s[1], &qt[0], &qt[1],
@@ -1193,6 +1226,29 @@ static void test_fp8_exchange_case(size_t E, const int *rows, size_t K, size_t p
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) buf_free(all[i]);
 }
 
+// Expert loads of the FP8 tests: empty experts, experts of a handful of rows, Zipf-like loads.
+static const int fp8_rows1[5] = {0, 37, 0, 130, 3}, fp8_rows2[8] = {500, 1, 0, 257, 64, 129, 0, 2000};
+static const int fp8_rows3[16] = {3000, 1500, 1000, 750, 600, 500, 1, 0, 333, 300, 2, 250, 0, 7, 200, 129};
+
+// The FP8 cases that take token-major copies, with those the weight gradient reads of the experts'
+// inputs (x, the SwiGLU output) in `blocks`.
+static void test_fp8_col_blocks(Fp8ColBlocks blocks) {
+    test_fp8_case(5, fp8_rows1, 48, 80, FP8_SCALE_AMAX, blocks);
+    test_fp8_case(8, fp8_rows2, 256, 272, FP8_SCALE_AMAX, blocks);
+    test_fp8_case(16, fp8_rows3, 384, 208, FP8_SCALE_POW2, blocks);
+    test_fp8_acts_case(5, fp8_rows1, 100, 0, 0, FP8_SCALE_AMAX, blocks);
+    test_fp8_acts_case(8, fp8_rows2, 264, 3, 0, FP8_SCALE_AMAX, blocks);
+    test_fp8_acts_case(5, fp8_rows1, 300, 1, 0, FP8_SCALE_POW2, blocks);
+    test_fp8_acts_case(8, fp8_rows2, 264, 0, 0, FP8_SCALE_AMAX, blocks); // 16-byte loads, a width not a multiple of 16
+    test_fp8_acts_case(8, fp8_rows2, 256, 0, 1, FP8_SCALE_AMAX, blocks);
+    test_fp8_acts_case(5, fp8_rows1, 208, 0, 2, FP8_SCALE_POW2, blocks); // a short last 128-block
+    test_fp8_acts_case(5, fp8_rows1, 128, 8, 1, FP8_SCALE_AMAX, blocks); // 8-byte aligned codes: value by value
+    test_fp8_acts_case(16, fp8_rows3, 384, 0, 0, FP8_SCALE_AMAX, blocks);
+    test_swiglu_backward_fp8_case(5, fp8_rows1, 128, 0, true, FP8_SCALE_AMAX, blocks);
+    test_swiglu_backward_fp8_case(8, fp8_rows2, 256, 1, true, FP8_SCALE_AMAX, blocks);
+    test_swiglu_backward_fp8_case(16, fp8_rows3, 384, 2, true, FP8_SCALE_POW2, blocks);
+}
+
 // FP8 widths are multiples of 16 (16-byte rows of E4M3 for TMA); tiles and 128-blocks cut on
 // every edge, empty experts and experts of a handful of rows.
 static void test_fp8(void) {
@@ -1208,33 +1264,19 @@ static void test_fp8(void) {
                       (unsigned long long)bad, first);
         else printf("    the GPU's %s is the recipe's for every fp32 input\n", checked[what]);
     }
-    int rows1[5] = {0, 37, 0, 130, 3}, rows2[8] = {500, 1, 0, 257, 64, 129, 0, 2000};
-    int rows3[16] = {3000, 1500, 1000, 750, 600, 500, 1, 0, 333, 300, 2, 250, 0, 7, 200, 129};
-    test_fp8_case(5, rows1, 48, 80, FP8_SCALE_AMAX);
-    test_fp8_case(8, rows2, 256, 272, FP8_SCALE_AMAX);
-    test_fp8_case(16, rows3, 384, 208, FP8_SCALE_POW2);
+    test_fp8_col_blocks(FP8_COLS_1X128);
+    test_fp8_col_blocks(FP8_COLS_128X128);
     test_fp8_weights_case(2, 256, 272, 0, FP8_SCALE_AMAX);
     test_fp8_weights_case(3, 200, 260, 0, FP8_SCALE_AMAX);
     test_fp8_weights_case(2, 144, 400, 3, FP8_SCALE_POW2);
     test_fp8_weights_case(1, 16, 48, 0, FP8_SCALE_AMAX);
-    test_fp8_acts_case(5, rows1, 100, 0, 0, FP8_SCALE_AMAX);
-    test_fp8_acts_case(8, rows2, 264, 3, 0, FP8_SCALE_AMAX);
-    test_fp8_acts_case(5, rows1, 300, 1, 0, FP8_SCALE_POW2);
-    test_fp8_acts_case(8, rows2, 264, 0, 0, FP8_SCALE_AMAX); // 16-byte loads, a width not a multiple of 16
-    test_fp8_acts_case(8, rows2, 256, 0, 1, FP8_SCALE_AMAX);
-    test_fp8_acts_case(5, rows1, 208, 0, 2, FP8_SCALE_POW2); // a short last 128-block
-    test_fp8_acts_case(5, rows1, 128, 8, 1, FP8_SCALE_AMAX); // 8-byte aligned codes: value by value
-    test_fp8_acts_case(16, rows3, 384, 0, 0, FP8_SCALE_AMAX);
-    test_swiglu_fp8_case(5, rows1, 48, 0, FP8_SCALE_AMAX);
-    test_swiglu_fp8_case(8, rows2, 264, 1, FP8_SCALE_AMAX);
-    test_swiglu_fp8_case(5, rows1, 208, 2, FP8_SCALE_POW2); // a short last 128-block (widths are multiples of 16)
-    test_swiglu_backward_fp8_case(5, rows1, 128, 0, true, FP8_SCALE_AMAX);
-    test_swiglu_backward_fp8_case(8, rows2, 256, 1, true, FP8_SCALE_AMAX);
-    test_swiglu_backward_fp8_case(8, rows2, 384, 0, false, FP8_SCALE_AMAX);
-    test_swiglu_backward_fp8_case(16, rows3, 384, 2, true, FP8_SCALE_POW2);
-    test_fp8_exchange_case(5, rows1, 208, 4, 0, 0);
-    test_fp8_exchange_case(8, rows2, 2048, 16, 0, 1); // a scale-E8 row: 16 blocks, 16-byte rows of scales
-    test_fp8_exchange_case(16, rows3, 264, 5, 3, 2);  // a width not a multiple of 8, unaligned
+    test_swiglu_fp8_case(5, fp8_rows1, 48, 0, FP8_SCALE_AMAX);
+    test_swiglu_fp8_case(8, fp8_rows2, 264, 1, FP8_SCALE_AMAX);
+    test_swiglu_fp8_case(5, fp8_rows1, 208, 2, FP8_SCALE_POW2); // a short last 128-block (widths are multiples of 16)
+    test_swiglu_backward_fp8_case(8, fp8_rows2, 384, 0, false, FP8_SCALE_AMAX, FP8_COLS_1X128); // no hw copy
+    test_fp8_exchange_case(5, fp8_rows1, 208, 4, 0, 0);
+    test_fp8_exchange_case(8, fp8_rows2, 2048, 16, 0, 1); // a scale-E8 row: 16 blocks, 16-byte rows of scales
+    test_fp8_exchange_case(16, fp8_rows3, 264, 5, 3, 2);  // a width not a multiple of 8, unaligned
 }
 
 // ---------------------------------------------------------------- whole models
@@ -1418,7 +1460,9 @@ static void test_init(void) {
 // also with every FP8 product on (experts and dense layers), their operands read from the tokens'
 // rows (train.fp8_fused_dispatch) where everything is kept, so that the recompute modes' comparison
 // (which gather them) checks that path bitwise on the GPU; the third with an expert_hidden of 128,
-// whose SwiGLU backward makes the FP8 operands (train.fp8_fused_swiglu).
+// whose SwiGLU backward makes the FP8 operands (train.fp8_fused_swiglu). The experts' weight
+// gradients read their inputs in 128x128 blocks (train.fp8_wgrad_blocks, the default) but in the
+// second FP8 set's, in 1x128.
 static void test_models(void) {
     ModelConfig cfgs[3];
     const char *names[3] = {"pre-norm, full qk-norm, softmax", "reordered, head qk-norm, sigmoid renorm, dense first, shared",
@@ -1431,14 +1475,18 @@ static void test_models(void) {
     cfgs[2] = small_config();
     cfgs[2].capacity_factor = 0.5, cfgs[2].qk_norm = QK_NORM_NONE, cfgs[2].n_heads = 2, cfgs[2].n_kv_heads = 2;
     const ModelModes exact = {.recompute = RECOMPUTE_NONE};
-    const ModelModes fp8 = {.recompute = RECOMPUTE_NONE, .fp8 = true, .how = FP8_SCALE_AMAX, .fp8_dense = true,
-                            .fp8_fused_dispatch = true, .fp8_fused_swiglu = true};
+    ModelModes fp8 = {.recompute = RECOMPUTE_NONE, .fp8 = true, .how = FP8_SCALE_AMAX, .fp8_dense = true,
+                      .fp8_fused_dispatch = true, .fp8_fused_swiglu = true};
     for (int i = 0; i < 6; i++)
         for (int random = 1; random >= 0; random--) {
             char name[200];
             bool f = i >= 3;
+            fp8.fp8_wgrad_blocks = i != 4;
             snprintf(name, sizeof name, "model %s, %s routing%s", names[i % 3], random ? "random" : "learned",
-                     i == 5 ? ", fp8, expert_hidden 128" : f ? ", fp8" : "");
+                     i == 5   ? ", fp8, expert_hidden 128"
+                     : i == 4 ? ", fp8, weight gradients' inputs 1x128"
+                     : f      ? ", fp8"
+                              : "");
             ModelConfig c = cfgs[i % 3];
             c.random_routing = random;
             if (i == 5) c.expert_hidden = 128;

@@ -71,24 +71,25 @@ void cpu_swiglu_forward_fp8(void *out, void *q, void *scales, const void *gu, co
 }
 
 void cpu_fp8_quantize_cols(void *qt_, void *scales_, const void *x_, const int32_t *offsets, size_t E,
-                           size_t R, size_t C, Fp8Scaling how, uint64_t *counts) {
+                           size_t R, size_t C, Fp8Scaling how, Fp8ColBlocks blocks, uint64_t *counts) {
     uint8_t *qt = qt_;
     real *scales = scales_;
     const real *x = x_;
-    size_t Rt = fp8_expert_cols(R, E);
+    size_t Rt = fp8_expert_cols(R, E), Cs = fp8_col_scales(C, blocks); // scales a row of blocks
+    size_t width = blocks == FP8_COLS_128X128 ? FP8_BLOCK : 1;         // columns a block
     memset(qt, 0, C * Rt);
-    for (size_t i = 0; i < Rt / FP8_BLOCK * C; i++) scales[i] = 1;
+    for (size_t i = 0; i < Rt / FP8_BLOCK * Cs; i++) scales[i] = 1;
     for (size_t e = 0; e < E; e++) {
         size_t r0, rows;
         fp8_group(offsets, e, R, &r0, &rows);
         size_t p = fp8_expert_col(r0, e);
 #pragma omp parallel for schedule(static)
-        for (size_t c = 0; c < C; c++)
+        for (size_t cb = 0; cb < Cs; cb++)
             for (size_t j = 0; j < fp8_blocks(rows); j++) {
-                size_t r = j * FP8_BLOCK;
-                scales[(p / FP8_BLOCK + j) * C + c] =
-                    fp8_quantize_block(qt + c * Rt + p + r, 1, 0, x + (r0 + r) * C + c, C, 0,
-                                       min_size(FP8_BLOCK, rows - r), 1, how, counts);
+                size_t r = j * FP8_BLOCK, c = cb * width;
+                scales[(p / FP8_BLOCK + j) * Cs + cb] =
+                    fp8_quantize_block(qt + c * Rt + p + r, 1, Rt, x + (r0 + r) * C + c, C, 1,
+                                       min_size(FP8_BLOCK, rows - r), min_size(width, C - c), how, counts);
             }
     }
 }
@@ -97,7 +98,7 @@ void cpu_fp8_quantize_cols(void *qt_, void *scales_, const void *x_, const int32
 // output is NULL), on the rows gathered first where x_rows maps them (rows of no group zero).
 void cpu_fp8_quantize_rows_cols(void *q, void *scales, void *qt, void *scales_t, const void *x_,
                                 const int32_t *x_rows, const int32_t *offsets, size_t E, size_t R, size_t K,
-                                Fp8Scaling how, uint64_t *counts) {
+                                Fp8Scaling how, Fp8ColBlocks blocks, uint64_t *counts) {
     const real *x = x_;
     real *rows = NULL; // (R, K) the rows of x_rows
     if (x_rows) {
@@ -106,18 +107,19 @@ void cpu_fp8_quantize_rows_cols(void *q, void *scales, void *qt, void *scales_t,
         for (size_t r = lo; r < hi; r++) memcpy(rows + r * K, x + (size_t)x_rows[r] * K, K * sizeof(real));
     }
     if (q) cpu_fp8_quantize_rows(q, scales, rows ? rows : x, offsets, E, R, K, how, counts);
-    if (qt) cpu_fp8_quantize_cols(qt, scales_t, rows ? rows : x, offsets, E, R, K, how, counts);
+    if (qt) cpu_fp8_quantize_cols(qt, scales_t, rows ? rows : x, offsets, E, R, K, how, blocks, counts);
     free(rows);
 }
 
 // The ops one after the other (the oracle of the fused kernel), the gradients (and hw) in scratch.
 void cpu_swiglu_backward_fp8(void *q, void *scales, void *qt, void *scales_t, void *row_dot, void *hwt, void *hw_scales,
                              const void *dout, const void *gu, const void *row_w, const int32_t *offsets, size_t E,
-                             size_t R, size_t H, Fp8Scaling how, uint64_t *grads, uint64_t *acts) {
+                             size_t R, size_t H, Fp8Scaling how, Fp8ColBlocks hw_blocks, uint64_t *grads,
+                             uint64_t *acts) {
     real *dgu = moe_malloc(R * 2 * H * sizeof(real)), *hw = row_dot ? moe_malloc(R * H * sizeof(real)) : NULL;
     cpu_swiglu_backward(dgu, row_dot, hw, dout, gu, row_w, R, H, offsets, E);
-    cpu_fp8_quantize_rows_cols(q, scales, qt, scales_t, dgu, NULL, offsets, E, R, 2 * H, how, grads);
-    if (row_dot) cpu_fp8_quantize_cols(hwt, hw_scales, hw, offsets, E, R, H, how, acts);
+    cpu_fp8_quantize_rows_cols(q, scales, qt, scales_t, dgu, NULL, offsets, E, R, 2 * H, how, FP8_COLS_1X128, grads);
+    if (row_dot) cpu_fp8_quantize_cols(hwt, hw_scales, hw, offsets, E, R, H, how, hw_blocks, acts);
     free(dgu), free(hw);
 }
 
@@ -229,9 +231,12 @@ static Fp8Operand fp8_weights(const void *q, const void *scales, size_t e, size_
                         FP8_BLOCK, 1, Nb};
 }
 
-// Token-major copies of fp8_quantize_cols (C, Rt): the columns from p (a multiple of 128).
-static Fp8Operand fp8_token_major(const void *qt, const void *scales, size_t p, size_t Rt, size_t C) {
-    return (Fp8Operand){(const uint8_t *)qt + p, Rt, (const real *)scales + p / FP8_BLOCK * C, 1, 1, C};
+// Token-major copies of fp8_quantize_cols (C, Rt) in `blocks`: the columns from p (a multiple of 128).
+static Fp8Operand fp8_token_major(const void *qt, const void *scales, size_t p, size_t Rt, size_t C,
+                                  Fp8ColBlocks blocks) {
+    size_t Cs = fp8_col_scales(C, blocks);
+    return (Fp8Operand){(const uint8_t *)qt + p, Rt, (const real *)scales + p / FP8_BLOCK * Cs,
+                        blocks == FP8_COLS_128X128 ? FP8_BLOCK : 1, 1, Cs};
 }
 
 void cpu_fp8_grouped_matmul(void *out, const void *a, const void *a_scales, const void *b, const void *b_scales,
@@ -244,14 +249,15 @@ void cpu_fp8_grouped_matmul(void *out, const void *a, const void *a_scales, cons
 }
 
 void cpu_fp8_grouped_matmul_wgrad(void *dw, const void *dout_t, const void *dout_scales, const void *x_t,
-                                  const void *x_scales, const int32_t *offsets, size_t E, size_t N, size_t K,
-                                  size_t R, bool accumulate) {
+                                  const void *x_scales, Fp8ColBlocks x_blocks, const int32_t *offsets, size_t E,
+                                  size_t N, size_t K, size_t R, bool accumulate) {
     size_t Rt = fp8_expert_cols(R, E);
     for (size_t e = 0; e < E; e++) {
         size_t r0, rows;
         fp8_group(offsets, e, R, &r0, &rows);
         size_t p = fp8_expert_col(r0, e);
-        Fp8Operand A = fp8_token_major(dout_t, dout_scales, p, Rt, N), B = fp8_token_major(x_t, x_scales, p, Rt, K);
+        Fp8Operand A = fp8_token_major(dout_t, dout_scales, p, Rt, N, FP8_COLS_1X128);
+        Fp8Operand B = fp8_token_major(x_t, x_scales, p, Rt, K, x_blocks);
         fp8_gemm((real *)dw + e * N * K, K, &A, &B, N, K, rows, accumulate); // no rows: + 0, or 0
     }
 }

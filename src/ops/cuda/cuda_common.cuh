@@ -50,7 +50,7 @@ void *cuda_grow_scratch(void **buf, size_t *have, size_t bytes);
 bool cuda_lt_fp8_matmul(void *out, const void *a, const void *a_scales, const void *b, const void *b_scales,
                         size_t M, size_t N, size_t K);
 bool cuda_lt_fp8_wgrad(float *dw, const void *dout_t, const void *dout_scales, const void *x_t, const void *x_scales,
-                       size_t N, size_t K, size_t R, size_t Rt, bool accumulate);
+                       Fp8ColBlocks x_blocks, size_t N, size_t K, size_t R, size_t Rt, bool accumulate);
 
 // Row offsets {0, rows} (2) i32 of one group in device memory, written in stream order before the
 // next kernel reads them (cuda_fp8.cu): the FP8 ops' NULL offsets, one group of all rows.

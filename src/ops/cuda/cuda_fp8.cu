@@ -523,22 +523,29 @@ __device__ __forceinline__ void fp8_store_transposed(const uint4 (*tile)[FP8_BLO
 #define FP8_C_RESIDENT 4
 #define FP8_C_STAGE_BYTES (FP8_C_PIECES * FP8_C_THREADS * 16)
 
-// The columns' scales of the block (THREADS threads) into scales (the block's row of them) and their
-// inverses into inv (shared), from each thread's maxima of its 8 columns.
+// The tile's scales (THREADS threads) into scales and their inverses into inv (shared, one a
+// column), from each thread's maxima of its 8 columns: a scale per column (the block's row of
+// them), or with `block` (FP8_COLS_128X128) one for all 128 columns (scales[0]) from the warps'
+// largest values (the same two barriers: an extra one cost the fused SwiGLU backward 4-8%).
 template <int THREADS = FP8_C_THREADS>
-__device__ void fp8_column_scales(float *inv, float *scales, float amax[8], int64_t cols, Fp8Scaling how) {
-    __shared__ float part[THREADS / 32][FP8_BLOCK];
+__device__ void fp8_column_scales(float *inv, float *scales, float amax[8], int64_t cols, Fp8Scaling how, bool block) {
+    __shared__ float part[THREADS / 32][FP8_BLOCK]; // the warps' maxima per column (block: part[w][0], all)
     int t = threadIdx.x, c8 = t % 16;
     for (int j = 0; j < 8; j++) amax[j] = fmaxf(amax[j], __shfl_xor_sync(0xffffffffu, amax[j], 16));
-    if (t % 32 < 16)
+    if (block) { // uniform over the block
+        float m = amax[0];
+        for (int j = 1; j < 8; j++) m = fmaxf(m, amax[j]);
+        for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        if (t % 32 == 0) part[t / 32][0] = m;
+    } else if (t % 32 < 16)
         for (int j = 0; j < 8; j++) part[t / 32][8 * c8 + j] = amax[j];
     __syncthreads();
     if (t < FP8_BLOCK) {
         float m = 0;
-        for (int w = 0; w < THREADS / 32; w++) m = fmaxf(m, part[w][t]);
+        for (int w = 0; w < THREADS / 32; w++) m = fmaxf(m, part[w][block ? 0 : t]);
         float s = fp8_block_scale(m, how);
         inv[t] = fp8_scale_inverse(s);
-        if (t < cols) scales[t] = s;
+        if (block ? t == 0 : t < cols) scales[t] = s;
     }
     __syncthreads();
 }
@@ -562,79 +569,126 @@ __device__ void fp8_cols_stage(uint4 *slots, const bf16 *x, const int32_t *x_row
     cp_async_wait_all();
 }
 
-// VEC: C a multiple of 8, x and qt 16-byte aligned (and q 8-byte aligned with ROWS). x_rows: as
-// fp8_source_row. Dynamic shared memory: FP8_C_STAGE_BYTES, the threads' slots.
-template <bool ROWS, bool VEC>
-__global__ void __launch_bounds__(FP8_C_THREADS, FP8_C_RESIDENT)
-fp8_quantize_cols_kernel(uint8_t *qt, float *scales_t, uint8_t *q, float *scales, const bf16 *x, const int32_t *x_rows,
-                         const int32_t *offsets, int E, int C, int Rt, Fp8Scaling how, uint64_t *counts) {
-    fp8_count_values(counts, offsets, E, 0, ROWS ? 2 * C : C); // with ROWS: counted as two quantisations
-    __shared__ uint4 tile[FP8_BLOCK][FP8_BLOCK / 16];
-    __shared__ float inv[FP8_BLOCK]; // the columns' scale inverses
-    extern __shared__ uint4 stage[];  // (FP8_C_PIECES, FP8_C_THREADS) slots
-    int t = threadIdx.x, c8 = t % 16, c0 = blockIdx.x * FP8_BLOCK, c = c0 + 8 * c8, b = blockIdx.y, first, n;
-    int e = fp8_block_rows(offsets, E, b, &first, &n);
-    int r0 = offsets[e], rows = offsets[e + 1] - r0; // the expert's rows (ROWS: the row scales' layout)
-    const uint4 *raw = stage + t; // piece p at raw[p FP8_C_THREADS]
-    fp8_cols_stage(stage + t, x, x_rows, first, n, C, c, VEC);
+// Where a block of the token-major kernels works: token-major block b of Rt columns, its rows
+// [first, first + n) of the group of rows [r0, r0 + rows) (fp8_block_rows).
+struct Fp8TileRows {
+    int b, first, n, r0, rows, Rt;
+};
+
+__device__ __forceinline__ Fp8TileRows fp8_tile_rows(const int32_t *offsets, int E, int b, int Rt) {
+    Fp8TileRows at;
+    at.b = b, at.Rt = Rt;
+    int e = fp8_block_rows(offsets, E, b, &at.first, &at.n);
+    at.r0 = offsets[e], at.rows = offsets[e + 1] - at.r0;
+    return at;
+}
+
+// One 128x128 tile (tile column kb: columns [128 kb, + 128) of a tensor C columns wide, of which the
+// first `cols` exist) quantised by a block of THREADS threads, THREADS / 16 rows apart: the thread's
+// pieces piece(p) (packed bf16, tile rows t / 16 + THREADS / 16 p, columns 8 (t % 16) on: a
+// half-warp holds 128 columns of its pieces' rows) to the token-major codes at qt (tile column j at
+// qt + j Rt) and their scales at scales_t (the tile's: one a column, or with `block` one for the
+// tile, fp8_column_scales), and with ROWS to the rows' codes and scales
+// of row block kb too (q, scales as fp8_quantize_rows writes them; vec: 8-byte stores). The columns'
+// amax by one shuffle (lanes l and l + 16 share columns) and a shared row of partial maxima per
+// warp; the rows' scales from the same registers at once (fp8_row_scales of the thread's blocks);
+// codes to the shared tile (8 bytes a piece, swizzled so that neither side has bank conflicts) and
+// out, transposed, in 16-byte stores along the token dimension by 256 of the threads. The counters'
+// rare path (counts non-NULL) after a barrier: col_count(p, i, codes) for piece p (tile row i) whose
+// token-major codes (in the tile) need it, row_count(p, i, inv) for one whose row codes do (inv:
+// its row scale's inverse as stored). Ends with a barrier: tile and inv free again.
+template <int THREADS, bool ROWS, typename Piece, typename ColCount, typename RowCount>
+__device__ __forceinline__ void fp8_tile_quantize(uint4 (*tile)[FP8_BLOCK / 16], float *inv, Piece piece,
+                                                  ColCount col_count, RowCount row_count, uint8_t *q, float *scales,
+                                                  uint8_t *qt, float *scales_t, int C, int kb, int cols,
+                                                  const Fp8TileRows &at, bool vec, Fp8Scaling how, bool block,
+                                                  const uint64_t *counts) {
+    constexpr int PIECES = FP8_BLOCK * FP8_BLOCK / 8 / THREADS, STEP = THREADS / 16;
+    int t = threadIdx.x, c8 = t % 16;
     uint4 cmax = make_uint4(0, 0, 0, 0); // the thread's columns' maxima as packed bf16 pairs
-    float amax[8], rmax[FP8_C_PIECES], v[8];  // the columns' maxima, the pieces' (ROWS)
+    float amax[8], rmax[PIECES], v[8];   // the columns' maxima, the pieces' (ROWS)
 #pragma unroll
-    for (int p = 0; p < FP8_C_PIECES; p++) {
-        uint4 a = fp8_piece_abs(raw[p * FP8_C_THREADS]);
+    for (int p = 0; p < PIECES; p++) {
+        uint4 a = fp8_piece_abs(piece(p));
         cmax = make_uint4(fp8_max2(cmax.x, a.x), fp8_max2(cmax.y, a.y), fp8_max2(cmax.z, a.z), fp8_max2(cmax.w, a.w));
-        if (ROWS) rmax[p] = fp8_piece_amax(raw[p * FP8_C_THREADS]);
+        if (ROWS) rmax[p] = fp8_piece_amax(piece(p));
     }
     unpack8(amax, cmax);
-    fp8_column_scales(inv, scales_t + (size_t)b * C + c0, amax, C - c0, how);
-    float cinv[8]; // this thread's columns' inverses
+    fp8_column_scales<THREADS>(inv, scales_t, amax, cols, how, block);
+    float cinv[8], rinv[PIECES], rs; // the thread's columns' inverses; ROWS: the row blocks', the scale it stores
     for (int j = 0; j < 8; j++) cinv[j] = inv[8 * c8 + j];
-    float rinv[FP8_C_PIECES], rs; // ROWS: the row blocks' inverses, the scale this lane stores
-    uint32_t rsat;
+    uint32_t rsat, sat = 0; // amax[j] bounds the thread's values of column j
     int own;
-    if (ROWS) fp8_row_scales<FP8_C_PIECES>(rmax, rinv, &rsat, &rs, &own, how);
-    uint32_t sat = 0; // amax[j] bounds the thread's values of column j
+    if (ROWS) fp8_row_scales<PIECES>(rmax, rinv, &rsat, &rs, &own, how);
     for (int j = 0; j < 8; j++) sat |= (uint32_t)fp8_block_may_saturate(amax[j], cinv[j]) << j;
     // Bit p: piece p's token-major codes (flagged) or its row's (row_flagged) take fp8_count's rare
     // path, after the loop (fewer live registers, no branch in it).
     uint32_t flagged = 0, row_flagged = 0;
 #pragma unroll
-    for (int p = 0; p < FP8_C_PIECES; p++) {
-        int i = t / 16 + 16 * p;
-        unpack8(v, raw[p * FP8_C_THREADS]);
+    for (int p = 0; p < PIECES; p++) {
+        int i = t / 16 + STEP * p;
+        unpack8(v, piece(p));
         uint2 codes = fp8_codes8(v, cinv, 1);
         reinterpret_cast<uint2 *>(&tile[i][fp8_tile_chunk(i, c8 / 2)])[c8 % 2] = codes;
         const uint32_t words[2] = {codes.x, codes.y};
         if (counts) flagged |= (uint32_t)fp8_needs_count<8>(words, sat) << p;
-        if (ROWS && i < n) {
-            row_flagged |= (uint32_t)fp8_store_row_codes(q, C, first + i, blockIdx.x, v, rinv[p], (rsat >> p) & 1,
-                                                         VEC, counts) << p;
-            if (p == own) fp8_store_row_scale(scales, C, first + i, r0, rows, blockIdx.x, rs);
+        if (ROWS && i < at.n) {
+            row_flagged |= (uint32_t)fp8_store_row_codes(q, C, at.first + i, kb, v, rinv[p], (rsat >> p) & 1, vec,
+                                                         counts) << p;
+            if (p == own) fp8_store_row_scale(scales, C, at.first + i, at.r0, at.rows, kb, rs);
         }
     }
     // The rows' inverses come from their scales as stored (by other lanes, seen after the barrier),
     // not held in registers through the loop.
     __syncthreads();
-    for (int p = 0; (flagged | row_flagged) && p < FP8_C_PIECES; p++) {
-        int i = t / 16 + 16 * p;
+    for (int p = 0; (flagged | row_flagged) && p < PIECES; p++) {
+        int i = t / 16 + STEP * p;
         if ((flagged >> p) & 1)
-            fp8_count_piece<8>(counts, i < n ? fp8_piece_src(x, x_rows, first + i, C, c) : x,
-                               (const uint8_t *)&tile[i][fp8_tile_chunk(i, c8 / 2)] + 8 * (c8 % 2),
-                               i < n ? C - c : 0, 0, inv + 8 * c8, sat);
-        if (ROWS && ((row_flagged >> p) & 1)) {
-            float stored = *fp8_row_scale_at(scales, C, first + i, r0, rows, blockIdx.x);
-            fp8_count_row_piece(counts, x, q, C, first + i, fp8_source_row(x_rows, first + i), blockIdx.x,
-                                fp8_scale_inverse(stored), (rsat >> p) & 1, 0);
-        }
+            col_count(p, i, (const uint8_t *)&tile[i][fp8_tile_chunk(i, c8 / 2)] + 8 * (c8 % 2), sat);
+        if (ROWS && ((row_flagged >> p) & 1))
+            row_count(p, i, fp8_scale_inverse(*fp8_row_scale_at(scales, C, at.first + i, at.r0, at.rows, kb)),
+                      (rsat >> p) & 1);
     }
-    fp8_store_transposed(tile, qt + (size_t)c0 * Rt + (size_t)FP8_BLOCK * b, Rt, C - c0, FP8_BLOCK, VEC);
+    if (t < FP8_C_THREADS) // fp8_store_transposed's threads (measured with 512: all, each half the share, no faster)
+        fp8_store_transposed(tile, qt, at.Rt, cols, FP8_BLOCK, vec);
+    __syncthreads();
+}
+
+// VEC: C a multiple of 8, x and qt 16-byte aligned (and q 8-byte aligned with ROWS). x_rows: as
+// fp8_source_row; block: the token-major copy in 128x128 blocks (FP8_COLS_128X128). Dynamic shared
+// memory: FP8_C_STAGE_BYTES, the threads' slots.
+template <bool ROWS, bool VEC>
+__global__ void __launch_bounds__(FP8_C_THREADS, FP8_C_RESIDENT)
+fp8_quantize_cols_kernel(uint8_t *qt, float *scales_t, uint8_t *q, float *scales, const bf16 *x, const int32_t *x_rows,
+                         const int32_t *offsets, int E, int C, int Rt, Fp8Scaling how, bool block, uint64_t *counts) {
+    fp8_count_values(counts, offsets, E, 0, ROWS ? 2 * C : C); // with ROWS: counted as two quantisations
+    __shared__ uint4 tile[FP8_BLOCK][FP8_BLOCK / 16];
+    __shared__ float inv[FP8_BLOCK]; // the columns' scale inverses
+    extern __shared__ uint4 stage[];  // (FP8_C_PIECES, FP8_C_THREADS) slots
+    int t = threadIdx.x, c8 = t % 16, c0 = blockIdx.x * FP8_BLOCK, c = c0 + 8 * c8, b = blockIdx.y;
+    Fp8TileRows at = fp8_tile_rows(offsets, E, b, Rt);
+    const uint4 *raw = stage + t; // piece p at raw[p FP8_C_THREADS]
+    fp8_cols_stage(stage + t, x, x_rows, at.first, at.n, C, c, VEC);
+    fp8_tile_quantize<FP8_C_THREADS, ROWS>(
+        tile, inv, [&](int p) { return raw[p * FP8_C_THREADS]; },
+        [&](int p, int i, const uint8_t *codes, uint32_t sat) {
+            fp8_count_piece<8>(counts, i < at.n ? fp8_piece_src(x, x_rows, at.first + i, C, c) : x, codes,
+                               i < at.n ? C - c : 0, 0, inv + 8 * c8, sat);
+        },
+        [&](int p, int i, float rinv, bool rsat) {
+            fp8_count_row_piece(counts, x, q, C, at.first + i, fp8_source_row(x_rows, at.first + i), blockIdx.x, rinv,
+                                rsat, 0);
+        },
+        q, scales, qt + (size_t)c0 * Rt + (size_t)FP8_BLOCK * b,
+        scales_t + (size_t)b * (block ? gridDim.x : C) + (block ? blockIdx.x : c0), C, blockIdx.x, C - c0, at, VEC,
+        how, block, counts);
 }
 
 // The token-major copies of x (R, C), and with q its rows too (q NULL: the copies alone); x_rows as
 // fp8_source_row.
 static void fp8_quantize_cols_launch(void *qt, void *scales_t, void *q, void *scales, const void *x,
                                      const int32_t *x_rows, const int32_t *offsets, size_t E, size_t R, size_t C,
-                                     Fp8Scaling how, uint64_t *counts) {
+                                     Fp8Scaling how, Fp8ColBlocks blocks, uint64_t *counts) {
     if (!C) return;
     if (!offsets) offsets = cuda_fp8_one_group(R);
     size_t Rt = fp8_expert_cols(R, E);
@@ -652,19 +706,19 @@ static void fp8_quantize_cols_launch(void *qt, void *scales_t, void *q, void *sc
     }
     kernel<<<grid, FP8_C_THREADS, FP8_C_STAGE_BYTES, cuda_ctx.stream>>>(
         (uint8_t *)qt, (float *)scales_t, (uint8_t *)q, (float *)scales, (const bf16 *)x, x_rows, offsets, (int)E,
-        (int)C, (int)Rt, how, counts);
+        (int)C, (int)Rt, how, blocks == FP8_COLS_128X128, counts);
     CUDA_LAUNCH_CHECK();
 }
 
 extern "C" void cuda_fp8_quantize_cols(void *qt, void *scales, const void *x, const int32_t *offsets, size_t E,
-                                       size_t R, size_t C, Fp8Scaling how, uint64_t *counts) {
-    fp8_quantize_cols_launch(qt, scales, NULL, NULL, x, NULL, offsets, E, R, C, how, counts);
+                                       size_t R, size_t C, Fp8Scaling how, Fp8ColBlocks blocks, uint64_t *counts) {
+    fp8_quantize_cols_launch(qt, scales, NULL, NULL, x, NULL, offsets, E, R, C, how, blocks, counts);
 }
 
 extern "C" void cuda_fp8_quantize_rows_cols(void *q, void *scales, void *qt, void *scales_t, const void *x,
                                             const int32_t *x_rows, const int32_t *offsets, size_t E, size_t R,
-                                            size_t K, Fp8Scaling how, uint64_t *counts) {
-    if (qt) fp8_quantize_cols_launch(qt, scales_t, q, scales, x, x_rows, offsets, E, R, K, how, counts);
+                                            size_t K, Fp8Scaling how, Fp8ColBlocks blocks, uint64_t *counts) {
+    if (qt) fp8_quantize_cols_launch(qt, scales_t, q, scales, x, x_rows, offsets, E, R, K, how, blocks, counts);
     else fp8_quantize_rows_launch(q, scales, x, x_rows, offsets, E, R, K, how, counts);
 }
 
@@ -678,74 +732,6 @@ extern "C" void cuda_fp8_quantize_rows_cols(void *q, void *scales, void *qt, voi
 #define FP8_S_STEP (FP8_S_THREADS / 16)
 #define FP8_S_RESIDENT 2
 #define FP8_S_STAGE_BYTES (2 * FP8_S_PIECES * FP8_S_THREADS * 16)
-
-// Where a block of the fused SwiGLU backward works: token-major block b of Rt columns, its rows
-// [first, first + n) of the group of rows [r0, r0 + rows) (fp8_block_rows).
-struct Fp8TileRows {
-    int b, first, n, r0, rows, Rt;
-};
-
-// One 128x128 tile of one tensor (C columns wide) of the fused SwiGLU backward, quantised as the
-// one-pass kernel quantises a tile: the thread's pieces piece(p) (packed bf16, tile rows t / 16 +
-// FP8_S_STEP p, columns 8 (t % 16) on: a half-warp holds 128 columns of FP8_S_PIECES rows) to the
-// token-major codes of tile column kb (qt rows [128 kb, + 128), columns from 128 b) and their
-// scales, and with ROWS to the rows' codes and scales of row block kb too. recount(p, codes, valid,
-// inv, col, sat) runs the counters' rare path of piece p (counts non-NULL). Ends with a barrier:
-// tile and inv free again.
-template <bool ROWS, typename Piece, typename Recount>
-__device__ __forceinline__ void fp8_tile_quantize(uint4 (*tile)[FP8_BLOCK / 16], float *inv, Piece piece,
-                                                  Recount recount, uint8_t *q, float *scales, uint8_t *qt,
-                                                  float *scales_t, int C, int kb, const Fp8TileRows &at,
-                                                  Fp8Scaling how, const uint64_t *counts) {
-    constexpr int PIECES = FP8_S_PIECES;
-    int t = threadIdx.x, c8 = t % 16;
-    uint4 cmax = make_uint4(0, 0, 0, 0);
-    float amax[8], rmax[PIECES], v[8];
-#pragma unroll
-    for (int p = 0; p < PIECES; p++) {
-        uint4 a = fp8_piece_abs(piece(p));
-        cmax = make_uint4(fp8_max2(cmax.x, a.x), fp8_max2(cmax.y, a.y), fp8_max2(cmax.z, a.z), fp8_max2(cmax.w, a.w));
-        if (ROWS) rmax[p] = fp8_piece_amax(piece(p));
-    }
-    unpack8(amax, cmax);
-    fp8_column_scales<FP8_S_THREADS>(inv, scales_t + (size_t)at.b * C + (size_t)kb * FP8_BLOCK, amax, FP8_BLOCK, how);
-    float cinv[8], rinv[PIECES], rs;
-    for (int j = 0; j < 8; j++) cinv[j] = inv[8 * c8 + j];
-    uint32_t rsat, sat = 0, flagged = 0, row_flagged = 0;
-    int own;
-    if (ROWS) fp8_row_scales<PIECES>(rmax, rinv, &rsat, &rs, &own, how);
-    for (int j = 0; j < 8; j++) sat |= (uint32_t)fp8_block_may_saturate(amax[j], cinv[j]) << j;
-#pragma unroll
-    for (int p = 0; p < PIECES; p++) {
-        int i = t / 16 + FP8_S_STEP * p;
-        unpack8(v, piece(p));
-        uint2 codes = fp8_codes8(v, cinv, 1);
-        reinterpret_cast<uint2 *>(&tile[i][fp8_tile_chunk(i, c8 / 2)])[c8 % 2] = codes;
-        const uint32_t words[2] = {codes.x, codes.y};
-        if (counts) flagged |= (uint32_t)fp8_needs_count<8>(words, sat) << p;
-        if (ROWS && i < at.n) {
-            row_flagged |= (uint32_t)fp8_store_row_codes(q, C, at.first + i, kb, v, rinv[p], (rsat >> p) & 1, true,
-                                                         counts) << p;
-            if (p == own) fp8_store_row_scale(scales, C, at.first + i, at.r0, at.rows, kb, rs);
-        }
-    }
-    __syncthreads();
-    for (int p = 0; (flagged | row_flagged) && p < PIECES; p++) {
-        int i = t / 16 + FP8_S_STEP * p;
-        if ((flagged >> p) & 1)
-            recount(p, (const uint8_t *)&tile[i][fp8_tile_chunk(i, c8 / 2)] + 8 * (c8 % 2), i < at.n ? 8 : 0, 0.0f,
-                    inv + 8 * c8, sat);
-        if (ROWS && ((row_flagged >> p) & 1)) {
-            float stored = *fp8_row_scale_at(scales, C, at.first + i, at.r0, at.rows, kb);
-            recount(p, q + (size_t)(at.first + i) * C + kb * FP8_BLOCK + 8 * c8, 8, fp8_scale_inverse(stored),
-                    (const float *)NULL, (rsat >> p) & 1 ? 0xffffffffu : 0u);
-        }
-    }
-    if (t < FP8_C_THREADS) // fp8_store_transposed's threads (measured: all 512, each half the share, no faster)
-        fp8_store_transposed(tile, qt + (size_t)kb * FP8_BLOCK * at.Rt + (size_t)FP8_BLOCK * at.b, at.Rt, FP8_BLOCK,
-                             FP8_BLOCK, true);
-    __syncthreads();
-}
 
 // The counters' rare path for a piece of hw = w silu(gate) up (not stored), recomputed from its
 // gate values g (the up values H further on) as swiglu_hw8 computes and pack8 rounds them.
@@ -775,8 +761,8 @@ template <bool HW>
 __global__ void __launch_bounds__(FP8_S_THREADS, FP8_S_RESIDENT)
 swiglu_backward_fp8_kernel(uint8_t *q, float *scales, uint8_t *qt, float *scales_t, float *row_dot, uint8_t *hwt,
                            float *hw_scales, const bf16 *dout, const bf16 *gu, const float *row_w,
-                           const int32_t *offsets, int E, int H, int Rt, Fp8Scaling how, uint64_t *grads,
-                           uint64_t *acts) {
+                           const int32_t *offsets, int E, int H, int Rt, Fp8Scaling how, bool hw_block,
+                           uint64_t *grads, uint64_t *acts) {
     fp8_count_values(grads, offsets, E, 0, 4 * (int64_t)H); // the gradients' rows and token-major copy
     if (HW) fp8_count_values(acts, offsets, E, 0, H);
     __shared__ uint4 tile[FP8_BLOCK][FP8_BLOCK / 16];
@@ -785,10 +771,7 @@ swiglu_backward_fp8_kernel(uint8_t *q, float *scales, uint8_t *qt, float *scales
     constexpr int PIECES = FP8_S_PIECES, THREADS = FP8_S_THREADS;
     __shared__ float sums[2][PIECES][THREADS]; // HW: row_dot's running sums, even and odd tiles
     int t = threadIdx.x, c8 = t % 16, C = 2 * H;
-    Fp8TileRows at;
-    at.b = blockIdx.x, at.Rt = Rt;
-    int e = fp8_block_rows(offsets, E, at.b, &at.first, &at.n);
-    at.r0 = offsets[e], at.rows = offsets[e + 1] - at.r0;
+    Fp8TileRows at = fp8_tile_rows(offsets, E, blockIdx.x, Rt);
     uint4 *gs = stage + t, *us = stage + PIECES * THREADS + t; // piece p at [p THREADS]
     auto weight = [&](int i) { return i < at.n ? (row_w ? row_w[at.first + i] : 1.0f) : 0.0f; }; // tile row i's
 #pragma unroll
@@ -822,25 +805,38 @@ swiglu_backward_fp8_kernel(uint8_t *q, float *scales, uint8_t *qt, float *scales
             swiglu_grad8(g, u, dv, w);
             gs[p * THREADS] = pack8(g), us[p * THREADS] = pack8(u);
         }
+        auto codes_t = [&](uint8_t *codes, int kb) {
+            return codes + (size_t)kb * FP8_BLOCK * Rt + (size_t)FP8_BLOCK * at.b;
+        };
+        auto no_rows = [](int, int, float, bool) {};
         if (HW)
-            fp8_tile_quantize<false>(
+            fp8_tile_quantize<THREADS, false>(
                 tile, inv, [&](int p) { return hw[p]; },
-                [&](int p, const uint8_t *codes, int valid, float, const float *col, uint32_t sat) {
-                    int i = t / 16 + FP8_S_STEP * p;
-                    fp8_count_hw_piece(acts, gu + (size_t)(at.first + i) * C + c, H, weight(i), codes, valid, col,
-                                       sat);
+                [&](int p, int i, const uint8_t *codes, uint32_t sat) {
+                    fp8_count_hw_piece(acts, gu + (size_t)(at.first + i) * C + c, H, weight(i), codes,
+                                       i < at.n ? 8 : 0, inv + 8 * c8, sat);
                 },
-                NULL, NULL, hwt, hw_scales, H, jt, at, how, acts);
+                no_rows, NULL, NULL, codes_t(hwt, jt),
+                hw_block ? hw_scales + (size_t)at.b * (H / FP8_BLOCK) + jt
+                         : hw_scales + (size_t)at.b * H + (size_t)jt * FP8_BLOCK,
+                H, jt, FP8_BLOCK, at, true, how, hw_block, acts);
         const uint4 *slots[2] = {gs, us};
 #pragma unroll
-        for (int half = 0; half < 2; half++)
-            fp8_tile_quantize<true>(
+        for (int half = 0; half < 2; half++) {
+            int kb = half * (H / FP8_BLOCK) + jt;
+            auto slot = [&](int p) { return (const bf16 *)&slots[half][p * THREADS]; };
+            fp8_tile_quantize<THREADS, true>(
                 tile, inv, [&](int p) { return slots[half][p * THREADS]; },
-                [&](int p, const uint8_t *codes, int valid, float rinv, const float *col, uint32_t sat) {
-                    fp8_count_piece<8>(grads, (const bf16 *)&slots[half][p * THREADS], codes, valid, rinv, col,
-                                       sat);
+                [&](int p, int i, const uint8_t *codes, uint32_t sat) {
+                    fp8_count_piece<8>(grads, slot(p), codes, i < at.n ? 8 : 0, 0.0f, inv + 8 * c8, sat);
                 },
-                q, scales, qt, scales_t, C, half * (H / FP8_BLOCK) + jt, at, how, grads);
+                [&](int p, int i, float rinv, bool rsat) {
+                    fp8_count_piece<8>(grads, slot(p), q + (size_t)(at.first + i) * C + kb * FP8_BLOCK + 8 * c8, 8,
+                                       rinv, NULL, rsat ? 0xffffffffu : 0u);
+                },
+                q, scales, codes_t(qt, kb), scales_t + (size_t)at.b * C + (size_t)kb * FP8_BLOCK, C, kb, FP8_BLOCK,
+                at, true, how, false, grads);
+        }
     }
 #pragma unroll
     for (int p = 0; HW && p < PIECES; p++) {
@@ -854,7 +850,7 @@ swiglu_backward_fp8_kernel(uint8_t *q, float *scales, uint8_t *qt, float *scales
 extern "C" void cuda_swiglu_backward_fp8(void *q, void *scales, void *qt, void *scales_t, void *row_dot, void *hwt,
                                          void *hw_scales, const void *dout, const void *gu, const void *row_w,
                                          const int32_t *offsets, size_t E, size_t R, size_t H, Fp8Scaling how,
-                                         uint64_t *grads, uint64_t *acts) {
+                                         Fp8ColBlocks hw_blocks, uint64_t *grads, uint64_t *acts) {
     if (!H) return;
     bool aligned = aligned16(dout) && aligned16(gu) && aligned16(qt) && aligned16(hwt) && (uintptr_t)q % 8 == 0;
     if (H % FP8_BLOCK || !aligned)
@@ -872,7 +868,7 @@ extern "C" void cuda_swiglu_backward_fp8(void *q, void *scales, void *qt, void *
     kernel<<<(unsigned)(Rt / FP8_BLOCK), FP8_S_THREADS, FP8_S_STAGE_BYTES, cuda_ctx.stream>>>(
         (uint8_t *)q, (float *)scales, (uint8_t *)qt, (float *)scales_t, (float *)row_dot, (uint8_t *)hwt,
         (float *)hw_scales, (const bf16 *)dout, (const bf16 *)gu, (const float *)row_w, offsets, (int)E, (int)H,
-        (int)Rt, how, grads, acts);
+        (int)Rt, how, hw_blocks == FP8_COLS_128X128, grads, acts);
     CUDA_LAUNCH_CHECK();
 }
 

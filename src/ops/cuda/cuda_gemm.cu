@@ -160,6 +160,19 @@ __global__ void lt_weight_scales_kernel(float *dst, const float *src, int Kb, in
     if (i < Kb * Nb) dst[(i % Nb) * ld + i / Nb] = src[i];
 }
 
+// 128x128 block scales (Kb, Nb) (Kb blocks along the reduction, Nb fastest: the weights' and
+// FP8_COLS_128X128's layout) as cuBLASLt reads them, (Nb, Kb rounded up to 4) with Kb fastest: room
+// for them in the growing scratch *buf (lt_scales_room), then src's copied there (lt_block_scales).
+static float *lt_scales_room(void **buf, size_t *have, size_t Kb, size_t Nb) {
+    return (float *)cuda_grow_scratch(buf, have, Nb * ((Kb + 3) / 4 * 4) * sizeof(float));
+}
+
+static void lt_block_scales(float *dst, const void *src, size_t Kb, size_t Nb) {
+    lt_weight_scales_kernel<<<cuda_blocks(Kb * Nb, 256), 256, 0, cuda_ctx.stream>>>(dst, (const float *)src, (int)Kb,
+                                                                                   (int)Nb, (int)((Kb + 3) / 4 * 4));
+    CUDA_LAUNCH_CHECK();
+}
+
 // out (M, N) bf16 = a (M, K) . b (N, K)^T: a's rows with scales (Kb, M), b weights with (Kb, Nb).
 bool cuda_lt_fp8_matmul(void *out, const void *a, const void *a_scales, const void *b, const void *b_scales,
                         size_t M, size_t N, size_t K) {
@@ -171,31 +184,37 @@ bool cuda_lt_fp8_matmul(void *out, const void *a, const void *a_scales, const vo
                  LT_VEC128};
     static void *buf;
     static size_t have;
-    int Kb = (int)fp8_blocks(K), Nb = (int)fp8_blocks(N), ld = (Kb + 3) / 4 * 4;
-    float *scales = (float *)cuda_grow_scratch(&buf, &have, (size_t)Nb * ld * sizeof(float));
+    float *scales = lt_scales_room(&buf, &have, fp8_blocks(K), fp8_blocks(N));
     const LtPlan *p = lt_plan(&s, scales, (const float *)a_scales);
     if (!p->found) return false;
-    lt_weight_scales_kernel<<<cuda_blocks((size_t)Kb * Nb, 256), 256, 0, cuda_ctx.stream>>>(
-        scales, (const float *)b_scales, Kb, Nb, ld);
-    CUDA_LAUNCH_CHECK();
+    lt_block_scales(scales, b_scales, fp8_blocks(K), fp8_blocks(N));
     lt_execute(p, b, a, out, 0.0f, scales, (const float *)a_scales);
     return true;
 }
 
 // dw (N, K) f32 = dout^T . x over R rows from their token-major copies (fp8_quantize_cols of one
 // group), added to dw when accumulate: dout_t (N, Rt) with scales (Rt / 128, N), x_t (K, Rt) with
-// (Rt / 128, K).
+// (Rt / 128, fp8_col_scales(K, x_blocks)).
 bool cuda_lt_fp8_wgrad(float *dw, const void *dout_t, const void *dout_scales, const void *x_t, const void *x_scales,
-                       size_t N, size_t K, size_t R, size_t Rt, bool accumulate) {
+                       Fp8ColBlocks x_blocks, size_t N, size_t K, size_t R, size_t Rt, bool accumulate) {
     if (cuda_ctx.cutlass_fp8_dense || !lt_aligned(dw, 256) || !lt_aligned(dout_t, 256) || !lt_aligned(x_t, 256) ||
         !lt_aligned(dout_scales, 16) || !lt_aligned(x_scales, 16))
         return false;
     if (!R && !accumulate) CUDA_CHECK(cudaMemsetAsync(dw, 0, N * K * sizeof(float), cuda_ctx.stream));
     if (!R || !N || !K) return true; // nothing (more) to write
     // column-major dw^T (K, N) += x_t-as-stored (Rt, K)^T . dout_t-as-stored (Rt, N), over R's blocks
+    bool block = x_blocks == FP8_COLS_128X128;
     LtShape s = {true, false, (int)K, (int)N, (int)(fp8_blocks(R) * FP8_BLOCK), (int)Rt, (int)Rt, (int)K,
-                 CUDA_R_8F_E4M3, CUDA_R_32F, LT_VEC128, LT_VEC128};
-    return lt_run(&s, x_t, dout_t, dw, accumulate ? 1.0f : 0.0f, (const float *)x_scales, (const float *)dout_scales);
+                 CUDA_R_8F_E4M3, CUDA_R_32F, block ? LT_BLK128 : LT_VEC128, LT_VEC128};
+    static void *buf;
+    static size_t have;
+    float *room = block ? lt_scales_room(&buf, &have, fp8_blocks(R), fp8_blocks(K)) : NULL;
+    const float *xs = block ? room : (const float *)x_scales;
+    const LtPlan *p = lt_plan(&s, xs, (const float *)dout_scales);
+    if (!p->found) return false;
+    if (block) lt_block_scales(room, x_scales, fp8_blocks(R), fp8_blocks(K));
+    lt_execute(p, x_t, dout_t, dw, accumulate ? 1.0f : 0.0f, xs, (const float *)dout_scales);
+    return true;
 }
 
 // ---------------------------------------------------------------- grouped GEMM

@@ -9,18 +9,21 @@
 using namespace cute;
 
 // One FP8 product type: out = a . b^T with a's scales per row and 128 along K, b's per
-// GRANULARITY_N rows (128: weights in 128x128 blocks; 1: token-major activations) and 128 along K;
+// GRANULARITY_N rows (128: weights, or token-major activations, in 128x128 blocks; 1: token-major
+// activations in 1x128 blocks) and 128 along K;
 // the scales of each expert are a packed block-major matrix (the row index fastest), as
 // fp8_quantize_rows, _cols and _weights write them. 128 x 128 x 128 tiles on two consumer
 // warpgroups, clusters of 2 along N sharing the A tile through TMA multicast. With b's scales in
 // 128x128 blocks (the forward and input gradient) the consumers run the loop of
 // cuda_fp8_mainloop.cuh, which promotes each K tile beside the next one's wgmma batch (the same
-// bits, 2-4% faster alone); the weight gradient, whose promotions scale each element by a row and a
-// column scale, keeps CUTLASS's: that loop with the two scales spilled registers and ran 7-21%
-// slower (docs/PERF.md, 2026-12-01, fourteenth session), and a tile's batch split into two
-// 64-column halves, each promoted beside the other's batch, gave the same bits 17% slower
-// (2026-12-02, seventeenth session).
+// bits, 2-4% faster alone): the forward, the input gradient, and the weight gradient whose x is in
+// 128x128 blocks (FP8_COLS_128X128, the experts' by default). The weight gradient with x in 1x128
+// blocks, whose promotions scale each element by a row and a column scale, keeps CUTLASS's: that
+// loop with the two scales spilled registers and ran 7-21% slower (docs/PERF.md, 2026-12-01,
+// fourteenth session), and a tile's batch split into two 64-column halves, each promoted beside the
+// other's batch, gave the same bits 17% slower (2026-12-02, seventeenth session).
 template <int GRANULARITY_N, class ElementD, bool ACCUMULATE> struct GroupedSm90Fp8 {
+    static constexpr int granularity_n = GRANULARITY_N;
     using TileShape = Shape<_128, _128, _128>;
     using ClusterShape = Shape<_1, _2, _1>;
     using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, GRANULARITY_N, FP8_BLOCK>;
@@ -57,8 +60,10 @@ template <int GRANULARITY_N, class ElementD, bool ACCUMULATE> struct GroupedSm90
 
 // out (rows, N) bf16 = a (rows, K) . b[e] (N, K)^T for the rows of each expert (fp8_grouped_matmul).
 using Fp8Rows = GroupedSm90Fp8<FP8_BLOCK, cutlass::bfloat16_t, false>;
-// dw[e] (N, K) f32 (+)= dout_t (N, its columns) . x_t (K, its columns)^T (fp8_grouped_matmul_wgrad).
-template <bool ACCUMULATE> using Fp8Wgrad = GroupedSm90Fp8<1, float, ACCUMULATE>;
+// dw[e] (N, K) f32 (+)= dout_t (N, its columns) . x_t (K, its columns)^T (fp8_grouped_matmul_wgrad),
+// x_t's scales per column (X_GRANULARITY 1: FP8_COLS_1X128) or per 128 columns (FP8_BLOCK:
+// FP8_COLS_128X128) and 128 tokens.
+template <int X_GRANULARITY, bool ACCUMULATE> using Fp8Wgrad = GroupedSm90Fp8<X_GRANULARITY, float, ACCUMULATE>;
 
 __global__ void grouped_sm90_fp8_prepare_rows(Fp8Rows::Table *t, const uint8_t *a, const float *a_scales,
                                               const uint8_t *b, const float *b_scales, bf16 *out,
@@ -75,7 +80,8 @@ __global__ void grouped_sm90_fp8_prepare_rows(Fp8Rows::Table *t, const uint8_t *
 }
 
 // Expert e's columns of the token-major copies start at p = fp8_expert_col(offsets[e], e); its
-// scale blocks at p / 128. Slots by falling row count (grouped_sm90_slot).
+// scale blocks at p / 128 (rows of N scales for dout_t, of K or Kb for x_t). Slots by falling row
+// count (grouped_sm90_slot).
 template <class G>
 __global__ void grouped_sm90_fp8_prepare_wgrad(typename G::Table *t, const uint8_t *dout_t, const float *dout_scales,
                                                const uint8_t *x_t, const float *x_scales, float *dw,
@@ -86,7 +92,8 @@ __global__ void grouped_sm90_fp8_prepare_wgrad(typename G::Table *t, const uint8
         int64_t p = (int64_t)fp8_expert_col((size_t)offsets[e], (size_t)e);
         int rows = rows_of[e], slot = grouped_sm90_slot(rows_of, e, E, true), M = rows ? N : 0;
         grouped_sm90_set(t, slot, M, K, rows, dout_t + p, Rt, x_t + p, Rt, dw + (int64_t)e * N * K, K);
-        G::set_scales(t, slot, M, K, rows, dout_scales + p / FP8_BLOCK * N, x_scales + p / FP8_BLOCK * K);
+        int64_t x_row = G::granularity_n == FP8_BLOCK ? (int64_t)fp8_blocks(K) : K;
+        G::set_scales(t, slot, M, K, rows, dout_scales + p / FP8_BLOCK * N, x_scales + p / FP8_BLOCK * x_row);
     }
 }
 
@@ -100,9 +107,11 @@ extern "C" void cuda_fp8_grouped_matmul(void *out, const void *a, const void *a_
     });
 }
 
+// The weight gradient on the kernel G (with ACCUMULATE, dw added to; without, experts of no rows zeroed).
 template <class G>
 static void fp8_wgrad_run(void *dw, const void *dout_t, const void *dout_scales, const void *x_t, const void *x_scales,
                           const int32_t *offsets, size_t E, size_t N, size_t K, size_t R) {
+    if (!G::Epi::accumulate) cuda_grouped_zero_empty((float *)dw, offsets, E, N * K);
     grouped_sm90_launch<G>((int)E, [&](typename G::Table *table) {
         grouped_sm90_fp8_prepare_wgrad<G><<<1, 256, 0, cuda_ctx.stream>>>(
             table, (const uint8_t *)dout_t, (const float *)dout_scales, (const uint8_t *)x_t, (const float *)x_scales,
@@ -110,15 +119,19 @@ static void fp8_wgrad_run(void *dw, const void *dout_t, const void *dout_scales,
     });
 }
 
+// One group (offsets NULL, a dense layer's) runs on cuBLASLt where it can.
 extern "C" void cuda_fp8_grouped_matmul_wgrad(void *dw, const void *dout_t, const void *dout_scales, const void *x_t,
-                                              const void *x_scales, const int32_t *offsets, size_t E, size_t N,
-                                              size_t K, size_t R, bool accumulate) {
+                                              const void *x_scales, Fp8ColBlocks x_blocks, const int32_t *offsets,
+                                              size_t E, size_t N, size_t K, size_t R, bool accumulate) {
     if (!offsets) {
-        if (cuda_lt_fp8_wgrad((float *)dw, dout_t, dout_scales, x_t, x_scales, N, K, R, fp8_expert_cols(R, 1), accumulate))
+        if (cuda_lt_fp8_wgrad((float *)dw, dout_t, dout_scales, x_t, x_scales, x_blocks, N, K, R, fp8_expert_cols(R, 1),
+                              accumulate))
             return;
         offsets = cuda_fp8_one_group(R);
     }
-    if (accumulate) return fp8_wgrad_run<Fp8Wgrad<true>>(dw, dout_t, dout_scales, x_t, x_scales, offsets, E, N, K, R);
-    cuda_grouped_zero_empty((float *)dw, offsets, E, N * K);
-    fp8_wgrad_run<Fp8Wgrad<false>>(dw, dout_t, dout_scales, x_t, x_scales, offsets, E, N, K, R);
+    bool block = x_blocks == FP8_COLS_128X128;
+    auto run = block ? (accumulate ? fp8_wgrad_run<Fp8Wgrad<FP8_BLOCK, true>>
+                                   : fp8_wgrad_run<Fp8Wgrad<FP8_BLOCK, false>>)
+                     : (accumulate ? fp8_wgrad_run<Fp8Wgrad<1, true>> : fp8_wgrad_run<Fp8Wgrad<1, false>>);
+    run(dw, dout_t, dout_scales, x_t, x_scales, offsets, E, N, K, R);
 }

@@ -60,13 +60,14 @@ void cuda_fp8_quantize_rows(void *q, void *scales, const void *x, const int32_t 
 void cuda_swiglu_forward_fp8(void *out, void *q, void *scales, const void *gu, const int32_t *offsets, size_t E,
                              size_t R, size_t H, Fp8Scaling how, uint64_t *counts);
 void cuda_fp8_quantize_cols(void *qt, void *scales, const void *x, const int32_t *offsets, size_t E, size_t R,
-                            size_t C, Fp8Scaling how, uint64_t *counts);
+                            size_t C, Fp8Scaling how, Fp8ColBlocks blocks, uint64_t *counts);
 void cuda_swiglu_backward_fp8(void *q, void *scales, void *qt, void *scales_t, void *row_dot, void *hwt,
                               void *hw_scales, const void *dout, const void *gu, const void *row_w,
-                              const int32_t *offsets, size_t E, size_t R, size_t H, Fp8Scaling how, uint64_t *grads,
-                              uint64_t *acts);
+                              const int32_t *offsets, size_t E, size_t R, size_t H, Fp8Scaling how,
+                              Fp8ColBlocks hw_blocks, uint64_t *grads, uint64_t *acts);
 void cuda_fp8_quantize_rows_cols(void *q, void *scales, void *qt, void *scales_t, const void *x, const int32_t *x_rows,
-                                 const int32_t *offsets, size_t E, size_t R, size_t K, Fp8Scaling how, uint64_t *counts);
+                                 const int32_t *offsets, size_t E, size_t R, size_t K, Fp8Scaling how,
+                                 Fp8ColBlocks blocks, uint64_t *counts);
 void cuda_fp8_quantize_weights(void *q, void *scales, void *scales_t, const void *w, size_t E, size_t N,
                                size_t K, Fp8Scaling how, uint64_t *counts);
 void cuda_fp8_transpose_codes(void *qt, const void *q, size_t E, size_t N, size_t K);
@@ -77,8 +78,8 @@ void cuda_fp8_dequantize_rows(void *x, const void *q, const void *scales, const 
 void cuda_fp8_grouped_matmul(void *out, const void *a, const void *a_scales, const void *b, const void *b_scales,
                              const int32_t *offsets, size_t E, size_t N, size_t K, size_t R);
 void cuda_fp8_grouped_matmul_wgrad(void *dw, const void *dout_t, const void *dout_scales, const void *x_t,
-                                   const void *x_scales, const int32_t *offsets, size_t E, size_t N, size_t K,
-                                   size_t R, bool accumulate);
+                                   const void *x_scales, Fp8ColBlocks x_blocks, const int32_t *offsets, size_t E,
+                                   size_t N, size_t K, size_t R, bool accumulate);
 void cuda_fp8_matmul(void *out, const void *a, const void *a_scales, const void *b, const void *b_scales, size_t M,
                      size_t N, size_t K);
 
