@@ -164,8 +164,7 @@ static void test_fp8_quantize_rows(void) {
 
 // The rows of the token-major copies back in row layout: (R, C) dequantised.
 static double *deq_cols(const uint8_t *qt, const real *scales, size_t C, Fp8ColBlocks blocks) {
-    size_t Rt = fp8_expert_cols(N_ROWS, N_EXPERTS), Cs = fp8_col_scales(C, blocks);
-    size_t width = blocks == FP8_COLS_128X128 ? 128 : 1; // columns a scale
+    size_t Rt = fp8_expert_cols(N_ROWS, N_EXPERTS), Cs = fp8_col_scales(C, blocks), width = fp8_col_block(blocks);
     double *x = malloc(N_ROWS * C * sizeof(double));
     for (size_t e = 0; e < N_EXPERTS; e++) {
         size_t p = fp8_expert_col((size_t)OFFSETS[e], e);
@@ -205,7 +204,7 @@ static double *deq_weights(const uint8_t *q, const real *scales, size_t E, size_
 // columns 128-199 of the last expert's rows are zeros (scale 1, codes 0).
 static void check_quantize_cols(Fp8ColBlocks blocks) {
     size_t C = 200, Rt = fp8_expert_cols(N_ROWS, N_EXPERTS), Cs = fp8_col_scales(C, blocks);
-    size_t width = blocks == FP8_COLS_128X128 ? 128 : 1;
+    size_t width = fp8_col_block(blocks);
     real *x = rnd_outliers(N_ROWS * C, 2), *scales = malloc(Rt / 128 * Cs * sizeof(real));
     for (size_t r = 170; r < 300; r++)
         for (size_t c = 128; c < C; c++) x[r * C + c] = 0;

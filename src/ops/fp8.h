@@ -159,7 +159,10 @@ FP8_FN size_t fp8_expert_cols(size_t R, size_t E) { return FP8_BLOCK * (fp8_bloc
 // scales a row of partial sums by one number, as the forward's do (docs/FP8.md).
 typedef enum { FP8_COLS_1X128, FP8_COLS_128X128 } Fp8ColBlocks;
 
+// Columns of a token-major copy in `blocks` that share a scale: 128 or 1.
+FP8_FN size_t fp8_col_block(Fp8ColBlocks blocks) { return blocks == FP8_COLS_128X128 ? FP8_BLOCK : 1; }
+
 // Scales a row of token-major blocks holds: a copy C columns wide in `blocks`.
 FP8_FN size_t fp8_col_scales(size_t C, Fp8ColBlocks blocks) {
-    return blocks == FP8_COLS_128X128 ? fp8_blocks(C) : C;
+    return (C + fp8_col_block(blocks) - 1) / fp8_col_block(blocks);
 }

@@ -75,8 +75,7 @@ void cpu_fp8_quantize_cols(void *qt_, void *scales_, const void *x_, const int32
     uint8_t *qt = qt_;
     real *scales = scales_;
     const real *x = x_;
-    size_t Rt = fp8_expert_cols(R, E), Cs = fp8_col_scales(C, blocks); // scales a row of blocks
-    size_t width = blocks == FP8_COLS_128X128 ? FP8_BLOCK : 1;         // columns a block
+    size_t Rt = fp8_expert_cols(R, E), Cs = fp8_col_scales(C, blocks), width = fp8_col_block(blocks);
     memset(qt, 0, C * Rt);
     for (size_t i = 0; i < Rt / FP8_BLOCK * Cs; i++) scales[i] = 1;
     for (size_t e = 0; e < E; e++) {
@@ -235,8 +234,8 @@ static Fp8Operand fp8_weights(const void *q, const void *scales, size_t e, size_
 static Fp8Operand fp8_token_major(const void *qt, const void *scales, size_t p, size_t Rt, size_t C,
                                   Fp8ColBlocks blocks) {
     size_t Cs = fp8_col_scales(C, blocks);
-    return (Fp8Operand){(const uint8_t *)qt + p, Rt, (const real *)scales + p / FP8_BLOCK * Cs,
-                        blocks == FP8_COLS_128X128 ? FP8_BLOCK : 1, 1, Cs};
+    return (Fp8Operand){(const uint8_t *)qt + p, Rt, (const real *)scales + p / FP8_BLOCK * Cs, fp8_col_block(blocks),
+                        1, Cs};
 }
 
 void cpu_fp8_grouped_matmul(void *out, const void *a, const void *a_scales, const void *b, const void *b_scales,
