@@ -270,6 +270,34 @@ static void test_fp8_quantize_weights(void) {
 // the grouped scales to row-major rows of pitch 8 (> Kb = 3) and back; the rows dequantised, each
 // value its code's times its block's scale in fp32. Outputs start as NaN: rows of no group and the
 // pitch's padding stay so.
+// Rows gathered from tokens' quantised rows: the same codes and scales as the rows quantised through
+// the map (each token's row read by several experts' rows), all experts and a chunk of them (expert
+// 1 on: the rows before it left as they were).
+static void test_fp8_gather_rows(void) {
+    size_t T = 97, R = N_ROWS, K = 300, Kb = fp8_blocks(K);
+    real *x = rnd_outliers(T * K, 5), *ts = malloc(Kb * T * sizeof(real));
+    uint8_t *tq = malloc(T * K), *q[2] = {malloc(R * K), malloc(R * K)};
+    real *s[2] = {malloc(Kb * R * sizeof(real)), malloc(Kb * R * sizeof(real))};
+    int32_t *map = malloc(R * sizeof(int32_t));
+    for (size_t r = 0; r < R; r++) map[r] = (int32_t)((r * 31 + 7) % T);
+    ops->fp8_quantize_rows(tq, ts, x, NULL, 1, T, K, FP8_SCALE_AMAX, NULL);
+    for (int chunk = 0; chunk < 2; chunk++) {
+        for (int i = 0; i < 2; i++) memset(q[i], 0x55, R * K), memset(s[i], 0xff, Kb * R * sizeof(real));
+        const int32_t *off = OFFSETS + chunk;
+        size_t E = N_EXPERTS - (size_t)chunk;
+        ops->fp8_gather_rows(q[0], s[0], tq, ts, map, off, E, R, K, T);
+        ops->fp8_quantize_rows_cols(q[1], s[1], NULL, NULL, x, map, off, E, R, K, FP8_SCALE_AMAX, FP8_COLS_1X128,
+                                    NULL);
+        CHECK_MSG(!memcmp(q[0], q[1], R * K), "%s: gathered codes differ from the rows quantised through the map",
+                  chunk ? "experts 1.." : "all experts");
+        CHECK_MSG(!memcmp(s[0], s[1], Kb * R * sizeof(real)), "%s: gathered scales differ",
+                  chunk ? "experts 1.." : "all experts");
+        CHECK_MSG(!chunk || (q[0][0] == 0x55 && q[0][3 * K - 1] == 0x55), "rows of no group were written");
+    }
+    free(x), free(ts), free(tq), free(map);
+    for (int i = 0; i < 2; i++) free(q[i]), free(s[i]);
+}
+
 static void test_fp8_exchange_ops(void) {
     size_t R = N_ROWS, K = 300, Kb = fp8_blocks(K), pitch = 8;
     const int32_t *chunk = OFFSETS + 1;
@@ -518,6 +546,7 @@ const TestCase fp8_tests[] = {
     {"fp8_quantize_rows", test_fp8_quantize_rows},
     {"fp8_quantize_cols", test_fp8_quantize_cols},
     {"fp8_quantize_weights", test_fp8_quantize_weights},
+    {"fp8_gather_rows", test_fp8_gather_rows},
     {"fp8_exchange_ops", test_fp8_exchange_ops},
     {"fp8_grouped_products", test_fp8_grouped_products},
     {"fp8_counts_rows", test_fp8_counts_rows},

@@ -584,7 +584,9 @@ static void test_fp8_dense_memory(void) {
 // tensors, the rest of the plan by the FP8 operands and, with train.fp8_fused_dispatch, the token of
 // each expert row (Scratch.row_token, R i32: the copies are then quantised from the layer's
 // tensors). With reordered norms n1 is no QKV input (no copy); with the dense layers in act
-// precision neither; recompute full and selective keep as in act precision.
+// precision neither; recompute full and selective keep as in act precision, and with the fused
+// dispatch quantise the layer input's rows once a token (Fp8Operands.tokens: T codes of D and a
+// scale each, D < 128) before gathering the experts' rows.
 static void test_fp8_kept_inputs_memory(void) {
     ModelConfig c = small_model(), reordered = small_model();
     reordered.norm_placement = NORM_REORDERED;
@@ -611,8 +613,10 @@ static void test_fp8_kept_inputs_memory(void) {
                    &acts);
         plan_bytes(cases[i].c, 2, T / 2, cases[i].r, NULL, &all0, &acts0);
         ptrdiff_t got = (ptrdiff_t)acts - (ptrdiff_t)acts0, rest = (ptrdiff_t)(all - acts) - (ptrdiff_t)(all0 - acts0);
+        bool tokens = cases[i].fused && cases[i].r != RECOMPUTE_NONE; // no copy kept: Fp8Operands.tokens
         ptrdiff_t want_rest = (ptrdiff_t)fp8_plan_bytes(cases[i].c, 2, T / 2, cases[i].dense) +
-                              (cases[i].fused ? (ptrdiff_t)(R * sizeof(int32_t)) : 0);
+                              (cases[i].fused ? (ptrdiff_t)(R * sizeof(int32_t)) : 0) +
+                              (tokens ? (ptrdiff_t)(T * D + T * r) : 0);
         CHECK_MSG(got == cases[i].acts && rest == want_rest, "%s: FP8 keeps %td activation bytes more than act "
                   "precision (want %td) and %td more beside them (want %td)", cases[i].name, got, cases[i].acts,
                   rest, want_rest);

@@ -653,6 +653,10 @@ static void alloc_fp8_operands(Model *m) {
     o->weight_bytes = m->mem.bytes - before;
     alloc_fp8_scratch(m, (Fp8Extent[]){experts, dense_x}, 2);
     if (sends) alloc_fp8_send(m, R);
+    if (model_reads_token_rows(m) && !model_keeps_fp8_xe(m) && n_local_moe_layers(m) > 0) {
+        o->tokens = model_alloc(m, T * c->d_model);
+        o->token_scales = model_alloc(m, fp8_blocks(c->d_model) * T * m->ops->f32_size);
+    }
     o->sum = m->s.dxf;
     o->counts = model_alloc(m, MODEL_FP8_COUNTS * sizeof(uint64_t));
     if (!m->ops->sizing_only) m->ops->zero(o->counts, MODEL_FP8_COUNTS * sizeof(uint64_t));
@@ -1159,7 +1163,7 @@ typedef struct {
     const int32_t *rows;  // the token of each expert row (Scratch.row_token) where the experts' inputs are
                           // quantised from `in` and the down projection's output gradients from `dout`
                           // (reads_token_rows): xe and dye then hold no rows; NULL: they do
-    const ForwardArgs *a; // backward: the call's
+    const ForwardArgs *a; // the call's
 } ExpertWork;
 
 // The offsets of experts [e0, ...) of a call, and their weights (or weight gradients) in the
@@ -1239,16 +1243,33 @@ static const void *exchanged_rows(const ExpertWork *w, void *rows, const Fp8Cols
     return q->rows;
 }
 
+// Where the experts read the tokens' rows and keep no token-major copy of them (Fp8Operands.tokens):
+// the gate|up product's input rows of experts [e0, e0 + n) as FP8 from the layer input's rows
+// quantised once (a token's rows for its top_k experts share their codes and scales), gathered into
+// Fp8Operands.rows; returned. The same codes and scales as the rows quantised through the map
+// (fp8_gather_rows); counted once a token.
+static const void *token_input_rows(const ExpertWork *w, const int32_t *off, size_t n) {
+    Model *m = w->m;
+    const Fp8Operands *q = m->fp8;
+    size_t T = w->a->B * w->a->S, D = m->cfg.d_model;
+    m->ops->fp8_quantize_rows(q->tokens, q->token_scales, w->in, NULL, 1, T, D, q->how,
+                              fp8_counts(q, FP8_CLASS_ACTIVATIONS));
+    m->ops->fp8_gather_rows(q->rows, q->row_scales, q->tokens, q->token_scales, w->rows, off, n, w->Rr, D, T);
+    return q->rows;
+}
+
 // The gate|up product's input of experts [e0, e0 + n) in FP8: its codes, with their scales in
 // Fp8Operands.row_scales, where they are made before the product (NULL: fp8_forward quantises them).
-// Received through the FP8 exchange; or, with train.fp8_exchange and one rank, where the forward keeps
-// the token-major copy xe_t (exchanged_rows).
+// Received through the FP8 exchange; gathered from the tokens' quantised rows (token_input_rows); or,
+// with train.fp8_exchange and one rank, where the forward keeps the token-major copy xe_t
+// (exchanged_rows).
 static const void *experts_input_rows(const ExpertWork *w, const int32_t *off, size_t n) {
     Model *m = w->m;
     if (receives_fp8(m)) {
         received_row_scales(m, w->x->xe, off, n, w->Rr);
         return w->x->xe;
     }
+    if (m->fp8 && m->fp8->tokens) return token_input_rows(w, off, n);
     if (!fp8_exchanges(m) || !w->xe_t) return NULL;
     return exchanged_rows(w, w->x->xe, w->xe_t, NULL, off, n, FP8_CLASS_ACTIVATIONS,
                           fp8_counts(m->fp8, FP8_CLASS_ACTIVATIONS));
@@ -1262,7 +1283,7 @@ static void experts_forward(void *ctx, size_t e0, size_t e1) {
     const int32_t *off = chunk_offsets(w, e0);
     void *hact = experts_hact(m, w->x);
     const void *xq = experts_input_rows(w, off, n);
-    expert_forward(m, w->x->gu, w->rows ? w->in : w->x->xe, w->rows, xq, xq ? NULL : w->xe_t,
+    expert_forward(m, w->x->gu, w->rows ? w->in : w->x->xe, xq ? NULL : w->rows, xq, xq ? NULL : w->xe_t,
                    expert_tensor(p->experts_gu, e0, 2 * H, D), off, n, 2 * H, D, w->Rr);
     // In FP8 the shared output (one expert-parallel rank) is not stored: only its quantised rows are
     // read, and the backward makes its own from gu (swiglu_backward's hw).
@@ -1301,7 +1322,7 @@ static void moe_forward(Model *m, int l, LayerActs *x, const void *in, void *out
     void *y = x->y ? x->y : m->s.dy; // one expert-parallel rank: not kept (scratch A until the combine)
     ExpertWork w = {.m = m, .l = l, .x = x, .Rr = moe_exchange_received_rows(&m->xchg, T),
                     .ye = m->par->ep->size > 1 ? m->s.dxe : y, .xe_t = xe_t, .in = in,
-                    .rows = token_rows ? row_tokens(m, x, T) : NULL};
+                    .rows = token_rows ? row_tokens(m, x, T) : NULL, .a = a};
     ExchangeRows send = experts_send(m, x->xp, x->offsets, x->xe, T, w.Rr, FP8_CLASS_ACTIVATIONS);
     moe_exchange_pipeline(&m->xchg, &x->routes, &send, w.ye, y, experts_forward, &w);
     m->ops->moe_combine_forward(out, resid, y, x->slot_pos, x->topk_w, T, K, D);

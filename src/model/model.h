@@ -114,6 +114,10 @@ typedef struct {
     void *rows, *row_scales;    // e4m3 (Rr or T, max(N, K)), f32: the rows of a forward or input gradient
     void *dout_t, *dout_t_scales; // e4m3 (N, Tt), f32 (Tt / 128, N): token-major output gradient
     void *x_t, *x_t_scales;       // e4m3 (K, Tt), f32 (Tt / 128, K): token-major input
+    void *tokens, *token_scales;  // e4m3 (T, D), f32 (Kb, T) or NULL: where the experts' inputs are read
+                                  // from the tokens' rows (fused_dispatch) and no token-major copy of them
+                                  // is kept, the layer input's rows quantised once a token, then
+                                  // gathered into `rows` (fp8_gather_rows; token_input_rows)
     void *sum;                  // act (T, D): a dense product that adds to its output, before the add (the
                                 // FP8 products only write theirs); Scratch.dxf, free outside the head
     uint64_t *counts;           // u64 (FP8_CLASSES, FP8_COUNTS): what the quantisations counted (ops/fp8.h),

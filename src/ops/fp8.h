@@ -143,6 +143,13 @@ FP8_FN bool fp8_block_may_saturate(float amax, float inv) { return !(amax * inv 
 // Blocks along a dimension of n elements (the last one may be short).
 FP8_FN size_t fp8_blocks(size_t n) { return (n + FP8_BLOCK - 1) / FP8_BLOCK; }
 
+// Where the scale of block kb of row r0 + i lies in the scales fp8_quantize_rows writes for a group
+// of `rows` rows from r0, Kb blocks wide: each group's scales are block-major (Kb, rows), after
+// those of the rows before it.
+FP8_FN size_t fp8_row_scale_index(size_t Kb, size_t r0, size_t rows, size_t i, size_t kb) {
+    return Kb * r0 + kb * rows + i;
+}
+
 // Token-major (transposed) copies of grouped rows, for the weight gradient, whose reduction runs
 // over each expert's rows: expert e's rows start at column fp8_expert_col(offsets[e], e), a
 // multiple of 128, so that its scale blocks start with its first row and every expert's columns
@@ -165,4 +172,10 @@ FP8_FN size_t fp8_col_block(Fp8ColBlocks blocks) { return blocks == FP8_COLS_128
 // Scales a row of token-major blocks holds: a copy C columns wide in `blocks`.
 FP8_FN size_t fp8_col_scales(size_t C, Fp8ColBlocks blocks) {
     return (C + fp8_col_block(blocks) - 1) / fp8_col_block(blocks);
+}
+
+// Where the scale of columns [c, ...) of token-major block b (tokens [128 b, + 128)) lies in the
+// scales of a copy C columns wide in `blocks` (c a multiple of fp8_col_block(blocks)).
+FP8_FN size_t fp8_col_scale_at(size_t b, size_t c, size_t C, Fp8ColBlocks blocks) {
+    return b * fp8_col_scales(C, blocks) + c / fp8_col_block(blocks);
 }

@@ -365,6 +365,14 @@ typedef struct Ops {
     // (train.fp8_exchange): a row's scales travel beside its codes, as a row.
     void (*fp8_regroup_scales)(void *out, const void *in, const int32_t *offsets, size_t E, size_t R, size_t Kb,
                                size_t pitch, bool to_rows);
+    // FP8 rows gathered: row r of each group of offsets (E + 1) i32 of q (R, K) e4m3 and its scales
+    // (as fp8_quantize_rows lays them out for offsets) = row x_rows[r] of tq (T, K) e4m3 and its
+    // scales tscales, as fp8_quantize_rows writes them for one group of T rows; rows of no group are
+    // left as they are. After fp8_quantize_rows(tq, tscales, x, NULL, 1, T, K, how, ..), q and scales
+    // are bit for bit what fp8_quantize_rows_cols(q, scales, NULL, NULL, x, x_rows, offsets, E, R, K,
+    // how, ..) writes: rows read more than once are quantised once.
+    void (*fp8_gather_rows)(void *q, void *scales, const void *tq, const void *tscales, const int32_t *x_rows,
+                            const int32_t *offsets, size_t E, size_t R, size_t K, size_t T);
     // x (R, K) act = the values of FP8 rows q (R, K) e4m3 with scales f32 as fp8_quantize_rows writes
     // them for offsets (E + 1) i32: each code's value times its block's scale in fp32, rounded to act;
     // rows of no group are left as they are.

@@ -138,6 +138,10 @@ WRAP(fp8_quantize_weights, PHASE_EXPERT_GEMM,
      (q, s, st, w, E, N, K, h, n))
 WRAP(fp8_transpose_codes, PHASE_EXPERT_GEMM, (void *qt, const void *q, size_t E, size_t N, size_t K),
      (qt, q, E, N, K))
+WRAP(fp8_gather_rows, PHASE_EXPERT_GEMM,
+     (void *q, void *s, const void *tq, const void *ts, const int32_t *xr, const int32_t *off, size_t E, size_t R,
+      size_t K, size_t T),
+     (q, s, tq, ts, xr, off, E, R, K, T))
 WRAP(fp8_regroup_scales, PHASE_ROUTING,
      (void *o, const void *i, const int32_t *off, size_t E, size_t R, size_t Kb, size_t p, bool t),
      (o, i, off, E, R, Kb, p, t))
@@ -179,7 +183,7 @@ const Ops *ops_profiled(const Ops *backend) {
     SET(grouped_matmul_forward), SET(grouped_matmul_backward), SET(router_bias_update), SET(cross_entropy);
     SET(fp8_quantize_rows), SET(swiglu_forward_fp8), SET(swiglu_backward_fp8), SET(fp8_quantize_cols);
     SET(fp8_quantize_weights);
-    SET(fp8_transpose_codes), SET(fp8_regroup_scales), SET(fp8_dequantize_rows);
+    SET(fp8_transpose_codes), SET(fp8_gather_rows), SET(fp8_regroup_scales), SET(fp8_dequantize_rows);
     SET(fp8_quantize_rows_cols), SET(fp8_grouped_matmul), SET(fp8_grouped_matmul_wgrad), SET(fp8_matmul);
     SET(sum_squares), SET(adamw_update);
 #undef SET

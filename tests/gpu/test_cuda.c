@@ -849,6 +849,31 @@ static void fp8_map_case(const char *what, Buf *q, Buf *s, Buf *qt, Buf *st, con
     }
 }
 
+// Rows gathered from the tokens' quantised rows (fp8_gather_rows: the forward's experts' inputs where
+// no token-major copy is kept), on both backends, outputs poisoned: all experts, then experts 1.. as
+// a chunk (rows of no group left as they were); codes and scales bit for bit the CPU's (which are
+// those of the rows quantised through the map: tests/test_fp8.c). x's R rows are the tokens.
+static void fp8_gather_case(Buf *q, Buf *s, const Buf *x, const Buf *map, const Buf *off, size_t E, size_t R,
+                            size_t K, Fp8Scaling how) {
+    char line[128];
+    size_t Kb = fp8_blocks(K);
+    Buf tq = buf_new(K_U8, R * K), ts = buf_new(K_F32, Kb * R);
+    buf_poison(&tq), buf_poison(&ts);
+    cpu->fp8_quantize_rows(tq.c, ts.c, x->c, NULL, 1, R, K, how, NULL);
+    gpu->fp8_quantize_rows(tq.g, ts.g, x->g, NULL, 1, R, K, how, NULL);
+    snprintf(line, sizeof line, "fp8 rows gathered from the tokens' rows E%zu K%zu%s", E, K,
+             how == FP8_SCALE_POW2 ? " pow2" : "");
+    check(line, &tq, R * K, 0, 0), check("  the tokens' scales", &ts, Kb * R, 0, 0);
+    for (size_t chunk = 0; chunk < 2; chunk++) {
+        buf_poison(q), buf_poison(s);
+        cpu->fp8_gather_rows(q->c, s->c, tq.c, ts.c, map->c, (const int32_t *)off->c + chunk, E - chunk, R, K, R);
+        gpu->fp8_gather_rows(q->g, s->g, tq.g, ts.g, map->g, (const int32_t *)off->g + chunk, E - chunk, R, K, R);
+        check(chunk ? "  experts 1.. gathered" : "  gathered", q, R * K, 0, 0);
+        check("  their scales", s, Kb * R, 0, 0);
+    }
+    buf_free(&tq), buf_free(&ts);
+}
+
 // The FP8 ops of an MoE layer's experts on both backends, against the CPU's: the quantisations bit
 // for bit (experts 1.. alone too, as a chunk of experts; rows read through a map), the grouped and
 // dense products within FP8_SUM; the inputs' token-major copies (what the weight gradient reads of
@@ -870,6 +895,7 @@ static void test_fp8_case(size_t E, const int *rows, size_t N, size_t K, Fp8Scal
     // the experts' inputs as the model's fused dispatch quantises them (rows read from the tokens'
     // rows, the token-major copy in the weight gradient's blocks); then poisoned again for the rest
     fp8_map_case("input rows", &xq, &xs, &xt, &xts, &x, &map, &off, E, Rb, K, how, xb);
+    fp8_gather_case(&xq, &xs, &x, &map, &off, E, Rb, K, how);
     buf_poison(&xq), buf_poison(&xs), buf_poison(&dyq), buf_poison(&dys);
     buf_poison(&xt), buf_poison(&xts), buf_poison(&dyt), buf_poison(&dyts);
     Counts n = counts_new(); // of every quantisation below but the dense one's

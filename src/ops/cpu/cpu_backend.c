@@ -117,6 +117,7 @@ static const Ops CPU_OPS = {
     .fp8_quantize_weights = cpu_fp8_quantize_weights,
     .fp8_transpose_codes = cpu_fp8_transpose_codes,
     .fp8_regroup_scales = cpu_fp8_regroup_scales,
+    .fp8_gather_rows = cpu_fp8_gather_rows,
     .fp8_dequantize_rows = cpu_fp8_dequantize_rows,
     .fp8_grouped_matmul = cpu_fp8_grouped_matmul,
     .fp8_grouped_matmul_wgrad = cpu_fp8_grouped_matmul_wgrad,

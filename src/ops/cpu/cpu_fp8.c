@@ -55,9 +55,27 @@ void cpu_fp8_quantize_rows(void *q_, void *scales_, const void *x_, const int32_
         for (size_t i = 0; i < rows; i++)
             for (size_t kb = 0; kb < Kb; kb++) {
                 size_t at = (r0 + i) * K + kb * FP8_BLOCK;
-                scales[Kb * r0 + kb * rows + i] = fp8_quantize_block(
+                scales[fp8_row_scale_index(Kb, r0, rows, i, kb)] = fp8_quantize_block(
                     q + at, 0, 1, x + at, 0, 1, 1, min_size(FP8_BLOCK, K - kb * FP8_BLOCK), how, counts);
             }
+    }
+}
+
+void cpu_fp8_gather_rows(void *q_, void *scales_, const void *tq_, const void *tscales_, const int32_t *x_rows,
+                         const int32_t *offsets, size_t E, size_t R, size_t K, size_t T) {
+    uint8_t *q = q_;
+    real *scales = scales_;
+    const uint8_t *tq = tq_;
+    const real *tscales = tscales_;
+    size_t Kb = fp8_blocks(K);
+    for (size_t g = 0; g < E; g++) {
+        size_t r0, rows;
+        fp8_group(offsets, g, R, &r0, &rows);
+        for (size_t i = 0; i < rows; i++) {
+            size_t t = (size_t)x_rows[r0 + i];
+            memcpy(q + (r0 + i) * K, tq + t * K, K);
+            for (size_t kb = 0; kb < Kb; kb++) scales[fp8_row_scale_index(Kb, r0, rows, i, kb)] = tscales[kb * T + t];
+        }
     }
 }
 
@@ -86,7 +104,7 @@ void cpu_fp8_quantize_cols(void *qt_, void *scales_, const void *x_, const int32
         for (size_t cb = 0; cb < Cs; cb++)
             for (size_t j = 0; j < fp8_blocks(rows); j++) {
                 size_t r = j * FP8_BLOCK, c = cb * width;
-                scales[(p / FP8_BLOCK + j) * Cs + cb] =
+                scales[fp8_col_scale_at(p / FP8_BLOCK + j, c, C, blocks)] =
                     fp8_quantize_block(qt + c * Rt + p + r, 1, Rt, x + (r0 + r) * C + c, C, 1,
                                        min_size(FP8_BLOCK, rows - r), min_size(width, C - c), how, counts);
             }
@@ -158,7 +176,7 @@ void cpu_fp8_regroup_scales(void *out_, const void *in_, const int32_t *offsets,
         fp8_group(offsets, g, R, &r0, &rows);
         for (size_t i = 0; i < rows; i++)
             for (size_t kb = 0; kb < Kb; kb++) {
-                size_t grouped = Kb * r0 + kb * rows + i, row_major = (r0 + i) * pitch + kb;
+                size_t grouped = fp8_row_scale_index(Kb, r0, rows, i, kb), row_major = (r0 + i) * pitch + kb;
                 if (to_rows) out[row_major] = in[grouped];
                 else out[grouped] = in[row_major];
             }
@@ -177,7 +195,7 @@ void cpu_fp8_dequantize_rows(void *x_, const void *q_, const void *scales_, cons
 #pragma omp parallel for schedule(static)
         for (size_t i = 0; i < rows; i++)
             for (size_t k = 0; k < K; k++) {
-                float s = (float)scales[Kb * r0 + k / FP8_BLOCK * rows + i];
+                float s = (float)scales[fp8_row_scale_index(Kb, r0, rows, i, k / FP8_BLOCK)];
                 x[(r0 + i) * K + k] = (real)(fp8_e4m3_decode(q[(r0 + i) * K + k]) * s);
             }
     }
@@ -233,9 +251,8 @@ static Fp8Operand fp8_weights(const void *q, const void *scales, size_t e, size_
 // Token-major copies of fp8_quantize_cols (C, Rt) in `blocks`: the columns from p (a multiple of 128).
 static Fp8Operand fp8_token_major(const void *qt, const void *scales, size_t p, size_t Rt, size_t C,
                                   Fp8ColBlocks blocks) {
-    size_t Cs = fp8_col_scales(C, blocks);
-    return (Fp8Operand){(const uint8_t *)qt + p, Rt, (const real *)scales + p / FP8_BLOCK * Cs, fp8_col_block(blocks),
-                        1, Cs};
+    const real *s = (const real *)scales + fp8_col_scale_at(p / FP8_BLOCK, 0, C, blocks);
+    return (Fp8Operand){(const uint8_t *)qt + p, Rt, s, fp8_col_block(blocks), 1, fp8_col_scales(C, blocks)};
 }
 
 void cpu_fp8_grouped_matmul(void *out, const void *a, const void *a_scales, const void *b, const void *b_scales,

@@ -91,6 +91,8 @@ void cpu_fp8_quantize_rows_cols(void *q, void *scales, void *qt, void *scales_t,
 void cpu_fp8_quantize_weights(void *q, void *scales, void *scales_t, const void *w, size_t E,
                               size_t N, size_t K, Fp8Scaling how, uint64_t *counts);
 void cpu_fp8_transpose_codes(void *qt, const void *q, size_t E, size_t N, size_t K);
+void cpu_fp8_gather_rows(void *q, void *scales, const void *tq, const void *tscales, const int32_t *x_rows,
+                         const int32_t *offsets, size_t E, size_t R, size_t K, size_t T);
 void cpu_fp8_regroup_scales(void *out, const void *in, const int32_t *offsets, size_t E, size_t R, size_t Kb,
                             size_t pitch, bool to_rows);
 void cpu_fp8_dequantize_rows(void *x, const void *q, const void *scales, const int32_t *offsets, size_t E,

@@ -270,7 +270,7 @@ __device__ __noinline__ void fp8_count_row_piece(uint64_t *counts, const bf16 *x
 // Where the scale of block kb of row r (in the group of rows from r0) lies in scales, laid out as
 // fp8_quantize_rows writes them.
 __device__ __forceinline__ float *fp8_row_scale_at(float *scales, int K, int r, int r0, int rows, int kb) {
-    return scales + (size_t)fp8_blocks((size_t)K) * r0 + (size_t)kb * rows + (r - r0);
+    return scales + fp8_row_scale_index(fp8_blocks((size_t)K), (size_t)r0, (size_t)rows, (size_t)(r - r0), (size_t)kb);
 }
 
 __device__ __forceinline__ void fp8_store_row_scale(float *scales, int K, int r, int r0, int rows, int kb, float s) {
@@ -680,8 +680,8 @@ fp8_quantize_cols_kernel(uint8_t *qt, float *scales_t, uint8_t *q, float *scales
                                 rsat, 0);
         },
         q, scales, qt + (size_t)c0 * Rt + (size_t)FP8_BLOCK * b,
-        scales_t + (size_t)b * (block ? gridDim.x : C) + (block ? blockIdx.x : c0), C, blockIdx.x, C - c0, at, VEC,
-        how, block, counts);
+        scales_t + fp8_col_scale_at(b, c0, C, block ? FP8_COLS_128X128 : FP8_COLS_1X128), C, blockIdx.x, C - c0, at,
+        VEC, how, block, counts);
 }
 
 // The token-major copies of x (R, C), and with q its rows too (q NULL: the copies alone); x_rows as
@@ -817,8 +817,7 @@ swiglu_backward_fp8_kernel(uint8_t *q, float *scales, uint8_t *qt, float *scales
                                        i < at.n ? 8 : 0, inv + 8 * c8, sat);
                 },
                 no_rows, NULL, NULL, codes_t(hwt, jt),
-                hw_block ? hw_scales + (size_t)at.b * (H / FP8_BLOCK) + jt
-                         : hw_scales + (size_t)at.b * H + (size_t)jt * FP8_BLOCK,
+                hw_scales + fp8_col_scale_at(at.b, FP8_BLOCK * jt, H, hw_block ? FP8_COLS_128X128 : FP8_COLS_1X128),
                 H, jt, FP8_BLOCK, at, true, how, hw_block, acts);
         const uint4 *slots[2] = {gs, us};
 #pragma unroll
@@ -834,8 +833,8 @@ swiglu_backward_fp8_kernel(uint8_t *q, float *scales, uint8_t *qt, float *scales
                     fp8_count_piece<8>(grads, slot(p), q + (size_t)(at.first + i) * C + kb * FP8_BLOCK + 8 * c8, 8,
                                        rinv, NULL, rsat ? 0xffffffffu : 0u);
                 },
-                q, scales, codes_t(qt, kb), scales_t + (size_t)at.b * C + (size_t)kb * FP8_BLOCK, C, kb, FP8_BLOCK,
-                at, true, how, false, grads);
+                q, scales, codes_t(qt, kb), scales_t + fp8_col_scale_at(at.b, FP8_BLOCK * kb, C, FP8_COLS_1X128), C,
+                kb, FP8_BLOCK, at, true, how, false, grads);
         }
     }
 #pragma unroll
@@ -988,7 +987,8 @@ __global__ void fp8_regroup_scales_kernel(float *out, const float *in, const int
     if (i >= (int64_t)R * Kb) return;
     int r = (int)(i / Kb), kb = (int)(i % Kb), r0, rows;
     if (!fp8_row_group(offsets, E, R, r, &r0, &rows)) return;
-    int64_t grouped = (int64_t)Kb * r0 + (int64_t)kb * rows + (r - r0), row_major = r * pitch + kb;
+    size_t grouped = fp8_row_scale_index((size_t)Kb, (size_t)r0, (size_t)rows, (size_t)(r - r0), (size_t)kb);
+    int64_t row_major = r * pitch + kb;
     if (to_rows) out[row_major] = in[grouped];
     else out[grouped] = in[row_major];
 }
@@ -999,6 +999,38 @@ extern "C" void cuda_fp8_regroup_scales(void *out, const void *in, const int32_t
     fp8_check_index(R, Kb * FP8_BLOCK);
     fp8_regroup_scales_kernel<<<cuda_blocks(R * Kb, 256), 256, 0, cuda_ctx.stream>>>(
         (float *)out, (const float *)in, offsets, (int)E, (int)R, (int)Kb, (int64_t)pitch, to_rows);
+    CUDA_LAUNCH_CHECK();
+}
+
+// FP8 rows gathered (fp8_gather_rows): a warp per row of R (those of no group leave at once), its
+// codes in 16-byte pieces (vec: K a multiple of 16 and both buffers 16-byte aligned) or byte by byte,
+// then its scales, a lane a block. Bound by memory: the token codes (T of K) are read about top_k
+// times each, mostly from L2.
+__global__ void fp8_gather_rows_kernel(uint8_t *q, float *scales, const uint8_t *tq, const float *tscales,
+                                       const int32_t *x_rows, const int32_t *offsets, int E, int R, int K, int T,
+                                       bool vec) {
+    int r = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32), lane = threadIdx.x % 32, r0, rows;
+    if (r >= R || !fp8_row_group(offsets, E, R, r, &r0, &rows)) return;
+    int64_t t = x_rows[r];
+    const uint8_t *src = tq + t * K;
+    uint8_t *dst = q + (int64_t)r * K;
+    if (vec)
+        for (int c = 16 * lane; c < K; c += 16 * 32)
+            *reinterpret_cast<uint4 *>(dst + c) = *reinterpret_cast<const uint4 *>(src + c);
+    else
+        for (int c = lane; c < K; c += 32) dst[c] = src[c];
+    int Kb = (int)fp8_blocks((size_t)K);
+    for (int kb = lane; kb < Kb; kb += 32) *fp8_row_scale_at(scales, K, r, r0, rows, kb) = tscales[(int64_t)kb * T + t];
+}
+
+extern "C" void cuda_fp8_gather_rows(void *q, void *scales, const void *tq, const void *tscales, const int32_t *x_rows,
+                                     const int32_t *offsets, size_t E, size_t R, size_t K, size_t T) {
+    if (!R || !K) return;
+    fp8_check_index(R, K), fp8_check_index(T, K);
+    bool vec = K % 16 == 0 && aligned16(q) && aligned16(tq);
+    fp8_gather_rows_kernel<<<cuda_blocks(R * 32, 256), 256, 0, cuda_ctx.stream>>>(
+        (uint8_t *)q, (float *)scales, (const uint8_t *)tq, (const float *)tscales, x_rows, offsets, (int)E, (int)R,
+        (int)K, (int)T, vec);
     CUDA_LAUNCH_CHECK();
 }
 

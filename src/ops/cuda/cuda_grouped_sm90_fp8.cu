@@ -92,8 +92,9 @@ __global__ void grouped_sm90_fp8_prepare_wgrad(typename G::Table *t, const uint8
         int64_t p = (int64_t)fp8_expert_col((size_t)offsets[e], (size_t)e);
         int rows = rows_of[e], slot = grouped_sm90_slot(rows_of, e, E, true), M = rows ? N : 0;
         grouped_sm90_set(t, slot, M, K, rows, dout_t + p, Rt, x_t + p, Rt, dw + (int64_t)e * N * K, K);
-        int64_t x_row = G::granularity_n == FP8_BLOCK ? (int64_t)fp8_blocks(K) : K;
-        G::set_scales(t, slot, M, K, rows, dout_scales + p / FP8_BLOCK * N, x_scales + p / FP8_BLOCK * x_row);
+        Fp8ColBlocks xb = G::granularity_n == FP8_BLOCK ? FP8_COLS_128X128 : FP8_COLS_1X128;
+        G::set_scales(t, slot, M, K, rows, dout_scales + fp8_col_scale_at(p / FP8_BLOCK, 0, N, FP8_COLS_1X128),
+                      x_scales + fp8_col_scale_at(p / FP8_BLOCK, 0, K, xb));
     }
 }
 
