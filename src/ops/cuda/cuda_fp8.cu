@@ -524,11 +524,13 @@ __device__ __forceinline__ void fp8_store_transposed(const uint4 (*tile)[FP8_BLO
 #define FP8_C_STAGE_BYTES (FP8_C_PIECES * FP8_C_THREADS * 16)
 
 // The tile's scales (THREADS threads) into scales and their inverses into inv (shared, one a
-// column), from each thread's maxima of its 8 columns: a scale per column (the block's row of
-// them), or with `block` (FP8_COLS_128X128) one for all 128 columns (scales[0]) from the warps'
-// largest values (the same two barriers: an extra one cost the fused SwiGLU backward 4-8%).
+// column), from each thread's maxima of its 8 columns, in `blocks`: a scale per column (the block's
+// row of them: FP8_COLS_1X128), or one for all 128 columns (scales[0]: FP8_COLS_128X128) from the
+// warps' largest values (the same two barriers: an extra one cost the fused SwiGLU backward 4-8%).
 template <int THREADS = FP8_C_THREADS>
-__device__ void fp8_column_scales(float *inv, float *scales, float amax[8], int64_t cols, Fp8Scaling how, bool block) {
+__device__ void fp8_column_scales(float *inv, float *scales, float amax[8], int64_t cols, Fp8Scaling how,
+                                  Fp8ColBlocks blocks) {
+    bool block = blocks == FP8_COLS_128X128;
     __shared__ float part[THREADS / 32][FP8_BLOCK]; // the warps' maxima per column (block: part[w][0], all)
     int t = threadIdx.x, c8 = t % 16;
     for (int j = 0; j < 8; j++) amax[j] = fmaxf(amax[j], __shfl_xor_sync(0xffffffffu, amax[j], 16));
@@ -587,7 +589,7 @@ __device__ __forceinline__ Fp8TileRows fp8_tile_rows(const int32_t *offsets, int
 // first `cols` exist) quantised by a block of THREADS threads, THREADS / 16 rows apart: the thread's
 // pieces piece(p) (packed bf16, tile rows t / 16 + THREADS / 16 p, columns 8 (t % 16) on: a
 // half-warp holds 128 columns of its pieces' rows) to the token-major codes at qt (tile column j at
-// qt + j Rt) and their scales at scales_t (the tile's: one a column, or with `block` one for the
+// qt + j Rt) and their scales at scales_t (the tile's in `blocks`: one a column, or one for the
 // tile, fp8_column_scales), and with ROWS to the rows' codes and scales
 // of row block kb too (q, scales as fp8_quantize_rows writes them; vec: 8-byte stores). The columns'
 // amax by one shuffle (lanes l and l + 16 share columns) and a shared row of partial maxima per
@@ -601,7 +603,7 @@ template <int THREADS, bool ROWS, typename Piece, typename ColCount, typename Ro
 __device__ __forceinline__ void fp8_tile_quantize(uint4 (*tile)[FP8_BLOCK / 16], float *inv, Piece piece,
                                                   ColCount col_count, RowCount row_count, uint8_t *q, float *scales,
                                                   uint8_t *qt, float *scales_t, int C, int kb, int cols,
-                                                  const Fp8TileRows &at, bool vec, Fp8Scaling how, bool block,
+                                                  const Fp8TileRows &at, bool vec, Fp8Scaling how, Fp8ColBlocks blocks,
                                                   const uint64_t *counts) {
     constexpr int PIECES = FP8_BLOCK * FP8_BLOCK / 8 / THREADS, STEP = THREADS / 16;
     int t = threadIdx.x, c8 = t % 16;
@@ -614,7 +616,7 @@ __device__ __forceinline__ void fp8_tile_quantize(uint4 (*tile)[FP8_BLOCK / 16],
         if (ROWS) rmax[p] = fp8_piece_amax(piece(p));
     }
     unpack8(amax, cmax);
-    fp8_column_scales<THREADS>(inv, scales_t, amax, cols, how, block);
+    fp8_column_scales<THREADS>(inv, scales_t, amax, cols, how, blocks);
     float cinv[8], rinv[PIECES], rs; // the thread's columns' inverses; ROWS: the row blocks', the scale it stores
     for (int j = 0; j < 8; j++) cinv[j] = inv[8 * c8 + j];
     uint32_t rsat, sat = 0; // amax[j] bounds the thread's values of column j
@@ -655,12 +657,13 @@ __device__ __forceinline__ void fp8_tile_quantize(uint4 (*tile)[FP8_BLOCK / 16],
 }
 
 // VEC: C a multiple of 8, x and qt 16-byte aligned (and q 8-byte aligned with ROWS). x_rows: as
-// fp8_source_row; block: the token-major copy in 128x128 blocks (FP8_COLS_128X128). Dynamic shared
+// fp8_source_row; blocks: the token-major copy's scale blocks. Dynamic shared
 // memory: FP8_C_STAGE_BYTES, the threads' slots.
 template <bool ROWS, bool VEC>
 __global__ void __launch_bounds__(FP8_C_THREADS, FP8_C_RESIDENT)
 fp8_quantize_cols_kernel(uint8_t *qt, float *scales_t, uint8_t *q, float *scales, const bf16 *x, const int32_t *x_rows,
-                         const int32_t *offsets, int E, int C, int Rt, Fp8Scaling how, bool block, uint64_t *counts) {
+                         const int32_t *offsets, int E, int C, int Rt, Fp8Scaling how, Fp8ColBlocks blocks,
+                         uint64_t *counts) {
     fp8_count_values(counts, offsets, E, 0, ROWS ? 2 * C : C); // with ROWS: counted as two quantisations
     __shared__ uint4 tile[FP8_BLOCK][FP8_BLOCK / 16];
     __shared__ float inv[FP8_BLOCK]; // the columns' scale inverses
@@ -680,8 +683,7 @@ fp8_quantize_cols_kernel(uint8_t *qt, float *scales_t, uint8_t *q, float *scales
                                 rsat, 0);
         },
         q, scales, qt + (size_t)c0 * Rt + (size_t)FP8_BLOCK * b,
-        scales_t + fp8_col_scale_at(b, c0, C, block ? FP8_COLS_128X128 : FP8_COLS_1X128), C, blockIdx.x, C - c0, at,
-        VEC, how, block, counts);
+        scales_t + fp8_col_scale_at(b, c0, C, blocks), C, blockIdx.x, C - c0, at, VEC, how, blocks, counts);
 }
 
 // The token-major copies of x (R, C), and with q its rows too (q NULL: the copies alone); x_rows as
@@ -706,7 +708,7 @@ static void fp8_quantize_cols_launch(void *qt, void *scales_t, void *q, void *sc
     }
     kernel<<<grid, FP8_C_THREADS, FP8_C_STAGE_BYTES, cuda_ctx.stream>>>(
         (uint8_t *)qt, (float *)scales_t, (uint8_t *)q, (float *)scales, (const bf16 *)x, x_rows, offsets, (int)E,
-        (int)C, (int)Rt, how, blocks == FP8_COLS_128X128, counts);
+        (int)C, (int)Rt, how, blocks, counts);
     CUDA_LAUNCH_CHECK();
 }
 
@@ -761,7 +763,7 @@ template <bool HW>
 __global__ void __launch_bounds__(FP8_S_THREADS, FP8_S_RESIDENT)
 swiglu_backward_fp8_kernel(uint8_t *q, float *scales, uint8_t *qt, float *scales_t, float *row_dot, uint8_t *hwt,
                            float *hw_scales, const bf16 *dout, const bf16 *gu, const float *row_w,
-                           const int32_t *offsets, int E, int H, int Rt, Fp8Scaling how, bool hw_block,
+                           const int32_t *offsets, int E, int H, int Rt, Fp8Scaling how, Fp8ColBlocks hw_blocks,
                            uint64_t *grads, uint64_t *acts) {
     fp8_count_values(grads, offsets, E, 0, 4 * (int64_t)H); // the gradients' rows and token-major copy
     if (HW) fp8_count_values(acts, offsets, E, 0, H);
@@ -817,8 +819,8 @@ swiglu_backward_fp8_kernel(uint8_t *q, float *scales, uint8_t *qt, float *scales
                                        i < at.n ? 8 : 0, inv + 8 * c8, sat);
                 },
                 no_rows, NULL, NULL, codes_t(hwt, jt),
-                hw_scales + fp8_col_scale_at(at.b, FP8_BLOCK * jt, H, hw_block ? FP8_COLS_128X128 : FP8_COLS_1X128),
-                H, jt, FP8_BLOCK, at, true, how, hw_block, acts);
+                hw_scales + fp8_col_scale_at(at.b, FP8_BLOCK * jt, H, hw_blocks), H, jt, FP8_BLOCK, at, true, how,
+                hw_blocks, acts);
         const uint4 *slots[2] = {gs, us};
 #pragma unroll
         for (int half = 0; half < 2; half++) {
@@ -834,7 +836,7 @@ swiglu_backward_fp8_kernel(uint8_t *q, float *scales, uint8_t *qt, float *scales
                                        rinv, NULL, rsat ? 0xffffffffu : 0u);
                 },
                 q, scales, codes_t(qt, kb), scales_t + fp8_col_scale_at(at.b, FP8_BLOCK * kb, C, FP8_COLS_1X128), C,
-                kb, FP8_BLOCK, at, true, how, false, grads);
+                kb, FP8_BLOCK, at, true, how, FP8_COLS_1X128, grads);
         }
     }
 #pragma unroll
@@ -867,7 +869,7 @@ extern "C" void cuda_swiglu_backward_fp8(void *q, void *scales, void *qt, void *
     kernel<<<(unsigned)(Rt / FP8_BLOCK), FP8_S_THREADS, FP8_S_STAGE_BYTES, cuda_ctx.stream>>>(
         (uint8_t *)q, (float *)scales, (uint8_t *)qt, (float *)scales_t, (float *)row_dot, (uint8_t *)hwt,
         (float *)hw_scales, (const bf16 *)dout, (const bf16 *)gu, (const float *)row_w, offsets, (int)E, (int)H,
-        (int)Rt, how, hw_blocks == FP8_COLS_128X128, grads, acts);
+        (int)Rt, how, hw_blocks, grads, acts);
     CUDA_LAUNCH_CHECK();
 }
 
