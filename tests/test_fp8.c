@@ -266,10 +266,6 @@ static void test_fp8_quantize_weights(void) {
     free(w), free(s), free(st), free(q), free(qt), free(back);
 }
 
-// The FP8 exchange's ops on a chunk of experts (1 to 3 of OFFSETS: rows 3-299, row 0-2 in no group):
-// the grouped scales to row-major rows of pitch 8 (> Kb = 3) and back; the rows dequantised, each
-// value its code's times its block's scale in fp32. Outputs start as NaN: rows of no group and the
-// pitch's padding stay so.
 // Rows gathered from tokens' quantised rows: the same codes and scales as the rows quantised through
 // the map (each token's row read by several experts' rows), all experts and a chunk of them (expert
 // 1 on: the rows before it left as they were).
@@ -298,6 +294,10 @@ static void test_fp8_gather_rows(void) {
     for (int i = 0; i < 2; i++) free(q[i]), free(s[i]);
 }
 
+// The FP8 exchange's ops on a chunk of experts (1 to 3 of OFFSETS: rows 3-299, row 0-2 in no group):
+// the grouped scales to row-major rows of pitch 8 (> Kb = 3) and back; the rows dequantised, each
+// value its code's times its block's scale in fp32. Outputs start as NaN: rows of no group and the
+// pitch's padding stay so.
 static void test_fp8_exchange_ops(void) {
     size_t R = N_ROWS, K = 300, Kb = fp8_blocks(K), pitch = 8;
     const int32_t *chunk = OFFSETS + 1;
