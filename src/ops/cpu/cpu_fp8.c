@@ -74,7 +74,8 @@ void cpu_fp8_gather_rows(void *q_, void *scales_, const void *tq_, const void *t
         for (size_t i = 0; i < rows; i++) {
             size_t t = (size_t)x_rows[r0 + i];
             memcpy(q + (r0 + i) * K, tq + t * K, K);
-            for (size_t kb = 0; kb < Kb; kb++) scales[fp8_row_scale_index(Kb, r0, rows, i, kb)] = tscales[kb * T + t];
+            for (size_t kb = 0; kb < Kb; kb++) // tscales: one group of T rows
+                scales[fp8_row_scale_index(Kb, r0, rows, i, kb)] = tscales[fp8_row_scale_index(Kb, 0, T, t, kb)];
         }
     }
 }
