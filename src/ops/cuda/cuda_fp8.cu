@@ -25,20 +25,23 @@ __device__ bool fp8_row_group(const int32_t *offsets, int E, int R, int r, int *
     return true;
 }
 
-// Whether any of the n codes packed in words has magnitude 0x7f (NaN: the code of every NaN value)
-// or magnitude 0 (+-0) where bit 7 of its byte in nonzero (words alike) is set (the value is not
-// +-0, so that its code is a flushed one; NULL: any zero code): bit 7 of each byte of m + 1
-// flags 0x7f, of ~((m + 0x7f) | m) flags 0 (no carry leaves a byte, as m < 0x80). About 10
-// instructions for 8 codes.
+// Bit 7 of each byte of a word of codes: the code's magnitude is 0 (+-0: ~((m + 0x7f) | m) with m
+// the magnitude; no carry leaves a byte, as m < 0x80), or 0x7f (NaN: m + 1).
+__device__ __forceinline__ uint32_t fp8_codes_zero(uint32_t word) {
+    uint32_t m = word & 0x7f7f7f7fu;
+    return ~((m + 0x7f7f7f7fu) | m) & 0x80808080u;
+}
+__device__ __forceinline__ uint32_t fp8_codes_nan(uint32_t word) {
+    return ((word & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u;
+}
+
+// Whether any of the n codes packed in words is +-0 or NaN. About 10 instructions for 8 codes.
 template <int n>
-__device__ __forceinline__ bool fp8_codes_zero_or_nan(const uint32_t *words, const uint32_t *nonzero) {
+__device__ __forceinline__ bool fp8_codes_zero_or_nan(const uint32_t *words) {
     uint32_t flags = 0;
 #pragma unroll
-    for (int i = 0; i < n / 4; i++) {
-        uint32_t m = words[i] & 0x7f7f7f7fu;
-        flags |= (~((m + 0x7f7f7f7fu) | m) & (nonzero ? nonzero[i] : ~0u)) | (m + 0x01010101u);
-    }
-    return flags & 0x80808080u;
+    for (int i = 0; i < n / 4; i++) flags |= fp8_codes_zero(words[i]) | fp8_codes_nan(words[i]);
+    return flags;
 }
 
 // Magnitudes of packed bf16 pairs: the sign bits cleared.
@@ -46,20 +49,37 @@ __device__ __forceinline__ uint4 fp8_piece_abs(uint4 u) {
     return make_uint4(u.x & 0x7fff7fffu, u.y & 0x7fff7fffu, u.z & 0x7fff7fffu, u.w & 0x7fff7fffu);
 }
 
-// Whether the 8 codes at q (8-byte aligned) of the 8 bf16 values at x (16-byte aligned) hold
-// nothing fp8_count_values_of counts: no NaN code and no zero code but those of values +-0. Exact
-// zeros are common in some tensors (the experts' inputs of the benchmark's steps sent ~2 pieces a
-// warp and tile down the rare path), so the rare path starts with this packed test (~25
-// instructions against its ~150): bit 15 of each half of (magnitude + 0x7fff) is set where a value
-// is not +-0 (no carry leaves a half), and bytes 1 and 3 of two such words line up with a code word.
-__device__ __forceinline__ bool fp8_piece_zeros_only(const bf16 *x, const uint8_t *q) {
-    if ((uintptr_t)x % 16 || (uintptr_t)q % 8) return false;
-    uint4 a = fp8_piece_abs(*reinterpret_cast<const uint4 *>(x));
-    uint2 codes = *reinterpret_cast<const uint2 *>(q);
+// Bit 7 of byte i % 4 of word i / 4: value i of a piece (packed bf16) is not +-0 (bit 15 of each
+// half of magnitude + 0x7fff; no carry leaves a half), lined up with the piece's code bytes.
+__device__ __forceinline__ uint2 fp8_piece_nonzero(uint4 piece) {
+    uint4 a = fp8_piece_abs(piece);
     uint32_t w[4] = {a.x + 0x7fff7fffu, a.y + 0x7fff7fffu, a.z + 0x7fff7fffu, a.w + 0x7fff7fffu};
-    const uint32_t words[2] = {codes.x, codes.y};
-    const uint32_t nonzero[2] = {__byte_perm(w[0], w[1], 0x7531), __byte_perm(w[2], w[3], 0x7531)};
-    return !fp8_codes_zero_or_nan<8>(words, nonzero);
+    return make_uint2(__byte_perm(w[0], w[1], 0x7531), __byte_perm(w[2], w[3], 0x7531));
+}
+
+// What a piece (8 bf16 values, packed) quantised to codes flushes and holds as NaN, as flushed |
+// NaN << 16, where none of its values may saturate (fp8_block_may_saturate false for their blocks):
+// then the block holds no infinity (its scale is finite), so a NaN code is exactly a NaN value, and a
+// flushed value is a nonzero one whose code is +-0 (fp8_flushed): bit masks and population counts,
+// the sums of fp8_count_values_of's value by value. Only a piece with a zero or NaN code can add
+// any (fp8_codes_zero_or_nan, the cheaper test, comes first).
+__device__ __forceinline__ uint32_t fp8_piece_counts(uint4 piece, uint2 codes) {
+    uint2 nz = fp8_piece_nonzero(piece);
+    const uint32_t words[2] = {codes.x, codes.y}, nonzero[2] = {nz.x, nz.y};
+    uint32_t flushed = 0, nan = 0;
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+        flushed += __popc(fp8_codes_zero(words[i]) & nonzero[i]), nan += __popc(fp8_codes_nan(words[i]));
+    return flushed | nan << 16;
+}
+
+// A warp's sums of fp8_piece_counts (each lane's, packed: at most 65,535 a warp) added to counts, by
+// the whole warp.
+__device__ __forceinline__ void fp8_add_piece_counts(uint64_t *counts, uint32_t packed) {
+    uint32_t sum = __reduce_add_sync(0xffffffffu, packed);
+    if ((threadIdx.x & 31) || !sum) return;
+    if (sum & 0xffffu) atomicAdd((unsigned long long *)&counts[FP8_COUNT_FLUSHED], (unsigned long long)(sum & 0xffffu));
+    if (sum >> 16) atomicAdd((unsigned long long *)&counts[FP8_COUNT_NAN], (unsigned long long)(sum >> 16));
 }
 
 // What the first `valid` (up to n) values of a piece, value(i) (as quantised) with their codes q as
@@ -92,7 +112,7 @@ __device__ __forceinline__ void fp8_count_values_of(uint64_t *counts, Value valu
 template <int n>
 __device__ __noinline__ void fp8_count_piece(uint64_t *counts, const bf16 *x, const uint8_t *q, int valid, float inv,
                                              const float *col, uint32_t sat) {
-    if (valid <= 0 || (n == 8 && valid >= 8 && !sat && fp8_piece_zeros_only(x, q))) return;
+    if (valid <= 0) return;
     fp8_count_values_of<n>(counts, [=](int i) { return bf(x[i]); }, q, valid, inv, col, sat);
 }
 
@@ -110,7 +130,7 @@ __device__ __noinline__ void fp8_count_swiglu_piece(uint64_t *counts, const bf16
 // that may saturate (nearly every piece) costs this one packed test.
 template <int n>
 __device__ __forceinline__ bool fp8_needs_count(const uint32_t *words, uint32_t sat) {
-    return sat || fp8_codes_zero_or_nan<n>(words, NULL);
+    return sat || fp8_codes_zero_or_nan<n>(words);
 }
 
 // Adds to counts (NULL: nothing) what a piece of n values quantised to the codes packed in words
@@ -237,10 +257,9 @@ __device__ void fp8_row_scales(const float amax[N], float inv[N], uint32_t *sat,
 
 // Lane's piece v of block kb of row r (as fp8_row_scales) to codes under inverse inv into q (vec:
 // one 8-byte store; a template constant of the kernels, so that theirs holds no other path).
-// Returns whether the piece takes fp8_count's rare path (sat: the block may saturate; counts NULL:
-// never), which fp8_count_row_piece then runs after the kernel's loop over its pieces.
-__device__ __forceinline__ bool fp8_store_row_codes(uint8_t *q, int K, int r, int kb, const float v[8], float inv,
-                                                    bool sat, bool vec, const uint64_t *counts) {
+// Returns the codes.
+__device__ __forceinline__ uint2 fp8_store_row_codes(uint8_t *q, int K, int r, int kb, const float v[8], float inv,
+                                                     bool vec) {
     int k = kb * FP8_BLOCK + 8 * (threadIdx.x & 15);
     uint2 codes = fp8_codes8(v, &inv, 0);
     uint8_t *dst = q + (size_t)r * K + k;
@@ -250,8 +269,7 @@ __device__ __forceinline__ bool fp8_store_row_codes(uint8_t *q, int K, int r, in
 #pragma unroll
         for (int i = 0; i < 8; i++)
             if (k + i < K) dst[i] = (uint8_t)((i < 4 ? codes.x : codes.y) >> (8 * (i % 4)));
-    const uint32_t words[2] = {codes.x, codes.y};
-    return counts && fp8_needs_count<8>(words, sat ? 0xffffffffu : 0u);
+    return codes;
 }
 
 // fp8_count of the piece fp8_store_row_codes stored for block kb of row r, the values as quantised
@@ -324,7 +342,7 @@ __device__ __forceinline__ void fp8_store_row_pieces(uint8_t *q, float *scales, 
                                                      const int32_t *x_rows = NULL) {
     int r0 = 0, rows = 0; // the group of the last row looked up: the next pieces' rows are mostly in it
     float invs[FP8_R_PAIRS];
-    uint32_t flagged = 0, sats = 0; // bit j: piece j takes the rare path, its block may saturate
+    uint32_t flagged = 0, sats = 0, packed = 0; // bit j: piece j takes the rare path, its block may saturate
 #pragma unroll
     for (int j = 0; j < FP8_R_PAIRS; j++) {
         float v[8], s;
@@ -334,10 +352,14 @@ __device__ __forceinline__ void fp8_store_row_pieces(uint8_t *q, float *scales, 
         float amax = fp8_piece_amax(piece[j]);
         fp8_row_scales<1>(&amax, &invs[j], &sat, &s, &own, how); // by the whole half-warp: before any exit
         if (!fp8_row_in_group(offsets, E, R, rs[j], &r0, &rows)) continue;
-        flagged |= (uint32_t)fp8_store_row_codes(q, K, rs[j], kbs[j], v, invs[j], sat, vec, counts) << j;
+        uint2 codes = fp8_store_row_codes(q, K, rs[j], kbs[j], v, invs[j], vec);
+        const uint32_t words[2] = {codes.x, codes.y};
+        if (counts && (sat & 1u)) flagged |= 1u << j; // may saturate: value by value
+        else if (counts && fp8_codes_zero_or_nan<8>(words)) packed += fp8_piece_counts(piece[j], codes);
         sats |= (sat & 1u) << j;
         if (own == 0) fp8_store_row_scale(scales, K, rs[j], r0, rows, kbs[j], s);
     }
+    if (counts) fp8_add_piece_counts(counts, packed);
     for (int j = 0; flagged && j < FP8_R_PAIRS; j++)
         if ((flagged >> j) & 1)
             fp8_count_row_piece(counts, x, q, K, rs[j], fp8_source_row(x_rows, rs[j]), kbs[j], invs[j], (sats >> j) & 1,
@@ -604,7 +626,7 @@ __device__ __forceinline__ void fp8_tile_quantize(uint4 (*tile)[FP8_BLOCK / 16],
                                                   ColCount col_count, RowCount row_count, uint8_t *q, float *scales,
                                                   uint8_t *qt, float *scales_t, int C, int kb, int cols,
                                                   const Fp8TileRows &at, bool vec, Fp8Scaling how, Fp8ColBlocks blocks,
-                                                  const uint64_t *counts) {
+                                                  uint64_t *counts) {
     constexpr int PIECES = FP8_BLOCK * FP8_BLOCK / 8 / THREADS, STEP = THREADS / 16;
     int t = threadIdx.x, c8 = t % 16;
     uint4 cmax = make_uint4(0, 0, 0, 0); // the thread's columns' maxima as packed bf16 pairs
@@ -625,7 +647,7 @@ __device__ __forceinline__ void fp8_tile_quantize(uint4 (*tile)[FP8_BLOCK / 16],
     for (int j = 0; j < 8; j++) sat |= (uint32_t)fp8_block_may_saturate(amax[j], cinv[j]) << j;
     // Bit p: piece p's token-major codes (flagged) or its row's (row_flagged) take fp8_count's rare
     // path, after the loop (fewer live registers, no branch in it).
-    uint32_t flagged = 0, row_flagged = 0;
+    uint32_t flagged = 0, row_flagged = 0, packed = 0; // packed: fp8_piece_counts of the other pieces
 #pragma unroll
     for (int p = 0; p < PIECES; p++) {
         int i = t / 16 + STEP * p;
@@ -633,13 +655,17 @@ __device__ __forceinline__ void fp8_tile_quantize(uint4 (*tile)[FP8_BLOCK / 16],
         uint2 codes = fp8_codes8(v, cinv, 1);
         reinterpret_cast<uint2 *>(&tile[i][fp8_tile_chunk(i, c8 / 2)])[c8 % 2] = codes;
         const uint32_t words[2] = {codes.x, codes.y};
-        if (counts) flagged |= (uint32_t)fp8_needs_count<8>(words, sat) << p;
+        if (counts && sat) flagged |= 1u << p; // a value may saturate: value by value
+        else if (counts && fp8_codes_zero_or_nan<8>(words)) packed += fp8_piece_counts(piece(p), codes);
         if (ROWS && i < at.n) {
-            row_flagged |= (uint32_t)fp8_store_row_codes(q, C, at.first + i, kb, v, rinv[p], (rsat >> p) & 1, vec,
-                                                         counts) << p;
+            uint2 row_codes = fp8_store_row_codes(q, C, at.first + i, kb, v, rinv[p], vec);
+            const uint32_t row_words[2] = {row_codes.x, row_codes.y};
+            if (counts && ((rsat >> p) & 1)) row_flagged |= 1u << p;
+            else if (counts && fp8_codes_zero_or_nan<8>(row_words)) packed += fp8_piece_counts(piece(p), row_codes);
             if (p == own) fp8_store_row_scale(scales, C, at.first + i, at.r0, at.rows, kb, rs);
         }
     }
+    if (counts) fp8_add_piece_counts(counts, packed);
     // The rows' inverses come from their scales as stored (by other lanes, seen after the barrier),
     // not held in registers through the loop.
     __syncthreads();
@@ -1022,7 +1048,8 @@ __global__ void fp8_gather_rows_kernel(uint8_t *q, float *scales, const uint8_t 
     else
         for (int c = lane; c < K; c += 32) dst[c] = src[c];
     int Kb = (int)fp8_blocks((size_t)K);
-    for (int kb = lane; kb < Kb; kb += 32) *fp8_row_scale_at(scales, K, r, r0, rows, kb) = tscales[(int64_t)kb * T + t];
+    for (int kb = lane; kb < Kb; kb += 32)
+        *fp8_row_scale_at(scales, K, r, r0, rows, kb) = tscales[fp8_row_scale_index((size_t)Kb, 0, (size_t)T, (size_t)t, (size_t)kb)];
 }
 
 extern "C" void cuda_fp8_gather_rows(void *q, void *scales, const void *tq, const void *tscales, const int32_t *x_rows,
