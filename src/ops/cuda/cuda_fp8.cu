@@ -580,14 +580,18 @@ __device__ void fp8_column_scales(float *inv, float *scales, float amax[8], int6
 // value; waited for.
 __device__ void fp8_cols_stage(uint4 *slots, const bf16 *x, const int32_t *x_rows, int first, int n, int C, int c,
                                bool vec) {
+    const bf16 *src[FP8_C_PIECES]; // first, so that the row indices' loads are all in flight at once
 #pragma unroll
     for (int p = 0; p < FP8_C_PIECES; p++) {
         int i = (int)threadIdx.x / 16 + 16 * p;
-        bool row = i < n;
-        const bf16 *src = row ? fp8_piece_src(x, x_rows, first + i, C, c) : x;
+        src[p] = i < n ? fp8_piece_src(x, x_rows, first + i, C, c) : x;
+    }
+#pragma unroll
+    for (int p = 0; p < FP8_C_PIECES; p++) {
+        bool row = (int)threadIdx.x / 16 + 16 * p < n;
         uint4 *slot = slots + p * FP8_C_THREADS;
-        if (!row || (vec && c < C)) cp_async16(slot, src, row);
-        else *slot = fp8_load_piece(src, C - c, vec);
+        if (!row || (vec && c < C)) cp_async16(slot, src[p], row);
+        else *slot = fp8_load_piece(src[p], C - c, vec);
     }
     cp_async_commit();
     cp_async_wait_all();
