@@ -82,6 +82,17 @@ __device__ __forceinline__ void fp8_add_piece_counts(uint64_t *counts, uint32_t 
     if (sum >> 16) atomicAdd((unsigned long long *)&counts[FP8_COUNT_NAN], (unsigned long long)(sum >> 16));
 }
 
+// A piece quantised (its values packed in piece, its codes) sorted for the counters (counts NULL:
+// none): where a value may saturate (sat), bit into flagged, for the value-by-value path after the
+// kernel's loop; else its fp8_piece_counts added to packed where its codes hold a zero or NaN (the
+// one packed test first).
+__device__ __forceinline__ void fp8_piece_counts_or_flag(const uint64_t *counts, uint4 piece, uint2 codes, bool sat,
+                                                         uint32_t bit, uint32_t *flagged, uint32_t *packed) {
+    const uint32_t words[2] = {codes.x, codes.y};
+    if (counts && sat) *flagged |= bit;
+    else if (counts && fp8_codes_zero_or_nan<8>(words)) *packed += fp8_piece_counts(piece, codes);
+}
+
 // What the first `valid` (up to n) values of a piece, value(i) (as quantised) with their codes q as
 // stored, flush, saturate and hold as NaN under a scale of inverse inv (col: column i's inverse
 // col[i] instead),
@@ -342,7 +353,8 @@ __device__ __forceinline__ void fp8_store_row_pieces(uint8_t *q, float *scales, 
                                                      const int32_t *x_rows = NULL) {
     int r0 = 0, rows = 0; // the group of the last row looked up: the next pieces' rows are mostly in it
     float invs[FP8_R_PAIRS];
-    uint32_t flagged = 0, sats = 0, packed = 0; // bit j: piece j takes the rare path, its block may saturate
+    uint32_t flagged = 0, sats = 0, packed = 0; // bit j: piece j takes the rare path, its block may saturate;
+    // packed: fp8_piece_counts of the other pieces
 #pragma unroll
     for (int j = 0; j < FP8_R_PAIRS; j++) {
         float v[8], s;
@@ -353,9 +365,7 @@ __device__ __forceinline__ void fp8_store_row_pieces(uint8_t *q, float *scales, 
         fp8_row_scales<1>(&amax, &invs[j], &sat, &s, &own, how); // by the whole half-warp: before any exit
         if (!fp8_row_in_group(offsets, E, R, rs[j], &r0, &rows)) continue;
         uint2 codes = fp8_store_row_codes(q, K, rs[j], kbs[j], v, invs[j], vec);
-        const uint32_t words[2] = {codes.x, codes.y};
-        if (counts && (sat & 1u)) flagged |= 1u << j; // may saturate: value by value
-        else if (counts && fp8_codes_zero_or_nan<8>(words)) packed += fp8_piece_counts(piece[j], codes);
+        fp8_piece_counts_or_flag(counts, piece[j], codes, sat & 1u, 1u << j, &flagged, &packed);
         sats |= (sat & 1u) << j;
         if (own == 0) fp8_store_row_scale(scales, K, rs[j], r0, rows, kbs[j], s);
     }
@@ -660,14 +670,10 @@ __device__ __forceinline__ void fp8_tile_quantize(uint4 (*tile)[FP8_BLOCK / 16],
         unpack8(v, piece(p));
         uint2 codes = fp8_codes8(v, cinv, 1);
         reinterpret_cast<uint2 *>(&tile[i][fp8_tile_chunk(i, c8 / 2)])[c8 % 2] = codes;
-        const uint32_t words[2] = {codes.x, codes.y};
-        if (counts && sat) flagged |= 1u << p; // a value may saturate: value by value
-        else if (counts && fp8_codes_zero_or_nan<8>(words)) packed += fp8_piece_counts(piece(p), codes);
+        fp8_piece_counts_or_flag(counts, piece(p), codes, sat, 1u << p, &flagged, &packed);
         if (ROWS && i < at.n) {
             uint2 row_codes = fp8_store_row_codes(q, C, at.first + i, kb, v, rinv[p], vec);
-            const uint32_t row_words[2] = {row_codes.x, row_codes.y};
-            if (counts && ((rsat >> p) & 1)) row_flagged |= 1u << p;
-            else if (counts && fp8_codes_zero_or_nan<8>(row_words)) packed += fp8_piece_counts(piece(p), row_codes);
+            fp8_piece_counts_or_flag(counts, piece(p), row_codes, (rsat >> p) & 1, 1u << p, &row_flagged, &packed);
             if (p == own) fp8_store_row_scale(scales, C, at.first + i, at.r0, at.rows, kb, rs);
         }
     }
@@ -1054,8 +1060,9 @@ __global__ void fp8_gather_rows_kernel(uint8_t *q, float *scales, const uint8_t 
     else
         for (int c = lane; c < K; c += 32) dst[c] = src[c];
     int Kb = (int)fp8_blocks((size_t)K);
-    for (int kb = lane; kb < Kb; kb += 32)
-        *fp8_row_scale_at(scales, K, r, r0, rows, kb) = tscales[fp8_row_scale_index((size_t)Kb, 0, (size_t)T, (size_t)t, (size_t)kb)];
+    for (int kb = lane; kb < Kb; kb += 32) // tscales: one group of T rows
+        *fp8_row_scale_at(scales, K, r, r0, rows, kb) =
+            tscales[fp8_row_scale_index((size_t)Kb, 0, (size_t)T, (size_t)t, (size_t)kb)];
 }
 
 extern "C" void cuda_fp8_gather_rows(void *q, void *scales, const void *tq, const void *tscales, const int32_t *x_rows,
