@@ -99,8 +99,15 @@ __device__ __forceinline__ float block_max(float v, float *scratch) {
 // The logistic sigmoid of g by the hardware's approximate exponential and reciprocal (two MUFU
 // instructions, within ~2 ulp of fp32; an IEEE division would add ~8 instructions and a slow-path
 // branch a value, which the SwiGLU kernels, bound by instruction issue, paid for): 0 for g below
-// about -88 (1 + e^-g overflows; the reciprocal of infinity is 0), 1 above about 17.
-__device__ __forceinline__ float swiglu_sigmoid(float g) { return __fdividef(1.0f, 1.0f + __expf(-g)); }
+// about -88 (1 + e^-g overflows; the reciprocal of infinity is 0), 1 above about 17. e^-g is
+// 2^(-g log2 e) with subnormal results flushed to zero (ex2.approx.ftz: the MUFU alone, where
+// __expf adds a range test and two multiplications to keep them): 1 + e^-g is then 1 either way,
+// so the bits are __expf's.
+__device__ __forceinline__ float swiglu_sigmoid(float g) {
+    float e;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(g * -1.4426950408889634f));
+    return __fdividef(1.0f, 1.0f + e);
+}
 
 // SwiGLU of one gate and up value, silu(g) u = g sigmoid(g) u: every kernel that computes it
 // (cuda_dense.cu's forward, the fused FP8 one of cuda_fp8.cu) gets the same bits, and the backward

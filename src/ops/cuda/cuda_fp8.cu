@@ -180,17 +180,8 @@ __device__ __forceinline__ uint4 fp8_load_piece(const bf16 *p, int n, bool vec) 
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// Values v as packed bf16 (rounded to nearest), and the first n (up to 8) of such a piece to p: one
-// 16-byte store (vec, n 8) or value by value.
-__device__ __forceinline__ uint4 fp8_pack_piece(const float v[8]) {
-    uint32_t w[4];
-    for (int i = 0; i < 4; i++) {
-        __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
-        w[i] = *reinterpret_cast<const uint32_t *>(&h);
-    }
-    return make_uint4(w[0], w[1], w[2], w[3]);
-}
-
+// The first n (up to 8) values of a piece of packed bf16 (pack8) to p: one 16-byte store (vec, n 8)
+// or value by value.
 __device__ __forceinline__ void fp8_store_piece(bf16 *p, uint4 piece, int n, bool vec) {
     if (vec && n >= 8) *reinterpret_cast<uint4 *>(p) = piece;
     else
@@ -422,8 +413,8 @@ swiglu_forward_fp8_kernel(bf16 *out, uint8_t *q, float *scales, const bf16 *gu, 
         int k = kbs[j] * FP8_BLOCK + c;
         float g[8], u[8], v[8];
         unpack8(g, gate[j]), unpack8(u, up[j]);
-        for (int i = 0; i < 8; i++) v[i] = bf(to_bf(swiglu_value(g[i], u[i])));
-        gate[j] = fp8_pack_piece(v); // the output as stored (exact: v is bf16 already)
+        for (int i = 0; i < 8; i++) v[i] = swiglu_value(g[i], u[i]);
+        gate[j] = pack8(v); // the output as stored: each value rounded to nearest bf16, as to_bf rounds it
         if (out && fp8_row_in_group(offsets, E, R, rs[j], &r0, &rows))
             fp8_store_piece(out + (size_t)rs[j] * H + k, gate[j], H - k, VEC);
     }
@@ -1043,26 +1034,41 @@ extern "C" void cuda_fp8_regroup_scales(void *out, const void *in, const int32_t
 }
 
 // FP8 rows gathered (fp8_gather_rows): a warp per row of R (those of no group leave at once), its
-// codes in 16-byte pieces (vec: K a multiple of 16 and both buffers 16-byte aligned) or byte by byte,
-// then its scales, a lane a block. Bound by memory: each token's codes are read once for each of
-// its expert rows (top_k times; 0.29 ms a layer on olmoe-L8, ~3.7 TB/s moved: docs/PERF.md).
+// codes in 16-byte pieces (vec: K a multiple of 16 and both buffers 16-byte aligned), FP8_G_PIECES a
+// lane loaded before any is stored, or byte by byte; then its scales, a lane a block, the first 32
+// loaded with the codes. The row's token is requested before its group's search, which does not need
+// it: every load a lane makes is in flight at once (each piece loaded after the previous one's store
+// made a chain of dependent round trips). Bound by memory: each token's codes are read once for each
+// of its expert rows (top_k times).
+#define FP8_G_PIECES 4
 __global__ void fp8_gather_rows_kernel(uint8_t *q, float *scales, const uint8_t *tq, const float *tscales,
                                        const int32_t *x_rows, const int32_t *offsets, int E, int R, int K, int T,
                                        bool vec) {
     int r = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32), lane = threadIdx.x % 32, r0, rows;
-    if (r >= R || !fp8_row_group(offsets, E, R, r, &r0, &rows)) return;
+    if (r >= R) return;
     int64_t t = x_rows[r];
+    if (!fp8_row_group(offsets, E, R, r, &r0, &rows)) return;
     const uint8_t *src = tq + t * K;
     uint8_t *dst = q + (int64_t)r * K;
+    int Kb = (int)fp8_blocks((size_t)K);
+    auto token_scale = [&](int kb) { // tscales: one group of T rows
+        return tscales[fp8_row_scale_index((size_t)Kb, 0, (size_t)T, (size_t)t, (size_t)kb)];
+    };
+    float first = lane < Kb ? token_scale(lane) : 0.0f;
     if (vec)
-        for (int c = 16 * lane; c < K; c += 16 * 32)
-            *reinterpret_cast<uint4 *>(dst + c) = *reinterpret_cast<const uint4 *>(src + c);
+        for (int c0 = 16 * lane; c0 < K; c0 += 16 * 32 * FP8_G_PIECES) {
+            uint4 piece[FP8_G_PIECES];
+#pragma unroll
+            for (int i = 0; i < FP8_G_PIECES; i++)
+                if (c0 + 16 * 32 * i < K) piece[i] = *reinterpret_cast<const uint4 *>(src + c0 + 16 * 32 * i);
+#pragma unroll
+            for (int i = 0; i < FP8_G_PIECES; i++)
+                if (c0 + 16 * 32 * i < K) *reinterpret_cast<uint4 *>(dst + c0 + 16 * 32 * i) = piece[i];
+        }
     else
         for (int c = lane; c < K; c += 32) dst[c] = src[c];
-    int Kb = (int)fp8_blocks((size_t)K);
-    for (int kb = lane; kb < Kb; kb += 32) // tscales: one group of T rows
-        *fp8_row_scale_at(scales, K, r, r0, rows, kb) =
-            tscales[fp8_row_scale_index((size_t)Kb, 0, (size_t)T, (size_t)t, (size_t)kb)];
+    for (int kb = lane; kb < Kb; kb += 32)
+        *fp8_row_scale_at(scales, K, r, r0, rows, kb) = kb < 32 ? first : token_scale(kb);
 }
 
 extern "C" void cuda_fp8_gather_rows(void *q, void *scales, const void *tq, const void *tscales, const int32_t *x_rows,
@@ -1105,7 +1111,7 @@ __global__ void fp8_dequantize_rows_kernel(bf16 *x, const uint8_t *q, const floa
             float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&raw));
             v[j] = f.x * s, v[j + 1] = f.y * s;
         }
-        fp8_store_piece(dst + 8 * h, fp8_pack_piece(v), n - 8 * h, vec);
+        fp8_store_piece(dst + 8 * h, pack8(v), n - 8 * h, vec);
     }
 }
 
