@@ -1243,17 +1243,24 @@ static const void *exchanged_rows(const ExpertWork *w, void *rows, const Fp8Cols
     return q->rows;
 }
 
+// Pre-norm MoE layer l whose experts read the tokens' FP8 rows (Fp8Operands.tokens): its second
+// norm writes them in its own pass (layer_norm_forward), so token_input_rows does not make them.
+static bool norm_makes_tokens(const Model *m, int l) {
+    return m->fp8 && m->fp8->tokens && m->cfg.norm_placement == NORM_PRE && model_layer_is_moe(&m->cfg, l);
+}
+
 // Where the experts read the tokens' rows and keep no token-major copy of them (Fp8Operands.tokens):
 // the gate|up product's input rows of experts [e0, e0 + n) as FP8 from the layer input's rows
-// quantised once (a token's rows for its top_k experts share their codes and scales), gathered into
-// Fp8Operands.rows; returned. The same codes and scales as the rows quantised through the map
-// (fp8_gather_rows); counted once a token.
+// quantised once (a token's rows for its top_k experts share their codes and scales; here, or by the
+// norm that made the input: norm_makes_tokens), gathered into Fp8Operands.rows; returned. The same
+// codes and scales as the rows quantised through the map (fp8_gather_rows); counted once a token.
 static const void *token_input_rows(const ExpertWork *w, const int32_t *off, size_t n) {
     Model *m = w->m;
     const Fp8Operands *q = m->fp8;
     size_t T = w->a->B * w->a->S, D = m->cfg.d_model;
-    m->ops->fp8_quantize_rows(q->tokens, q->token_scales, w->in, NULL, 1, T, D, q->how,
-                              fp8_counts(q, FP8_CLASS_ACTIVATIONS));
+    if (!norm_makes_tokens(m, w->l))
+        m->ops->fp8_quantize_rows(q->tokens, q->token_scales, w->in, NULL, 1, T, D, q->how,
+                                  fp8_counts(q, FP8_CLASS_ACTIVATIONS));
     m->ops->fp8_gather_rows(q->rows, q->row_scales, q->tokens, q->token_scales, w->rows, off, n, w->Rr, D, T);
     return q->rows;
 }
@@ -1351,17 +1358,36 @@ static void attention_projection(const Model *m, LayerActs *x, const LayerParams
     dense_forward(m, x->ap, x->att, NULL, NULL, p->wo, T, c->d_model, (size_t)c->n_heads * c->head_dim, false);
 }
 
-// Attention from the layer's input `in` (with in_t non-NULL: keeping its token-major FP8 copy there).
-static void attention_forward(Model *m, int l, LayerActs *x, const void *in, const Fp8Cols *in_t, AttnDims d) {
+// Attention from the layer's input `in` (with in_t non-NULL: keeping its token-major FP8 copy there;
+// in_q non-NULL: in's FP8 rows, made already).
+static void attention_forward(Model *m, int l, LayerActs *x, const void *in, const void *in_q, const Fp8Cols *in_t,
+                              AttnDims d) {
     const Ops *ops = m->ops;
     const ModelConfig *c = &m->cfg;
     const LayerParams *p = &m->layer[l];
     size_t T = d.B * d.S, D = c->d_model, C = model_qkv_width(c);
-    dense_forward(m, x->qkv_raw, in, NULL, in_t, p->wqkv, T, C, D, false);
+    dense_forward(m, x->qkv_raw, in, in_q, in_t, p->wqkv, T, C, D, false);
     ops->qkv_norm_rope_forward(x->qkv, x->qk_rstd, x->qkv_raw, W(m, p->q_norm), W(m, p->k_norm),
                                m->rope, d, c->qk_norm, (float)c->norm_eps);
     ops->attention_forward(x->att, x->att_lse, x->qkv, d);
     attention_projection(m, x, p, T);
+}
+
+// A pre-norm of `a` (and with b non-NULL, of sum = a + b: the residual add in the same pass) into
+// out and rstd with the norm weight at w, and with q non-NULL its output's FP8 rows into q and
+// scales in the same pass too (rmsnorm_forward_fp8), for a product that reads them (the quantised
+// rows the product would otherwise make from out). Returns q.
+static const void *layer_norm_forward(const Model *m, void *sum, void *out, void *rstd, const void *a, const void *b,
+                                      size_t w, size_t T, void *q, void *scales) {
+    const Ops *ops = m->ops;
+    size_t D = m->cfg.d_model;
+    float eps = (float)m->cfg.norm_eps;
+    if (q)
+        ops->rmsnorm_forward_fp8(sum, out, rstd, q, scales, a, b, W(m, w), T, D, eps, m->fp8->how,
+                                 fp8_counts(m->fp8, FP8_CLASS_ACTIVATIONS));
+    else if (b) ops->add_rmsnorm_forward(sum, out, rstd, a, b, W(m, w), T, D, eps);
+    else ops->rmsnorm_forward(out, rstd, a, W(m, w), T, D, eps);
+    return q;
 }
 
 // pre-norm:   h = x + attn(norm1(x));  out = h + ffn(norm2(h))
@@ -1380,13 +1406,21 @@ static void layer_forward(Model *m, int l, const ForwardArgs *a) {
     void *out = resid(m, a, l + 1);
     AttnDims d = attn_dims(m, a->B, a->S);
     if (c->norm_placement == NORM_PRE) {
-        ops->rmsnorm_forward(x->n1, x->n1_rstd, in, W(m, p->attn_norm), T, D, eps);
-        attention_forward(m, l, x, x->n1, forward_cols(&x->n1_t, a), d);
-        ops->add_rmsnorm_forward(x->h, x->n2, x->n2_rstd, in, x->ap, W(m, p->ffn_norm), T, D, eps);
+        // With FP8 dense layers the QKV product's rows come from the norm where no token-major copy
+        // of its input is kept (that one pass makes both), and the experts' from the second norm
+        // (norm_makes_tokens).
+        const Fp8Cols *n1_t = forward_cols(&x->n1_t, a);
+        const Fp8Operands *q = dense_fp8(m) && !n1_t ? m->fp8 : NULL;
+        const void *n1q = layer_norm_forward(m, NULL, x->n1, x->n1_rstd, in, NULL, p->attn_norm, T,
+                                             q ? q->rows : NULL, q ? q->row_scales : NULL);
+        attention_forward(m, l, x, x->n1, n1q, n1_t, d);
+        bool tokens = norm_makes_tokens(m, l);
+        layer_norm_forward(m, x->h, x->n2, x->n2_rstd, in, x->ap, p->ffn_norm, T, tokens ? m->fp8->tokens : NULL,
+                           tokens ? m->fp8->token_scales : NULL);
         if (a->recompute) ffn_forward(m, l, x, x->n2, x->f, NULL, a);
         else ffn_forward(m, l, x, x->n2, out, x->h, a);
     } else {
-        attention_forward(m, l, x, in, NULL, d);
+        attention_forward(m, l, x, in, NULL, NULL, d);
         ops->rmsnorm_forward(x->n1, x->n1_rstd, x->ap, W(m, p->attn_norm), T, D, eps);
         ops->add(x->h, in, x->n1, T * D);
         ffn_forward(m, l, x, x->h, x->f, NULL, a);

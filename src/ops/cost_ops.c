@@ -173,6 +173,12 @@ static void cost_fp8_rows(void *q, void *s, const void *x, const int32_t *off, s
                           Fp8Scaling h, uint64_t *n) {
     bytes(KERNEL_FP8_QUANTIZE, fp8_rows(R, off) * K * (A + 1));
 }
+// the norm's bytes, and the rows' codes written (the norm's output not read again)
+static void cost_rmsnorm_fp8(void *s, void *o, void *r, void *q, void *qs, const void *a, const void *b, const void *w,
+                             size_t R, size_t W, float eps, Fp8Scaling h, uint64_t *n) {
+    bytes(KERNEL_ELEMENTWISE, (b ? 4.0 : 2.0) * R * W * A + R * F);
+    bytes(KERNEL_FP8_QUANTIZE, (double)R * W);
+}
 static void cost_swiglu_fp8(void *o, void *q, void *s, const void *g, const int32_t *off, size_t E, size_t R,
                             size_t H, Fp8Scaling h, uint64_t *n) {
     bytes(KERNEL_FP8_QUANTIZE, swiglu_rows(R, off, E) * H * (3 * A + 1));
@@ -267,6 +273,7 @@ const Ops *ops_costing(bool bf16_activations, CostSink *s) {
     o.fp8_transpose_codes = cost_fp8_transpose, o.fp8_gather_rows = cost_fp8_gather_rows;
     o.fp8_regroup_scales = cost_fp8_regroup_scales, o.fp8_dequantize_rows = cost_fp8_dequantize;
     o.swiglu_forward_fp8 = cost_swiglu_fp8, o.fp8_quantize_rows_cols = cost_fp8_rows_cols;
+    o.rmsnorm_forward_fp8 = cost_rmsnorm_fp8;
     o.swiglu_backward_fp8 = cost_swiglu_backward_fp8;
     o.fp8_grouped_matmul = cost_fp8_grouped, o.fp8_grouped_matmul_wgrad = cost_fp8_wgrad;
     o.fp8_matmul = cost_fp8_matmul;

@@ -327,6 +327,12 @@ typedef struct Ops {
     // quantised but not stored (where nothing reads it but its quantised rows).
     void (*swiglu_forward_fp8)(void *out, void *q, void *scales, const void *gu, const int32_t *offsets,
                                size_t E, size_t R, size_t H, Fp8Scaling how, uint64_t *counts);
+    // A pre-norm and the quantised rows of its output in one pass: with b NULL, out and rstd as
+    // rmsnorm_forward of a; else sum, out and rstd as add_rmsnorm_forward of a and b. q, scales bit
+    // for bit as fp8_quantize_rows(q, scales, out, NULL, 1, R, W, how, counts) then writes them.
+    void (*rmsnorm_forward_fp8)(void *sum, void *out, void *rstd, void *q, void *scales, const void *a,
+                                const void *b, const void *w, size_t R, size_t W, float eps, Fp8Scaling how,
+                                uint64_t *counts);
     // The rows of each expert of x (R, C) act (offsets as grouped_matmul_forward; NULL: one group of
     // all R rows with E = 1, a dense layer's), transposed, in blocks of 128 rows from the expert's
     // first row: qt (C, Rt) e4m3 with Rt = fp8_expert_cols(R, E) and expert e's rows at columns

@@ -120,6 +120,11 @@ WRAP(swiglu_forward_fp8, PHASE_REST,
      (void *o, void *q, void *s, const void *g, const int32_t *off, size_t E, size_t R, size_t H, Fp8Scaling h,
       uint64_t *n),
      (o, q, s, g, off, E, R, H, h, n))
+// the norm's phase, as rmsnorm_forward's
+WRAP(rmsnorm_forward_fp8, PHASE_REST,
+     (void *s, void *o, void *r, void *q, void *qs, const void *a, const void *b, const void *w, size_t R, size_t W,
+      float eps, Fp8Scaling h, uint64_t *n),
+     (s, o, r, q, qs, a, b, w, R, W, eps, h, n))
 WRAP(swiglu_backward_fp8, PHASE_REST,
      (void *q, void *s, void *qt, void *st, void *dot, void *hwt, void *hws, const void *d, const void *g,
       const void *w, const int32_t *off, size_t E, size_t R, size_t H, Fp8Scaling h, Fp8ColBlocks hb, uint64_t *ng,
@@ -182,7 +187,7 @@ const Ops *ops_profiled(const Ops *backend) {
     SET(moe_exchange_plan), SET(moe_push_rows);
     SET(grouped_matmul_forward), SET(grouped_matmul_backward), SET(router_bias_update), SET(cross_entropy);
     SET(fp8_quantize_rows), SET(swiglu_forward_fp8), SET(swiglu_backward_fp8), SET(fp8_quantize_cols);
-    SET(fp8_quantize_weights);
+    SET(fp8_quantize_weights), SET(rmsnorm_forward_fp8);
     SET(fp8_transpose_codes), SET(fp8_gather_rows), SET(fp8_regroup_scales), SET(fp8_dequantize_rows);
     SET(fp8_quantize_rows_cols), SET(fp8_grouped_matmul), SET(fp8_grouped_matmul_wgrad), SET(fp8_matmul);
     SET(sum_squares), SET(adamw_update);

@@ -1137,6 +1137,44 @@ static void act_to_cpu(Buf *b) {
     free(v);
 }
 
+// A pre-norm with its output's rows quantised in the same pass (with add: the residual add first),
+// outputs poisoned: its output, sum and 1/rms bit for bit the plain ops' on the GPU (and the output
+// the CPU's within bf16 rounding), its codes, scales and counters bit for bit the CPU's quantisation
+// of that output.
+static void test_rmsnorm_fp8_case(size_t R, size_t W, bool add, Fp8Scaling how) {
+    char what[128];
+    size_t n = R * W, Wb = fp8_blocks(W);
+    Buf a = buf_new(K_ACT, n), b = buf_new(K_ACT, n), w = buf_new(K_ACT, W), out = buf_new(K_ACT, n);
+    Buf plain = buf_new(K_ACT, n), sum = buf_new(K_ACT, n), sum2 = buf_new(K_ACT, n), rstd = buf_new(K_F32, R);
+    Buf rstd2 = buf_new(K_F32, R), q = buf_new(K_U8, n), sc = buf_new(K_F32, Wb * R);
+    fp8_inputs(&a, W, 91, 1, R / 2, R / 2 + 1); // outliers; a row's first block zero
+    buf_random(&b, 92, 0.5), buf_random(&w, 93, 1);
+    Buf *outs[] = {&out, &plain, &sum, &sum2, &rstd, &rstd2, &q, &sc};
+    for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) buf_poison(outs[i]);
+    Counts c = counts_new();
+    gpu->rmsnorm_forward_fp8(add ? sum.g : NULL, out.g, rstd.g, q.g, sc.g, a.g, add ? b.g : NULL, w.g, R, W, 1e-5f, how,
+                             c.g);
+    if (add) {
+        gpu->add_rmsnorm_forward(sum2.g, plain.g, rstd2.g, a.g, b.g, w.g, R, W, 1e-5f);
+        cpu->add_rmsnorm_forward(sum.c, out.c, rstd.c, a.c, b.c, w.c, R, W, 1e-5f);
+    } else {
+        gpu->rmsnorm_forward(plain.g, rstd2.g, a.g, w.g, R, W, 1e-5f);
+        cpu->rmsnorm_forward(out.c, rstd.c, a.c, w.c, R, W, 1e-5f);
+    }
+    snprintf(what, sizeof what, "rmsnorm forward with fp8 rows %zux%zu%s%s", R, W, add ? " after an add" : "",
+             how == FP8_SCALE_POW2 ? " pow2" : "");
+    check(what, &out, n, BF), check("  1/rms", &rstd, R, FP);
+    if (!gpu_same_bytes(out.g, plain.g, n * gpu->act_size) || !gpu_same_bytes(rstd.g, rstd2.g, R * gpu->f32_size) ||
+        (add && !gpu_same_bytes(sum.g, sum2.g, n * gpu->act_size)))
+        FAIL("  its output, sum or 1/rms is not the plain norm's, bit for bit");
+    act_to_cpu(&out); // the GPU's bf16 output, quantised by the CPU
+    cpu->fp8_quantize_rows(q.c, sc.c, out.c, NULL, 1, R, W, how, c.c);
+    check("  codes", &q, n, 0, 0), check("  scales", &sc, Wb * R, 0, 0);
+    check_counts("  counters", &c);
+    Buf *all[] = {&a, &b, &w, &out, &plain, &sum, &sum2, &rstd, &rstd2, &q, &sc};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) buf_free(all[i]);
+}
+
 // The SwiGLU backward with its output's FP8 operands from one pass (swiglu_backward_fp8) on the rows
 // of experts [first, E), with the combine weights' part (row_dot, and hw's token-major copy) or
 // without, outputs poisoned: on the GPU bit for bit what swiglu_backward, fp8_quantize_rows_cols and
@@ -1299,6 +1337,10 @@ static void test_fp8(void) {
     test_swiglu_fp8_case(5, fp8_rows1, 48, 0, FP8_SCALE_AMAX);
     test_swiglu_fp8_case(8, fp8_rows2, 264, 1, FP8_SCALE_AMAX);
     test_swiglu_fp8_case(5, fp8_rows1, 208, 2, FP8_SCALE_POW2); // a short last 128-block (widths are multiples of 16)
+    test_rmsnorm_fp8_case(37, 2048, false, FP8_SCALE_AMAX);      // 8 iterations of 256: two calls of the pieces
+    test_rmsnorm_fp8_case(21, 2048, true, FP8_SCALE_AMAX);
+    test_rmsnorm_fp8_case(9, 1176, true, FP8_SCALE_POW2); // a short last block, a block past W in the last 256
+    test_rmsnorm_fp8_case(3, 40, false, FP8_SCALE_AMAX);  // narrower than a warp's 256 values
     test_swiglu_backward_fp8_case(8, fp8_rows2, 384, 0, false, FP8_SCALE_AMAX, FP8_COLS_1X128); // no hw copy
     test_fp8_exchange_case(5, fp8_rows1, 208, 4, 0, 0);
     test_fp8_exchange_case(8, fp8_rows2, 2048, 16, 0, 1); // a scale-E8 row: 16 blocks, 16-byte rows of scales

@@ -111,6 +111,7 @@ static const Ops CPU_OPS = {
     .router_bias_update = cpu_router_bias_update,
     .fp8_quantize_rows = cpu_fp8_quantize_rows,
     .swiglu_forward_fp8 = cpu_swiglu_forward_fp8,
+    .rmsnorm_forward_fp8 = cpu_rmsnorm_forward_fp8,
     .fp8_quantize_cols = cpu_fp8_quantize_cols,
     .fp8_quantize_rows_cols = cpu_fp8_quantize_rows_cols,
     .swiglu_backward_fp8 = cpu_swiglu_backward_fp8,

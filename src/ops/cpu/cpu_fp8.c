@@ -89,6 +89,14 @@ void cpu_swiglu_forward_fp8(void *out, void *q, void *scales, const void *gu, co
     if (!out) free(h);
 }
 
+// The norm (with b, the residual add first) then the rows' quantisation, as the ops do them.
+void cpu_rmsnorm_forward_fp8(void *sum, void *out, void *rstd, void *q, void *scales, const void *a, const void *b,
+                             const void *w, size_t R, size_t W, float eps, Fp8Scaling how, uint64_t *counts) {
+    if (b) cpu_add_rmsnorm_forward(sum, out, rstd, a, b, w, R, W, eps);
+    else cpu_rmsnorm_forward(out, rstd, a, w, R, W, eps);
+    cpu_fp8_quantize_rows(q, scales, out, NULL, 1, R, W, how, counts);
+}
+
 void cpu_fp8_quantize_cols(void *qt_, void *scales_, const void *x_, const int32_t *offsets, size_t E,
                            size_t R, size_t C, Fp8Scaling how, Fp8ColBlocks blocks, uint64_t *counts) {
     uint8_t *qt = qt_;

@@ -79,6 +79,8 @@ void cpu_fp8_quantize_rows(void *q, void *scales, const void *x, const int32_t *
                            size_t K, Fp8Scaling how, uint64_t *counts);
 void cpu_swiglu_forward_fp8(void *out, void *q, void *scales, const void *gu, const int32_t *offsets, size_t E,
                             size_t R, size_t H, Fp8Scaling how, uint64_t *counts);
+void cpu_rmsnorm_forward_fp8(void *sum, void *out, void *rstd, void *q, void *scales, const void *a, const void *b,
+                             const void *w, size_t R, size_t W, float eps, Fp8Scaling how, uint64_t *counts);
 void cpu_fp8_quantize_cols(void *qt, void *scales, const void *x, const int32_t *offsets, size_t E,
                            size_t R, size_t C, Fp8Scaling how, Fp8ColBlocks blocks, uint64_t *counts);
 void cpu_swiglu_backward_fp8(void *q, void *scales, void *qt, void *scales_t, void *row_dot, void *hwt,

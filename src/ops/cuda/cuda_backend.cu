@@ -282,7 +282,7 @@ static Ops make_cuda_ops(void) {
     if (cuda_ctx.fp8) {
         o.fp8_quantize_rows = cuda_fp8_quantize_rows, o.fp8_quantize_cols = cuda_fp8_quantize_cols;
         o.swiglu_forward_fp8 = cuda_swiglu_forward_fp8, o.fp8_quantize_rows_cols = cuda_fp8_quantize_rows_cols;
-        o.swiglu_backward_fp8 = cuda_swiglu_backward_fp8;
+        o.swiglu_backward_fp8 = cuda_swiglu_backward_fp8, o.rmsnorm_forward_fp8 = cuda_rmsnorm_forward_fp8;
         o.fp8_quantize_weights = cuda_fp8_quantize_weights, o.fp8_transpose_codes = cuda_fp8_transpose_codes;
         o.fp8_regroup_scales = cuda_fp8_regroup_scales, o.fp8_dequantize_rows = cuda_fp8_dequantize_rows;
         o.fp8_gather_rows = cuda_fp8_gather_rows;

@@ -156,3 +156,25 @@ __device__ __forceinline__ uint4 pack8(const float v[8]) {
 __device__ __forceinline__ void load8(float v[8], const bf16 *p) { unpack8(v, *reinterpret_cast<const uint4 *>(p)); }
 
 __device__ __forceinline__ void store8(bf16 *p, const float v[8]) { *reinterpret_cast<uint4 *>(p) = pack8(v); }
+
+// The first pass of RMSNorm over a row of W values (a multiple of 8) by one warp, lane `lane` taking
+// 8 values every 256: with ADD the row is sum = x + b, rounded to bf16 and written (each lane reads
+// back only what it wrote); returns 1 / rms of the row (x's, or sum's). rmsnorm_forward's kernel
+// and the one that also quantises its output (cuda_fp8.cu) share it: the same bits.
+template <bool ADD>
+__device__ __forceinline__ float rmsnorm_row_rstd(bf16 *sum, const bf16 *x, const bf16 *b, size_t W, float eps,
+                                                  int lane) {
+    float ss = 0;
+    for (size_t j = 8 * lane; j < W; j += 256) {
+        float v[8];
+        load8(v, x + j);
+        if (ADD) {
+            float v2[8];
+            load8(v2, b + j);
+            for (int k = 0; k < 8; k++) v[k] = bf(to_bf(v[k] + v2[k]));
+            store8(sum + j, v);
+        }
+        for (int k = 0; k < 8; k++) ss += v[k] * v[k];
+    }
+    return rsqrtf(warp_sum(ss) / (float)W + eps);
+}

@@ -79,19 +79,7 @@ __global__ void rmsnorm_forward_kernel(bf16 *out, float *rstd, bf16 *sum, const 
     int lane = threadIdx.x & 31;
     if (r >= R) return;
     const bf16 *xr = ADD ? sum + r * W : x + r * W;
-    float ss = 0;
-    for (size_t j = 8 * lane; j < W; j += 256) {
-        float v[8];
-        load8(v, x + r * W + j);
-        if (ADD) {
-            float v2[8];
-            load8(v2, b + r * W + j);
-            for (int k = 0; k < 8; k++) v[k] = bf(to_bf(v[k] + v2[k]));
-            store8(sum + r * W + j, v);
-        }
-        for (int k = 0; k < 8; k++) ss += v[k] * v[k];
-    }
-    float rs = rsqrtf(warp_sum(ss) / (float)W + eps);
+    float rs = rmsnorm_row_rstd<ADD>(ADD ? sum + r * W : NULL, x + r * W, ADD ? b + r * W : NULL, W, eps, lane);
     for (size_t j = 8 * lane; j < W; j += 256) {
         float v[8], g[8];
         load8(v, xr + j), load8(g, w + j);

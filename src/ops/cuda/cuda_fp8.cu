@@ -465,6 +465,59 @@ extern "C" void cuda_swiglu_forward_fp8(void *out, void *q, void *scales, const 
     CUDA_LAUNCH_CHECK();
 }
 
+// RMSNorm (with ADD, of sum = a + b) and its output's rows quantised in the same pass: a warp per
+// row, as rmsnorm_forward's kernel (rmsnorm_row_rstd, then the normalised values as it rounds and
+// stores them); lane l's values of iteration i (columns 256 i + 8 l on) are a piece of block 2 i + l /
+// 16, so a half-warp holds a block, as in the rows' kernels: FP8_R_PAIRS iterations at a time go
+// through fp8_store_row_pieces (blocks past W: no piece), whose codes, scales and counts are then
+// fp8_quantize_rows' of the stored output. W a multiple of 8, the buffers 16-byte aligned.
+template <bool ADD>
+__global__ void rmsnorm_forward_fp8_kernel(bf16 *out, float *rstd, bf16 *sum, uint8_t *q, float *scales, const bf16 *a,
+                                           const bf16 *b, const bf16 *w, int R, int W, float eps, Fp8Scaling how,
+                                           uint64_t *counts) {
+    fp8_count_values(counts, NULL, 1, R, W);
+    int r = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32), lane = threadIdx.x & 31;
+    if (r >= R) return;
+    size_t row = (size_t)r * W;
+    const bf16 *xr = ADD ? sum + row : a + row;
+    float rs = rmsnorm_row_rstd<ADD>(ADD ? sum + row : NULL, a + row, ADD ? b + row : NULL, W, eps, lane);
+    for (int j0 = 0; j0 < W; j0 += 256 * FP8_R_PAIRS) {
+        int rs_of[FP8_R_PAIRS], kbs[FP8_R_PAIRS];
+        uint4 piece[FP8_R_PAIRS];
+#pragma unroll
+        for (int p = 0; p < FP8_R_PAIRS; p++) {
+            int j = j0 + 256 * p + 8 * lane;
+            float v[8] = {0, 0, 0, 0, 0, 0, 0, 0}, g[8];
+            if (j < W) {
+                load8(v, xr + j), load8(g, w + j);
+                for (int k = 0; k < 8; k++) v[k] *= rs * g[k];
+            }
+            piece[p] = pack8(v);
+            if (j < W) *reinterpret_cast<uint4 *>(out + row + j) = piece[p];
+            kbs[p] = (j0 + 256 * p) / FP8_BLOCK + lane / 16;
+            rs_of[p] = kbs[p] * FP8_BLOCK < W ? r : R;
+        }
+        fp8_store_row_pieces(q, scales, out, NULL, 1, R, W, rs_of, kbs, piece, true, how, counts);
+    }
+    if (lane == 0) rstd[r] = rs;
+}
+
+extern "C" void cuda_rmsnorm_forward_fp8(void *sum, void *out, void *rstd, void *q, void *scales, const void *a,
+                                         const void *b, const void *w, size_t R, size_t W, float eps, Fp8Scaling how,
+                                         uint64_t *counts) {
+    if (!R) return;
+    fp8_check_index(R, W);
+    bool aligned = aligned16(out) && aligned16(a) && aligned16(b) && aligned16(sum) && aligned16(w) && aligned16(q);
+    if (W % 8 || !aligned)
+        moe_fatal("%s:%d: rmsnorm_forward_fp8 needs a width that is a multiple of 8 (got %zu) and 16-byte aligned "
+                  "buffers (the model calls it only so)", __FILE__, __LINE__, W);
+    auto kernel = b ? rmsnorm_forward_fp8_kernel<true> : rmsnorm_forward_fp8_kernel<false>;
+    kernel<<<cuda_blocks(R * 32, 256), 256, 0, cuda_ctx.stream>>>(
+        (bf16 *)out, (float *)rstd, (bf16 *)sum, (uint8_t *)q, (float *)scales, (const bf16 *)a, (const bf16 *)b,
+        (const bf16 *)w, (int)R, (int)W, eps, how, counts);
+    CUDA_LAUNCH_CHECK();
+}
+
 // The rows of x that land in token-major block b (columns [128 b, 128 b + 128)): first row and
 // count, 0 rows for a block of no expert (past an expert's rows, or before the first expert's when
 // offsets[0] > 0, as for a chunk of experts). Its expert, returned, is the last one starting at or
