@@ -1090,9 +1090,9 @@ extern "C" void cuda_fp8_regroup_scales(void *out, const void *in, const int32_t
 // codes in 16-byte pieces (vec: K a multiple of 16 and both buffers 16-byte aligned), FP8_G_PIECES a
 // lane loaded before any is stored, or byte by byte; then its scales, a lane a block, the first 32
 // loaded with the codes. The row's token is requested before its group's search, which does not need
-// it: every load a lane makes is in flight at once (each piece loaded after the previous one's store
-// made a chain of dependent round trips). Bound by memory: each token's codes are read once for each
-// of its expert rows (top_k times).
+// it: every load a lane makes is in flight at once (loaded after the previous piece's store, each
+// piece waited for the last: 2% of the kernel's time, docs/PERF.md, twenty-fifth session). Bound by
+// memory (~3.6 TB/s): each token's codes are read once for each of its expert rows (top_k times).
 #define FP8_G_PIECES 4
 __global__ void fp8_gather_rows_kernel(uint8_t *q, float *scales, const uint8_t *tq, const float *tscales,
                                        const int32_t *x_rows, const int32_t *offsets, int E, int R, int K, int T,
