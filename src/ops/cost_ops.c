@@ -173,10 +173,11 @@ static void cost_fp8_rows(void *q, void *s, const void *x, const int32_t *off, s
                           Fp8Scaling h, uint64_t *n) {
     bytes(KERNEL_FP8_QUANTIZE, fp8_rows(R, off) * K * (A + 1));
 }
-// the norm's bytes, and the rows' codes written (the norm's output not read again)
+// the norm's bytes (as the op alone), and the rows' codes written (the norm's output not read again)
 static void cost_rmsnorm_fp8(void *s, void *o, void *r, void *q, void *qs, const void *a, const void *b, const void *w,
                              size_t R, size_t W, float eps, Fp8Scaling h, uint64_t *n) {
-    bytes(KERNEL_ELEMENTWISE, (b ? 4.0 : 2.0) * R * W * A + R * F);
+    if (b) cost_add_rmsnorm_forward(s, o, r, a, b, w, R, W, eps);
+    else cost_rmsnorm_forward(o, r, a, w, R, W, eps);
     bytes(KERNEL_FP8_QUANTIZE, (double)R * W);
 }
 static void cost_swiglu_fp8(void *o, void *q, void *s, const void *g, const int32_t *off, size_t E, size_t R,
