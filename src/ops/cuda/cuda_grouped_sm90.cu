@@ -6,13 +6,16 @@
 using namespace cute;
 
 // One grouped product type: bf16 operands with the given layouts (CUTLASS's convention: A is
-// (M, K), B is (K, N); RowMajor B means N contiguous), fp32 accumulation, output ElementD row-major,
-// read back and added when ACCUMULATE. 128 x 256 x 64 tiles on two consumer warpgroups
-// (cooperative), clusters of 2 along M sharing the B tile through TMA multicast.
-template <class LayoutA, class LayoutB, class ElementD, bool ACCUMULATE> struct GroupedSm90 {
-    using TileShape = Shape<_128, _256, _64>;
-    using ClusterShape = Shape<_2, _1, _1>;
-    using Epi = GroupedSm90Epilogue<TileShape, ClusterShape, ElementD, ACCUMULATE>;
+// (M, K), B is (K, N); RowMajor B means N contiguous), fp32 accumulation, the output written by
+// Epilogue (GroupedSm90RowsEpilogue: bf16 rows; GroupedSm90Epilogue: fp32 weight gradients). 128 x
+// 256 x 64 tiles on two consumer warpgroups (cooperative), clusters of 2 along M sharing the B tile
+// through TMA multicast.
+using GroupedSm90Tile = Shape<_128, _256, _64>;
+using GroupedSm90Cluster = Shape<_2, _1, _1>;
+template <class LayoutA, class LayoutB, class Epilogue> struct GroupedSm90 {
+    using TileShape = GroupedSm90Tile;
+    using ClusterShape = GroupedSm90Cluster;
+    using Epi = Epilogue;
     using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
         cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::bfloat16_t, LayoutA *, 8,
         cutlass::bfloat16_t, LayoutB *, 8, float, TileShape, ClusterShape,
@@ -57,15 +60,17 @@ static void grouped_sm90_run(const void *a, const void *b, void *d, const int32_
 
 typedef cutlass::layout::RowMajor Row;
 typedef cutlass::layout::ColumnMajor Col;
+template <bool ACCUMULATE>
+using GroupedSm90Wgrad = GroupedSm90<Col, Row, GroupedSm90Epilogue<GroupedSm90Tile, GroupedSm90Cluster, float, ACCUMULATE>>;
 
 extern "C" void cuda_grouped_sm90(GroupedOp op, const void *a, const void *b, void *d, const int32_t *offsets,
                                   size_t E, size_t N, size_t K) {
     if (op == GROUPED_FWD)
-        grouped_sm90_run<GroupedSm90<Row, Col, cutlass::bfloat16_t, false>, GROUPED_FWD>(a, b, d, offsets, (int)E, (int)N, (int)K);
+        grouped_sm90_run<GroupedSm90<Row, Col, GroupedSm90RowsEpilogue>, GROUPED_FWD>(a, b, d, offsets, (int)E, (int)N, (int)K);
     else if (op == GROUPED_DGRAD)
-        grouped_sm90_run<GroupedSm90<Row, Row, cutlass::bfloat16_t, false>, GROUPED_DGRAD>(a, b, d, offsets, (int)E, (int)N, (int)K);
+        grouped_sm90_run<GroupedSm90<Row, Row, GroupedSm90RowsEpilogue>, GROUPED_DGRAD>(a, b, d, offsets, (int)E, (int)N, (int)K);
     else if (op == GROUPED_WGRAD)
-        grouped_sm90_run<GroupedSm90<Col, Row, float, true>, GROUPED_WGRAD>(a, b, d, offsets, (int)E, (int)N, (int)K);
+        grouped_sm90_run<GroupedSm90Wgrad<true>, GROUPED_WGRAD>(a, b, d, offsets, (int)E, (int)N, (int)K);
     else
-        grouped_sm90_run<GroupedSm90<Col, Row, float, false>, GROUPED_WGRAD_SET>(a, b, d, offsets, (int)E, (int)N, (int)K);
+        grouped_sm90_run<GroupedSm90Wgrad<false>, GROUPED_WGRAD_SET>(a, b, d, offsets, (int)E, (int)N, (int)K);
 }

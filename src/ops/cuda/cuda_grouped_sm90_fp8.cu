@@ -13,7 +13,9 @@ using namespace cute;
 // activations in 1x128 blocks) and 128 along K;
 // the scales of each expert are a packed block-major matrix (the row index fastest), as
 // fp8_quantize_rows, _cols and _weights write them. 128 x 128 x 128 tiles on two consumer
-// warpgroups, clusters of 2 along N sharing the A tile through TMA multicast. With b's scales in
+// warpgroups, clusters of 2 along N sharing the A tile through TMA multicast; the output written by
+// Epilogue (the rows products' bf16 by GroupedSm90RowsEpilogue, the weight gradients' fp32 by
+// CUTLASS's TMA epilogue). With b's scales in
 // 128x128 blocks (the forward and input gradient) the consumers run the loop of
 // cuda_fp8_mainloop.cuh, which promotes each K tile beside the next one's wgmma batch (the same
 // bits, 2-4% faster alone): the forward, the input gradient, and the weight gradient whose x is in
@@ -22,14 +24,16 @@ using namespace cute;
 // loop with the two scales spilled registers and ran 7-21% slower (docs/PERF.md, 2026-12-01,
 // fourteenth session), and a tile's batch split into two 64-column halves, each promoted beside the
 // other's batch, gave the same bits 17% slower (2026-12-02, seventeenth session).
-template <int GRANULARITY_N, class ElementD, bool ACCUMULATE> struct GroupedSm90Fp8 {
+using Fp8TileShape = Shape<_128, _128, _128>;
+using Fp8ClusterShape = Shape<_1, _2, _1>;
+template <int GRANULARITY_N, class Epilogue> struct GroupedSm90Fp8 {
     static constexpr int granularity_n = GRANULARITY_N;
-    using TileShape = Shape<_128, _128, _128>;
-    using ClusterShape = Shape<_1, _2, _1>;
+    using TileShape = Fp8TileShape;
+    using ClusterShape = Fp8ClusterShape;
     using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, GRANULARITY_N, FP8_BLOCK>;
     using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
     using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
-    using Epi = GroupedSm90Epilogue<TileShape, ClusterShape, ElementD, ACCUMULATE>;
+    using Epi = Epilogue;
     using CutlassMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
         cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
         cutlass::float_e4m3_t, cute::tuple<cutlass::layout::RowMajor *, LayoutSFA *>, 16,
@@ -59,11 +63,12 @@ template <int GRANULARITY_N, class ElementD, bool ACCUMULATE> struct GroupedSm90
 };
 
 // out (rows, N) bf16 = a (rows, K) . b[e] (N, K)^T for the rows of each expert (fp8_grouped_matmul).
-using Fp8Rows = GroupedSm90Fp8<FP8_BLOCK, cutlass::bfloat16_t, false>;
+using Fp8Rows = GroupedSm90Fp8<FP8_BLOCK, GroupedSm90RowsEpilogue>;
 // dw[e] (N, K) f32 (+)= dout_t (N, its columns) . x_t (K, its columns)^T (fp8_grouped_matmul_wgrad),
 // x_t's scales per column (X_GRANULARITY 1: FP8_COLS_1X128) or per 128 columns (FP8_BLOCK:
 // FP8_COLS_128X128) and 128 tokens.
-template <int X_GRANULARITY, bool ACCUMULATE> using Fp8Wgrad = GroupedSm90Fp8<X_GRANULARITY, float, ACCUMULATE>;
+template <int X_GRANULARITY, bool ACCUMULATE>
+using Fp8Wgrad = GroupedSm90Fp8<X_GRANULARITY, GroupedSm90Epilogue<Fp8TileShape, Fp8ClusterShape, float, ACCUMULATE>>;
 
 __global__ void grouped_sm90_fp8_prepare_rows(Fp8Rows::Table *t, const uint8_t *a, const float *a_scales,
                                               const uint8_t *b, const float *b_scales, bf16 *out,
