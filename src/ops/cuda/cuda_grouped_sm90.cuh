@@ -59,7 +59,11 @@ __device__ inline uint4 quad_transpose(const uint32_t w[4], int q) {
 // no shared memory and no barrier, so that a tile's stores drain while the next tile's main loop
 // runs. CUTLASS's TMA epilogue writes each 128 x 32 subtile to shared memory, waits at a barrier,
 // and waits for the store of the subtile two before; CUTLASS's own direct-store epilogue for grouped
-// kernels stores one value at a time. Measured (docs/PERF.md, 2026-12-03, twenty-sixth session): the
+// kernels stores one value at a time. The stores are streaming (`__stcs`, st.global.cs: first out
+// of L2), so that the outputs, written once and read by a later kernel, do not push the operands'
+// tiles that other thread blocks still read out of L2: on one machine of the pool the products ran
+// 7-25% faster alone with them (bf16 and FP8) and olmoe-L8's step ~1.6% faster, on another at the
+// same speed (docs/PERF.md, twenty-seventh session). Measured (docs/PERF.md, 2026-12-03, twenty-sixth session): the
 // FP8 rows products 1-5% faster alone (2% over scale-E8's products) and 52.6 -> 49.9 ms a step on
 // olmoe-L8 (+0.7% tokens/s), bf16 +0.3% tokens/s; 4-byte stores of column pairs instead ran 25%
 // slower, the TMA epilogue on one 128 x 128 subtile 3% slower. alpha 1, no source. The base supplies
@@ -111,7 +115,7 @@ struct GroupedSm90RowsStore : GroupedSm90RowsStoreBase {
                 uint4 piece = quad_transpose(w, q);
                 int i = base + 2 * r + 4 * q; // this lane's value of the group it stores
                 auto at = tCcD(i);            // N is a multiple of 8: a group lies within or past it
-                if (get<0>(at) < M && get<1>(at) - 2 * q < N) *(uint4 *)(&tCgD(i) - 2 * q) = piece;
+                if (get<0>(at) < M && get<1>(at) - 2 * q < N) __stcs((uint4 *)(&tCgD(i) - 2 * q), piece);
             }
         }
     }
