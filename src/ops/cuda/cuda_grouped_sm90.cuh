@@ -59,15 +59,15 @@ __device__ inline uint4 quad_transpose(const uint32_t w[4], int q) {
 // no shared memory and no barrier, so that a tile's stores drain while the next tile's main loop
 // runs. CUTLASS's TMA epilogue writes each 128 x 32 subtile to shared memory, waits at a barrier,
 // and waits for the store of the subtile two before; CUTLASS's own direct-store epilogue for grouped
-// kernels stores one value at a time. The stores are streaming (`__stcs`, st.global.cs: first out
-// of L2), so that the outputs, written once and read by a later kernel, do not push the operands'
-// tiles that other thread blocks still read out of L2: on one machine of the pool the products ran
-// 7-25% faster alone with them (bf16 and FP8) and olmoe-L8's step ~1.6% faster, on another at the
-// same speed (docs/PERF.md, twenty-seventh session). Measured (docs/PERF.md, 2026-12-03, twenty-sixth session): the
+// kernels stores one value at a time. Measured (docs/PERF.md, 2026-12-03, twenty-sixth session): the
 // FP8 rows products 1-5% faster alone (2% over scale-E8's products) and 52.6 -> 49.9 ms a step on
 // olmoe-L8 (+0.7% tokens/s), bf16 +0.3% tokens/s; 4-byte stores of column pairs instead ran 25%
-// slower, the TMA epilogue on one 128 x 128 subtile 3% slower. alpha 1, no source. The base supplies
-// the arguments, parameters and checks of CUTLASS's direct-store epilogue.
+// slower, the TMA epilogue on one 128 x 128 subtile 3% slower. The stores are streaming (`__stcs`,
+// st.global.cs: first out of L2), so that the outputs, written once and read by a later kernel, do
+// not push the operands' tiles that other thread blocks still read out of L2: on one machine of the
+// pool the products ran 7-25% faster alone with them (bf16 and FP8) and olmoe-L8's step ~1.6%
+// faster, on another at the same speed (twenty-seventh session). alpha 1, no source. The base
+// supplies the arguments, parameters and checks of CUTLASS's direct-store epilogue.
 using GroupedSm90RowsThreadOp = cutlass::epilogue::thread::LinearCombination<
     cutlass::bfloat16_t, 1, float, float, cutlass::epilogue::thread::ScaleType::OnlyAlphaScaling>;
 using GroupedSm90RowsStride = cutlass::detail::TagToStrideC_t<cutlass::layout::RowMajor *>;
