@@ -174,18 +174,19 @@ static void test_micro_batch_accumulation(void) {
 
 // How a test step runs its products in FP8 (NULL: all in act precision): the expert products with
 // scaling `how`, the dense linear layers' too or not, the experts' operands read from the tokens'
-// rows or not (train.fp8_fused_dispatch), and the experts' SwiGLU backward making the FP8 operands or
-// not (train.fp8_fused_swiglu).
+// rows or not (train.fp8_fused_dispatch), the experts' SwiGLU backward making the FP8 operands or
+// not (train.fp8_fused_swiglu), and the optimizer's update making the experts' FP8 copies or not
+// (train.fp8_fused_update).
 typedef struct {
     Fp8Scaling how;
-    bool dense, fused, swiglu, wgrad_blocks;
+    bool dense, fused, swiglu, wgrad_blocks, update;
 } TestFp8;
 
 // What a test model of recompute mode r with products as *fp8 says (NULL: act precision) allocates.
 static ModelModes test_modes(Recompute r, const TestFp8 *fp8) {
     return fp8 ? (ModelModes){.recompute = r, .fp8 = true, .how = fp8->how, .fp8_dense = fp8->dense,
                               .fp8_fused_dispatch = fp8->fused, .fp8_fused_swiglu = fp8->swiglu,
-                              .fp8_wgrad_blocks = fp8->wgrad_blocks}
+                              .fp8_wgrad_blocks = fp8->wgrad_blocks, .fp8_fused_update = fp8->update}
                : (ModelModes){.recompute = r};
 }
 
@@ -258,7 +259,7 @@ static void test_recompute_bitwise(void) {
     cfgs[2].qk_norm = QK_NORM_NONE, cfgs[2].random_routing = true, cfgs[2].capacity_factor = 0.75;
     cfgs[2].n_dense_layers = 0;
     cfgs[3].norm_placement = NORM_REORDERED, cfgs[3].random_routing = true;
-    const TestFp8 fp8 = {FP8_SCALE_AMAX, true, true, true, true};
+    const TestFp8 fp8 = {FP8_SCALE_AMAX, true, true, true, true, true};
     for (int i = 0; i < 4 * 2; i++) {
         const ModelConfig *c = &cfgs[i / 2];
         const char *name = names[i / 2], *precision = i % 2 ? "FP8" : "exact";
@@ -450,8 +451,10 @@ static size_t small_fp8_weight_bytes(const ModelConfig *c) {
 // each optimizer step counts every one of their values once (class weights). The memory plan counts
 // them and the dense layers' scratch exactly, and with a compute copy apart from the masters
 // (ops_cpu_sharded) the experts' compute weights are staged: one tensor's in place of the experts'
-// region. The final master weights and codes go to params and codes.
-static void fp8_weight_copies_case(const Ops *ops, real *params, uint8_t *codes, size_t cap) {
+// region, which the optimizer's updates leave alone with `update` (train.fp8_fused_update: its
+// adamw_update_fp8 makes the experts' codes) and write over without. The final master weights and
+// codes go to params and codes.
+static void fp8_weight_copies_case(const Ops *ops, bool update, real *params, uint8_t *codes, size_t cap) {
     ModelConfig c = small_model();
     Config cfg;
     config_defaults(&cfg);
@@ -461,7 +464,7 @@ static void fp8_weight_copies_case(const Ops *ops, real *params, uint8_t *codes,
     test_single_parallel(&par, &c);
     Model m;
     Optimizer o;
-    const TestFp8 fp8 = {FP8_SCALE_AMAX, true, false, true, true};
+    const TestFp8 fp8 = {FP8_SCALE_AMAX, true, false, true, true, update};
     model_init(&m, &c, ops, &par, B, S, 1, 1, test_modes(RECOMPUTE_NONE, &fp8));
     optim_init(&o, &m);
     model_init_weights(&m, 3);
@@ -485,7 +488,8 @@ static void fp8_weight_copies_case(const Ops *ops, real *params, uint8_t *codes,
     CHECK_MSG(m.reg.total <= cap && n <= cap, "%s: %zu parameters and %zu codes exceed the test's buffers of %zu",
               ops->name, m.reg.total, n, cap);
     uint8_t *before = malloc(n);
-    real *metrics = calloc(model_metrics_len(&c), sizeof(real));
+    real *metrics = calloc(model_metrics_len(&c), sizeof(real)), *stage = m.expert_stage;
+    for (size_t i = 0; stage && i < span; i++) stage[i] = NAN; // what the steps' updates write over
     int32_t seqs[2 * 7];
     for (int step = 1; step <= 3; step++) {
         for (int i = 0; i < 2 * 7; i++) seqs[i] = (int32_t)(rng_hash64((uint64_t)step, (uint64_t)i) % 17);
@@ -506,6 +510,11 @@ static void fp8_weight_copies_case(const Ops *ops, real *params, uint8_t *codes,
         uint64_t counted = m.fp8->counts[FP8_CLASS_WEIGHTS * FP8_COUNTS + FP8_COUNT_VALUES];
         CHECK_MSG(counted == n, "step %d counted %llu weight values, not %zu", step, (unsigned long long)counted, n);
     }
+    size_t written = 0;
+    for (size_t i = 0; stage && i < span; i++) written += !isnan(stage[i]);
+    CHECK_MSG(!stage || written == (update ? 0 : span), "%s: the updates wrote %zu of the %zu staged expert "
+              "weights, not %s", ops->name, written, span, update ? "none (adamw_update_fp8 makes their FP8 "
+              "copies without them)" : "all (train.fp8_fused_update off)");
     if (m.reg.total <= cap && n <= cap) {
         memcpy(params, m.params, m.reg.total * sizeof(real));
         fp8_codes(&m, codes, false);
@@ -517,17 +526,21 @@ static void fp8_weight_copies_case(const Ops *ops, real *params, uint8_t *codes,
     test_free_parallel(&par);
 }
 
-// ... on the CPU backend, and with the experts' compute weights staged (the same values bit for bit:
-// the CPU's compute copy is exact).
+// ... on the CPU backend, and with the experts' compute weights staged, their codes made by the
+// update or apart (the same values bit for bit: the CPU's compute copy is exact).
 static void test_fp8_weight_copies(void) {
     size_t P = 1 << 20; // more than small_model()'s parameters and codes (checked by the case)
-    real *params[2] = {calloc(P, sizeof(real)), calloc(P, sizeof(real))};
-    uint8_t *codes[2] = {calloc(P, 1), calloc(P, 1)};
-    fp8_weight_copies_case(ops_cpu(), params[0], codes[0], P);
-    fp8_weight_copies_case(ops_cpu_sharded(), params[1], codes[1], P);
-    CHECK_MSG(!memcmp(params[0], params[1], P * sizeof(real)) && !memcmp(codes[0], codes[1], P),
-              "three steps with the experts' compute weights staged differ from the CPU backend's");
-    for (int i = 0; i < 2; i++) free(params[i]), free(codes[i]);
+    real *params[3];
+    uint8_t *codes[3];
+    for (int i = 0; i < 3; i++) params[i] = calloc(P, sizeof(real)), codes[i] = calloc(P, 1);
+    fp8_weight_copies_case(ops_cpu(), true, params[0], codes[0], P);
+    fp8_weight_copies_case(ops_cpu_sharded(), true, params[1], codes[1], P);
+    fp8_weight_copies_case(ops_cpu_sharded(), false, params[2], codes[2], P);
+    for (int i = 1; i < 3; i++)
+        CHECK_MSG(!memcmp(params[0], params[i], P * sizeof(real)) && !memcmp(codes[0], codes[i], P),
+                  "three steps with the experts' compute weights staged (codes made %s) differ from the CPU "
+                  "backend's", i == 1 ? "by the update" : "apart");
+    for (int i = 0; i < 3; i++) free(params[i]), free(codes[i]);
 }
 
 // The memory plan of c (B x S tokens) under recompute mode r with products as *fp8 says (NULL: act
@@ -547,7 +560,7 @@ static void plan_bytes(const ModelConfig *c, size_t B, size_t S, Recompute r, co
 // layers in FP8 or not: under full recompute, which keeps no FP8 input (nor lends scratch).
 static size_t fp8_plan_bytes(const ModelConfig *c, size_t B, size_t S, bool dense) {
     size_t all, acts, all0, acts0;
-    plan_bytes(c, B, S, RECOMPUTE_FULL, &(TestFp8){FP8_SCALE_AMAX, dense, false, true, true}, &all, &acts);
+    plan_bytes(c, B, S, RECOMPUTE_FULL, &(TestFp8){FP8_SCALE_AMAX, dense, false, true, true, true}, &all, &acts);
     plan_bytes(c, B, S, RECOMPUTE_FULL, NULL, &all0, &acts0);
     return (all - acts) - (all0 - acts0);
 }
@@ -609,7 +622,7 @@ static void test_fp8_kept_inputs_memory(void) {
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         size_t all, acts, all0, acts0;
         plan_bytes(cases[i].c, 2, T / 2, cases[i].r,
-                   &(TestFp8){FP8_SCALE_AMAX, cases[i].dense, cases[i].fused, true, true}, &all,
+                   &(TestFp8){FP8_SCALE_AMAX, cases[i].dense, cases[i].fused, true, true, true}, &all,
                    &acts);
         plan_bytes(cases[i].c, 2, T / 2, cases[i].r, NULL, &all0, &acts0);
         ptrdiff_t got = (ptrdiff_t)acts - (ptrdiff_t)acts0, rest = (ptrdiff_t)(all - acts) - (ptrdiff_t)(all0 - acts0);
@@ -635,7 +648,7 @@ static void test_fp8_kept_inputs_step(void) {
     ModelConfig c = small_model();
     size_t P, len;
     model_sizes(&c, &P, &len);
-    const TestFp8 fp8 = {FP8_SCALE_AMAX, true, true, true, true};
+    const TestFp8 fp8 = {FP8_SCALE_AMAX, true, true, true, true, true};
     real *grads[2] = {calloc(P, sizeof(real)), calloc(P, sizeof(real))};
     real *metrics[2] = {calloc(len, sizeof(real)), calloc(len, sizeof(real))};
     uint64_t counts[MODEL_FP8_COUNTS], full_counts[MODEL_FP8_COUNTS];
@@ -674,7 +687,7 @@ static void test_fp8_fused_swiglu(void) {
         for (int mode = 0; mode < 4; mode++) {
             bool dispatch = mode & 1, blocks = mode & 2;
             for (int fused = 0; fused < 2; fused++) {
-                TestFp8 fp8 = {FP8_SCALE_AMAX, true, dispatch, fused, blocks};
+                TestFp8 fp8 = {FP8_SCALE_AMAX, true, dispatch, fused, blocks, true};
                 bytes[fused] = recompute_step(&c, (Recompute)r, &fp8, grads[fused], metrics[fused], counts[fused]);
             }
             CHECK_MSG(!memcmp(grads[0], grads[1], P * sizeof(real)) &&

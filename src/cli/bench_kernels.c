@@ -295,6 +295,29 @@ static void bench_cross_entropy(Bench *b, const Config *cfg) {
     BENCH_FREE_ALL(b, logits, loss, targets);
 }
 
+// The update of one layer's experts' gate|up weights with their FP8 copies: AdamW into a compute
+// copy, then its quantisation (the staged path), against both in one pass (adamw_update_fp8). The
+// arrays: a model's parameters' (at least the tensor's).
+static void bench_adamw_fp8(Bench *b, const ModelConfig *c, void *param, void *param_act, void *grad, void *m, void *v,
+                            void *step, void *norm, AdamWArgs args) {
+    const Ops *o = b->o;
+    if (!o->adamw_update_fp8 || !c->n_experts) return;
+    size_t E = (size_t)c->n_experts, N = 2 * (size_t)c->expert_hidden, K = (size_t)c->d_model, n = E * N * K;
+    size_t blocks = E * fp8_blocks(N) * fp8_blocks(K), f = o->f32_size;
+    void *q = o->alloc(n), *qs = o->alloc(blocks * f), *qst = o->alloc(blocks * f);
+    void *counts = bench_zero_buf(b, FP8_COUNTS * sizeof(uint64_t));
+    char shape[64];
+    snprintf(shape, sizeof shape, "E%zu N%zu K%zu", E, N, K);
+    double ms = BENCH_TIME_MS(b, 3, (o->adamw_update(param, param_act, grad, m, v, n, args, step, norm),
+                                     o->fp8_quantize_weights(q, qs, qst, param_act, E, N, K, FP8_SCALE_AMAX, counts)));
+    // AdamW's 30 bytes a parameter, then its compute copy read and the codes written
+    report(b, "AdamW then FP8 weights (experts' gate|up)", shape, ms, 0, 33.0 * n, 0);
+    ms = BENCH_TIME_MS(b, 3, o->adamw_update_fp8(param, grad, m, v, q, qs, qst, E, N, K, args, step, norm,
+                                                 FP8_SCALE_AMAX, counts));
+    report(b, "  in one pass (adamw_update_fp8)", shape, ms, 0, 29.0 * n, 0); // no compute copy
+    BENCH_FREE_ALL(b, q, qs, qst, counts);
+}
+
 static void bench_memory_bound(Bench *b, const Config *cfg) {
     const ModelConfig *c = &cfg->model;
     const Ops *o = b->o;
@@ -364,6 +387,7 @@ static void bench_memory_bound(Bench *b, const Config *cfg) {
     // param, m, v read and written, grad read (fp32), the bf16 copy written: 30 bytes a parameter
     report(b, "AdamW (one call, all params)", shape,
            BENCH_TIME_MS(b, 3, o->adamw_update(param, param_act, grad, m, v, n, args, step, norm)), 0, 30.0 * n, 0);
+    bench_adamw_fp8(b, c, param, param_act, grad, m, v, step, norm, args);
     BENCH_FREE_ALL(b, param, param_act, grad, m, v, norm, step);
 }
 

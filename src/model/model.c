@@ -627,6 +627,7 @@ static Fp8Operands *fp8_operands_new(const Model *m, ModelModes modes) {
     Fp8Operands *o = moe_calloc(1, sizeof *o);
     o->how = modes.how, o->dense = modes.fp8_dense, o->fused_dispatch = modes.fp8_fused_dispatch;
     o->exchange = modes.fp8_exchange, o->fused_swiglu = modes.fp8_fused_swiglu;
+    o->fused_update = modes.fp8_fused_update;
     o->x_cols = modes.fp8_wgrad_blocks ? FP8_COLS_128X128 : FP8_COLS_1X128;
     size_t f = m->ops->f32_size;
     o->send_pitch = (fp8_blocks(m->cfg.d_model) * f + 15) / 16 * 16 / f; // 16-byte rows of scales
@@ -777,6 +778,19 @@ void model_compute_weights_ready(Model *m, ParamRegion r, size_t a, size_t b, vo
     MOE_ASSERT(a >= first && a <= b && (r != PARAM_EXPERT || !m->expert_stage || b - first <= expert_stage_elems(m)));
     if (g->size > 1) comm_all_gather_window(g, model_act(m, window, a - first), shard, a - begin, b - begin, COMM_ACT);
     quantize_fp8_weights(m, a, b, window, first);
+}
+
+const Fp8Weights *model_fp8_update_target(const Model *m, ParamRegion r, size_t a, size_t b, uint64_t **counts) {
+    if (r != PARAM_EXPERT || !m->expert_stage || !m->fp8->fused_update || model_region_group(m, r)->size > 1)
+        return NULL;
+    for (size_t i = 0; i < m->fp8->n_weights; i++) {
+        const Fp8Weights *t = &m->fp8->weights[i];
+        if (t->off == a && a + t->El * t->N * t->K == b) {
+            *counts = fp8_counts(m->fp8, FP8_CLASS_WEIGHTS);
+            return t;
+        }
+    }
+    return NULL; // the region's padding
 }
 
 void model_free(Model *m) {

@@ -93,6 +93,8 @@ typedef struct {
     bool fused_swiglu;          // the experts' SwiGLU backward makes the FP8 operands of the products it
                                 // feeds (swiglu_backward_fp8), where expert_hidden is a multiple of 128
                                 // and not with `exchange`
+    bool fused_update;          // the optimizer's update of the staged experts' weights makes their FP8
+                                // copies (model_fp8_update_target)
     bool exchange;              // train.fp8_exchange: the experts' inputs and the down projections' output
                                 // gradients are quantised where they are dispatched and travel as FP8 rows
                                 // (codes, then their scales row-major: LayerActs.xe, Scratch.dye8); the
@@ -218,6 +220,7 @@ typedef struct {
     bool fp8_fused_swiglu;   // train.fp8_fused_swiglu (Fp8Operands.fused_swiglu)
     bool fp8_exchange;       // train.fp8_exchange (Fp8Operands.exchange)
     bool fp8_wgrad_blocks;   // train.fp8_wgrad_blocks (Fp8Operands.x_cols)
+    bool fp8_fused_update;   // train.fp8_fused_update (Fp8Operands.fused_update)
 } ModelModes;
 
 typedef struct {
@@ -318,6 +321,13 @@ size_t model_compute_weight_elems(const Model *m);
 // loads; all of them) and the optimizer's update (those it updated), a span at a time
 // (model_compute_span_end).
 void model_compute_weights_ready(Model *m, ParamRegion r, size_t a, size_t b, void *window, size_t first);
+// The FP8 copy of the weight tensor that is flat [a, b) of region r where the optimizer makes it in
+// its update instead (the ops' adamw_update_fp8) and skips the compute weights and
+// model_compute_weights_ready: with train.fp8_fused_update, the experts staged (Model.expert_stage:
+// their compute weights exist only to be quantised) and the region's group of one rank (nothing to
+// gather); else NULL.
+// *counts: the counters its values are added to (class weights).
+const Fp8Weights *model_fp8_update_target(const Model *m, ParamRegion r, size_t a, size_t b, uint64_t **counts);
 
 // Builds the registry of this rank's tensors and allocates parameters, activations for n_slots
 // micro-batches in flight in each chunk (0: as many as the pipeline schedule of n_micro micro-batches

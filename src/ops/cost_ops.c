@@ -248,6 +248,11 @@ static void cost_adamw(void *p, void *pa, const void *g, void *m, void *v, size_
                        const void *ns) {
     bytes(KERNEL_OPTIMIZER, (double)n * (7 * F + (pa ? A : 0)));
 }
+// the same, the codes written in place of the act copy
+static void cost_adamw_fp8(void *p, const void *g, void *m, void *v, void *q, void *qs, void *qst, size_t E, size_t N,
+                           size_t K, AdamWArgs a, const StepInfo *s, const void *ns, Fp8Scaling h, uint64_t *n) {
+    bytes(KERNEL_OPTIMIZER, (double)E * N * K * (7 * F + 1));
+}
 
 const Ops *ops_costing(bool bf16_activations, CostSink *s) {
     static Ops o;
@@ -279,6 +284,6 @@ const Ops *ops_costing(bool bf16_activations, CostSink *s) {
     o.fp8_grouped_matmul = cost_fp8_grouped, o.fp8_grouped_matmul_wgrad = cost_fp8_wgrad;
     o.fp8_matmul = cost_fp8_matmul;
     o.router_bias_update = cost_bias_update, o.cross_entropy = cost_cross_entropy;
-    o.sum_squares = cost_sum_squares, o.adamw_update = cost_adamw;
+    o.sum_squares = cost_sum_squares, o.adamw_update = cost_adamw, o.adamw_update_fp8 = cost_adamw_fp8;
     return &o;
 }

@@ -424,6 +424,14 @@ typedef struct Ops {
     // f32. Gradients are scaled by min(1, clip / norm) with norm = sqrt(*grad_norm_sq).
     void (*adamw_update)(void *param, void *param_act, const void *grad, void *m, void *v,
                          size_t n, AdamWArgs a, const StepInfo *step, const void *grad_norm_sq);
+    // adamw_update of the E matrices (N, K) of one weight tensor, param_act NULL, and their FP8
+    // copies (q, scales, scales_t as fp8_quantize_weights makes them) from the updated weights in act
+    // precision, in one pass: the same values and codes as adamw_update into a compute copy followed
+    // by fp8_quantize_weights of it, with no compute copy written (NULL: the backend has no such
+    // pass).
+    void (*adamw_update_fp8)(void *param, const void *grad, void *m, void *v, void *q, void *scales, void *scales_t,
+                             size_t E, size_t N, size_t K, AdamWArgs a, const StepInfo *step,
+                             const void *grad_norm_sq, Fp8Scaling how, uint64_t *counts);
 } Ops;
 
 // n act elements of normal(0, scale^2) values keyed by seed (ops_fill.c; waits for the copies).

@@ -170,6 +170,10 @@ WRAP(sum_squares, PHASE_OPTIMIZER, (void *acc, const void *x, size_t n), (acc, x
 WRAP(adamw_update, PHASE_OPTIMIZER,
      (void *p, void *pa, const void *g, void *m, void *v, size_t n, AdamWArgs a, const StepInfo *s, const void *ns),
      (p, pa, g, m, v, n, a, s, ns))
+WRAP(adamw_update_fp8, PHASE_OPTIMIZER,
+     (void *p, const void *g, void *m, void *v, void *q, void *qs, void *qst, size_t E, size_t N, size_t K,
+      AdamWArgs a, const StepInfo *s, const void *ns, Fp8Scaling h, uint64_t *n),
+     (p, g, m, v, q, qs, qst, E, N, K, a, s, ns, h, n))
 
 const Ops *ops_profiled(const Ops *backend) {
     inner = backend;
@@ -190,7 +194,7 @@ const Ops *ops_profiled(const Ops *backend) {
     SET(fp8_quantize_weights), SET(rmsnorm_forward_fp8);
     SET(fp8_transpose_codes), SET(fp8_gather_rows), SET(fp8_regroup_scales), SET(fp8_dequantize_rows);
     SET(fp8_quantize_rows_cols), SET(fp8_grouped_matmul), SET(fp8_grouped_matmul_wgrad), SET(fp8_matmul);
-    SET(sum_squares), SET(adamw_update);
+    SET(sum_squares), SET(adamw_update), SET(adamw_update_fp8);
 #undef SET
     if (!events) {
         events = moe_malloc(2 * PROFILE_MAX_CALLS * sizeof(void *));

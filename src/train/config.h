@@ -44,6 +44,7 @@ typedef struct {
     bool fp8_fused_swiglu;     // with precision fp8: the experts' SwiGLU backward writes FP8 operands
     bool fp8_exchange;         // with precision fp8: rows travel to the experts (and inputs are kept) as FP8
     bool fp8_wgrad_blocks;     // with precision fp8: the weight gradients read their inputs in 128x128 blocks
+    bool fp8_fused_update;     // with precision fp8: the experts' update writes their FP8 copies itself
     double comm_timeout;       // seconds without progress before a multi-rank run ends (0: never)
     bool launch_ahead;         // each step queued before the previous one's metrics are read
     bool optimizer_overlap;    // each step's parameter update runs beside the next step's forward

@@ -74,6 +74,11 @@ StepInfo optim_step_info(const TrainConfig *t, int64_t step) {
                       .seed = rng_hash64((uint64_t)t->seed, (uint64_t)step)};
 }
 
+static AdamWArgs adamw_args(const TrainConfig *t, bool decay) {
+    return (AdamWArgs){.beta1 = (float)t->beta1, .beta2 = (float)t->beta2, .eps = (float)t->eps,
+                       .weight_decay = decay ? (float)t->weight_decay : 0.0f, .clip = (float)t->clip};
+}
+
 // AdamW over the shard's part of flat [lo, hi), one call per run of adjacent tensors with the same
 // weight decay (the runs cut at the part's edges; region padding belongs to no tensor and stays
 // zero), writing the compute weights into `window` (element x at x - first; model_compute_window).
@@ -81,7 +86,6 @@ static void adamw_part(const Optimizer *o, Model *m, const OptShard *s, size_t l
                        size_t first) {
     const Ops *ops = m->ops;
     const ParamRegistry *r = &m->reg;
-    const TrainConfig *t = o->train;
     lo = lo > s->shard_begin ? lo : s->shard_begin;
     hi = hi < s->shard_begin + s->shard ? hi : s->shard_begin + s->shard;
     for (size_t i = 0; i < r->n;) {
@@ -93,9 +97,7 @@ static void adamw_part(const Optimizer *o, Model *m, const OptShard *s, size_t l
         size_t b = r->p[j].offset + r->p[j].numel < hi ? r->p[j].offset + r->p[j].numel : hi;
         i = j + 1;
         if (a >= b) continue;
-        AdamWArgs args = {.beta1 = (float)t->beta1, .beta2 = (float)t->beta2, .eps = (float)t->eps,
-                          .weight_decay = r->p[j].decay ? (float)t->weight_decay : 0.0f,
-                          .clip = (float)t->clip};
+        AdamWArgs args = adamw_args(o->train, r->p[j].decay);
         void *act = ops->act_aliases_f32 ? NULL : model_act(m, window, a - first);
         size_t at = a - s->shard_begin;
         ops->adamw_update(model_master(m, a), act, model_f32(m, s->grad, at), model_f32(m, s->m, at),
@@ -103,9 +105,30 @@ static void adamw_part(const Optimizer *o, Model *m, const OptShard *s, size_t l
     }
 }
 
+// AdamW on flat [a, b) of region r where it is one weight tensor whose FP8 copy the update makes
+// (model_fp8_update_target: the ops' adamw_update_fp8, its compute weights never written). Returns
+// whether it was.
+static bool update_fp8_span(const Optimizer *o, Model *m, ParamRegion r, size_t a, size_t b) {
+    const Ops *ops = m->ops;
+    const OptShard *s = &o->region[r];
+    uint64_t *counts;
+    const Fp8Weights *t = ops->adamw_update_fp8 ? model_fp8_update_target(m, r, a, b, &counts) : NULL;
+    if (!t) return false;
+    MOE_ASSERT(a >= s->shard_begin && b <= s->shard_begin + s->shard); // a group of one rank: the region
+    size_t i = 0, at = a - s->shard_begin;
+    while (i < m->reg.n && m->reg.p[i].offset != a) i++; // its first registered tensor (an expert's)
+    MOE_ASSERT(i < m->reg.n);
+    for (size_t j = i; j < m->reg.n && m->reg.p[j].offset < b; j++) MOE_ASSERT(m->reg.p[j].decay == m->reg.p[i].decay);
+    ops->adamw_update_fp8(model_master(m, a), model_f32(m, s->grad, at), model_f32(m, s->m, at),
+                          model_f32(m, s->v, at), t->q, t->scales, t->scales_t, t->El, t->N, t->K,
+                          adamw_args(o->train, m->reg.p[i].decay), o->step_info, o->norm_sq, m->fp8->how, counts);
+    return true;
+}
+
 // AdamW on this rank's shard of flat [a, b) of region r, then its compute weights made whole and
-// their FP8 copies made (model_compute_weights_ready).
+// their FP8 copies made (model_compute_weights_ready), or both at once (update_fp8_span).
 static void update_span(const Optimizer *o, Model *m, ParamRegion r, size_t a, size_t b) {
+    if (update_fp8_span(o, m, r, a, b)) return;
     size_t first;
     void *window = model_compute_window(m, r, a, &first);
     adamw_part(o, m, &o->region[r], a, b, window, first);

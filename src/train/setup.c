@@ -79,7 +79,8 @@ ModelModes setup_model_modes(const Config *cfg) {
                         .how = t->fp8_recipe == FP8_RECIPE_BLOCKWISE_POW2 ? FP8_SCALE_POW2 : FP8_SCALE_AMAX,
                         .fp8_dense = t->fp8_dense, .fp8_fused_dispatch = t->fp8_fused_dispatch,
                         .fp8_fused_swiglu = t->fp8_fused_swiglu,
-                        .fp8_exchange = t->fp8_exchange, .fp8_wgrad_blocks = t->fp8_wgrad_blocks};
+                        .fp8_exchange = t->fp8_exchange, .fp8_wgrad_blocks = t->fp8_wgrad_blocks,
+                        .fp8_fused_update = t->fp8_fused_update};
 }
 
 void setup_plan_rank(const Config *cfg, int world, int rank, const Ops *ops, Parallel *par, Comm groups[4],

@@ -131,6 +131,18 @@ if run train.steps=20 train.precision=fp8 model.expert_hidden=128 train.out="$tm
     if [ "$(losses "$tmp/fp8_swiglu")" = "$(losses "$tmp/fp8_swiglu_apart")" ]; then ok "fp8 fused SwiGLU backward: the same 20 losses bit for bit"
     else bad "fp8 fused SwiGLU backward: the same losses" "$(losses "$tmp/fp8_swiglu" | tail -1) vs $(losses "$tmp/fp8_swiglu_apart" | tail -1)"; fi
 else bad "fp8 fused SwiGLU backward runs" "$(tail -5 "$tmp/last.log")"; fi
+# train.fp8_fused_update (the default) on train.device=cpu-sharded (a compute copy of the weights apart
+# from the masters, as on a GPU, the experts' staged): the optimizer's update makes the experts' FP8
+# copies itself, the same losses and weights' counts bit for bit as the update into the stage, then
+# the quantisation (false)
+if run train.steps=20 train.precision=fp8 train.device=cpu-sharded train.out="$tmp/fp8_update" &&
+    run train.steps=20 train.precision=fp8 train.device=cpu-sharded train.fp8_fused_update=false \
+        train.out="$tmp/fp8_update_apart"; then
+    if [ "$(grep -o '"loss":[^,]*,\|"weights":{[^}]*}' "$tmp/fp8_update/metrics.jsonl")" = \
+         "$(grep -o '"loss":[^,]*,\|"weights":{[^}]*}' "$tmp/fp8_update_apart/metrics.jsonl")" ]; then
+        ok "fp8 fused update of the experts: the same 20 losses and weight counts bit for bit"
+    else bad "fp8 fused update: the same losses" "$(losses "$tmp/fp8_update" | tail -1) vs $(losses "$tmp/fp8_update_apart" | tail -1)"; fi
+else bad "fp8 fused update runs" "$(tail -5 "$tmp/last.log")"; fi
 # Its FP8 counters: every step logs the values quantised per class and the shares flushed, saturated
 # and NaN (numbers in [0, 1], some values flushed); the exact run logs none.
 fp8_class='{"values":[1-9][0-9]*,[^}]*}'

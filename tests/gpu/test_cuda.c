@@ -1030,6 +1030,84 @@ static void test_fp8_weights_case(size_t E, size_t N, size_t K, size_t shift, Fp
     buf_free(&w), buf_free(&q), buf_free(&qt), buf_free(&sc), buf_free(&sct);
 }
 
+// Backend o's side of b from value (or byte) `shift` on.
+static void *buf_at(const Buf *b, const Ops *o, size_t shift) {
+    return (char *)(o == gpu ? b->g : b->c) + shift * elem(o, b->kind);
+}
+
+// The first of n values where the GPU sides of a and b (of one kind) differ in their bits; n if none.
+static size_t gpu_first_difference(const Buf *a, const Buf *b, size_t n) {
+    float *x = malloc(n * sizeof(float) + 4), *y = malloc(n * sizeof(float) + 4);
+    fetch(gpu, a->kind, a->g, n, x), fetch(gpu, b->kind, b->g, n, y);
+    size_t i = 0;
+    while (i < n && !memcmp(&x[i], &y[i], sizeof(float))) i++;
+    free(x), free(y);
+    return i;
+}
+
+// AdamW with the FP8 copies of the weights it updates made in the same pass (adamw_update_fp8),
+// outputs poisoned, bit for bit against adamw_update into a compute copy then fp8_quantize_weights
+// of that on the GPU (weights, m, v, codes, scales and counters), and its weights, m and v against
+// the CPU's; shapes as test_fp8_weights_case's (`shift` values or bytes past 16-byte alignment),
+// with an all-zero block (weights, gradients and moments), an outlier and gradients clipped.
+static void test_adamw_fp8_case(size_t E, size_t N, size_t K, size_t shift, Fp8Scaling how) {
+    char what[128];
+    size_t n = E * N * K + shift, blocks = E * fp8_blocks(N) * fp8_blocks(K);
+    Buf f32[7]; // p, g, m, v, then the copies of p, m, v the two ops update
+    for (int i = 0; i < 7; i++) f32[i] = buf_new(K_F32, n);
+    Buf *p = &f32[0], *g = &f32[1], *m = &f32[2], *v = &f32[3];
+    buf_random(p, 90, 0.05), buf_random(g, 91, 1), buf_random(m, 92, 0.1), buf_random(v, 93, 0.1);
+    for (size_t i = 0; i < n; i++) v->ref[i] = fabsf(v->ref[i]);
+    p->ref[n / 2] = 40; // an outlier: its block's scale
+    for (size_t r = 0; r < N && r < FP8_BLOCK; r++)
+        for (size_t k = 0; k < K && k < FP8_BLOCK; k++)
+            for (int i = 0; i < 4; i++) f32[i].ref[shift + r * K + k] = 0; // block (0, 0) of matrix 0
+    for (int i = 0; i < 4; i++) buf_push(&f32[i]);
+    buf_values(&f32[4], p->ref), buf_values(&f32[5], m->ref), buf_values(&f32[6], v->ref);
+    Buf pa = buf_new(K_ACT, n), q = buf_new(K_U8, n), q2 = buf_new(K_U8, n), sc[4];
+    for (int i = 0; i < 4; i++) sc[i] = buf_new(K_F32, blocks), buf_poison(&sc[i]); // scales, transposed, twice
+    buf_poison(&pa), buf_poison(&q), buf_poison(&q2);
+    Buf ss = buf_new(K_F32, 1), si = buf_new(K_I32, sizeof(StepInfo) / 4);
+    float norm_sq = 4.0f; // norm 2: clipped to 1
+    buf_values(&ss, &norm_sq);
+    StepInfo info = {.lr = 1e-2f, .step = 5, .seed = 1};
+    cpu->upload(si.c, &info, sizeof info), gpu->upload(si.g, &info, sizeof info);
+    AdamWArgs a = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .clip = 1.0f};
+    Counts c = counts_new(), c2 = counts_new();
+    size_t nk = E * N * K;
+    for (int i = 0; i < 2; i++) {
+        const Ops *o = i ? gpu : cpu;
+        o->adamw_update_fp8(buf_at(p, o, shift), buf_at(g, o, shift), buf_at(m, o, shift), buf_at(v, o, shift),
+                            buf_at(&q, o, shift), buf_at(&sc[0], o, 0), buf_at(&sc[1], o, 0), E, N, K, a,
+                            buf_at(&si, o, 0), buf_at(&ss, o, 0), how, i ? c.g : c.c);
+    }
+    gpu->adamw_update(buf_at(&f32[4], gpu, shift), buf_at(&pa, gpu, shift), buf_at(g, gpu, shift),
+                      buf_at(&f32[5], gpu, shift), buf_at(&f32[6], gpu, shift), nk, a, si.g, ss.g);
+    gpu->fp8_quantize_weights(buf_at(&q2, gpu, shift), sc[2].g, sc[3].g, buf_at(&pa, gpu, shift), E, N, K, how, c2.g);
+    snprintf(what, sizeof what, "adamw with FP8 weights E%zu N%zu K%zu%s%s", E, N, K, shift ? " unaligned" : "",
+             how == FP8_SCALE_POW2 ? " pow2" : "");
+    check(what, p, n, 1e-5, 1e-6), check("  m", m, n, 1e-5, 1e-6), check("  v", v, n, 1e-5, 1e-6);
+    const Buf *one[6] = {p, m, v, &q, &sc[0], &sc[1]}, *two[6] = {&f32[4], &f32[5], &f32[6], &q2, &sc[2], &sc[3]};
+    const char *names[6] = {"weights", "m", "v", "codes", "scales", "transposed scales"};
+    for (int i = 0; i < 6; i++) {
+        size_t len = i < 4 ? n : blocks, first = gpu_first_difference(one[i], two[i], len);
+        if (first < len)
+            FAIL("  %s: not bit for bit adamw_update then fp8_quantize_weights (first at %zu of %zu)", names[i], first,
+                 len);
+    }
+    uint64_t cg[FP8_COUNTS], cg2[FP8_COUNTS];
+    gpu->download(cg, c.g, sizeof cg), gpu->download(cg2, c2.g, sizeof cg2);
+    if (memcmp(cg, cg2, sizeof cg) || cg[FP8_COUNT_VALUES] != nk)
+        FAIL("  counters: values, flushed, saturated, NaN %llu %llu %llu %llu against %llu %llu %llu %llu (%zu values)",
+             (unsigned long long)cg[0], (unsigned long long)cg[1], (unsigned long long)cg[2], (unsigned long long)cg[3],
+             (unsigned long long)cg2[0], (unsigned long long)cg2[1], (unsigned long long)cg2[2],
+             (unsigned long long)cg2[3], nk);
+    cpu->free(c.c), gpu->free(c.g), cpu->free(c2.c), gpu->free(c2.g);
+    for (int i = 0; i < 7; i++) buf_free(&f32[i]);
+    for (int i = 0; i < 4; i++) buf_free(&sc[i]);
+    buf_free(&pa), buf_free(&q), buf_free(&q2), buf_free(&ss), buf_free(&si);
+}
+
 // Rows (q, s) and token-major copies (qt, st: in `blocks`) of x (act, all four `shift` values or bytes
 // in) on experts [first, E) of offsets, by both backends: the two ops, or (fused) the one pass of
 // both; counted in c.
@@ -1334,6 +1412,10 @@ static void test_fp8(void) {
     test_fp8_weights_case(3, 200, 260, 0, FP8_SCALE_AMAX);
     test_fp8_weights_case(2, 144, 400, 3, FP8_SCALE_POW2);
     test_fp8_weights_case(1, 16, 48, 0, FP8_SCALE_AMAX);
+    test_adamw_fp8_case(2, 256, 272, 0, FP8_SCALE_AMAX);
+    test_adamw_fp8_case(3, 200, 260, 0, FP8_SCALE_AMAX);
+    test_adamw_fp8_case(2, 144, 400, 3, FP8_SCALE_POW2);
+    test_adamw_fp8_case(1, 16, 48, 0, FP8_SCALE_AMAX);
     test_swiglu_fp8_case(5, fp8_rows1, 48, 0, FP8_SCALE_AMAX);
     test_swiglu_fp8_case(8, fp8_rows2, 264, 1, FP8_SCALE_AMAX);
     test_swiglu_fp8_case(5, fp8_rows1, 208, 2, FP8_SCALE_POW2); // a short last 128-block (widths are multiples of 16)

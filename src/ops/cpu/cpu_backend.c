@@ -126,6 +126,7 @@ static const Ops CPU_OPS = {
     .cross_entropy = cpu_cross_entropy,
     .sum_squares = cpu_sum_squares,
     .adamw_update = cpu_adamw_update,
+    .adamw_update_fp8 = cpu_adamw_update_fp8,
 };
 
 const Ops *ops_cpu(void) { return &CPU_OPS; }

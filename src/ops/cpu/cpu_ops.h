@@ -112,3 +112,6 @@ void cpu_fp8_matmul(void *out, const void *a, const void *a_scales, const void *
 void cpu_sum_squares(void *acc, const void *x, size_t n);
 void cpu_adamw_update(void *param, void *param_act, const void *grad, void *m, void *v, size_t n,
                       AdamWArgs a, const StepInfo *step, const void *grad_norm_sq);
+void cpu_adamw_update_fp8(void *param, const void *grad, void *m, void *v, void *q, void *scales, void *scales_t,
+                          size_t E, size_t N, size_t K, AdamWArgs a, const StepInfo *step, const void *grad_norm_sq,
+                          Fp8Scaling how, uint64_t *counts);

@@ -1,5 +1,6 @@
 // CPU reference kernels for the optimizer: deterministic sum of squares (gradient norm) and AdamW
-// with decoupled weight decay and global-norm clipping read from backend memory.
+// with decoupled weight decay and global-norm clipping read from backend memory (also with the FP8
+// copies of the weights it updates).
 #include <math.h>
 
 #include "cpu_ops.h"
@@ -39,4 +40,12 @@ void cpu_adamw_update(void *param_, void *param_act, const void *grad_, void *m_
         p[i] = p[i] * decay - lr * (m[i] / bc1) / (real_sqrt(v[i] / bc2) + a.eps);
         if (pa) pa[i] = p[i]; // the CPU computes in the master precision: the copy is exact
     }
+}
+
+// The CPU's compute copy is the master weights themselves (act is real): the codes come from them.
+void cpu_adamw_update_fp8(void *param, const void *grad, void *m, void *v, void *q, void *scales, void *scales_t,
+                          size_t E, size_t N, size_t K, AdamWArgs a, const StepInfo *step, const void *grad_norm_sq,
+                          Fp8Scaling how, uint64_t *counts) {
+    cpu_adamw_update(param, NULL, grad, m, v, E * N * K, a, step, grad_norm_sq);
+    cpu_fp8_quantize_weights(q, scales, scales_t, param, E, N, K, how, counts);
 }

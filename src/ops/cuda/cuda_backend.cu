@@ -290,7 +290,7 @@ static Ops make_cuda_ops(void) {
         o.fp8_matmul = cuda_fp8_matmul;
     }
     o.cross_entropy = cuda_cross_entropy, o.sum_squares = cuda_sum_squares;
-    o.adamw_update = cuda_adamw_update;
+    o.adamw_update = cuda_adamw_update, o.adamw_update_fp8 = cuda_adamw_update_fp8;
     return o;
 }
 

@@ -137,6 +137,29 @@ __device__ __forceinline__ float swiglu_hw8(float h[8], const float g[8], const 
     return dot;
 }
 
+// AdamW's step constants and its update of one parameter (m and v in place; returns the new
+// parameter): adamw_kernel (cuda_dense.cu) and the one that also makes the FP8 copies (cuda_fp8.cu)
+// share them, so both give the same bits. The update is spelled out in round-to-nearest intrinsics,
+// which the compiler never fuses into FMAs: written as plain expressions, it contracted them one way
+// in one kernel and another way in the other (v's bits differed in about one value in a hundred).
+struct AdamWStep {
+    float scale, bc1, bc2, lr, decay;
+};
+
+__device__ __forceinline__ AdamWStep adamw_step(AdamWArgs a, const StepInfo *step, const float *grad_norm_sq) {
+    float norm = sqrtf(*grad_norm_sq);
+    return {a.clip > 0 && norm > a.clip ? a.clip / (norm + 1e-6f) : 1.0f, 1.0f - powf(a.beta1, (float)step->step),
+            1.0f - powf(a.beta2, (float)step->step), step->lr, 1.0f - step->lr * a.weight_decay};
+}
+
+__device__ __forceinline__ float adamw_one(float *m, float *v, float p, float g, AdamWArgs a, const AdamWStep &k) {
+    g = __fmul_rn(g, k.scale);
+    *m = __fmaf_rn(a.beta1, *m, __fmul_rn(1.0f - a.beta1, g));
+    *v = __fmaf_rn(a.beta2, *v, __fmul_rn(__fmul_rn(1.0f - a.beta2, g), g));
+    float step = __fdiv_rn(__fdiv_rn(*m, k.bc1), __fadd_rn(__fsqrt_rn(__fdiv_rn(*v, k.bc2)), a.eps));
+    return __fmaf_rn(p, k.decay, -__fmul_rn(k.lr, step));
+}
+
 // 8 bf16 values (16 bytes) to and from fp32: the unit of the memory-bound kernels' loads.
 __device__ __forceinline__ void unpack8(float v[8], uint4 u) {
     const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);

@@ -441,23 +441,6 @@ extern "C" void cuda_sum_squares(void *acc, const void *x, size_t n) {
 
 // AdamW is memory-bound (30 bytes a parameter): 16-byte loads of 4 parameters at a time where
 // every array allows it, else one at a time.
-struct AdamWStep {
-    float scale, bc1, bc2, lr, decay;
-};
-
-__device__ __forceinline__ AdamWStep adamw_step(AdamWArgs a, const StepInfo *step, const float *grad_norm_sq) {
-    float norm = sqrtf(*grad_norm_sq);
-    return {a.clip > 0 && norm > a.clip ? a.clip / (norm + 1e-6f) : 1.0f, 1.0f - powf(a.beta1, (float)step->step),
-            1.0f - powf(a.beta2, (float)step->step), step->lr, 1.0f - step->lr * a.weight_decay};
-}
-
-__device__ __forceinline__ float adamw_one(float *m, float *v, float p, float g, AdamWArgs a, const AdamWStep &k) {
-    g *= k.scale;
-    *m = a.beta1 * *m + (1.0f - a.beta1) * g;
-    *v = a.beta2 * *v + (1.0f - a.beta2) * g * g;
-    return p * k.decay - k.lr * (*m / k.bc1) / (sqrtf(*v / k.bc2) + a.eps);
-}
-
 template <bool VEC>
 __global__ void adamw_kernel(float *p, bf16 *p_act, const float *g, float *m, float *v, size_t n, AdamWArgs a,
                              const StepInfo *step, const float *grad_norm_sq) {

@@ -961,6 +961,32 @@ extern "C" void cuda_swiglu_backward_fp8(void *q, void *scales, void *qt, void *
 #define FP8_W_PIECES (FP8_BLOCK * FP8_BLOCK / 16 / FP8_W_THREADS)
 #define FP8_W_RESIDENT 3
 
+// The codes of a weight piece (its 16 values packed as bf16 in raw, from column k of row n of the
+// matrix whose codes start at qe) under inverse inv to q (VEC: one 16-byte store; else value by
+// value, within the matrix's N rows and K columns), with their counts (x: the values as
+// fp8_count's rare path reads them again). fp8_quantize_weights_kernel and adamw_fp8_kernel share
+// it: the same codes.
+template <bool VEC>
+__device__ __forceinline__ void fp8_store_weight_piece(uint8_t *qe, const uint4 raw[2], int64_t n, int64_t k,
+                                                       int64_t N, int64_t K, float inv, uint32_t sat, const bf16 *x,
+                                                       uint64_t *counts) {
+    uint32_t word[4];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float v[8];
+        unpack8(v, raw[h]);
+        word[2 * h] = fp8_codes4(v, inv), word[2 * h + 1] = fp8_codes4(v + 4, inv);
+    }
+    uint8_t *dst = qe + n * K + k;
+    if (VEC) {
+        if (n < N && k < K) *reinterpret_cast<uint4 *>(dst) = make_uint4(word[0], word[1], word[2], word[3]);
+    } else
+#pragma unroll
+        for (int j = 0; j < 16; j++)
+            if (n < N && k + j < K) dst[j] = (uint8_t)(word[j / 4] >> (8 * (j % 4)));
+    fp8_count<16>(counts, word, sat, x, dst, n < N ? (int)(K - k) : 0, inv, NULL); // codes as stored
+}
+
 // One block per 128x128 block (kb, nb) of weight matrix e. Its values stay in registers as packed
 // bf16 (16-byte loads: 32 registers, 80 in all, so 3 blocks fit an SM; as fp32 they took 128
 // registers and 2 blocks, at ~2.3 TB/s on olmoe-L8's experts; held to 64 for 4 blocks, they spill)
@@ -994,23 +1020,9 @@ fp8_quantize_weights_kernel(uint8_t *q, float *scales, float *scales_t, const bf
     uint32_t sat = fp8_may_saturate_all(amax, inv);
 #pragma unroll
     for (int p = 0; p < FP8_W_PIECES; p++) {
-        int u = threadIdx.x + p * FP8_W_THREADS, i = u / 8, c = u % 8;
-        int64_t n = n0 + i, k = k0 + 16 * c;
-        uint32_t word[4];
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            float v[8];
-            unpack8(v, raw[p][h]);
-            word[2 * h] = fp8_codes4(v, inv), word[2 * h + 1] = fp8_codes4(v + 4, inv);
-        }
-        uint8_t *dst = q + e * N * K + n * K + k;
-        if (VEC) {
-            if (n < N && k < K) *reinterpret_cast<uint4 *>(dst) = make_uint4(word[0], word[1], word[2], word[3]);
-        } else
-#pragma unroll
-            for (int j = 0; j < 16; j++)
-                if (n < N && k + j < K) dst[j] = (uint8_t)(word[j / 4] >> (8 * (j % 4)));
-        fp8_count<16>(counts, word, sat, we + n * K + k, dst, n < N ? (int)(K - k) : 0, inv, NULL); // codes as stored
+        int u = threadIdx.x + p * FP8_W_THREADS;
+        int64_t n = n0 + u / 8, k = k0 + 16 * (u % 8);
+        fp8_store_weight_piece<VEC>(q + e * N * K, raw[p], n, k, N, K, inv, sat, we + n * K + k, counts);
     }
     if (threadIdx.x == 0) scales[(e * Kb + kb) * Nb + nb] = s, scales_t[(e * Nb + nb) * Kb + kb] = s;
 }
@@ -1023,6 +1035,88 @@ extern "C" void cuda_fp8_quantize_weights(void *q, void *scales, void *scales_t,
     auto kernel = vec ? fp8_quantize_weights_kernel<true> : fp8_quantize_weights_kernel<false>;
     kernel<<<grid, FP8_W_THREADS, 0, cuda_ctx.stream>>>((uint8_t *)q, (float *)scales, (float *)scales_t,
                                                         (const bf16 *)w, (int64_t)N, (int64_t)K, how, counts);
+    CUDA_LAUNCH_CHECK();
+}
+
+// AdamW on the first `valid` (up to 4) of 4 consecutive parameters from p, with g, m and v at the
+// same offsets (VEC: all 4 or none, in 16-byte loads and stores); w gets the new values, 0 past valid.
+template <bool VEC>
+__device__ __forceinline__ void adamw_quad(float w[4], float *p, const float *g, float *m, float *v, int valid,
+                                           AdamWArgs a, const AdamWStep &k) {
+    if (VEC && valid > 0) {
+        float4 pv = *reinterpret_cast<const float4 *>(p), gv = *reinterpret_cast<const float4 *>(g);
+        float4 mv = *reinterpret_cast<const float4 *>(m), vv = *reinterpret_cast<const float4 *>(v);
+        w[0] = adamw_one(&mv.x, &vv.x, pv.x, gv.x, a, k), w[1] = adamw_one(&mv.y, &vv.y, pv.y, gv.y, a, k);
+        w[2] = adamw_one(&mv.z, &vv.z, pv.z, gv.z, a, k), w[3] = adamw_one(&mv.w, &vv.w, pv.w, gv.w, a, k);
+        *reinterpret_cast<float4 *>(p) = make_float4(w[0], w[1], w[2], w[3]);
+        *reinterpret_cast<float4 *>(m) = mv, *reinterpret_cast<float4 *>(v) = vv;
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        w[i] = 0;
+        if (!VEC && i < valid) w[i] = p[i] = adamw_one(&m[i], &v[i], p[i], g[i], a, k);
+    }
+}
+
+// The fused update's blocks: FP8_AW_THREADS threads, FP8_AW_RESIDENT of them an SM.
+#define FP8_AW_THREADS 512
+#define FP8_AW_RESIDENT 2
+
+// AdamW (adamw_kernel's arithmetic: its bits) on a weight tensor's 128x128 block (kb, nb) of matrix
+// e, then the block's FP8 codes and scale from the new weights rounded to bf16, as
+// fp8_quantize_weights_kernel makes them from the compute copy (its bits): the compute copy, which
+// went to memory between the two kernels (2 bytes written and 2 read again a parameter), waits in a
+// shared tile instead (32 KB), where the counters' rare path reads it. The update goes as
+// adamw_kernel's, 4 parameters a thread at a time, a warp along a row (fully used 512-byte loads;
+// with 16 parameters a thread at once, 95 registers and 2 blocks of 256 an SM, it ran at half
+// adamw_kernel's rate); the codes from fp8_quantize_weights_kernel's pieces of 16 values of a row,
+// 2 a thread. VEC as fp8_quantize_weights_kernel's, with the fp32 arrays 16-byte aligned too.
+template <bool VEC>
+__global__ void __launch_bounds__(FP8_AW_THREADS, FP8_AW_RESIDENT)
+adamw_fp8_kernel(float *p, const float *g, float *m, float *v, uint8_t *q, float *scales, float *scales_t, int64_t N,
+                 int64_t K, AdamWArgs a, const StepInfo *step, const float *grad_norm_sq, Fp8Scaling how,
+                 uint64_t *counts) {
+    fp8_count_values(counts, NULL, 0, (int64_t)gridDim.z * N, K);
+    __shared__ float scratch[32];
+    __shared__ __align__(16) bf16 tile[FP8_BLOCK][FP8_BLOCK]; // the new weights
+    AdamWStep k = adamw_step(a, step, grad_norm_sq);
+    int64_t e = blockIdx.z, kb = blockIdx.x, nb = blockIdx.y, Kb = gridDim.x, Nb = gridDim.y;
+    int64_t n0 = nb * FP8_BLOCK, k0 = kb * FP8_BLOCK;
+    float amax = 0;
+#pragma unroll 2
+    for (int i = threadIdx.x; i < FP8_BLOCK * FP8_BLOCK / 4; i += FP8_AW_THREADS) {
+        int r = i / (FP8_BLOCK / 4), c = 4 * (i % (FP8_BLOCK / 4));
+        int64_t n = n0 + r, col = k0 + c, at = e * N * K + n * K + col;
+        float w[4];
+        adamw_quad<VEC>(w, p + at, g + at, m + at, v + at, n < N ? (int)min(K - col, (int64_t)4) : 0, a, k);
+        uint2 pair = make_uint2(pack_bf16(w[0], w[1]), pack_bf16(w[2], w[3]));
+        *reinterpret_cast<uint2 *>(&tile[r][c]) = pair;
+        amax = fmaxf(amax, fp8_piece_amax(make_uint4(pair.x, pair.y, 0, 0)));
+    }
+    amax = block_max(amax, scratch); // its barriers also make the tile whole
+    float s = fp8_block_scale(amax, how), inv = fp8_scale_inverse(s);
+    uint32_t sat = fp8_may_saturate_all(amax, inv);
+#pragma unroll
+    for (int u = threadIdx.x; u < FP8_BLOCK * FP8_BLOCK / 16; u += FP8_AW_THREADS) {
+        int r = u / 8, c = 16 * (u % 8);
+        const uint4 *raw = reinterpret_cast<const uint4 *>(&tile[r][c]);
+        fp8_store_weight_piece<VEC>(q + e * N * K, raw, n0 + r, k0 + c, N, K, inv, sat, &tile[r][c], counts);
+    }
+    if (threadIdx.x == 0) scales[(e * Kb + kb) * Nb + nb] = s, scales_t[(e * Nb + nb) * Kb + kb] = s;
+}
+
+extern "C" void cuda_adamw_update_fp8(void *param, const void *grad, void *m, void *v, void *q, void *scales,
+                                      void *scales_t, size_t E, size_t N, size_t K, AdamWArgs a, const StepInfo *step,
+                                      const void *grad_norm_sq, Fp8Scaling how, uint64_t *counts) {
+    if (!E || !N || !K) return;
+    bool vec = N % 16 == 0 && K % 16 == 0 && aligned16(param) && aligned16(grad) && aligned16(m) && aligned16(v) &&
+               aligned16(q);
+    dim3 grid((unsigned)fp8_blocks(K), (unsigned)fp8_blocks(N), (unsigned)E);
+    auto kernel = vec ? adamw_fp8_kernel<true> : adamw_fp8_kernel<false>;
+    kernel<<<grid, FP8_AW_THREADS, 0, cuda_ctx.stream>>>((float *)param, (const float *)grad, (float *)m, (float *)v,
+                                                        (uint8_t *)q, (float *)scales, (float *)scales_t, (int64_t)N,
+                                                        (int64_t)K, a, step, (const float *)grad_norm_sq, how, counts);
     CUDA_LAUNCH_CHECK();
 }
 
