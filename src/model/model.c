@@ -750,13 +750,16 @@ void *model_compute_window(const Model *m, ParamRegion r, size_t a, size_t *firs
     return staged ? m->expert_stage : m->params_act;
 }
 
+// The FP8 weight tensor that starts at flat offset a, or NULL.
+static const Fp8Weights *fp8_weights_from(const Model *m, size_t a) {
+    for (size_t i = 0; i < m->fp8->n_weights; i++)
+        if (m->fp8->weights[i].off == a) return &m->fp8->weights[i];
+    return NULL;
+}
+
 size_t model_compute_span_end(const Model *m, ParamRegion r, size_t a, size_t b) {
-    if (r != PARAM_EXPERT || !m->expert_stage) return b;
-    for (size_t i = 0; i < m->fp8->n_weights; i++) {
-        const Fp8Weights *t = &m->fp8->weights[i];
-        if (t->off == a) return min_size(b, a + t->El * t->N * t->K);
-    }
-    return b; // the region's padding after its last tensor
+    const Fp8Weights *t = r == PARAM_EXPERT && m->expert_stage ? fp8_weights_from(m, a) : NULL;
+    return t ? min_size(b, a + t->El * t->N * t->K) : b; // b: the region's padding after its last tensor
 }
 
 // The FP8 copies of the weights in flat [a, b) from their compute weights in window (from flat
@@ -783,14 +786,10 @@ void model_compute_weights_ready(Model *m, ParamRegion r, size_t a, size_t b, vo
 const Fp8Weights *model_fp8_update_target(const Model *m, ParamRegion r, size_t a, size_t b, uint64_t **counts) {
     if (r != PARAM_EXPERT || !m->expert_stage || !m->fp8->fused_update || model_region_group(m, r)->size > 1)
         return NULL;
-    for (size_t i = 0; i < m->fp8->n_weights; i++) {
-        const Fp8Weights *t = &m->fp8->weights[i];
-        if (t->off == a && a + t->El * t->N * t->K == b) {
-            *counts = fp8_counts(m->fp8, FP8_CLASS_WEIGHTS);
-            return t;
-        }
-    }
-    return NULL; // the region's padding
+    const Fp8Weights *t = fp8_weights_from(m, a);
+    if (!t || a + t->El * t->N * t->K != b) return NULL; // the region's padding
+    *counts = fp8_counts(m->fp8, FP8_CLASS_WEIGHTS);
+    return t;
 }
 
 void model_free(Model *m) {

@@ -105,6 +105,19 @@ static void adamw_part(const Optimizer *o, Model *m, const OptShard *s, size_t l
     }
 }
 
+// The weight decay of the registered tensors in flat [a, b), which all share one (an FP8 weight
+// tensor's, one registered tensor an expert).
+static bool span_decay(const ParamRegistry *r, size_t a, size_t b) {
+    int decay = -1;
+    for (size_t i = 0; i < r->n; i++)
+        if (r->p[i].offset >= a && r->p[i].offset < b) {
+            MOE_ASSERT(decay < 0 || decay == r->p[i].decay);
+            decay = r->p[i].decay;
+        }
+    MOE_ASSERT(decay >= 0);
+    return decay;
+}
+
 // AdamW on flat [a, b) of region r where it is one weight tensor whose FP8 copy the update makes
 // (model_fp8_update_target: the ops' adamw_update_fp8, its compute weights never written). Returns
 // whether it was.
@@ -115,13 +128,11 @@ static bool update_fp8_span(const Optimizer *o, Model *m, ParamRegion r, size_t 
     const Fp8Weights *t = ops->adamw_update_fp8 ? model_fp8_update_target(m, r, a, b, &counts) : NULL;
     if (!t) return false;
     MOE_ASSERT(a >= s->shard_begin && b <= s->shard_begin + s->shard); // a group of one rank: the region
-    size_t i = 0, at = a - s->shard_begin;
-    while (i < m->reg.n && m->reg.p[i].offset != a) i++; // its first registered tensor (an expert's)
-    MOE_ASSERT(i < m->reg.n);
-    for (size_t j = i; j < m->reg.n && m->reg.p[j].offset < b; j++) MOE_ASSERT(m->reg.p[j].decay == m->reg.p[i].decay);
+    size_t at = a - s->shard_begin;
     ops->adamw_update_fp8(model_master(m, a), model_f32(m, s->grad, at), model_f32(m, s->m, at),
                           model_f32(m, s->v, at), t->q, t->scales, t->scales_t, t->El, t->N, t->K,
-                          adamw_args(o->train, m->reg.p[i].decay), o->step_info, o->norm_sq, m->fp8->how, counts);
+                          adamw_args(o->train, span_decay(&m->reg, a, b)), o->step_info, o->norm_sq, m->fp8->how,
+                          counts);
     return true;
 }
 
