@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # Compares training runs against reference runs from the same start (issue 13's FP8 loss check: fp8
-# against bf16, one pair a seed). Arguments: REF:RUN pairs of `moe train` output directories (each
-# with metrics.jsonl, and validation losses in train.log or given by the log file beside it as
-# REF.log / RUN.log when that exists). WARMUP (default 200) is where the per-run bound starts,
-# WINDOW (default 100) the steps averaged together over the pairs.
+# against bf16, one pair a seed). Arguments: REF:RUN pairs of `moe train` output directories (their
+# metrics.jsonl: training losses, and validation losses where evaluated). WARMUP (default 200) is
+# where the per-run bound starts, WINDOW (default 100) the steps averaged together over the pairs.
 # Prints per pair: the final validation loss of each and their difference, and the 20-step averages'
 # worst relative gap after warm-up (issue 13's per-run bounds: 0.5% and 1%); then, over all pairs,
 # the mean relative gap of each WINDOW-step window: the recipe's systematic cost, which single runs
@@ -16,12 +15,10 @@ WARMUP=${WARMUP:-200} WINDOW=${WINDOW:-100}
 losses() { # the training losses of run directory $1, one a line
     grep -o '"loss":[^,}]*' "$1/metrics.jsonl" | cut -d: -f2
 }
-final_val() { # the last validation loss printed by moe train into $1.log or $1/train.log, or "-"
-    local f
-    for f in "$1.log" "$1/train.log"; do
-        [ -f "$f" ] && { grep -o 'val loss [0-9.]*' "$f" | tail -1 | cut -d' ' -f3; return; }
-    done
-    echo -
+final_val() { # the last validation loss in run directory $1, or "-" (none evaluated)
+    local v
+    v=$(grep -o '"val_loss":[^,}]*' "$1/metrics.jsonl" | tail -1 | cut -d: -f2 || true)
+    if [ -n "$v" ]; then printf '%.4f\n' "$v"; else echo -; fi
 }
 
 windows=$(mktemp); trap 'rm -f "$windows"' EXIT
