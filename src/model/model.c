@@ -750,11 +750,19 @@ void *model_compute_window(const Model *m, ParamRegion r, size_t a, size_t *firs
     return staged ? m->expert_stage : m->params_act;
 }
 
+// The FP8 weight tensor that holds flat offset w, or NULL.
+static const Fp8Weights *fp8_tensor_holding(const Model *m, size_t w) {
+    for (size_t i = 0; i < m->fp8->n_weights; i++) {
+        const Fp8Weights *t = &m->fp8->weights[i];
+        if (w >= t->off && w < t->off + t->El * t->N * t->K) return t;
+    }
+    return NULL;
+}
+
 // The FP8 weight tensor that starts at flat offset a, or NULL.
 static const Fp8Weights *fp8_weights_from(const Model *m, size_t a) {
-    for (size_t i = 0; i < m->fp8->n_weights; i++)
-        if (m->fp8->weights[i].off == a) return &m->fp8->weights[i];
-    return NULL;
+    const Fp8Weights *t = fp8_tensor_holding(m, a);
+    return t && t->off == a ? t : NULL;
 }
 
 size_t model_compute_span_end(const Model *m, ParamRegion r, size_t a, size_t b) {
@@ -979,16 +987,12 @@ static void dispatch(const Model *m, LayerActs *x, void *xp, const void *in, voi
 // Experts [e0, ...) of an FP8 copy of weights (alloc_fp8_operands): those whose compute weights (N, K
 // each) start at offset w (a dense layer's: its one matrix).
 static Fp8Weights fp8_weights_at(const Model *m, size_t w, size_t N, size_t K) {
-    const Fp8Operands *o = m->fp8;
-    for (size_t i = 0; i < o->n_weights; i++) {
-        const Fp8Weights *t = &o->weights[i];
-        if (w < t->off || w >= t->off + t->El * t->N * t->K) continue;
-        MOE_ASSERT(t->N == N && t->K == K && (w - t->off) % (N * K) == 0);
-        size_t e0 = (w - t->off) / (N * K), s = e0 * fp8_blocks(N) * fp8_blocks(K) * m->ops->f32_size;
-        return (Fp8Weights){.off = w, .El = t->El - e0, .N = N, .K = K, .q = (char *)t->q + e0 * N * K,
-                            .scales = (char *)t->scales + s, .scales_t = (char *)t->scales_t + s};
-    }
-    moe_fatal("%s:%d: no FP8 copy of the weights at offset %zu", __FILE__, __LINE__, w);
+    const Fp8Weights *t = fp8_tensor_holding(m, w);
+    if (!t) moe_fatal("%s:%d: no FP8 copy of the weights at offset %zu", __FILE__, __LINE__, w);
+    MOE_ASSERT(t->N == N && t->K == K && (w - t->off) % (N * K) == 0);
+    size_t e0 = (w - t->off) / (N * K), s = e0 * fp8_blocks(N) * fp8_blocks(K) * m->ops->f32_size;
+    return (Fp8Weights){.off = w, .El = t->El - e0, .N = N, .K = K, .q = (char *)t->q + e0 * N * K,
+                        .scales = (char *)t->scales + s, .scales_t = (char *)t->scales_t + s};
 }
 
 // out (R, N) = a . b[e]^T from quantised rows a (e4m3 (R, K), their scales in Fp8Operands.row_scales)
