@@ -70,6 +70,18 @@ static void write_log(const char *path, const char *text) {
     MOE_CHECK(f && fputs(text, f) >= 0 && fclose(f) == 0, "cannot write %s", path);
 }
 
+// text written to a new temporary log (its name into path, a mkstemp template) and read back into
+// h: the log removed, false and the test failed when it cannot be read.
+static bool read_temp_log(RunHistory *h, char *path, const char *text) {
+    close(mkstemp(path));
+    write_log(path, text);
+    MoeErr err;
+    if (!history_read(h, path, err)) return true;
+    TEST_FAIL("%s", err);
+    unlink(path);
+    return false;
+}
+
 #define STEP(s, ce, loads, imb) "{\"step\":" #s ",\"ce\":" #ce ",\"lr\":0.1,\"grad_norm\":1,\"tokens_per_sec\":100," \
     "\"moe_layers\":[{\"moe_layer\":0,\"load\":" loads ",\"imbalance\":" #imb ",\"min_over_mean\":0.5}]}\n"
 
@@ -77,18 +89,12 @@ static void write_log(const char *path, const char *text) {
 // and the validation from step 2 on are replaced by the later ones; a last line cut short is left out.
 static void test_history_resume(void) {
     char path[] = "/tmp/moe-metrics-XXXXXX";
-    close(mkstemp(path));
-    write_log(path, STEP(1, 5, "[1,3]", 1.5) STEP(2, 4, "[2,2]", 1.0) "{\"step\":2,\"val_loss\":4.5}\n"
-                    STEP(3, 3, "[2,2]", 1.0) "{\"step\":3,\"val_loss\":9}\n"
-                    STEP(2, 3.9, "[3,1]", 1.5) "{\"step\":2,\"val_loss\":4.4}\n" STEP(3, null, "[0,0]", null)
-                    "{\"step\":3,\"val_loss\":null}\n{\"step\":4,\"ce\":2.");
     RunHistory h;
-    MoeErr err;
-    if (history_read(&h, path, err)) {
-        TEST_FAIL("%s", err);
-        unlink(path);
+    if (!read_temp_log(&h, path, STEP(1, 5, "[1,3]", 1.5) STEP(2, 4, "[2,2]", 1.0) "{\"step\":2,\"val_loss\":4.5}\n"
+                       STEP(3, 3, "[2,2]", 1.0) "{\"step\":3,\"val_loss\":9}\n"
+                       STEP(2, 3.9, "[3,1]", 1.5) "{\"step\":2,\"val_loss\":4.4}\n" STEP(3, null, "[0,0]", null)
+                       "{\"step\":3,\"val_loss\":null}\n{\"step\":4,\"ce\":2."))
         return;
-    }
     CHECK_MSG(h.n == 3 && h.n_val == 2 && h.n_moe == 1 && h.E == 2, "n %zu, n_val %zu, layers %d of %d", h.n,
               h.n_val, h.n_moe, h.E);
     if (h.n == 3 && h.n_val == 2) {
@@ -101,6 +107,30 @@ static void test_history_resume(void) {
         CHECK(isnan(h.share[4]) && h.row_max[1] == 1.5f); // no slots routed: no shares
         history_fill_tokens(&h, 64);
         CHECK(history_tokens_at(&h, 2) == 128 && isnan(history_tokens_at(&h, 7)));
+    }
+    history_free(&h);
+    unlink(path);
+}
+
+// An fp8 run's counters read as percentages per tensor class (NaN where a class's share is null);
+// a record without them (a bf16 step) gives NaN.
+static void test_history_fp8(void) {
+    char path[] = "/tmp/moe-metrics-XXXXXX";
+    RunHistory h;
+    if (!read_temp_log(&h, path, "{\"step\":1,\"ce\":2,\"fp8\":{\"weights\":{\"values\":8,\"flushed\":0.25,"
+                       "\"saturated\":0,\"nan\":0},\"activations\":{\"values\":4,\"flushed\":0.5,\"saturated\":0.125,"
+                       "\"nan\":0},\"gradients\":{\"values\":0,\"flushed\":null,\"saturated\":null,\"nan\":null}}}\n"
+                       "{\"step\":2,\"ce\":1.5}\n"))
+        return;
+    CHECK_MSG(h.n == 2, "%zu steps, not 2", h.n);
+    if (h.n == 2) {
+        double f[3], s[3]; // step 1's flushed and saturated percentages per class
+        for (int c = 0; c < 3; c++) f[c] = h.v[HIST_FP8_FLUSHED + c][0], s[c] = h.v[HIST_FP8_SATURATED + c][0];
+        CHECK_MSG(f[0] == 25 && f[1] == 50 && isnan(f[2]) && s[0] == 0 && s[1] == 12.5 && isnan(s[2]),
+                  "step 1: flushed %g %g %g, saturated %g %g %g", f[0], f[1], f[2], s[0], s[1], s[2]);
+        for (int c = 0; c < 3; c++)
+            CHECK_MSG(isnan(h.v[HIST_FP8_FLUSHED + c][1]) && isnan(h.v[HIST_FP8_SATURATED + c][1]),
+                      "step 2 (no counters): class %d not NaN", c);
     }
     history_free(&h);
     unlink(path);
@@ -149,6 +179,7 @@ const TestCase plot_tests[] = {
     {"plot_tick_labels", test_tick_labels},
     {"plot_ranges", test_ranges},
     {"plot_history_resume_and_validation", test_history_resume},
+    {"plot_history_fp8", test_history_fp8},
     {"plot_history_errors", test_history_errors},
     {"plot_history_thinning", test_history_thinning},
     {0},

@@ -15,9 +15,11 @@ static const CliSpec SPEC = {
     .summary = "Draws pictures of training runs (train.out directories) from their metrics.jsonl:\n"
                "  loss.png      training and validation loss against steps and against tokens\n"
                "  training.png  learning rate, gradient norm, tokens/s, worst expert load\n"
+               "  fp8.png       (fp8 runs) the shares of values flushed to zero and saturated,\n"
+               "                per tensor class\n"
                "  experts.png   per MoE layer, each expert's share of the routed tokens over\n"
                "                the steps, beside the layer's max/mean and min/mean load\n"
-               "Several runs are overlaid in loss.png and training.png (one colour each) and get\n"
+               "Several runs are overlaid in loss.png, training.png and fp8.png (one colour each) and get\n"
                "one experts-N.png each, in the order given.",
     .opts = (const CliOption[]){
         {"--out", "DIR", "where the pictures go (default: RUN_DIR/plots for one run, ./plots for several)"},

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "plot/plot.h"
+#include "train/metrics.h"
 
 #define FIG_W FIGURE_WIDTH
 #define TITLE_H 40
@@ -175,6 +176,30 @@ static void draw_training(cairo_t *cr, void *ctx) {
     for (size_t i = 0; i < 4; i++) draw_panel(cr, grid_box(i, 2, 2, TRAINING_H), rs, &panels[i]);
 }
 
+// Whether any run recorded series s at some step.
+static bool any_recorded(const RunSet *rs, HistSeries s) {
+    for (size_t r = 0; r < rs->n; r++)
+        for (size_t i = 0; i < rs->runs[r].h->n; i++)
+            if (isfinite(rs->runs[r].h->v[s][i])) return true;
+    return false;
+}
+
+#define FP8_H 640
+// A row of panels per counter (flushed, saturated), a column per tensor class.
+static void draw_fp8(cairo_t *cr, void *ctx) {
+    const RunSet *rs = ctx;
+    figure_title(cr, rs, "FP8 values flushed to zero and saturated");
+    for (int row = 0; row < 2; row++)
+        for (int c = 0; c < FP8_CLASSES; c++) {
+            char title[64];
+            snprintf(title, sizeof title, "%s %s", report_fp8_class_key(c), row ? "saturated" : "flushed to zero");
+            Panel p = {.title = title, .y_label = "% of values", .auto_log = true, .smooth = true,
+                       .series = (HistSeries)((row ? HIST_FP8_SATURATED : HIST_FP8_FLUSHED) + c),
+                       .missing = "not recorded (no fp8 run)", .legend = row == 0 && c == 0};
+            draw_panel(cr, grid_box((size_t)(row * FP8_CLASSES + c), FP8_CLASSES, 2, FP8_H), rs, &p);
+        }
+}
+
 // ---------------------------------------------------------------- expert loads of one run
 
 typedef struct {
@@ -287,6 +312,10 @@ static int write_training(const char *base, const FigureOptions *o, const void *
     return plot_write(base, o->svg, scale_of(o), FIG_W, TRAINING_H, draw_training, (void *)ctx, err);
 }
 
+static int write_fp8(const char *base, const FigureOptions *o, const void *ctx, MoeErr err) {
+    return plot_write(base, o->svg, scale_of(o), FIG_W, FP8_H, draw_fp8, (void *)ctx, err);
+}
+
 static int write_experts(const char *base, const FigureOptions *o, const void *ctx, MoeErr err) {
     const RunHistory *h = ((const PlotRun *)ctx)->h;
     ExpertFigure f = {.run = ctx, .cols = h->n_rows < 320 ? h->n_rows : 320};
@@ -312,6 +341,8 @@ int figures_write(const PlotRun *runs, size_t n, const FigureOptions *opt, FILE 
     RunSet rs = {runs, n};
     if (write_one(opt, "loss", write_loss, &rs, out, err) || write_one(opt, "training", write_training, &rs, out, err))
         return -1;
+    if (!any_recorded(&rs, HIST_FP8_FLUSHED)) fprintf(out, "no FP8 counters recorded (no fp8 run): no fp8.png\n");
+    else if (write_one(opt, "fp8", write_fp8, &rs, out, err)) return -1;
     for (size_t r = 0; r < n; r++) {
         char name[32];
         if (n == 1) snprintf(name, sizeof name, "experts");

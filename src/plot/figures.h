@@ -24,6 +24,10 @@ typedef struct {
 //                 loss, against steps and against tokens; the y axis is logarithmic when the
 //                 losses span more than a decade
 //   training.png  learning rate, gradient norm, tokens/s, max/mean expert load of the worst layer
+//   fp8.png       with train.precision=fp8: per tensor class (weights, activations, gradients) the
+//                 percentage of values its quantisation flushed to zero and saturated, each step
+//                 (faint) and a running mean; runs without FP8 counters are left out, and with none
+//                 the file is not written
 //   experts.png   per MoE layer: each expert's share of the routed tokens over the steps (heatmap,
 //                 1/E marked on its colour bar, whose colours reach the 99.5th percentile of the
 //                 run's shares: a few early spikes take the top colour instead of darkening the

@@ -8,6 +8,10 @@
 #include <string.h>
 
 #include "io/fsutil.h"
+#include "ops/fp8.h"
+#include "train/metrics.h"
+
+_Static_assert(HIST_FP8_SATURATED - HIST_FP8_FLUSHED == FP8_CLASSES, "a series per FP8 tensor class");
 
 // The keys of the series read as they are (HIST_IMBALANCE comes from the layers).
 static const char *const SERIES_KEYS[HIST_IMBALANCE] = {"ce", "lr", "grad_norm", "tokens", "tokens_per_sec"};
@@ -112,11 +116,23 @@ static int read_layers(RunHistory *h, const json_t *layers, size_t index, const 
     return 0;
 }
 
+// The FP8 counters of step record `index` (its "fp8" object; NaN without one): each class's
+// flushed and saturated shares, in percent.
+static void read_fp8(RunHistory *h, const json_t *fp8, size_t index) {
+    for (int c = 0; c < FP8_CLASSES; c++) {
+        const json_t *k = json_object_get(fp8, report_fp8_class_key(c));
+        h->v[HIST_FP8_FLUSHED + c][index] = 100 * number_or_nan(json_object_get(k, report_fp8_count_key(FP8_COUNT_FLUSHED)));
+        h->v[HIST_FP8_SATURATED + c][index] =
+            100 * number_or_nan(json_object_get(k, report_fp8_count_key(FP8_COUNT_SATURATED)));
+    }
+}
+
 static int add_step(RunHistory *h, const json_t *o, double step, const char *where, MoeErr err) {
     if (h->n && step <= h->step[h->n - 1]) rewind_steps(h, step);
     reserve_steps(h);
     h->step[h->n] = step;
     for (int s = 0; s < HIST_IMBALANCE; s++) h->v[s][h->n] = number_or_nan(json_object_get(o, SERIES_KEYS[s]));
+    read_fp8(h, json_object_get(o, "fp8"), h->n);
     if (read_layers(h, json_object_get(o, "moe_layers"), h->n, where, err)) return -1;
     h->n++;
     return 0;

@@ -1,5 +1,6 @@
 // A run's metrics.jsonl read back for its pictures (`moe plot`): the step records as series over
-// the steps, the validation losses, and per MoE layer each expert's share of the routed slots.
+// the steps (with train.precision=fp8 the shares of values its quantisation flushed to zero and
+// saturated), the validation losses, and per MoE layer each expert's share of the routed slots.
 // Each step appears once: a record of a step at or before the previous one starts the log again
 // from there (a resumed run redid those steps: its records replace the earlier ones, and the
 // validation records from that step on). No drawing here, so the unit tests read it without cairo.
@@ -15,7 +16,10 @@ typedef enum {
     HIST_TOKENS,          // tokens trained on through the step (logs before this field: NaN)
     HIST_TOKENS_PER_SEC,
     HIST_IMBALANCE,       // max/mean expert load of the step's worst MoE layer
-    HIST_SERIES
+    HIST_FP8_FLUSHED,     // from here one series per FP8 tensor class (Fp8Class: weights, activations,
+                          // gradients): the percentage of its values flushed to zero (NaN: not fp8)
+    HIST_FP8_SATURATED = HIST_FP8_FLUSHED + 3, // the same for the values saturated
+    HIST_SERIES = HIST_FP8_SATURATED + 3
 } HistSeries;
 
 // Expert shares are kept for at most this many steps, evenly spread (every `stride`-th step

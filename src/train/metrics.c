@@ -67,6 +67,9 @@ double report_drop_rate(const StepReport *r) {
 static const char *const FP8_CLASS_KEYS[FP8_CLASSES] = {"weights", "activations", "gradients"};
 static const char *const FP8_COUNT_KEYS[FP8_COUNTS] = {"values", "flushed", "saturated", "nan"};
 
+const char *report_fp8_class_key(int c) { return FP8_CLASS_KEYS[c]; }
+const char *report_fp8_count_key(int i) { return FP8_COUNT_KEYS[i]; }
+
 // Class c's counters (FP8_COUNTS) among counts (FP8_CLASSES, FP8_COUNTS).
 static const uint64_t *fp8_class_counts(const uint64_t *counts, int c) { return counts + (size_t)c * FP8_COUNTS; }
 

@@ -45,6 +45,9 @@ double report_worst_imbalance(const StepReport *r);      // max/mean expert load
 double report_drop_rate(const StepReport *r);            // dropped / routed slots, mean over layers
 void report_print(const StepReport *r, FILE *f);          // one console line
 json_t *report_to_json(const StepReport *r);              // its metrics.jsonl record
+// The keys of a record's "fp8" object: tensor class c's (Fp8Class) and counter i's (ops/fp8.h).
+const char *report_fp8_class_key(int c);
+const char *report_fp8_count_key(int i);
 
 typedef struct {
     FILE *file;

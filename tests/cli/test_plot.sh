@@ -2,7 +2,7 @@
 # Command-line tests of the training console (elapsed time and ETA on the progress line, the
 # summary at the end of a run) and of `moe plot`: the pictures of a resumed run, of several runs
 # and of a one-step run have their sizes, are not blank and show the runs' colours; a dense run has
-# no expert picture; bad run directories and metrics logs are errors naming the file. The pictures
+# no expert picture, an fp8 run its FP8 counters' picture and a bf16 run none; bad run directories and metrics logs are errors naming the file. The pictures
 # are read by build/png_stats (a build with cairo; without it the plot tests are skipped).
 # Prints one line per test and ends with "N passed, N failed".
 set -u
@@ -32,6 +32,7 @@ else bad "summary of a resumed run: tokens, best validation, checkpoint" "best $
 
 # ---------------------------------------------------------------- moe plot
 out=$($MOE plot "$tmp/run/" 2>&1)
+first_plot=$out
 if grep -q "built without cairo" <<<"$out" || [ ! -x build/png_stats ]; then
     echo "  skipped the plot tests: a build without cairo (make PLOT=0, or libcairo2-dev missing)"
     summary; exit
@@ -67,6 +68,13 @@ check_png "two runs: the second run's colour in loss.png" "$tmp/cmp/loss.png" 12
 $MOE train $TINY train.steps=1 train.out="$tmp/one" > /dev/null 2>&1
 $MOE plot "$tmp/one" > /dev/null 2>&1 && check_png "a one-step run: its point is drawn" "$tmp/one/plots/loss.png" 1200 480 $BLUE 20 ||
     bad "a one-step run: its point is drawn" "moe plot failed"
+
+# An fp8 run (the CPU emulates the recipe): its counters drawn in fp8.png; the bf16 run above has none.
+$MOE train $TINY train.steps=6 train.precision=fp8 train.out="$tmp/fp8" > /dev/null 2>&1
+$MOE plot "$tmp/fp8" > /dev/null 2>&1 && check_png "an fp8 run: fp8.png, drawn, the run's colour" "$tmp/fp8/plots/fp8.png" 1200 640 $BLUE 300 ||
+    bad "an fp8 run: fp8.png, drawn, the run's colour" "moe plot failed"
+grep -q "no FP8 counters recorded (no fp8 run): no fp8.png" <<<"$first_plot" && [ ! -e "$tmp/run/plots/fp8.png" ] &&
+    ok "a bf16 run: no fp8.png, says so" || bad "a bf16 run: no fp8.png, says so" "$first_plot"
 
 $MOE train $TINY model.n_dense_layers=1 train.steps=3 train.out="$tmp/dense" > /dev/null 2>&1
 out=$($MOE plot "$tmp/dense" 2>&1) && grep -q "no expert loads recorded (no MoE layer): no experts.png" <<<"$out" &&
