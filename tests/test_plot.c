@@ -20,6 +20,8 @@ static void test_ticks(void) {
     check_ticks((PlotRange){0, 1}, false, 5, 0, (double[]){0, 0.2, 0.4, 0.6, 0.8, 1}, 6);
     check_ticks((PlotRange){3.7, 5.6}, false, 5, 0, (double[]){4, 4.5, 5, 5.5}, 4);
     check_ticks((PlotRange){-0.5, 3.5}, false, 10, 1, (double[]){0, 1, 2, 3}, 4);         // whole numbers
+    check_ticks((PlotRange){-4, 404}, false, 2, 1, (double[]){0, 200, 400}, 3);           // a narrow axis: not 0 alone
+    check_ticks((PlotRange){0.2, 0.8}, false, 2, 1, NULL, 0);                           // no whole number inside
     check_ticks((PlotRange){0.5, 2000}, true, 6, 0, (double[]){1, 10, 100, 1000}, 4);     // decades
     check_ticks((PlotRange){2, 80}, true, 6, 0, (double[]){2, 5, 10, 20, 50}, 5);         // 2 and 5 between
     check_ticks((PlotRange){1e-6, 1e6}, true, 5, 0, (double[]){1e-6, 1e-3, 1, 1e3, 1e6}, 5); // every 3rd

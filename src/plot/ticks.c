@@ -40,10 +40,15 @@ static double nice_step(double span, int target) {
     return 10 * mag;
 }
 
-static size_t linear_ticks(PlotRange r, int target, double min_step, double *ticks) {
-    double span = r.hi - r.lo;
-    if (!(span > 0) || !isfinite(span)) return 0;
-    double step = fmax(nice_step(span, target), min_step), first = ceil(r.lo / step - 1e-9);
+// The next smaller of 1, 2, 5 x 10^k below `step` (one of them).
+static double smaller_nice(double step) {
+    double mag = pow(10, floor(log10(step) + 1e-9)), f = step / mag;
+    return f > 4 ? 2 * mag : f > 1.5 ? mag : mag / 2;
+}
+
+// The multiples of step inside r.
+static size_t ticks_every(PlotRange r, double step, double *ticks) {
+    double first = ceil(r.lo / step - 1e-9);
     if (fabs(first) > 1e15) return 0; // ticks closer than the doubles there
     size_t n = 0;
     for (double k = first; n < PLOT_MAX_TICKS; k++) {
@@ -51,6 +56,18 @@ static size_t linear_ticks(PlotRange r, int target, double min_step, double *tic
         if (v > r.hi + step * 1e-9) break;
         ticks[n++] = fabs(v) < step * 1e-9 ? 0 : v;
     }
+    return n;
+}
+
+// About `target` steps, but at least two ticks where a smaller nice step (not below min_step) gives
+// them: a narrow axis otherwise may show one tick alone.
+static size_t linear_ticks(PlotRange r, int target, double min_step, double *ticks) {
+    double span = r.hi - r.lo;
+    if (!(span > 0) || !isfinite(span)) return 0;
+    double step = fmax(nice_step(span, target), min_step);
+    size_t n = ticks_every(r, step, ticks);
+    while (n < 2 && smaller_nice(step) >= min_step && smaller_nice(step) >= span / PLOT_MAX_TICKS)
+        n = ticks_every(r, step = smaller_nice(step), ticks);
     return n;
 }
 

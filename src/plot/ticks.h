@@ -22,8 +22,8 @@ bool plot_range_wants_log(PlotRange r);
 // span in decades). A range of one value becomes a small one around it, an empty one [0, 1] (on
 // a log axis [1, 10]).
 PlotRange plot_range_padded(PlotRange r, double pad, bool log);
-// Tick values inside r, about `target` of them (at most PLOT_MAX_TICKS), at least `min_step`
-// apart on a linear axis (1: whole numbers); on a log axis powers of ten (every k-th decade when
+// Tick values inside r, about `target` of them (at most PLOT_MAX_TICKS; on a linear axis at least
+// two where a nice step allows), at least `min_step` apart on a linear axis (1: whole numbers); on a log axis powers of ten (every k-th decade when
 // there are many, with 2 and 5 between them when there are only one or two). Returns the count.
 size_t plot_ticks(PlotRange r, bool log, int target, double min_step, double *ticks);
 // Labels of an axis's ticks, one style for the whole axis: plain decimals, SI suffixes for large
