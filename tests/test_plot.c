@@ -138,6 +138,38 @@ static void test_history_fp8(void) {
     unlink(path);
 }
 
+// got (n) equals want within 1e-12 relative, NaN exactly where want is NaN.
+static void check_nan_arrays(const char *what, const double *got, const double *want, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        CHECK_MSG(isnan(want[i]) ? isnan(got[i]) : fabs(got[i] - want[i]) <= 1e-12 * fabs(want[i]),
+                  "%s [%zu]: %g, want %g", what, i, got[i], want[i]);
+}
+
+// Means over windows of records (NaN left out) and a run's training loss against another's at the
+// steps both have, in percent of the other's.
+static void test_history_loss_gap(void) {
+    double mean[5];
+    history_window_mean((double[]){1, NAN, 3, 5, 7}, 5, 1, 1, mean);
+    check_nan_arrays("centred means", mean, (double[]){1, NAN, 4, 5, 6}, 5);
+    history_window_mean((double[]){1, NAN, 3, 5, 7}, 5, 2, 0, mean);
+    check_nan_arrays("trailing means", mean, (double[]){1, NAN, 2, 4, 5}, 5);
+    char ref_path[] = "/tmp/moe-metrics-XXXXXX", path[] = "/tmp/moe-metrics-XXXXXX";
+    RunHistory ref, h;
+    if (!read_temp_log(&ref, ref_path, "{\"step\":1,\"ce\":2}\n{\"step\":2,\"ce\":2}\n{\"step\":3,\"ce\":2}\n"
+                                     "{\"step\":4,\"ce\":4}\n"))
+        return;
+    if (read_temp_log(&h, path, "{\"step\":2,\"ce\":3}\n{\"step\":3,\"ce\":1}\n{\"step\":4,\"ce\":2}\n"
+                                "{\"step\":5,\"ce\":2}\n")) {
+        double gap[4]; // h's 2-step means 3, 2, 1.5, 2 against ref's 2, 2, 3 and none
+        history_loss_gap(&h, &ref, 2, gap);
+        check_nan_arrays("gaps (%)", gap, (double[]){50, 0, -50, NAN}, 4);
+        history_free(&h);
+        unlink(path);
+    }
+    history_free(&ref);
+    unlink(ref_path);
+}
+
 static void expect_error(const char *path, const char *text, const char *want) {
     RunHistory h;
     MoeErr err;
@@ -182,6 +214,7 @@ const TestCase plot_tests[] = {
     {"plot_ranges", test_ranges},
     {"plot_history_resume_and_validation", test_history_resume},
     {"plot_history_fp8", test_history_fp8},
+    {"plot_history_loss_gap", test_history_loss_gap},
     {"plot_history_errors", test_history_errors},
     {"plot_history_thinning", test_history_thinning},
     {0},

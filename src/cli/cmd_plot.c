@@ -19,8 +19,9 @@ static const CliSpec SPEC = {
                "                per tensor class\n"
                "  experts.png   per MoE layer, each expert's share of the routed tokens over\n"
                "                the steps, beside the layer's max/mean and min/mean load\n"
-               "Several runs are overlaid in loss.png, training.png and fp8.png (one colour each) and get\n"
-               "one experts-N.png each, in the order given.",
+               "Several runs are overlaid in loss.png, training.png and fp8.png (one colour each),\n"
+               "loss.png showing each later run's training loss against the first's in percent\n"
+               "(20-step means), and get one experts-N.png each, in the order given.",
     .opts = (const CliOption[]){
         {"--out", "DIR", "where the pictures go (default: RUN_DIR/plots for one run, ./plots for several)"},
         {"--width", "PIXELS", "width of each picture, 400 to 4800 (default 1200); all of it scales"},

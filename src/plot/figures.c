@@ -32,23 +32,6 @@ typedef struct {
     bool legend;
 } Panel;
 
-// Centred running mean of y over 2 * half + 1 points (NaN left out; NaN where all are).
-static void running_mean(const double *y, size_t n, size_t half, double *out) {
-    double *sum = moe_calloc(n + 1, sizeof(double)), *count = moe_calloc(n + 1, sizeof(double));
-    for (size_t i = 0; i < n; i++) {
-        bool ok = isfinite(y[i]);
-        sum[i + 1] = sum[i] + (ok ? y[i] : 0);
-        count[i + 1] = count[i] + ok;
-    }
-    for (size_t i = 0; i < n; i++) {
-        size_t lo = i > half ? i - half : 0, hi = i + half + 1 < n ? i + half + 1 : n;
-        double c = count[hi] - count[lo];
-        out[i] = c > 0 && isfinite(y[i]) ? (sum[hi] - sum[lo]) / c : NAN;
-    }
-    free(sum);
-    free(count);
-}
-
 // The x of each step record: its step, or the tokens through it.
 static const double *xs_of(const RunHistory *h, bool by_tokens) { return by_tokens ? h->v[HIST_TOKENS] : h->step; }
 
@@ -81,7 +64,7 @@ static void draw_run(const PlotAxes *a, const RunHistory *h, const Panel *p, Plo
     PlotStyle line = {.color = color, .width = 2, .alpha = 1};
     if (p->smooth && h->n >= SMOOTH_MIN_STEPS) {
         double *mean = moe_malloc(h->n * sizeof(double));
-        running_mean(y, h->n, h->n / 100, mean);
+        history_window_mean(y, h->n, h->n / 100, h->n / 100, mean);
         PlotColor faint = {0.7 + 0.3 * color.r, 0.7 + 0.3 * color.g, 0.7 + 0.3 * color.b}; // opaque: smaller files
         plot_series(a, x, y, h->n, &(PlotStyle){.color = faint, .width = 1, .alpha = 1});
         plot_series(a, x, mean, h->n, &line);
@@ -149,16 +132,50 @@ static PlotBox grid_box(size_t i, size_t cols, size_t rows, double height) {
     return (PlotBox){10 + w * (double)(i % cols), TITLE_H + h * (double)(i / cols), w, h};
 }
 
+#define GAP_STEPS 20 // the training losses of several runs compared as means over this many steps
+
+// Each later run's training cross-entropy against the first run's at the same steps, in percent of
+// the first's, both as GAP_STEPS-step means (FP8 against bf16 from the same start, say).
+static void draw_loss_gap(cairo_t *cr, PlotBox box, const RunSet *rs) {
+    double **gap = moe_calloc(rs->n, sizeof *gap);
+    PlotRange x = plot_range_empty(), y = plot_range_empty();
+    plot_range_add(&y, (double[]){0}, 1, false); // the reference's own line
+    for (size_t r = 1; r < rs->n; r++) {
+        const RunHistory *h = rs->runs[r].h;
+        gap[r] = moe_malloc((h->n + 1) * sizeof(double));
+        history_loss_gap(h, rs->runs[0].h, GAP_STEPS, gap[r]);
+        plot_range_add(&x, h->step, h->n, false);
+        plot_range_add(&y, gap[r], h->n, false);
+    }
+    char title[160];
+    snprintf(title, sizeof title, "training loss against %.80s's (%d-step means)", rs->runs[0].name, GAP_STEPS);
+    PlotAxesSpec spec = {.title = title, .x_label = "step", .y_label = "difference (%)",
+                         .x = plot_range_padded(x, 0.01, false), .y = plot_range_padded(y, 0.05, false)};
+    PlotAxes a = plot_axes(cr, box, &spec);
+    plot_hline(&a, 0, plot_palette(0));
+    for (size_t r = 1; r < rs->n; r++) {
+        plot_series(&a, rs->runs[r].h->step, gap[r], rs->runs[r].h->n,
+                    &(PlotStyle){.color = plot_palette(r), .width = 2, .alpha = 1});
+        free(gap[r]);
+    }
+    free(gap);
+}
+
 #define LOSS_H 480
+#define LOSS_RUNS_H 800 // several runs: a row more, their differences from the first
+static int loss_height(const RunSet *rs) { return rs->n > 1 ? LOSS_RUNS_H : LOSS_H; }
+
 static void draw_loss(cairo_t *cr, void *ctx) {
     const RunSet *rs = ctx;
     Panel steps = {.title = "against steps", .y_label = "nats per token", .series = HIST_CE, .auto_log = true,
                    .smooth = true, .val = true, .legend = true};
     Panel tokens = steps;
     tokens.title = "against tokens", tokens.by_tokens = true, tokens.legend = false;
+    size_t rows = rs->n > 1 ? 2 : 1;
     figure_title(cr, rs, "training and validation loss");
-    draw_panel(cr, grid_box(0, 2, 1, LOSS_H), rs, &steps);
-    draw_panel(cr, grid_box(1, 2, 1, LOSS_H), rs, &tokens);
+    draw_panel(cr, grid_box(0, 2, rows, loss_height(rs)), rs, &steps);
+    draw_panel(cr, grid_box(1, 2, rows, loss_height(rs)), rs, &tokens);
+    if (rs->n > 1) draw_loss_gap(cr, grid_box(1, 1, 2, loss_height(rs)), rs);
 }
 
 #define TRAINING_H 800
@@ -305,7 +322,7 @@ static void draw_experts(cairo_t *cr, void *ctx) {
 static double scale_of(const FigureOptions *o) { return (double)o->width / FIG_W; }
 
 static int write_loss(const char *base, const FigureOptions *o, const void *ctx, MoeErr err) {
-    return plot_write(base, o->svg, scale_of(o), FIG_W, LOSS_H, draw_loss, (void *)ctx, err);
+    return plot_write(base, o->svg, scale_of(o), FIG_W, loss_height(ctx), draw_loss, (void *)ctx, err);
 }
 
 static int write_training(const char *base, const FigureOptions *o, const void *ctx, MoeErr err) {

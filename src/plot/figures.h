@@ -22,7 +22,9 @@ typedef struct {
 // Writes into out_dir:
 //   loss.png      training cross-entropy (faint: each step; line: a running mean) and validation
 //                 loss, against steps and against tokens; the y axis is logarithmic when the
-//                 losses span more than a decade
+//                 losses span more than a decade. With several runs, below: each later run's
+//                 training cross-entropy against the first's at the same steps, in percent, as
+//                 20-step means (an fp8 run against bf16 from the same start, say)
 //   training.png  learning rate, gradient norm, tokens/s, max/mean expert load of the worst layer
 //   fp8.png       with train.precision=fp8: per tensor class (weights, activations, gradients) the
 //                 percentage of values its quantisation flushed to zero and saturated, each step

@@ -3,6 +3,7 @@
 
 #include <jansson.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -200,6 +201,34 @@ void history_free(RunHistory *h) {
 void history_fill_tokens(RunHistory *h, double tokens_per_step) {
     for (size_t i = 0; i < h->n; i++)
         if (isnan(h->v[HIST_TOKENS][i])) h->v[HIST_TOKENS][i] = h->step[i] * tokens_per_step;
+}
+
+void history_window_mean(const double *y, size_t n, size_t before, size_t after, double *out) {
+    double *sum = moe_calloc(n + 1, sizeof(double)), *count = moe_calloc(n + 1, sizeof(double));
+    for (size_t i = 0; i < n; i++) {
+        bool ok = isfinite(y[i]);
+        sum[i + 1] = sum[i] + (ok ? y[i] : 0);
+        count[i + 1] = count[i] + ok;
+    }
+    for (size_t i = 0; i < n; i++) {
+        size_t lo = i > before ? i - before : 0, hi = i + after + 1 < n ? i + after + 1 : n;
+        double c = count[hi] - count[lo];
+        out[i] = c > 0 && isfinite(y[i]) ? (sum[hi] - sum[lo]) / c : NAN;
+    }
+    free(sum);
+    free(count);
+}
+
+void history_loss_gap(const RunHistory *h, const RunHistory *ref, size_t window, double *out) {
+    double *mh = moe_malloc((h->n + 1) * sizeof(double)), *mr = moe_malloc((ref->n + 1) * sizeof(double));
+    history_window_mean(h->v[HIST_CE], h->n, window - 1, 0, mh);
+    history_window_mean(ref->v[HIST_CE], ref->n, window - 1, 0, mr);
+    for (size_t i = 0; i < h->n; i++) {
+        size_t j = lower_bound(ref->step, ref->n, h->step[i]);
+        out[i] = j < ref->n && ref->step[j] == h->step[i] ? 100 * (mh[i] - mr[j]) / mr[j] : NAN;
+    }
+    free(mh);
+    free(mr);
 }
 
 double history_tokens_at(const RunHistory *h, double step) {

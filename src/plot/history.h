@@ -50,3 +50,10 @@ void history_free(RunHistory *h);
 void history_fill_tokens(RunHistory *h, double tokens_per_step);
 // The tokens through `step` (NaN when no record of that step has them).
 double history_tokens_at(const RunHistory *h, double step);
+// out[i] = the mean of y over records [i - before, i + after] (clipped to [0, n); NaN left out; NaN
+// where y[i] or all of them are).
+void history_window_mean(const double *y, size_t n, size_t before, size_t after, double *out);
+// out (h->n) = 100 (m_h - m_ref) / m_ref: h's training cross-entropy against ref's at the same step,
+// each a mean over the `window` step records ending there (history_window_mean); NaN where ref has
+// no record of the step.
+void history_loss_gap(const RunHistory *h, const RunHistory *ref, size_t window, double *out);

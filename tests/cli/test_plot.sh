@@ -63,7 +63,7 @@ $MOE train $TINY train.steps=12 train.lr=1e-3 train.out="$tmp/other" > /dev/null
 out=$($MOE plot "$tmp/run" "$tmp/other" --out "$tmp/cmp" --svg 2>&1)
 ls "$tmp"/cmp/{loss,training,experts-1,experts-2}.{png,svg} > /dev/null 2>&1 && grep -q "<svg" "$tmp/cmp/loss.svg" &&
     ok "two runs: shared pictures, one expert picture each, SVG" || bad "two runs: shared pictures, one expert picture each, SVG" "$out" "$(ls "$tmp/cmp")"
-check_png "two runs: the second run's colour in loss.png" "$tmp/cmp/loss.png" 1200 480 $ORANGE 500
+check_png "two runs: loss.png with their difference below, the second run's colour" "$tmp/cmp/loss.png" 1200 800 $ORANGE 1000
 
 $MOE train $TINY train.steps=1 train.out="$tmp/one" > /dev/null 2>&1
 $MOE plot "$tmp/one" > /dev/null 2>&1 && check_png "a one-step run: its point is drawn" "$tmp/one/plots/loss.png" 1200 480 $BLUE 20 ||
