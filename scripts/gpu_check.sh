@@ -8,7 +8,8 @@
 # bf16, with the experts' rows gathered, with the dense products on CUTLASS; olmoe-L8 and scale-E64
 # in both precisions, with their ratio), "fp8loss" (neither)
 # trains 2,000 steps in bf16 and in fp8 (and in bf16 again, and from another seed; FP8LOSS_RUNS
-# picks some, e.g. "bf16-seed2 fp8-seed2"), "overlap" (neither) checks and times
+# picks some, e.g. "bf16-seed2 fp8-seed2"), "repeat" (neither) trains copies of the same run at once
+# and says whether their losses are the same bits (train.deterministic), "overlap" (neither) checks and times
 # train.optimizer_overlap, "calibrate" (neither) writes $OUT/h200-measured.json by `moe bench
 # --calibrate` on scale-E8's shapes (every kernel family, FP8's included:
 # configs/calibration/h200-measured.json is that file). Carry .deps/include (CUTLASS and cuDNN
@@ -207,6 +208,31 @@ if has fp8loss; then
     [ "$runs" = "$first" ] || WINDOW=200 scripts/loss_compare.sh $(for r in ${runs#"$first"}; do printf 'runs/loss-%s:runs/loss-%s ' "$first" "$r"; done) |
         tee -a "$OUT/summary.txt"
     for r in $runs; do say "$r validation: $(grep -o 'val loss [0-9.]*' runs/loss_$r.log | tr '\n' ' ')"; done
+fi
+
+if has repeat; then
+    # train.deterministic's promise, checked: REPEAT_COPIES (default 3) copies of each variant at once
+    # (the scale-E8 shape of fp8loss, REPEAT_STEPS (default 150) steps, seed 1; REPEAT_VARIANTS, e.g.
+    # "fp8 fp8:train.fp8_dense=false bf16", one variant a word, overrides after the precision and ':'),
+    # each copy's losses against the first's: the same bits, or the first step that differs.
+    REPEAT_RUN=${REPEAT_RUN:-"configs/bench/scale-E8.json model.vocab_size=257 train.seq_len=1024 train.micro_batch=1
+        train.warmup=200 train.eval_every=0 train.ckpt_every=0 train.deterministic=true train.seed=1"}
+    for v in ${REPEAT_VARIANTS:-fp8 bf16}; do
+        p=${v%%:*} extra=""; [[ "$v" == *:* ]] && extra=$(tr ',' ' ' <<<"${v#*:}")
+        name=$(tr ':=,' '-_+' <<<"$v")
+        for c in $(seq "${REPEAT_COPIES:-3}"); do
+            rm -rf runs/repeat-$name-$c
+            timeout 300 ./moe train $REPEAT_RUN train.steps=${REPEAT_STEPS:-150} train.precision=$p $extra \
+                train.out=runs/repeat-$name-$c > runs/repeat_${name}_$c.log 2>&1 &
+        done
+        wait
+        verdict=$(for c in $(seq 2 "${REPEAT_COPIES:-3}"); do
+            paste <(losses runs/repeat-$name-1) <(losses runs/repeat-$name-$c) |
+                awk -v c=$c 'NF < 2 || $1 != $2 { print "copy " c ": from step " NR; found = 1; exit }
+                             END { if (!found) print "copy " c ": the same " NR " losses" }'
+        done | paste -sd ';' -)
+        say "repeat $v: $verdict"
+    done
 fi
 
 if has calibrate; then
