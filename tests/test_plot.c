@@ -114,6 +114,12 @@ static void test_history_resume(void) {
     unlink(path);
 }
 
+// got (n) equals want exactly, NaN exactly where want is NaN.
+static void check_nan_arrays(const char *what, const double *got, const double *want, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        CHECK_MSG(isnan(want[i]) ? isnan(got[i]) : got[i] == want[i], "%s [%zu]: %g, want %g", what, i, got[i], want[i]);
+}
+
 // An fp8 run's counters read as percentages per tensor class (NaN where a class's share is null);
 // a record without them (a bf16 step) gives NaN.
 static void test_history_fp8(void) {
@@ -126,23 +132,17 @@ static void test_history_fp8(void) {
         return;
     CHECK_MSG(h.n == 2, "%zu steps, not 2", h.n);
     if (h.n == 2) {
-        double f[3], s[3]; // step 1's flushed and saturated percentages per class
-        for (int c = 0; c < 3; c++) f[c] = h.v[HIST_FP8_FLUSHED + c][0], s[c] = h.v[HIST_FP8_SATURATED + c][0];
-        CHECK_MSG(f[0] == 25 && f[1] == 50 && isnan(f[2]) && s[0] == 0 && s[1] == 12.5 && isnan(s[2]),
-                  "step 1: flushed %g %g %g, saturated %g %g %g", f[0], f[1], f[2], s[0], s[1], s[2]);
-        for (int c = 0; c < 3; c++)
-            CHECK_MSG(isnan(h.v[HIST_FP8_FLUSHED + c][1]) && isnan(h.v[HIST_FP8_SATURATED + c][1]),
-                      "step 2 (no counters): class %d not NaN", c);
+        const double want[2][2][3] = {{{25, 50, NAN}, {0, 12.5, NAN}}, // step 1: flushed, saturated per class
+                                      {{NAN, NAN, NAN}, {NAN, NAN, NAN}}}; // step 2: no counters
+        for (size_t i = 0; i < 2; i++)
+            for (int k = 0; k < 2; k++) {
+                double got[3];
+                for (int c = 0; c < 3; c++) got[c] = h.v[(k ? HIST_FP8_SATURATED : HIST_FP8_FLUSHED) + c][i];
+                check_nan_arrays(k ? "saturated (%)" : "flushed (%)", got, want[i][k], 3);
+            }
     }
     history_free(&h);
     unlink(path);
-}
-
-// got (n) equals want within 1e-12 relative, NaN exactly where want is NaN.
-static void check_nan_arrays(const char *what, const double *got, const double *want, size_t n) {
-    for (size_t i = 0; i < n; i++)
-        CHECK_MSG(isnan(want[i]) ? isnan(got[i]) : fabs(got[i] - want[i]) <= 1e-12 * fabs(want[i]),
-                  "%s [%zu]: %g, want %g", what, i, got[i], want[i]);
 }
 
 // Means over windows of records (NaN left out) and a run's training loss against another's at the
