@@ -9,12 +9,20 @@
 // from zero, promoted in K order with the same scale products), so the results are bit for bit
 // those of CUTLASS's mainloop.
 //
+// Each tile's scales go from shared memory to registers before its batch is issued, as CUTLASS's
+// loop loads them, not when the tile is promoted: with clusters of two CTAs only warps 0 and 2 of a
+// warpgroup arrive on a stage's empty barrier (CUTLASS spreads a warpgroup's arrivals over the
+// cluster), so once they have promoted and released a stage the producer may refill it while warp 1
+// or 3 still has to read its scales. Read at the promotion, they made runs part now and then (after
+// 22 to 69 steps of scale-E8 at one sequence a step); read before the batch, which needs every warp
+// of the warpgroup to have issued it before any can wait it out, they cannot be overwritten.
+//
 // Everything else (parameters, TMA loads of the operands and scales, the pipeline) is CUTLASS's
 // collective, from which this one derives; only `mma`, the consumer warpgroups' loop, is replaced.
 // Registers: the accumulators and two partial-sum fragments, 3 x 64 fp32 a thread on 128 x 128 tiles
-// of two consumer warpgroups. The first two tiles are issued before the loop, so that no batch is in
-// flight where control flow merges: written as one loop from the first tile, ptxas waited for each
-// tile's first batch before issuing the second (its message C7517).
+// of two consumer warpgroups, and each fragment's scales. The first two tiles are issued before the
+// loop, so that no batch is in flight where control flow merges: written as one loop from the first
+// tile, ptxas waited for each tile's first batch before issuing the second (its message C7517).
 #pragma once
 #include <cute/tensor.hpp>
 #include <cutlass/gemm/collective/collective_builder.hpp>
@@ -64,14 +72,21 @@ template <class Base> struct Fp8OverlappedMainloop : Base {
         Tensor tCrA = thread_mma.make_fragment_A(thread_mma.partition_A(sA)); // (MMA, MMA_M, MMA_K, PIPE)
         Tensor tCrB = thread_mma.make_fragment_B(thread_mma.partition_B(sB)); // (MMA, MMA_N, MMA_K, PIPE)
         Tensor part0 = make_fragment_like(accum), part1 = make_fragment_like(accum); // partial sums of a K tile
+        // each partial sum's scales (their distinct values only), loaded before its batch is issued
+        Tensor sfa0 = make_tensor_like<ElementBlockScale>(tCsSFA(_, _, _, _0{})), sfa1 = make_tensor_like(sfa0);
+        Tensor sfb0 = make_tensor_like<ElementBlockScale>(tCsSFB(_, _, _, _0{})), sfb1 = make_tensor_like(sfb0);
         clear(accum);
         if (k_tile_count <= 0) return;
         PipelineState smem_pipe_release = smem_pipe_read;
 
-        // Tile at smem_pipe_read into part: its stage waited for, its batch issued, not waited for.
-        auto issue = [&](auto &part) {
+        // Tile at smem_pipe_read into part: its stage waited for, its scales loaded into sfa, sfb (every
+        // warp before the warpgroup's batch, which is issued and not waited for: a stage may be released
+        // by another warp of the warpgroup once the batch is done, and then refilled), its batch issued.
+        auto issue = [&](auto &part, auto &sfa, auto &sfb) {
             pipeline.consumer_wait(smem_pipe_read, pipeline.consumer_try_wait(smem_pipe_read));
             int stage = smem_pipe_read.index();
+            copy(tCsSFA(_, _, _, make_coord(_0{}, stage)), sfa);
+            copy(tCsSFB(_, _, _, make_coord(_0{}, stage)), sfb);
             warpgroup_fence_operand(part);
             warpgroup_arrive();
             tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
@@ -84,48 +99,43 @@ template <class Base> struct Fp8OverlappedMainloop : Base {
             warpgroup_fence_operand(part);
             ++smem_pipe_read;
         };
-        // The finished tile at smem_pipe_release, in part: scaled and added to accum with its stage's
-        // scales (as CUTLASS's: a's row scale times b's block scale, then one fma), then the stage
-        // released unless it is the last one.
-        auto promote = [&](auto &part, bool release) {
+        // The finished tile at smem_pipe_release, in part: scaled and added to accum with the scales
+        // issue loaded (as CUTLASS's: a's row scale times b's block scale, then one fma), then the
+        // stage released unless it is the last one.
+        auto promote = [&](auto &part, auto const &sfa, auto const &sfb, bool release) {
             warpgroup_fence_operand(part);
-            int stage = smem_pipe_release.index();
-            Tensor sfa = make_tensor_like<ElementBlockScale>(tCsSFA(_, _, _, _0{})); // its distinct values only
-            Tensor sfb = make_tensor_like<ElementBlockScale>(tCsSFB(_, _, _, _0{}));
-            copy(tCsSFA(_, _, _, make_coord(_0{}, stage)), sfa);
-            copy(tCsSFB(_, _, _, make_coord(_0{}, stage)), sfb);
             CUTLASS_PRAGMA_UNROLL
             for (int i = 0; i < size(accum); ++i) accum(i) += part(i) * (sfa(i) * sfb(0));
             if (release) pipeline.consumer_release(smem_pipe_release);
             ++smem_pipe_release;
         };
 
-        issue(part0);
+        issue(part0, sfa0, sfb0);
         if (k_tile_count == 1) {
             warpgroup_wait<0>();
-            promote(part0, false);
+            promote(part0, sfa0, sfb0, false);
         } else {
-            issue(part1);
+            issue(part1, sfa1, sfb1);
             warpgroup_wait<1>();
-            promote(part0, true);
+            promote(part0, sfa0, sfb0, true);
             int k = 2;
             for (; k + 1 < k_tile_count; k += 2) {
-                issue(part0);
+                issue(part0, sfa0, sfb0);
                 warpgroup_wait<1>();
-                promote(part1, true);
-                issue(part1);
+                promote(part1, sfa1, sfb1, true);
+                issue(part1, sfa1, sfb1);
                 warpgroup_wait<1>();
-                promote(part0, true);
+                promote(part0, sfa0, sfb0, true);
             }
             if (k < k_tile_count) {
-                issue(part0);
+                issue(part0, sfa0, sfb0);
                 warpgroup_wait<1>();
-                promote(part1, true);
+                promote(part1, sfa1, sfb1, true);
                 warpgroup_wait<0>();
-                promote(part0, false);
+                promote(part0, sfa0, sfb0, false);
             } else {
                 warpgroup_wait<0>();
-                promote(part1, false);
+                promote(part1, sfa1, sfb1, false);
             }
         }
         warpgroup_fence_operand(accum);
