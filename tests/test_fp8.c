@@ -266,6 +266,41 @@ static void test_fp8_quantize_weights(void) {
     free(w), free(s), free(st), free(q), free(qt), free(back);
 }
 
+// A weight tensor quantised by parts, as the ranks of an expert-data-parallel group do: each part's
+// block maxima (from a copy holding 10^4 outside it: nothing else read), their largest, then each
+// part's codes (nothing else written). Parts cut blocks and rows anywhere, one is empty; the codes,
+// scales and counts are those of the whole tensor at once.
+static void test_fp8_quantize_weights_parts(void) {
+    size_t E = 3, N = 200, K = 136, Nb = fp8_blocks(N), Kb = fp8_blocks(K), n = E * N * K, nb = E * Nb * Kb;
+    const size_t cut[] = {0, 7777, 40000, 40000, 40064, n};
+    real *w = rnd_outliers(n, 5), *part = malloc(n * sizeof(real)), *amax = malloc(nb * sizeof(real));
+    real *all = calloc(nb, sizeof(real)), *s = malloc(nb * sizeof(real)), *st = malloc(nb * sizeof(real));
+    real *s1 = malloc(nb * sizeof(real)), *st1 = malloc(nb * sizeof(real));
+    uint8_t *q = malloc(n), *q1 = malloc(n);
+    uint64_t whole[FP8_COUNTS] = {0}, parts[FP8_COUNTS] = {0};
+    ops->fp8_quantize_weights(q1, s1, st1, w, E, N, K, FP8_SCALE_AMAX, whole);
+    for (size_t p = 0; p + 1 < sizeof cut / sizeof cut[0]; p++) {
+        for (size_t i = 0; i < n; i++) part[i] = i >= cut[p] && i < cut[p + 1] ? w[i] : 1e4f;
+        ops->fp8_weights_amax(amax, part, E, N, K, cut[p], cut[p + 1]);
+        for (size_t b = 0; b < nb; b++) all[b] = amax[b] > all[b] ? amax[b] : all[b];
+    }
+    memset(q, 0x5a, n);
+    for (size_t p = 0; p + 1 < sizeof cut / sizeof cut[0]; p++) {
+        for (size_t i = 0; i < n; i++) part[i] = i >= cut[p] && i < cut[p + 1] ? w[i] : 1e4f;
+        ops->fp8_quantize_weights_part(q, s, st, all, part, E, N, K, cut[p], cut[p + 1], FP8_SCALE_AMAX, parts);
+        size_t outside = 0;
+        for (size_t i = cut[p + 1]; i < n; i++) outside += q[i] != 0x5a;
+        CHECK_MSG(outside == 0, "part %zu wrote %zu codes past its end", p, outside);
+    }
+    CHECK_MSG(!memcmp(q, q1, n), "codes by parts differ from the whole tensor's");
+    CHECK_MSG(!memcmp(s, s1, nb * sizeof(real)) && !memcmp(st, st1, nb * sizeof(real)), "scales differ");
+    CHECK_MSG(!memcmp(parts, whole, sizeof whole), "counts by parts %llu values, %llu flushed; whole %llu, %llu",
+              (unsigned long long)parts[FP8_COUNT_VALUES], (unsigned long long)parts[FP8_COUNT_FLUSHED],
+              (unsigned long long)whole[FP8_COUNT_VALUES], (unsigned long long)whole[FP8_COUNT_FLUSHED]);
+    CHECK_MSG(whole[FP8_COUNT_FLUSHED] > 0 && whole[FP8_COUNT_VALUES] == n, "the test's values flush none");
+    free(w), free(part), free(amax), free(all), free(s), free(st), free(s1), free(st1), free(q), free(q1);
+}
+
 // Rows gathered from tokens' quantised rows: the same codes and scales as the rows quantised through
 // the map (each token's row read by several experts' rows), all experts and a chunk of them (expert
 // 1 on: the rows before it left as they were).
@@ -546,6 +581,7 @@ const TestCase fp8_tests[] = {
     {"fp8_quantize_rows", test_fp8_quantize_rows},
     {"fp8_quantize_cols", test_fp8_quantize_cols},
     {"fp8_quantize_weights", test_fp8_quantize_weights},
+    {"fp8_quantize_weights_parts", test_fp8_quantize_weights_parts},
     {"fp8_gather_rows", test_fp8_gather_rows},
     {"fp8_exchange_ops", test_fp8_exchange_ops},
     {"fp8_grouped_products", test_fp8_grouped_products},

@@ -177,6 +177,15 @@ static void bench_grouped_fp8(Bench *b, const char *what, const char *shape, con
     o->free(dmap);
     ms = BENCH_TIME_MS(b, 10, o->fp8_quantize_weights(q.wq, q.ws, q.wst, w, E, N, Kd, FP8_SCALE_AMAX, n));
     report(b, "  fp8 quantise weights", shape, ms, 0, (double)E * N * Kd * (a + 1) + 2.0 * E * Kb * Nb * f, 2000);
+    // half of them, as one of two expert-data-parallel ranks does (train.fp8_fused_update): the part's
+    // block maxima, then its codes (the maxima's all-reduce between is not timed here)
+    size_t half = E * N * Kd / 2 / 16 * 16;
+    void *amax = bench_zero_buf(b, E * Kb * Nb * f);
+    ms = BENCH_TIME_MS(b, 10, (o->fp8_weights_amax(amax, w, E, N, Kd, 0, half),
+                               o->fp8_quantize_weights_part(q.wq, q.ws, q.wst, amax, w, E, N, Kd, 0, half,
+                                                            FP8_SCALE_AMAX, n)));
+    report(b, "  fp8 quantise weights, half (2 passes)", shape, ms, 0,
+           (double)half * (2 * a + 1) + 3.0 * E * Kb * Nb * f, 2000);
     ms = BENCH_TIME_MS(b, 10, o->fp8_transpose_codes(q.wqt, q.wq, E, N, Kd));
     report(b, "  fp8 weights' codes transposed", shape, ms, 0, 2.0 * E * N * Kd, 2000);
     snprintf(name, sizeof name, "fp8 %s forward", what);
@@ -198,7 +207,7 @@ static void bench_grouped_fp8(Bench *b, const char *what, const char *shape, con
                                                                 E, N, Kd, R, false));
     report(b, name, shape, fp8_ms[2], flops, 0, 1.6 * flops / (bf16_ms[2] * 1e-3) / 1e12);
     bench_fp8_free(b, &q);
-    BENCH_FREE_ALL(b, y, dx, dw, n);
+    BENCH_FREE_ALL(b, y, dx, dw, n, amax);
 }
 
 // One product of the experts (N, Kd) on rows of a kind of load, bf16 and, on the GPU, FP8; the three

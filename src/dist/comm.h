@@ -8,8 +8,8 @@
 
 #include "common/util.h"
 
-// Element kinds, as in ops.h: act and f32 buffers of the backend, int32 and uint64.
-typedef enum { COMM_ACT, COMM_F32, COMM_I32, COMM_U64, COMM_TYPES } CommType;
+// Element kinds, as in ops.h: act and f32 buffers of the backend, int32, uint64 and bytes (FP8 codes).
+typedef enum { COMM_ACT, COMM_F32, COMM_I32, COMM_U64, COMM_U8, COMM_TYPES } CommType;
 
 typedef struct Comm Comm;
 
@@ -24,6 +24,8 @@ typedef struct {
 
 typedef struct {
     void (*all_reduce_sum)(Comm *c, void *buf, size_t n, CommType t);
+    // buf (n) f32 on every rank = the largest over ranks, element by element (in place)
+    void (*all_reduce_max)(Comm *c, void *buf, size_t n);
     // recv (n) = this rank's n-element block of the sum over ranks of send (size x n); in place
     // when recv == send + rank * n
     void (*reduce_scatter_sum)(Comm *c, const void *send, void *recv, size_t n, CommType t);

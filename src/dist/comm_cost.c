@@ -7,6 +7,7 @@ static void charge(Comm *c, CommCostKind kind, CommType t, double elems) {
 }
 
 static void cost_all_reduce(Comm *c, void *buf, size_t n, CommType t) { charge(c, COMM_COST_ALL_REDUCE, t, (double)n); }
+static void cost_all_reduce_max(Comm *c, void *buf, size_t n) { cost_all_reduce(c, buf, n, COMM_F32); }
 static void cost_reduce_scatter(Comm *c, const void *send, void *recv, size_t n, CommType t) {
     charge(c, COMM_COST_REDUCE_SCATTER, t, (double)n * c->size);
 }
@@ -37,7 +38,7 @@ static void cost_peer_free(Comm *c, PeerMem *pm) {}
 static void cost_free(Comm *c) {}
 
 static const CommOps COST_OPS = {
-    .all_reduce_sum = cost_all_reduce, .reduce_scatter_sum = cost_reduce_scatter, .reduce_sum = cost_reduce,
+    .all_reduce_sum = cost_all_reduce, .all_reduce_max = cost_all_reduce_max, .reduce_scatter_sum = cost_reduce_scatter, .reduce_sum = cost_reduce,
     .broadcast = cost_broadcast, .all_gather = cost_all_gather, .all_to_all_v = cost_all_to_all_v,
     .send = cost_send, .recv = cost_recv,
     .sendrecv = cost_sendrecv, .barrier = cost_sync, .all_ok = cost_all_ok, .peer_free = cost_peer_free,
@@ -48,5 +49,5 @@ void comm_costing(Comm *c, CommCost *cost, size_t act_bytes) {
     c->ops = &COST_OPS;
     c->impl = cost;
     c->elem_bytes[COMM_ACT] = act_bytes, c->elem_bytes[COMM_F32] = 4, c->elem_bytes[COMM_I32] = 4;
-    c->elem_bytes[COMM_U64] = 8;
+    c->elem_bytes[COMM_U64] = 8, c->elem_bytes[COMM_U8] = 1;
 }

@@ -48,6 +48,7 @@ static void comm_mpi_abort(void) { MPI_Abort(MPI_COMM_WORLD, 1); }
 static MPI_Datatype comm_mpi_type(const MpiComm *m, CommType t) {
     if (t == COMM_I32) return MPI_INT32_T;
     if (t == COMM_U64) return MPI_UINT64_T;
+    if (t == COMM_U8) return MPI_UINT8_T;
     MOE_ASSERT(t == COMM_ACT || t == COMM_F32);
     return m->elem_size == sizeof(double) ? MPI_DOUBLE : MPI_FLOAT;
 }
@@ -96,21 +97,24 @@ static Comm *comm_mpi_wrap(MPI_Comm comm, size_t elem_size, size_t chunk) {
     MpiComm *m = moe_malloc(sizeof *m);
     *m = (MpiComm){.comm = comm, .elem_size = elem_size, .chunk = chunk};
     Comm *c = moe_malloc(sizeof *c);
-    *c = (Comm){.ops = &comm_mpi_ops, .elem_bytes = {elem_size, elem_size, sizeof(int32_t), sizeof(uint64_t)},
+    *c = (Comm){.ops = &comm_mpi_ops, .elem_bytes = {elem_size, elem_size, sizeof(int32_t), sizeof(uint64_t), 1},
                .impl = m};
     MPI_CHECK(MPI_Comm_rank(comm, &c->rank));
     MPI_CHECK(MPI_Comm_size(comm, &c->size));
     return c;
 }
 
-static void comm_mpi_all_reduce_sum(Comm *c, void *buf, size_t n, CommType t) {
+static void comm_mpi_all_reduce(Comm *c, void *buf, size_t n, CommType t, MPI_Op op) {
     MpiComm *m = c->impl;
     MPI_Datatype dt = comm_mpi_type(m, t);
     for (size_t o = 0; o < n; o += m->chunk) {
         int k = comm_mpi_piece(m, n, o);
-        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, comm_mpi_at(buf, o, dt), k, dt, MPI_SUM, m->comm));
+        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, comm_mpi_at(buf, o, dt), k, dt, op, m->comm));
     }
 }
+
+static void comm_mpi_all_reduce_sum(Comm *c, void *buf, size_t n, CommType t) { comm_mpi_all_reduce(c, buf, n, t, MPI_SUM); }
+static void comm_mpi_all_reduce_max(Comm *c, void *buf, size_t n) { comm_mpi_all_reduce(c, buf, n, COMM_F32, MPI_MAX); }
 
 static void comm_mpi_reduce_scatter_sum(Comm *c, const void *send, void *recv, size_t n,
                                         CommType t) {
@@ -294,6 +298,7 @@ static void comm_mpi_free(Comm *c) {
 
 static const CommOps comm_mpi_ops = {
     .all_reduce_sum = comm_mpi_all_reduce_sum,
+    .all_reduce_max = comm_mpi_all_reduce_max,
     .reduce_scatter_sum = comm_mpi_reduce_scatter_sum,
     .reduce_sum = comm_mpi_reduce_sum,
     .broadcast = comm_mpi_broadcast,

@@ -40,14 +40,19 @@ static cudaStream_t op_stream(Comm *c) {
 
 size_t comm_nccl_queued(void) { return n_queued; }
 
-// bf16 act, fp32, int32 and uint64 elements
+// bf16 act, fp32, int32, uint64 and byte elements
 static ncclDataType_t dtype(CommType t) {
-    return t == COMM_ACT ? ncclBfloat16 : t == COMM_F32 ? ncclFloat32 : t == COMM_I32 ? ncclInt32 : ncclUint64;
+    return t == COMM_ACT ? ncclBfloat16 : t == COMM_F32 ? ncclFloat32 : t == COMM_I32 ? ncclInt32
+         : t == COMM_U64 ? ncclUint64 : ncclUint8;
 }
 
 
 static void nccl_all_reduce_sum(Comm *c, void *buf, size_t n, CommType t) {
     if (n) NCCL_CHECK(ncclAllReduce(buf, buf, n, dtype(t), ncclSum, nc(c), op_stream(c)));
+}
+
+static void nccl_all_reduce_max(Comm *c, void *buf, size_t n) {
+    if (n) NCCL_CHECK(ncclAllReduce(buf, buf, n, ncclFloat32, ncclMax, nc(c), op_stream(c)));
 }
 
 static void nccl_reduce_scatter_sum(Comm *c, const void *send, void *recv, size_t n, CommType t) {
@@ -235,7 +240,7 @@ static void nccl_free(Comm *c) {
 }
 
 static const CommOps NCCL_OPS = {
-    .all_reduce_sum = nccl_all_reduce_sum, .reduce_scatter_sum = nccl_reduce_scatter_sum,
+    .all_reduce_sum = nccl_all_reduce_sum, .all_reduce_max = nccl_all_reduce_max, .reduce_scatter_sum = nccl_reduce_scatter_sum,
     .reduce_sum = nccl_reduce_sum, .broadcast = nccl_broadcast, .group_begin = nccl_group_begin, .group_end = nccl_group_end,
     .all_gather = nccl_all_gather, .all_to_all_v = nccl_all_to_all_v, .send = nccl_send,
     .recv = nccl_recv, .sendrecv = nccl_sendrecv, .barrier = nccl_barrier, .all_ok = nccl_all_ok,
@@ -255,6 +260,7 @@ static Comm *wrap(ncclComm_t comm, CommStreamFn stream) {
     NCCL_CHECK(ncclCommCount(comm, &c->size));
     c->ops = &NCCL_OPS;
     c->elem_bytes[COMM_ACT] = 2, c->elem_bytes[COMM_F32] = 4, c->elem_bytes[COMM_I32] = 4, c->elem_bytes[COMM_U64] = 8;
+    c->elem_bytes[COMM_U8] = 1;
     c->impl = im;
     return c;
 }

@@ -14,6 +14,7 @@ static void comm_self_copy(Comm *c, void *dst, const void *src, size_t n, CommTy
 
 // The sum over one rank is the buffer itself.
 static void comm_self_all_reduce_sum(Comm *c, void *buf, size_t n, CommType t) {}
+static void comm_self_all_reduce_max(Comm *c, void *buf, size_t n) {}
 
 static void comm_self_reduce_scatter_sum(Comm *c, const void *send, void *recv, size_t n,
                                          CommType t) {
@@ -69,6 +70,7 @@ static void comm_self_free(Comm *c) { free(c); }
 
 static const CommOps comm_self_ops = {
     .all_reduce_sum = comm_self_all_reduce_sum,
+    .all_reduce_max = comm_self_all_reduce_max,
     .reduce_scatter_sum = comm_self_reduce_scatter_sum,
     .reduce_sum = comm_self_reduce_sum,
     .broadcast = comm_self_broadcast,
@@ -86,7 +88,7 @@ static const CommOps comm_self_ops = {
 Comm *comm_self(size_t elem_size) {
     Comm *c = moe_malloc(sizeof *c);
     *c = (Comm){.ops = &comm_self_ops, .rank = 0, .size = 1,
-                .elem_bytes = {elem_size, elem_size, sizeof(int32_t), sizeof(uint64_t)}};
+                .elem_bytes = {elem_size, elem_size, sizeof(int32_t), sizeof(uint64_t), 1}};
     return c;
 }
 

@@ -634,6 +634,13 @@ static Fp8Operands *fp8_operands_new(const Model *m, ModelModes modes) {
     return o;
 }
 
+// Whether each rank of the experts' data-parallel group quantises its part of their staged compute
+// weights and the group gathers the codes (Fp8Operands.fused_update with several ranks in it).
+static bool quantizes_expert_parts(const Model *m) {
+    return m->fp8->fused_update && !m->ops->act_aliases_f32 && n_local_moe_layers(m) > 0 &&
+           model_region_group(m, PARAM_EXPERT)->size > 1;
+}
+
 // The FP8 copies of the weights (made by model_sync_compute_weights), the buffer of their transposed
 // codes and the activation scratch.
 static void alloc_fp8_operands(Model *m) {
@@ -645,12 +652,16 @@ static void alloc_fp8_operands(Model *m) {
     size_t R = model_routed_rows(c, T); // rows a sender quantises (their grouped scales: row_scales)
     Fp8Extent experts = {.R = sends ? max_size(Rr, R) : Rr, .Tt = fp8_expert_cols(Rr, El)};
     Fp8Extent dense_x = {.R = T, .Tt = fp8_expert_cols(T, 1)};
-    size_t before = m->mem.bytes, largest = 0;
+    size_t before = m->mem.bytes, largest = 0, blocks = 0;
     for (int l = 0; l < c->n_layers; l++)
         if (model_holds_layer(m, l)) add_layer_fp8_weights(m, l, &dense_x, &experts);
-    for (size_t i = 0; i < o->n_weights; i++)
-        largest = max_size(largest, o->weights[i].El * o->weights[i].N * o->weights[i].K);
+    for (size_t i = 0; i < o->n_weights; i++) {
+        const Fp8Weights *t = &o->weights[i];
+        largest = max_size(largest, t->El * t->N * t->K);
+        blocks = max_size(blocks, t->El * fp8_blocks(t->N) * fp8_blocks(t->K));
+    }
     o->wt = model_alloc(m, largest);
+    if (quantizes_expert_parts(m)) o->amax = model_alloc(m, blocks * m->ops->f32_size);
     o->weight_bytes = m->mem.bytes - before;
     alloc_fp8_scratch(m, (Fp8Extent[]){experts, dense_x}, 2);
     if (sends) alloc_fp8_send(m, R);
@@ -783,10 +794,31 @@ static void quantize_fp8_weights(Model *m, size_t a, size_t b, void *window, siz
     }
 }
 
+// With Fp8Operands.amax, the FP8 copy of the experts' weight tensor that is flat [a, b) of their
+// region, its compute weights staged in window from first = a (the part of this rank's master
+// weights only): the part's block maxima, their largest over the group, the part's codes under
+// those, the group's codes gathered (a byte a weight, where the compute weights took two). The same
+// codes and scales as quantising the whole tensor. Returns whether it was such a tensor.
+static bool quantize_expert_part(Model *m, ParamRegion r, size_t a, size_t b, void *window, size_t first) {
+    const Fp8Weights *t = r == PARAM_EXPERT && m->fp8 && m->fp8->amax ? fp8_weights_from(m, a) : NULL;
+    if (!t || a + t->El * t->N * t->K != b) return false; // none, or the region's padding
+    Comm *g = model_region_group(m, r);
+    size_t begin = m->reg.region_begin[r], shard = m->reg.region_size[r] / (size_t)g->size;
+    size_t lo = max_size(a, m->master_begin[r]), hi = max_size(lo, min_size(b, m->master_begin[r] + m->master_size[r]));
+    const void *w = model_act(m, window, a - first);
+    m->ops->fp8_weights_amax(m->fp8->amax, w, t->El, t->N, t->K, lo - a, hi - a);
+    g->ops->all_reduce_max(g, m->fp8->amax, t->El * fp8_blocks(t->N) * fp8_blocks(t->K));
+    m->ops->fp8_quantize_weights_part(t->q, t->scales, t->scales_t, m->fp8->amax, w, t->El, t->N, t->K, lo - a, hi - a,
+                                      m->fp8->how, fp8_counts(m->fp8, FP8_CLASS_WEIGHTS));
+    comm_all_gather_window(g, t->q, shard, a - begin, b - begin, COMM_U8);
+    return true;
+}
+
 void model_compute_weights_ready(Model *m, ParamRegion r, size_t a, size_t b, void *window, size_t first) {
     Comm *g = model_region_group(m, r);
     size_t begin = m->reg.region_begin[r], shard = m->reg.region_size[r] / (size_t)g->size;
     MOE_ASSERT(a >= first && a <= b && (r != PARAM_EXPERT || !m->expert_stage || b - first <= expert_stage_elems(m)));
+    if (quantize_expert_part(m, r, a, b, window, first)) return;
     if (g->size > 1) comm_all_gather_window(g, model_act(m, window, a - first), shard, a - begin, b - begin, COMM_ACT);
     quantize_fp8_weights(m, a, b, window, first);
 }

@@ -94,7 +94,12 @@ typedef struct {
                                 // feeds (swiglu_backward_fp8), where expert_hidden is a multiple of 128
                                 // and not with `exchange`
     bool fused_update;          // the optimizer's update of the staged experts' weights makes their FP8
-                                // copies (model_fp8_update_target)
+                                // copies (model_fp8_update_target), or with several ranks in the
+                                // expert-data-parallel group each rank quantises its shard's part and
+                                // the group gathers codes, not the compute weights (amax)
+    void *amax;                 // f32 (El, Kb, Nb) of the largest expert tensor, or NULL: with
+                                // fused_update and several expert-data-parallel ranks, the block maxima
+                                // of a rank's part, then of every part (model_compute_weights_ready)
     bool exchange;              // train.fp8_exchange: the experts' inputs and the down projections' output
                                 // gradients are quantised where they are dispatched and travel as FP8 rows
                                 // (codes, then their scales row-major: LayerActs.xe, Scratch.dye8); the
@@ -316,7 +321,9 @@ size_t model_compute_weight_elems(const Model *m);
 // The compute weights of flat [a, b) of region r made whole and final: this rank's part of them is
 // already in the window (model_compute_window(m, r, a, &first)), its group gathers the others' parts
 // (a collective over it where it has several ranks), then the FP8 copies of the weights in [a, b)
-// are quantised again from them (none without FP8 products; counted in FP8_CLASS_WEIGHTS). Whatever
+// are quantised again from them (none without FP8 products; counted in FP8_CLASS_WEIGHTS); or, for
+// an experts' tensor with Fp8Operands.amax, each rank quantises its part under the whole tensor's
+// block scales and the group gathers the codes (the compute weights stay this rank's part). Whatever
 // changes the compute weights calls it: model_sync_compute_weights (initialisation, checkpoint
 // loads; all of them) and the optimizer's update (those it updated), a span at a time
 // (model_compute_span_end).

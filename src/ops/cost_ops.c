@@ -205,6 +205,13 @@ static void cost_fp8_weights(void *q, void *s, void *st, const void *w, size_t E
                              uint64_t *n) {
     bytes(KERNEL_FP8_QUANTIZE, (double)E * N * K * (A + 1));
 }
+static void cost_fp8_weights_amax(void *a, const void *w, size_t E, size_t N, size_t K, size_t lo, size_t hi) {
+    bytes(KERNEL_FP8_QUANTIZE, (double)(hi - lo) * A);
+}
+static void cost_fp8_weights_part(void *q, void *s, void *st, const void *a, const void *w, size_t E, size_t N,
+                                  size_t K, size_t lo, size_t hi, Fp8Scaling h, uint64_t *n) {
+    bytes(KERNEL_FP8_QUANTIZE, (double)(hi - lo) * (A + 1));
+}
 // codes and scales read and written
 static void cost_fp8_gather_rows(void *q, void *s, const void *tq, const void *ts, const int32_t *xr,
                                  const int32_t *off, size_t E, size_t R, size_t K, size_t T) {
@@ -276,6 +283,7 @@ const Ops *ops_costing(bool bf16_activations, CostSink *s) {
     o.moe_regroup = cost_regroup, o.moe_exchange_plan = cost_exchange_plan, o.moe_push_rows = cost_push_rows;
     o.grouped_matmul_forward = cost_grouped_forward, o.grouped_matmul_backward = cost_grouped_backward;
     o.fp8_quantize_rows = cost_fp8_rows, o.fp8_quantize_cols = cost_fp8_cols, o.fp8_quantize_weights = cost_fp8_weights;
+    o.fp8_weights_amax = cost_fp8_weights_amax, o.fp8_quantize_weights_part = cost_fp8_weights_part;
     o.fp8_transpose_codes = cost_fp8_transpose, o.fp8_gather_rows = cost_fp8_gather_rows;
     o.fp8_regroup_scales = cost_fp8_regroup_scales, o.fp8_dequantize_rows = cost_fp8_dequantize;
     o.swiglu_forward_fp8 = cost_swiglu_fp8, o.fp8_quantize_rows_cols = cost_fp8_rows_cols;

@@ -388,6 +388,18 @@ typedef struct Ops {
     // Kb) f32 (the same scales, those of the transpose fp8_transpose_codes makes).
     void (*fp8_quantize_weights)(void *q, void *scales, void *scales_t, const void *w, size_t E, size_t N,
                                  size_t K, Fp8Scaling how, uint64_t *counts);
+    // fp8_quantize_weights over the part flat [lo, hi) of w's elements (element e N K + n K + k; a
+    // rank's shard of the weights, whose other parts w need not hold), in two passes with the ranks
+    // holding the other parts: fp8_weights_amax writes amax (E, Kb, Nb) f32, each 128x128 block's
+    // largest magnitude over the part's values in it (0 where it has none); after the parts' largest
+    // (a max all-reduce), fp8_quantize_weights_part writes the part's codes into q (E, N, K) e4m3 (the
+    // rest left as it is) under the scales of amax, every block's scales and scales_t from amax, and
+    // counts the part's values. With the amax of all the parts, the codes and scales are bit for bit
+    // fp8_quantize_weights'.
+    void (*fp8_weights_amax)(void *amax, const void *w, size_t E, size_t N, size_t K, size_t lo, size_t hi);
+    void (*fp8_quantize_weights_part)(void *q, void *scales, void *scales_t, const void *amax, const void *w,
+                                      size_t E, size_t N, size_t K, size_t lo, size_t hi, Fp8Scaling how,
+                                      uint64_t *counts);
     // qt (E, K, N) e4m3 = the transpose of each matrix of q (E, N, K) e4m3: the weights' codes as the
     // input gradient reads them (the same codes; scales_t of fp8_quantize_weights are theirs).
     void (*fp8_transpose_codes)(void *qt, const void *q, size_t E, size_t N, size_t K);

@@ -141,6 +141,12 @@ WRAP(fp8_quantize_rows_cols, fp8_phase(off),
 WRAP(fp8_quantize_weights, PHASE_EXPERT_GEMM,
      (void *q, void *s, void *st, const void *w, size_t E, size_t N, size_t K, Fp8Scaling h, uint64_t *n),
      (q, s, st, w, E, N, K, h, n))
+WRAP(fp8_weights_amax, PHASE_EXPERT_GEMM, (void *a, const void *w, size_t E, size_t N, size_t K, size_t lo, size_t hi),
+     (a, w, E, N, K, lo, hi))
+WRAP(fp8_quantize_weights_part, PHASE_EXPERT_GEMM,
+     (void *q, void *s, void *st, const void *a, const void *w, size_t E, size_t N, size_t K, size_t lo, size_t hi,
+      Fp8Scaling h, uint64_t *n),
+     (q, s, st, a, w, E, N, K, lo, hi, h, n))
 WRAP(fp8_transpose_codes, PHASE_EXPERT_GEMM, (void *qt, const void *q, size_t E, size_t N, size_t K),
      (qt, q, E, N, K))
 WRAP(fp8_gather_rows, PHASE_EXPERT_GEMM,
@@ -191,7 +197,7 @@ const Ops *ops_profiled(const Ops *backend) {
     SET(moe_exchange_plan), SET(moe_push_rows);
     SET(grouped_matmul_forward), SET(grouped_matmul_backward), SET(router_bias_update), SET(cross_entropy);
     SET(fp8_quantize_rows), SET(swiglu_forward_fp8), SET(swiglu_backward_fp8), SET(fp8_quantize_cols);
-    SET(fp8_quantize_weights), SET(rmsnorm_forward_fp8);
+    SET(fp8_quantize_weights), SET(fp8_weights_amax), SET(fp8_quantize_weights_part), SET(rmsnorm_forward_fp8);
     SET(fp8_transpose_codes), SET(fp8_gather_rows), SET(fp8_regroup_scales), SET(fp8_dequantize_rows);
     SET(fp8_quantize_rows_cols), SET(fp8_grouped_matmul), SET(fp8_grouped_matmul_wgrad), SET(fp8_matmul);
     SET(sum_squares), SET(adamw_update), SET(adamw_update_fp8);

@@ -120,8 +120,9 @@ static const ConfigKey KEYS[] = {
                                   "quantisation of those operands (docs/FP8.md)"),
     BOOL(train, fp8_fused_update, "with precision fp8: the optimizer's update of the experts' weights writes "
                                   "their FP8 copies in the same pass instead of a bf16 copy that is quantised "
-                                  "after (the same results, 4 bytes a parameter less to move; where one rank "
-                                  "holds each expert's master weights whole, else no effect)"),
+                                  "after (the same results, 4 bytes a parameter less to move), where one rank "
+                                  "holds each expert's master weights whole; where several share them, each "
+                                  "quantises its part and they gather codes instead of bf16 weights"),
     BOOL(train, fp8_exchange, "with precision fp8: the experts' inputs and their output gradients travel "
                               "between expert-parallel ranks as E4M3 codes and fp32 scales (D + 4 D / 128 "
                               "bytes a row instead of 2 D) and the weight gradients read them dequantised "

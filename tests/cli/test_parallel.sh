@@ -81,6 +81,25 @@ if train 4 "$tmp/fp8_pp2" train.precision=fp8 parallel.pp=2 parallel.ep=2 && nea
 else bad "fp8 pp=2 x dp=2 ep=2 near one rank" "$(paste <(losses "$tmp/fp8_single") <(losses "$tmp/fp8_pp2") | head -10)"; fi
 bitwise_as "fp8 pp=2 x dp=2 ep=2, train.recompute=full" "$tmp/fp8_pp2" train.recompute=none 4 train.precision=fp8 \
     parallel.pp=2 parallel.ep=2 train.recompute=full
+# train.fp8_fused_update with two ranks in the experts' data-parallel group, on train.device=cpu-sharded
+# (a compute copy apart from the master weights, as on GPUs): each rank quantises its part of the
+# experts' weights under the whole tensor's block scales and the group gathers the codes. The same
+# losses bit for bit as gathering the compute weights and quantising them whole (false); each rank
+# counts only its part, so fewer weight values are counted.
+f8u="train.precision=fp8 train.device=cpu-sharded"
+weight_values() { grep -o '"weights":{"values":[0-9]*' "$1/metrics.jsonl" | head -1 | grep -o '[0-9]*$'; }
+fp8_parts() { # NAME NP [overrides...]: the layout with the experts' codes by parts, then gathered whole
+    local name=$1 np=$2 parts="$tmp/fp8_parts-$RANDOM" whole="$tmp/fp8_whole-$RANDOM"; shift 2
+    if ! train "$np" "$parts" $f8u "$@" || ! train "$np" "$whole" $f8u train.fp8_fused_update=false "$@"; then
+        bad "$name trains" "$(tail -5 "$parts.log" "$whole.log")"; return
+    fi
+    if same_bits "$whole" "$parts" && [ "$(weight_values "$parts")" -lt "$(weight_values "$whole")" ]; then
+        ok "$name, the experts' codes quantised by parts: bitwise the losses of the whole tensors"
+    else bad "$name, the experts' codes by parts" "$(first_diffs "$whole" "$parts")" \
+        "weight values $(weight_values "$parts") vs $(weight_values "$whole")"; fi
+}
+fp8_parts "fp8 dp=2" 2
+fp8_parts "fp8 dp=4 ep=2" 4 parallel.ep=2
 # train.fp8_fused_swiglu with several expert ranks and an expert_hidden of 128: the SwiGLU backward
 # writes the gate|up gradient's FP8 operands (no row dots there), bitwise the passes apart
 f8h="train.precision=fp8 parallel.ep=2 model.expert_hidden=128"

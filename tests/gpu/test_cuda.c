@@ -1108,6 +1108,104 @@ static void test_adamw_fp8_case(size_t E, size_t N, size_t K, size_t shift, Fp8S
     buf_free(&pa), buf_free(&q), buf_free(&q2), buf_free(&ss), buf_free(&si);
 }
 
+// The weights' quantisation in parts (a rank's shard each): parts [cut[i], cut[i + 1]) of the flat
+// E N K values (cut[0] 0, cut[parts] E N K; empty parts too), each from weights holding garbage
+// outside it (infinities, huge values, NaN: read, they would show). Each part's block maxima bit for
+// bit the CPU's; after the first part, its codes alone written (the rest poisoned as it was) and every
+// block's scales; after all of them under the parts' largest maxima, codes, scales and counters bit
+// for bit fp8_quantize_weights' of the whole tensor on the GPU.
+static void test_fp8_weights_part_case(size_t E, size_t N, size_t K, const size_t *cut, int parts, Fp8Scaling how) {
+    char what[160], at[240];
+    size_t nk = E * N * K, blocks = E * fp8_blocks(N) * fp8_blocks(K);
+    int len = snprintf(what, sizeof what, "fp8 quantise weights in parts E%zu N%zu K%zu%s, cut at", E, N, K,
+                       how == FP8_SCALE_POW2 ? " pow2" : "");
+    for (int i = 1; i < parts && len < (int)sizeof what; i++)
+        len += snprintf(what + len, sizeof what - len, " %zu", cut[i]);
+    Buf w = buf_new(K_ACT, nk), wp = buf_new(K_ACT, nk), q = buf_new(K_U8, nk), qp = buf_new(K_U8, nk);
+    Buf sc[4], am = buf_new(K_F32, blocks), amax = buf_new(K_F32, blocks); // sc: scales, transposed; whole, parts
+    for (int i = 0; i < 4; i++) sc[i] = buf_new(K_F32, blocks), buf_poison(&sc[i]);
+    fp8_inputs(&w, K, 85, 0.1, 0, N < FP8_BLOCK ? N : FP8_BLOCK);
+    fp8_specials(&w);
+    buf_poison(&q);
+    for (size_t i = 0; i < nk; i++) qp.ref[i] = 0x5a;
+    buf_push(&qp);
+    Counts whole = counts_new(), part = counts_new();
+    gpu->fp8_quantize_weights(q.g, sc[0].g, sc[1].g, w.g, E, N, K, how, whole.g);
+    float *mx = calloc(blocks, sizeof(float)), *got = malloc(blocks * sizeof(float) + 4);
+    float *codes = malloc(nk * sizeof(float) + 4);
+    for (int pass = 0; pass < 2; pass++) // the parts' block maxima, then their codes under the largest
+        for (int i = 0; i < parts; i++) {
+            size_t lo = cut[i], hi = cut[i + 1];
+            for (size_t j = 0; j < nk; j++)
+                wp.ref[j] = j >= lo && j < hi ? w.ref[j] : j % 3 == 0 ? INFINITY : j % 3 == 1 ? -1e30f : NAN;
+            buf_push(&wp);
+            if (pass == 0) {
+                buf_poison(&am);
+                cpu->fp8_weights_amax(am.c, wp.c, E, N, K, lo, hi), gpu->fp8_weights_amax(am.g, wp.g, E, N, K, lo, hi);
+                snprintf(at, sizeof at, "%s: block maxima of [%zu, %zu)", what, lo, hi);
+                check(at, &am, blocks, 0, 0);
+                fetch(gpu, K_F32, am.g, blocks, got);
+                for (size_t b = 0; b < blocks; b++) mx[b] = fmaxf(mx[b], got[b]);
+                if (i == parts - 1) buf_values(&amax, mx);
+                continue;
+            }
+            gpu->fp8_quantize_weights_part(qp.g, sc[2].g, sc[3].g, amax.g, wp.g, E, N, K, lo, hi, how, part.g);
+            if (i) continue;
+            fetch(gpu, K_U8, qp.g, nk, codes);
+            size_t touched = 0;
+            for (size_t j = 0; j < nk; j++) touched += (j < lo || j >= hi) && codes[j] != 0x5a;
+            if (touched) FAIL("%s: the first part [%zu, %zu) wrote %zu codes outside it", what, lo, hi, touched);
+            for (int k = 0; k < 2; k++)
+                if (gpu_first_difference(&sc[k], &sc[2 + k], blocks) < blocks)
+                    FAIL("%s: the first part's %s are not every block's of the whole tensor", what,
+                         k ? "transposed scales" : "scales");
+        }
+    const Buf *one[3] = {&q, &sc[0], &sc[1]}, *two[3] = {&qp, &sc[2], &sc[3]};
+    const char *names[3] = {"codes", "scales", "transposed scales"};
+    for (int i = 0; i < 3; i++) {
+        size_t n = i ? blocks : nk, first = gpu_first_difference(one[i], two[i], n);
+        if (first < n)
+            FAIL("%s: %s not bit for bit the whole tensor's (first at %zu of %zu)", what, names[i], first, n);
+    }
+    uint64_t cw[FP8_COUNTS], cp[FP8_COUNTS];
+    gpu->download(cw, whole.g, sizeof cw), gpu->download(cp, part.g, sizeof cp);
+    if (memcmp(cw, cp, sizeof cw) || cw[FP8_COUNT_VALUES] != nk)
+        FAIL("%s: counters (values, flushed, saturated, NaN) of the parts %llu %llu %llu %llu, of the whole %llu %llu "
+             "%llu %llu (%zu values)",
+             what, (unsigned long long)cp[0], (unsigned long long)cp[1], (unsigned long long)cp[2],
+             (unsigned long long)cp[3], (unsigned long long)cw[0], (unsigned long long)cw[1],
+             (unsigned long long)cw[2], (unsigned long long)cw[3], nk);
+    cpu->free(whole.c), gpu->free(whole.g), cpu->free(part.c), gpu->free(part.g);
+    free(mx), free(got), free(codes);
+    for (int i = 0; i < 4; i++) buf_free(&sc[i]);
+    buf_free(&w), buf_free(&wp), buf_free(&q), buf_free(&qp), buf_free(&am), buf_free(&amax);
+}
+
+// Parts cut at arbitrary offsets (value by value), at multiples of 16 and 64 (16-byte pieces where
+// the shape has them) and at a matrix's end, with empty parts, on shapes cut by the blocks' edges.
+static void test_fp8_weights_parts(void) {
+    static const struct {
+        size_t E, N, K;
+        int parts;
+        size_t cut[4];
+        Fp8Scaling how;
+    } cases[] = {
+        {3, 200, 136, 3, {0, 27213, 54401, 81600}, FP8_SCALE_AMAX},
+        {3, 200, 136, 3, {0, 27216, 51200, 81600}, FP8_SCALE_POW2}, // a multiple of 16, one of 64
+        {3, 200, 136, 3, {0, 30000, 30000, 81600}, FP8_SCALE_AMAX}, // an empty part
+        {2, 256, 384, 3, {0, 65552, 131072, 196608}, FP8_SCALE_AMAX}, // 16-byte pieces
+        {2, 256, 384, 2, {0, 98304, 196608}, FP8_SCALE_POW2},        // a matrix a part
+        {2, 256, 384, 2, {0, 70001, 196608}, FP8_SCALE_AMAX},        // the same shape value by value
+        {2, 256, 384, 3, {0, 0, 131072, 196608}, FP8_SCALE_AMAX},    // an empty first part
+        {2, 256, 384, 1, {0, 196608}, FP8_SCALE_AMAX},               // one part: the whole
+        {2, 130, 70, 3, {0, 6007, 12345, 18200}, FP8_SCALE_AMAX},    // N, K not multiples of 16
+        {2, 130, 70, 3, {0, 9104, 18200, 18200}, FP8_SCALE_POW2},    // an empty last part
+        {2, 130, 70, 3, {0, 64, 18192, 18200}, FP8_SCALE_AMAX},      // short first and last parts
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        test_fp8_weights_part_case(cases[i].E, cases[i].N, cases[i].K, cases[i].cut, cases[i].parts, cases[i].how);
+}
+
 // Rows (q, s) and token-major copies (qt, st: in `blocks`) of x (act, all four `shift` values or bytes
 // in) on experts [first, E) of offsets, by both backends: the two ops, or (fused) the one pass of
 // both; counted in c.
@@ -1412,6 +1510,7 @@ static void test_fp8(void) {
     test_fp8_weights_case(3, 200, 260, 0, FP8_SCALE_AMAX);
     test_fp8_weights_case(2, 144, 400, 3, FP8_SCALE_POW2);
     test_fp8_weights_case(1, 16, 48, 0, FP8_SCALE_AMAX);
+    test_fp8_weights_parts();
     test_adamw_fp8_case(2, 256, 272, 0, FP8_SCALE_AMAX);
     test_adamw_fp8_case(3, 200, 260, 0, FP8_SCALE_AMAX);
     test_adamw_fp8_case(2, 144, 400, 3, FP8_SCALE_POW2);

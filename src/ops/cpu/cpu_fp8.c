@@ -10,27 +10,35 @@
 
 // ---------------------------------------------------------------- quantisation
 
+// *q = x's code under inverse scale inv, counted into c (FP8_COUNTS).
+static void fp8_code_counted(uint8_t *q, float x, float inv, uint64_t c[FP8_COUNTS]) {
+    uint8_t code = *q = fp8_quantize(x, inv);
+    c[FP8_COUNT_VALUES]++;
+    c[FP8_COUNT_FLUSHED] += fp8_flushed(x, code);
+    c[FP8_COUNT_SATURATED] += fp8_saturated(x, inv);
+    c[FP8_COUNT_NAN] += x != x;
+}
+
+// c (FP8_COUNTS) added to counts (NULL: nothing), atomically (blocks run in parallel).
+static void fp8_add_counts(uint64_t *counts, const uint64_t c[FP8_COUNTS]) {
+    for (int i = 0; counts && i < FP8_COUNTS; i++) {
+#pragma omp atomic
+        counts[i] += c[i];
+    }
+}
+
 // The block x[r xr + c xc] (r < rows, c < cols) to codes q[r qr + c qc] under one scale, returned;
-// what it counts added to counts (FP8_COUNTS; NULL: nothing), atomically (blocks run in parallel).
+// what it counts added to counts (FP8_COUNTS; NULL: nothing).
 static float fp8_quantize_block(uint8_t *q, size_t qr, size_t qc, const real *x, size_t xr, size_t xc,
                                 size_t rows, size_t cols, Fp8Scaling how, uint64_t *counts) {
     float amax = 0;
     for (size_t r = 0; r < rows; r++)
         for (size_t c = 0; c < cols; c++) amax = fmaxf(amax, fabsf((float)x[r * xr + c * xc]));
     float s = fp8_block_scale(amax, how), inv = fp8_scale_inverse(s);
-    uint64_t n[FP8_COUNTS] = {rows * cols, 0, 0, 0};
+    uint64_t n[FP8_COUNTS] = {0};
     for (size_t r = 0; r < rows; r++)
-        for (size_t c = 0; c < cols; c++) {
-            float v = (float)x[r * xr + c * xc];
-            uint8_t code = q[r * qr + c * qc] = fp8_quantize(v, inv);
-            n[FP8_COUNT_FLUSHED] += fp8_flushed(v, code);
-            n[FP8_COUNT_SATURATED] += fp8_saturated(v, inv);
-            n[FP8_COUNT_NAN] += v != v;
-        }
-    for (int i = 0; counts && i < FP8_COUNTS; i++) {
-#pragma omp atomic
-        counts[i] += n[i];
-    }
+        for (size_t c = 0; c < cols; c++) fp8_code_counted(&q[r * qr + c * qc], (float)x[r * xr + c * xc], inv, n);
+    fp8_add_counts(counts, n);
     return s;
 }
 
@@ -149,22 +157,63 @@ void cpu_swiglu_backward_fp8(void *q, void *scales, void *qt, void *scales_t, vo
     free(dgu), free(hw);
 }
 
-void cpu_fp8_quantize_weights(void *q_, void *scales_, void *scales_t_, const void *w_, size_t E, size_t N,
-                              size_t K, Fp8Scaling how, uint64_t *counts) {
-    uint8_t *q = q_;
-    real *scales = scales_, *scales_t = scales_t_;
+// Whether element (e, n, k) of a weight tensor (E, N, K) lies in its flat part [lo, hi).
+static bool fp8_in_part(size_t e, size_t n, size_t k, size_t N, size_t K, size_t lo, size_t hi) {
+    size_t f = e * N * K + n * K + k;
+    return f >= lo && f < hi;
+}
+
+// The largest magnitude of the values of block (e, nb, kb) of w (E, N, K) in flat [lo, hi) (0: none).
+static float fp8_weight_block_amax(const real *w, size_t e, size_t nb, size_t kb, size_t N, size_t K, size_t lo,
+                                   size_t hi) {
+    float amax = 0;
+    for (size_t n = nb * FP8_BLOCK; n < min_size((nb + 1) * FP8_BLOCK, N); n++)
+        for (size_t k = kb * FP8_BLOCK; k < min_size((kb + 1) * FP8_BLOCK, K); k++)
+            if (fp8_in_part(e, n, k, N, K, lo, hi)) amax = fmaxf(amax, fabsf((float)w[e * N * K + n * K + k]));
+    return amax;
+}
+
+void cpu_fp8_weights_amax(void *amax_, const void *w_, size_t E, size_t N, size_t K, size_t lo, size_t hi) {
+    real *amax = amax_;
     const real *w = w_;
     size_t Nb = fp8_blocks(N), Kb = fp8_blocks(K);
 #pragma omp parallel for collapse(2) schedule(static)
     for (size_t e = 0; e < E; e++)
         for (size_t nb = 0; nb < Nb; nb++)
+            for (size_t kb = 0; kb < Kb; kb++)
+                amax[e * Kb * Nb + kb * Nb + nb] = fp8_weight_block_amax(w, e, nb, kb, N, K, lo, hi);
+}
+
+void cpu_fp8_quantize_weights_part(void *q_, void *scales_, void *scales_t_, const void *amax_, const void *w_,
+                                   size_t E, size_t N, size_t K, size_t lo, size_t hi, Fp8Scaling how,
+                                   uint64_t *counts) {
+    uint8_t *q = q_;
+    real *scales = scales_, *scales_t = scales_t_;
+    const real *w = w_, *amax = amax_;
+    size_t Nb = fp8_blocks(N), Kb = fp8_blocks(K);
+#pragma omp parallel for collapse(2) schedule(static)
+    for (size_t e = 0; e < E; e++)
+        for (size_t nb = 0; nb < Nb; nb++)
             for (size_t kb = 0; kb < Kb; kb++) {
-                size_t n0 = nb * FP8_BLOCK, k0 = kb * FP8_BLOCK, at = e * N * K + n0 * K + k0;
-                float s = fp8_quantize_block(q + at, K, 1, w + at, K, 1, min_size(FP8_BLOCK, N - n0),
-                                             min_size(FP8_BLOCK, K - k0), how, counts);
+                float s = fp8_block_scale((float)amax[e * Kb * Nb + kb * Nb + nb], how), inv = fp8_scale_inverse(s);
+                uint64_t c[FP8_COUNTS] = {0};
+                for (size_t n = nb * FP8_BLOCK; n < min_size((nb + 1) * FP8_BLOCK, N); n++)
+                    for (size_t k = kb * FP8_BLOCK; k < min_size((kb + 1) * FP8_BLOCK, K); k++)
+                        if (fp8_in_part(e, n, k, N, K, lo, hi))
+                            fp8_code_counted(&q[e * N * K + n * K + k], (float)w[e * N * K + n * K + k], inv, c);
+                fp8_add_counts(counts, c);
                 scales[e * Kb * Nb + kb * Nb + nb] = s;
                 scales_t[e * Nb * Kb + nb * Kb + kb] = s;
             }
+}
+
+// The whole tensor as one part.
+void cpu_fp8_quantize_weights(void *q, void *scales, void *scales_t, const void *w, size_t E, size_t N, size_t K,
+                              Fp8Scaling how, uint64_t *counts) {
+    real *amax = moe_malloc(E * fp8_blocks(N) * fp8_blocks(K) * sizeof(real));
+    cpu_fp8_weights_amax(amax, w, E, N, K, 0, E * N * K);
+    cpu_fp8_quantize_weights_part(q, scales, scales_t, amax, w, E, N, K, 0, E * N * K, how, counts);
+    free(amax);
 }
 
 void cpu_fp8_transpose_codes(void *qt_, const void *q_, size_t E, size_t N, size_t K) {

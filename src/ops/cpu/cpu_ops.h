@@ -92,6 +92,10 @@ void cpu_fp8_quantize_rows_cols(void *q, void *scales, void *qt, void *scales_t,
                                 Fp8ColBlocks blocks, uint64_t *counts);
 void cpu_fp8_quantize_weights(void *q, void *scales, void *scales_t, const void *w, size_t E,
                               size_t N, size_t K, Fp8Scaling how, uint64_t *counts);
+void cpu_fp8_weights_amax(void *amax, const void *w, size_t E, size_t N, size_t K, size_t lo, size_t hi);
+void cpu_fp8_quantize_weights_part(void *q, void *scales, void *scales_t, const void *amax, const void *w,
+                                   size_t E, size_t N, size_t K, size_t lo, size_t hi, Fp8Scaling how,
+                                   uint64_t *counts);
 void cpu_fp8_transpose_codes(void *qt, const void *q, size_t E, size_t N, size_t K);
 void cpu_fp8_gather_rows(void *q, void *scales, const void *tq, const void *tscales, const int32_t *x_rows,
                          const int32_t *offsets, size_t E, size_t R, size_t K, size_t T);

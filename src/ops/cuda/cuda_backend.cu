@@ -284,6 +284,7 @@ static Ops make_cuda_ops(void) {
         o.swiglu_forward_fp8 = cuda_swiglu_forward_fp8, o.fp8_quantize_rows_cols = cuda_fp8_quantize_rows_cols;
         o.swiglu_backward_fp8 = cuda_swiglu_backward_fp8, o.rmsnorm_forward_fp8 = cuda_rmsnorm_forward_fp8;
         o.fp8_quantize_weights = cuda_fp8_quantize_weights, o.fp8_transpose_codes = cuda_fp8_transpose_codes;
+        o.fp8_weights_amax = cuda_fp8_weights_amax, o.fp8_quantize_weights_part = cuda_fp8_quantize_weights_part;
         o.fp8_regroup_scales = cuda_fp8_regroup_scales, o.fp8_dequantize_rows = cuda_fp8_dequantize_rows;
         o.fp8_gather_rows = cuda_fp8_gather_rows;
         o.fp8_grouped_matmul = cuda_fp8_grouped_matmul, o.fp8_grouped_matmul_wgrad = cuda_fp8_grouped_matmul_wgrad;

@@ -169,14 +169,14 @@ __device__ __forceinline__ uint32_t fp8_may_saturate_all(float amax, float inv) 
 
 static bool aligned16(const void *p) { return (uintptr_t)p % 16 == 0; }
 
-// 8 values of a row from p as packed bf16 (n of them in the row, the rest 0): one 16-byte load
+// 8 values of a row from p as packed bf16 (values [from, n) read, the rest 0): one 16-byte load
 // (vec: the piece whole or wholly outside, and aligned) or value by value.
-__device__ __forceinline__ uint4 fp8_load_piece(const bf16 *p, int n, bool vec) {
-    if (vec) return n > 0 ? *reinterpret_cast<const uint4 *>(p) : make_uint4(0, 0, 0, 0);
+__device__ __forceinline__ uint4 fp8_load_piece(const bf16 *p, int n, bool vec, int from = 0) {
+    if (vec) return n > from ? *reinterpret_cast<const uint4 *>(p) : make_uint4(0, 0, 0, 0);
     uint32_t w[4] = {0, 0, 0, 0};
 #pragma unroll
     for (int i = 0; i < 8; i++)
-        if (i < n) w[i / 2] |= (uint32_t)__bfloat16_as_ushort(p[i]) << (16 * (i % 2));
+        if (i >= from && i < n) w[i / 2] |= (uint32_t)__bfloat16_as_ushort(p[i]) << (16 * (i % 2));
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
@@ -963,13 +963,13 @@ extern "C" void cuda_swiglu_backward_fp8(void *q, void *scales, void *qt, void *
 
 // The codes of a weight piece (its 16 values packed as bf16 in raw, from column k of row n of the
 // matrix whose codes start at qe) under inverse inv to q (VEC: one 16-byte store; else value by
-// value, within the matrix's N rows and K columns), with their counts (x: the values as
-// fp8_count's rare path reads them again). fp8_quantize_weights_kernel and adamw_fp8_kernel share
-// it: the same codes.
+// value, within the matrix's N rows and K columns), with their counts (x: the values as fp8_count's
+// rare path reads them again); only the piece's values [begin, end) where it lies across a part's
+// end (INT_MAX: none). fp8_quantize_weights_kernel and adamw_fp8_kernel share it: the same codes.
 template <bool VEC>
 __device__ __forceinline__ void fp8_store_weight_piece(uint8_t *qe, const uint4 raw[2], int64_t n, int64_t k,
                                                        int64_t N, int64_t K, float inv, uint32_t sat, const bf16 *x,
-                                                       uint64_t *counts) {
+                                                       uint64_t *counts, int begin = 0, int end = INT_MAX) {
     uint32_t word[4];
 #pragma unroll
     for (int h = 0; h < 2; h++) {
@@ -979,63 +979,119 @@ __device__ __forceinline__ void fp8_store_weight_piece(uint8_t *qe, const uint4 
     }
     uint8_t *dst = qe + n * K + k;
     if (VEC) {
-        if (n < N && k < K) *reinterpret_cast<uint4 *>(dst) = make_uint4(word[0], word[1], word[2], word[3]);
+        if (n < N && k < K && begin < end)
+            *reinterpret_cast<uint4 *>(dst) = make_uint4(word[0], word[1], word[2], word[3]);
     } else
 #pragma unroll
         for (int j = 0; j < 16; j++)
-            if (n < N && k + j < K) dst[j] = (uint8_t)(word[j / 4] >> (8 * (j % 4)));
-    fp8_count<16>(counts, word, sat, x, dst, n < N ? (int)(K - k) : 0, inv, NULL); // codes as stored
+            if (n < N && k + j < K && j >= begin && j < end) dst[j] = (uint8_t)(word[j / 4] >> (8 * (j % 4)));
+    if (begin < end) // codes as stored
+        fp8_count<16>(counts, word, sat, x + begin, dst + begin, n < N ? min((int)(K - k), end) - begin : 0, inv, NULL);
+}
+
+// What a launch of fp8_quantize_weights_kernel makes: the whole tensor's codes and scales from its
+// blocks' largest magnitudes (WHOLE), or for a flat part [lo, hi) of its elements the blocks'
+// largest magnitudes over the part (AMAX), or the part's codes under the largest magnitudes given,
+// with every block's scales (PART).
+enum Fp8WeightsPass { FP8_WEIGHTS_WHOLE, FP8_WEIGHTS_AMAX, FP8_WEIGHTS_PART };
+
+// The values [*begin, *end) of the 16 from flat element f that lie in the flat part [lo, hi) (a
+// run, as the part is one; 0 <= begin, end <= 16).
+__device__ __forceinline__ void fp8_part_span(int64_t f, int64_t lo, int64_t hi, int *begin, int *end) {
+    *begin = (int)min(max(lo - f, (int64_t)0), (int64_t)16), *end = (int)min(max(hi - f, (int64_t)0), (int64_t)16);
 }
 
 // One block per 128x128 block (kb, nb) of weight matrix e. Its values stay in registers as packed
 // bf16 (16-byte loads: 32 registers, 80 in all, so 3 blocks fit an SM; as fp32 they took 128
 // registers and 2 blocks, at ~2.3 TB/s on olmoe-L8's experts; held to 64 for 4 blocks, they spill)
 // from the amax to the codes, which go to q in 16-byte stores. VEC: N and K multiples of 16 and
-// 16-byte aligned buffers, so that every piece is whole or wholly outside; else loads and stores go
-// value by value.
-template <bool VEC>
+// 16-byte aligned buffers, so that every piece is whole or wholly outside (a part's ends too); else
+// loads and stores go value by value. PASS (Fp8WeightsPass): WHOLE (lo 0, hi E N K) takes its
+// block's amax from its values; AMAX writes amax_out (E, Kb, Nb) alone; PART reads its block's amax
+// from amax_in (E, Kb, Nb). A part's pieces read and write only its values, and a block holding none
+// of them (by its first and last elements' flat indices) no values at all; its scales still.
+template <bool VEC, Fp8WeightsPass PASS>
 __global__ void __launch_bounds__(FP8_W_THREADS, FP8_W_RESIDENT)
-fp8_quantize_weights_kernel(uint8_t *q, float *scales, float *scales_t, const bf16 *w, int64_t N, int64_t K,
-                            Fp8Scaling how, uint64_t *counts) {
-    fp8_count_values(counts, NULL, 0, (int64_t)gridDim.z * N, K);
+fp8_quantize_weights_kernel(uint8_t *q, float *scales, float *scales_t, float *amax_out, const float *amax_in,
+                            const bf16 *w, int64_t N, int64_t K, int64_t lo, int64_t hi, Fp8Scaling how,
+                            uint64_t *counts) {
+    fp8_count_values(counts, NULL, 0, hi - lo, 1); // the part's values
     __shared__ float scratch[32];
     int64_t e = blockIdx.z, kb = blockIdx.x, nb = blockIdx.y, Kb = gridDim.x, Nb = gridDim.y;
-    int64_t n0 = nb * FP8_BLOCK, k0 = kb * FP8_BLOCK;
+    int64_t n0 = nb * FP8_BLOCK, k0 = kb * FP8_BLOCK, at = (e * Kb + kb) * Nb + nb;
+    int64_t first = (e * N + n0) * K + k0; // the block's first and last elements' flat indices
+    int64_t last = (e * N + min(n0 + FP8_BLOCK, N) - 1) * K + min(k0 + FP8_BLOCK, K) - 1;
+    bool none = PASS != FP8_WEIGHTS_WHOLE && (first >= hi || last < lo); // none of the part's values
     const bf16 *we = w + e * N * K;
     uint4 raw[FP8_W_PIECES][2]; // piece p's 16 values, 8 a half
     float amax = 0;
 #pragma unroll
     for (int p = 0; p < FP8_W_PIECES; p++) {
-        int u = threadIdx.x + p * FP8_W_THREADS;
+        int u = threadIdx.x + p * FP8_W_THREADS, begin = 0, end = INT_MAX; // the part's values (WHOLE: all)
         int64_t n = n0 + u / 8, k = k0 + 16 * (u % 8);
+        if (PASS != FP8_WEIGHTS_WHOLE) fp8_part_span((e * N + n) * K + k, lo, hi, &begin, &end);
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            int valid = n < N ? (int)min(K - k - 8 * h, (int64_t)8) : 0;
-            raw[p][h] = fp8_load_piece(we + n * K + k + 8 * h, valid, VEC);
+            int valid = n < N && !none ? (int)min(K - k - 8 * h, (int64_t)min(end - 8 * h, 8)) : 0;
+            raw[p][h] = fp8_load_piece(we + n * K + k + 8 * h, valid, VEC, max(begin - 8 * h, 0));
             amax = fmaxf(amax, fp8_piece_amax(raw[p][h]));
         }
     }
-    amax = block_max(amax, scratch);
+    if (PASS == FP8_WEIGHTS_PART) amax = amax_in[at];
+    else amax = block_max(amax, scratch);
+    if (PASS == FP8_WEIGHTS_AMAX) {
+        if (threadIdx.x == 0) amax_out[at] = amax;
+        return;
+    }
     float s = fp8_block_scale(amax, how), inv = fp8_scale_inverse(s);
     uint32_t sat = fp8_may_saturate_all(amax, inv);
+    if (!none)
 #pragma unroll
-    for (int p = 0; p < FP8_W_PIECES; p++) {
-        int u = threadIdx.x + p * FP8_W_THREADS;
-        int64_t n = n0 + u / 8, k = k0 + 16 * (u % 8);
-        fp8_store_weight_piece<VEC>(q + e * N * K, raw[p], n, k, N, K, inv, sat, we + n * K + k, counts);
-    }
-    if (threadIdx.x == 0) scales[(e * Kb + kb) * Nb + nb] = s, scales_t[(e * Nb + nb) * Kb + kb] = s;
+        for (int p = 0; p < FP8_W_PIECES; p++) {
+            int u = threadIdx.x + p * FP8_W_THREADS, begin = 0, end = INT_MAX;
+            int64_t n = n0 + u / 8, k = k0 + 16 * (u % 8);
+            if (PASS != FP8_WEIGHTS_WHOLE) fp8_part_span((e * N + n) * K + k, lo, hi, &begin, &end);
+            fp8_store_weight_piece<VEC>(q + e * N * K, raw[p], n, k, N, K, inv, sat, we + n * K + k, counts, begin,
+                                        end);
+        }
+    if (threadIdx.x == 0) scales[at] = s, scales_t[(e * Nb + nb) * Kb + kb] = s;
+}
+
+// fp8_quantize_weights_kernel's pass over the flat part [lo, hi) of w (E, N, K) bf16 (the whole
+// tensor: lo 0, hi E N K); VEC where a part's ends keep the 16-value pieces whole inside or outside.
+template <Fp8WeightsPass PASS>
+static void fp8_weights_launch(void *q, void *scales, void *scales_t, void *amax_out, const void *amax_in,
+                               const void *w, size_t E, size_t N, size_t K, size_t lo, size_t hi, Fp8Scaling how,
+                               uint64_t *counts) {
+    if (!E || !N || !K) return;
+    if (lo > hi || hi > E * N * K)
+        moe_fatal("%s:%d: FP8 weights' part [%zu, %zu) is not within their %zu values", __FILE__, __LINE__, lo, hi,
+                  E * N * K);
+    bool vec = N % 16 == 0 && K % 16 == 0 && lo % 16 == 0 && hi % 16 == 0 && aligned16(q) && aligned16(w);
+    dim3 grid((unsigned)fp8_blocks(K), (unsigned)fp8_blocks(N), (unsigned)E);
+    auto kernel = vec ? fp8_quantize_weights_kernel<true, PASS> : fp8_quantize_weights_kernel<false, PASS>;
+    kernel<<<grid, FP8_W_THREADS, 0, cuda_ctx.stream>>>((uint8_t *)q, (float *)scales, (float *)scales_t,
+                                                        (float *)amax_out, (const float *)amax_in, (const bf16 *)w,
+                                                        (int64_t)N, (int64_t)K, (int64_t)lo, (int64_t)hi, how, counts);
+    CUDA_LAUNCH_CHECK();
 }
 
 extern "C" void cuda_fp8_quantize_weights(void *q, void *scales, void *scales_t, const void *w, size_t E, size_t N,
                                           size_t K, Fp8Scaling how, uint64_t *counts) {
-    if (!E || !N || !K) return;
-    bool vec = N % 16 == 0 && K % 16 == 0 && aligned16(q) && aligned16(w);
-    dim3 grid((unsigned)fp8_blocks(K), (unsigned)fp8_blocks(N), (unsigned)E);
-    auto kernel = vec ? fp8_quantize_weights_kernel<true> : fp8_quantize_weights_kernel<false>;
-    kernel<<<grid, FP8_W_THREADS, 0, cuda_ctx.stream>>>((uint8_t *)q, (float *)scales, (float *)scales_t,
-                                                        (const bf16 *)w, (int64_t)N, (int64_t)K, how, counts);
-    CUDA_LAUNCH_CHECK();
+    fp8_weights_launch<FP8_WEIGHTS_WHOLE>(q, scales, scales_t, NULL, NULL, w, E, N, K, 0, E * N * K, how, counts);
+}
+
+// amax (E, Kb, Nb) f32: each block's largest magnitude over the part's values (0: none of them).
+extern "C" void cuda_fp8_weights_amax(void *amax, const void *w, size_t E, size_t N, size_t K, size_t lo, size_t hi) {
+    fp8_weights_launch<FP8_WEIGHTS_AMAX>(NULL, NULL, NULL, amax, NULL, w, E, N, K, lo, hi, FP8_SCALE_AMAX, NULL);
+}
+
+// The part's codes into q (the rest left as it is) and every block's scales, from amax (E, Kb, Nb)
+// f32, the largest magnitudes over all the parts: those of the whole tensor's quantisation.
+extern "C" void cuda_fp8_quantize_weights_part(void *q, void *scales, void *scales_t, const void *amax, const void *w,
+                                               size_t E, size_t N, size_t K, size_t lo, size_t hi, Fp8Scaling how,
+                                               uint64_t *counts) {
+    fp8_weights_launch<FP8_WEIGHTS_PART>(q, scales, scales_t, NULL, amax, w, E, N, K, lo, hi, how, counts);
 }
 
 // AdamW on the first `valid` (up to 4) of 4 consecutive parameters from p, with g, m and v at the

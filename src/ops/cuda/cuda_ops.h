@@ -72,6 +72,9 @@ void cuda_fp8_quantize_rows_cols(void *q, void *scales, void *qt, void *scales_t
                                  Fp8ColBlocks blocks, uint64_t *counts);
 void cuda_fp8_quantize_weights(void *q, void *scales, void *scales_t, const void *w, size_t E, size_t N,
                                size_t K, Fp8Scaling how, uint64_t *counts);
+void cuda_fp8_weights_amax(void *amax, const void *w, size_t E, size_t N, size_t K, size_t lo, size_t hi);
+void cuda_fp8_quantize_weights_part(void *q, void *scales, void *scales_t, const void *amax, const void *w, size_t E,
+                                    size_t N, size_t K, size_t lo, size_t hi, Fp8Scaling how, uint64_t *counts);
 void cuda_adamw_update_fp8(void *param, const void *grad, void *m, void *v, void *q, void *scales, void *scales_t,
                            size_t E, size_t N, size_t K, AdamWArgs a, const StepInfo *step, const void *grad_norm_sq,
                            Fp8Scaling how, uint64_t *counts);
