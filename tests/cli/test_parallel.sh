@@ -100,6 +100,7 @@ fp8_parts() { # NAME NP [overrides...]: the layout with the experts' codes by pa
 }
 fp8_parts "fp8 dp=2" 2
 fp8_parts "fp8 dp=4 ep=2" 4 parallel.ep=2
+fp8_parts "fp8 pp=2 x dp=2" 4 parallel.pp=2
 # train.fp8_fused_swiglu with several expert ranks and an expert_hidden of 128: the SwiGLU backward
 # writes the gate|up gradient's FP8 operands (no row dots there), bitwise the passes apart
 f8h="train.precision=fp8 parallel.ep=2 model.expert_hidden=128"
