@@ -38,7 +38,8 @@ static void cost_peer_free(Comm *c, PeerMem *pm) {}
 static void cost_free(Comm *c) {}
 
 static const CommOps COST_OPS = {
-    .all_reduce_sum = cost_all_reduce, .all_reduce_max = cost_all_reduce_max, .reduce_scatter_sum = cost_reduce_scatter, .reduce_sum = cost_reduce,
+    .all_reduce_sum = cost_all_reduce, .all_reduce_max = cost_all_reduce_max, .reduce_scatter_sum = cost_reduce_scatter,
+    .reduce_sum = cost_reduce,
     .broadcast = cost_broadcast, .all_gather = cost_all_gather, .all_to_all_v = cost_all_to_all_v,
     .send = cost_send, .recv = cost_recv,
     .sendrecv = cost_sendrecv, .barrier = cost_sync, .all_ok = cost_all_ok, .peer_free = cost_peer_free,

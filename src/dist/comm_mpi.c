@@ -113,7 +113,9 @@ static void comm_mpi_all_reduce(Comm *c, void *buf, size_t n, CommType t, MPI_Op
     }
 }
 
-static void comm_mpi_all_reduce_sum(Comm *c, void *buf, size_t n, CommType t) { comm_mpi_all_reduce(c, buf, n, t, MPI_SUM); }
+static void comm_mpi_all_reduce_sum(Comm *c, void *buf, size_t n, CommType t) {
+    comm_mpi_all_reduce(c, buf, n, t, MPI_SUM);
+}
 static void comm_mpi_all_reduce_max(Comm *c, void *buf, size_t n) { comm_mpi_all_reduce(c, buf, n, COMM_F32, MPI_MAX); }
 
 static void comm_mpi_reduce_scatter_sum(Comm *c, const void *send, void *recv, size_t n,

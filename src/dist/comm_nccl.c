@@ -240,7 +240,8 @@ static void nccl_free(Comm *c) {
 }
 
 static const CommOps NCCL_OPS = {
-    .all_reduce_sum = nccl_all_reduce_sum, .all_reduce_max = nccl_all_reduce_max, .reduce_scatter_sum = nccl_reduce_scatter_sum,
+    .all_reduce_sum = nccl_all_reduce_sum, .all_reduce_max = nccl_all_reduce_max,
+    .reduce_scatter_sum = nccl_reduce_scatter_sum,
     .reduce_sum = nccl_reduce_sum, .broadcast = nccl_broadcast, .group_begin = nccl_group_begin, .group_end = nccl_group_end,
     .all_gather = nccl_all_gather, .all_to_all_v = nccl_all_to_all_v, .send = nccl_send,
     .recv = nccl_recv, .sendrecv = nccl_sendrecv, .barrier = nccl_barrier, .all_ok = nccl_all_ok,
