@@ -2,7 +2,8 @@
 # The two-GPU machine's one call: build, then train the same small model on one GPU and on two
 # (data, expert and pipeline parallel over NCCL, under mpirun and under moe's own --nproc launcher),
 # compare the loss curves with the one-GPU run, and move an expert-parallel checkpoint to one GPU
-# and to CPU ranks. Modes: bench, exchange, watchdog, direct, overlap, ctas, capacity, chunks, fp8exchange (see each);
+# and to CPU ranks. Modes: bench, exchange, watchdog, direct, overlap, ctas, capacity, chunks, fp8exchange,
+# fp8parts (see each);
 # "all" runs the default checks and then overlap. Numbers and logs go to $OUT.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
@@ -123,6 +124,26 @@ if [ "${1:-}" = fp8exchange ]; then
     rm -rf runs/g1
     run g1 ./moe train $SMALL train.precision=fp8 train.fp8_exchange=true || say "one GPU FAILED: $(tail -3 runs/g1.log)"
     layouts_match "ep2fp8x parallel.ep=2 train.precision=fp8 train.fp8_exchange=true"
+    exit 0
+fi
+
+# FP8 with expert data parallelism (train.fp8_fused_update with dp=2, ep=1: each GPU quantises half of
+# each expert tensor and the two gather codes instead of bf16 weights): the training curve bit for bit
+# that of gathering bf16 and quantising whole tensors (train.deterministic), and scale-E8 at dp=2 in
+# both ways, the step's throughput.
+if [ "${1:-}" = fp8parts ]; then
+    for u in true false; do
+        rm -rf runs/dp2fp8u$u
+        run dp2fp8u$u mpirun -np 2 ./moe train $SMALL train.precision=fp8 train.deterministic=true \
+            train.fp8_fused_update=$u || say "dp=2 fp8 fused_update=$u FAILED: $(tail -3 runs/dp2fp8u$u.log)"
+        timeout 200 mpirun -np 2 ./moe bench configs/bench/scale-E8.json train.micro_batch=16 train.precision=fp8 \
+            train.fp8_fused_update=$u > runs/e8_dp2_fp8u$u.txt 2>&1
+        cp runs/e8_dp2_fp8u$u.txt "$OUT/"
+        say "E8 dp=2 fp8 fused_update=$u: $(grep -E '^step|throughput' runs/e8_dp2_fp8u$u.txt | tr -s ' ' | tr '\n' ' ')"
+    done
+    cmp -s <(losses runs/dp2fp8utrue) <(losses runs/dp2fp8ufalse) &&
+        say "dp=2 fp8: the codes by parts give bitwise the losses of whole tensors ($(losses runs/dp2fp8utrue | wc -l) steps)" ||
+        say "dp=2 fp8: by parts and whole DIFFER: $(paste <(losses runs/dp2fp8utrue) <(losses runs/dp2fp8ufalse) | head -3 | tr '\n' ' ')"
     exit 0
 fi
 
