@@ -379,6 +379,49 @@ static void test_all_reduce_u64(Comm *w) {
           (unsigned long long)v[0], (unsigned long long)v[1], (unsigned long long)want[0], (unsigned long long)want[1]);
 }
 
+// The largest over ranks, element by element (the FP8 weights' block maxima, model.c): values of both
+// signs whose largest is on a different rank per element.
+static void test_all_reduce_max(Comm *w) {
+    static const size_t sizes[] = {0, 1, 7, 1001}; // 1001: several pieces under MOE_COMM_CHUNK
+    for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
+        size_t n = sizes[s];
+        void *buf = poisoned(COMM_F32, n + 1);
+        double *want = moe_malloc((n + 1) * sizeof *want);
+        for (size_t i = 0; i < n; i++) {
+            put(COMM_F32, buf, i, val(w->rank, s, i));
+            want[i] = val(0, s, i);
+            for (int r = 1; r < w->size; r++) want[i] = val(r, s, i) > want[i] ? val(r, s, i) : want[i];
+        }
+        w->ops->all_reduce_max(w, buf, n);
+        expect("all_reduce_max", COMM_F32, buf, want, n);
+        expect_poison("all_reduce_max", COMM_F32, buf, n);
+        free(want), free(buf);
+    }
+}
+
+// Parts of a buffer of bytes (the FP8 weights' codes, model.c) gathered in place: inside [a, b) each
+// rank's block from its owner, the rest as it was.
+static void test_all_gather_part_bytes(Comm *w) {
+    size_t n = 7, total = (size_t)w->size * n, parts[12][2];
+    part_ranges(n, total, parts);
+    uint8_t *buf = moe_malloc(total + 1), *want = moe_malloc(total + 1);
+    for (int k = 0; k < 12; k++) {
+        size_t a = parts[k][0], b = parts[k][1];
+        for (size_t j = 0; j <= total; j++) {
+            bool mine = j / n == (size_t)w->rank, in = j >= a && j < b;
+            uint8_t v = (uint8_t)(j / n * 37 + j * 5 + 200); // past 127: unsigned bytes
+            buf[j] = mine && j < total ? v : 0xee;
+            want[j] = (mine || in) && j < total ? v : 0xee;
+        }
+        comm_all_gather_window(w, buf + a, n, a, b, COMM_U8);
+        size_t bad = total + 1;
+        for (size_t j = total + 1; j-- > 0;) bad = buf[j] != want[j] ? j : bad;
+        CHECK(bad > total, "comm_all_gather_window of bytes [%zu, %zu): byte %zu = %u, expected %u", a, b, bad,
+              bad <= total ? buf[bad] : 0, bad <= total ? want[bad] : 0);
+    }
+    free(buf), free(want);
+}
+
 // One color, keys in reverse: the sub-communicator orders the ranks backwards.
 static void test_split_key_order(Comm *w) {
     Comm *sub = w->ops->split(w, 0, w->size - w->rank);
@@ -415,6 +458,10 @@ static void check_self_copies(Comm *c, CommType t) {
     for (size_t i = 0; i < n; i++) put(t, a, i, want[i] = val(0, 0, i));
     c->ops->all_reduce_sum(c, a, n, t);
     expect("comm_self all_reduce_sum", t, a, want, n);
+    if (t == COMM_F32) {
+        c->ops->all_reduce_max(c, a, n);
+        expect("comm_self all_reduce_max", t, a, want, n);
+    }
     c->ops->reduce_scatter_sum(c, a, b, n, t);
     expect("comm_self reduce_scatter_sum", t, b, want, n);
     c->ops->reduce_scatter_sum(c, a, a, n, t);
@@ -466,6 +513,8 @@ static const TestCase TESTS[] = {
     {"send/recv ring", test_send_recv_ring, NULL, 2},
     {"sendrecv pairs and ring", test_sendrecv, NULL, 1},
     {"all_reduce_sum of u64 past 2^32", NULL, test_all_reduce_u64, 1},
+    {"all_reduce_max of f32", NULL, test_all_reduce_max, 1},
+    {"all-gather of parts of a buffer of bytes", NULL, test_all_gather_part_bytes, 1},
     {"all_ok with one rank false", NULL, test_all_ok, 1},
     {"texts compared across ranks", NULL, test_agree_text, 2},
     {"split by even/odd rank", NULL, test_split_parity, 1},
