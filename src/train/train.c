@@ -612,6 +612,8 @@ static void print_banner(const Trainer *t) {
         printf(", %zu bytes a row to the experts%s (%zu back)", model_exchange_row_bytes(&t->model),
                t->model.fp8 && t->model.fp8->exchange ? " as FP8 codes and scales" : "",
                (size_t)c->model.d_model * t->model.ops->act_size);
+    if (t->model.fp8 && t->model.fp8->amax)
+        printf(" | the experts' FP8 codes quantised by parts on the %d expert-dp ranks and gathered as codes", l->edp);
     LaunchEnv e;
     comm_launch_env(&e);
     if (e.nodes > 1)
