@@ -794,33 +794,42 @@ static void quantize_fp8_weights(Model *m, size_t a, size_t b, void *window, siz
     }
 }
 
-// With Fp8Operands.amax, the FP8 copy of the experts' weight tensor that is flat [a, b) of their
-// region, its compute weights staged in window from first = a (the part of this rank's master
-// weights only): the part's block maxima, their largest over the group, the part's codes under
-// those, the group's codes gathered (a byte a weight, where the compute weights took two). The same
-// codes and scales as quantising the whole tensor. Returns whether it was such a tensor.
-static bool quantize_expert_part(Model *m, ParamRegion r, size_t a, size_t b, void *window, size_t first) {
+// This rank's part [*lo, *hi) of flat [a, b) of region r: its master weights' (empty: *lo = *hi).
+static void master_span(const Model *m, ParamRegion r, size_t a, size_t b, size_t *lo, size_t *hi) {
+    *lo = max_size(a, m->master_begin[r]);
+    *hi = max_size(*lo, min_size(b, m->master_begin[r] + m->master_size[r]));
+}
+
+// With Fp8Operands.amax, the experts' FP8 weight tensor that is flat [a, b) of region r, which each
+// rank quantises by parts (quantize_expert_part); else NULL (none, or the region's padding).
+static const Fp8Weights *expert_part_tensor(const Model *m, ParamRegion r, size_t a, size_t b) {
     const Fp8Weights *t = r == PARAM_EXPERT && m->fp8 && m->fp8->amax ? fp8_weights_from(m, a) : NULL;
-    if (!t || a + t->El * t->N * t->K != b) return false; // none, or the region's padding
+    return t && a + t->El * t->N * t->K == b ? t : NULL;
+}
+
+// The codes of this rank's part of t (flat [a, b)), its compute weights w from a (this part's only):
+// the part's block maxima, their largest over the group, the part's codes under those (and every
+// block's scales): the codes and scales of quantising the whole tensor, once the group has gathered
+// the codes.
+static void quantize_expert_part(Model *m, ParamRegion r, const Fp8Weights *t, size_t a, size_t b, const void *w) {
     Comm *g = model_region_group(m, r);
-    size_t begin = m->reg.region_begin[r], shard = m->reg.region_size[r] / (size_t)g->size;
-    size_t lo = max_size(a, m->master_begin[r]), hi = max_size(lo, min_size(b, m->master_begin[r] + m->master_size[r]));
-    const void *w = model_act(m, window, a - first);
+    size_t lo, hi;
+    master_span(m, r, a, b, &lo, &hi);
     m->ops->fp8_weights_amax(m->fp8->amax, w, t->El, t->N, t->K, lo - a, hi - a);
     g->ops->all_reduce_max(g, m->fp8->amax, t->El * fp8_blocks(t->N) * fp8_blocks(t->K));
     m->ops->fp8_quantize_weights_part(t->q, t->scales, t->scales_t, m->fp8->amax, w, t->El, t->N, t->K, lo - a, hi - a,
                                       m->fp8->how, fp8_counts(m->fp8, FP8_CLASS_WEIGHTS));
-    comm_all_gather_window(g, t->q, shard, a - begin, b - begin, COMM_U8);
-    return true;
 }
 
 void model_compute_weights_ready(Model *m, ParamRegion r, size_t a, size_t b, void *window, size_t first) {
     Comm *g = model_region_group(m, r);
     size_t begin = m->reg.region_begin[r], shard = m->reg.region_size[r] / (size_t)g->size;
     MOE_ASSERT(a >= first && a <= b && (r != PARAM_EXPERT || !m->expert_stage || b - first <= expert_stage_elems(m)));
-    if (quantize_expert_part(m, r, a, b, window, first)) return;
-    if (g->size > 1) comm_all_gather_window(g, model_act(m, window, a - first), shard, a - begin, b - begin, COMM_ACT);
-    quantize_fp8_weights(m, a, b, window, first);
+    void *w = model_act(m, window, a - first);
+    const Fp8Weights *t = expert_part_tensor(m, r, a, b);
+    if (t) quantize_expert_part(m, r, t, a, b, w);
+    if (g->size > 1) comm_all_gather_window(g, t ? t->q : w, shard, a - begin, b - begin, t ? COMM_U8 : COMM_ACT);
+    if (!t) quantize_fp8_weights(m, a, b, window, first);
 }
 
 const Fp8Weights *model_fp8_update_target(const Model *m, ParamRegion r, size_t a, size_t b, uint64_t **counts) {
@@ -874,7 +883,8 @@ void model_init_weights(Model *m, unsigned seed) {
 // The compute weights of flat [a, b) of region r cast from this rank's master weights, then made whole
 // (model_compute_weights_ready).
 static void sync_span(Model *m, ParamRegion r, size_t a, size_t b) {
-    size_t first, lo = max_size(a, m->master_begin[r]), hi = min_size(b, m->master_begin[r] + m->master_size[r]);
+    size_t first, lo, hi;
+    master_span(m, r, a, b, &lo, &hi);
     void *window = model_compute_window(m, r, a, &first);
     if (lo < hi) m->ops->cast_f32_to_act(model_act(m, window, lo - first), model_master(m, lo), hi - lo);
     model_compute_weights_ready(m, r, a, b, window, first);
