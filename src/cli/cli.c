@@ -66,15 +66,25 @@ void cli_parse(const CliSpec *spec, int argc, char **argv, const char **values, 
     }
 }
 
-char **cli_parse_exact(const CliSpec *spec, int argc, char **argv, const char **values, int n, const Comm *world) {
+char **cli_parse_one_rank(const CliSpec *spec, int argc, char **argv, const char **values, int *n_positional,
+                          const Comm *world) {
     char **pos;
-    int n_pos;
-    cli_parse(spec, argc, argv, values, &pos, &n_pos);
+    cli_parse(spec, argc, argv, values, &pos, n_positional);
     cli_single_rank(spec->command, world);
-    if (n_pos == n) return pos;
+    return pos;
+}
+
+int cli_misuse(const CliSpec *spec, char **positional) {
     cli_usage(spec, false);
-    free(pos);
-    exit(1);
+    free(positional);
+    return 1;
+}
+
+char **cli_parse_exact(const CliSpec *spec, int argc, char **argv, const char **values, int n, const Comm *world) {
+    int n_pos;
+    char **pos = cli_parse_one_rank(spec, argc, argv, values, &n_pos, world);
+    if (n_pos != n) exit(cli_misuse(spec, pos));
+    return pos;
 }
 
 double cli_number(const char *option, const char *text, double lo, double hi) {
@@ -130,13 +140,10 @@ void cli_load_config(const char *arg, Config *cfg) {
 
 char **cli_config_command(const CliSpec *spec, int argc, char **argv, const char **values, const Comm *world,
                           Config *cfg) {
-    char **pos;
     int n_pos;
-    cli_parse(spec, argc, argv, values, &pos, &n_pos);
-    cli_single_rank(spec->command, world);
+    char **pos = cli_parse_one_rank(spec, argc, argv, values, &n_pos, world);
     if (n_pos < 1 || strchr(pos[0], '=')) {
-        cli_usage(spec, false);
-        free(pos);
+        cli_misuse(spec, pos);
         return NULL;
     }
     cli_load_config(pos[0], cfg);

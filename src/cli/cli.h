@@ -28,8 +28,14 @@ typedef struct {
 void cli_parse(const CliSpec *spec, int argc, char **argv, const char **values, char ***positional,
                int *n_positional);
 void cli_usage(const CliSpec *spec, bool keys);
-// cli_parse for a one-process command that takes exactly n positional arguments: prints the usage
-// and exits 1 for another count. Returns them (free the array with free()).
+// cli_parse for a one-process command (cli_single_rank): returns its positional arguments (free the
+// array with free()), their count in *n_positional.
+char **cli_parse_one_rank(const CliSpec *spec, int argc, char **argv, const char **values, int *n_positional,
+                          const Comm *world);
+// A command's answer to arguments it cannot take: prints the usage, frees positional, returns 1.
+int cli_misuse(const CliSpec *spec, char **positional);
+// cli_parse_one_rank for a command that takes exactly n positional arguments: prints the usage and
+// exits 1 for another count. Returns them (free the array with free()).
 char **cli_parse_exact(const CliSpec *spec, int argc, char **argv, const char **values, int n, const Comm *world);
 double cli_number(const char *option, const char *text, double lo, double hi);
 // A size in bytes: a number with an optional unit, B, KB, MB, GB, TB (powers of 1000, as Hugging

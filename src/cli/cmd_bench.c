@@ -206,11 +206,7 @@ int cmd_bench(int argc, char **argv, Comm *world) {
         free(pos);
         return rc;
     }
-    if (n_pos < 1 || strchr(pos[0], '=')) {
-        cli_usage(&SPEC, false);
-        free(pos);
-        return 1;
-    }
+    if (n_pos < 1 || strchr(pos[0], '=')) return cli_misuse(&SPEC, pos);
     Config cfg;
     MoeErr err;
     config_defaults(&cfg);

@@ -20,15 +20,9 @@ static const CliSpec SPEC = {
 
 int cmd_ckpt(int argc, char **argv, Comm *world) {
     const char *values[1] = {0};
-    char **pos;
     int n_pos;
-    cli_parse(&SPEC, argc, argv, values, &pos, &n_pos);
-    cli_single_rank(SPEC.command, world);
-    if (n_pos != 2 || strcmp(pos[0], "verify")) {
-        cli_usage(&SPEC, false);
-        free(pos);
-        return 1;
-    }
+    char **pos = cli_parse_one_rank(&SPEC, argc, argv, values, &n_pos, world);
+    if (n_pos != 2 || strcmp(pos[0], "verify")) return cli_misuse(&SPEC, pos);
     char dir[4200];
     MoeErr err;
     if (ckpt_resolve(pos[1], dir, sizeof dir, err)) moe_fatal("%s", err);

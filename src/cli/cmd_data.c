@@ -43,15 +43,9 @@ static void print_result(const PrepareSpec *s, const PrepareStats *st) {
 
 int cmd_data(int argc, char **argv, Comm *world) {
     const char *values[5] = {0};
-    char **pos;
     int n_pos;
-    cli_parse(&SPEC, argc, argv, values, &pos, &n_pos);
-    cli_single_rank(SPEC.command, world);
-    if (n_pos < 3 || strcmp(pos[0], "prepare")) {
-        cli_usage(&SPEC, false);
-        free(pos);
-        return 1;
-    }
+    char **pos = cli_parse_one_rank(&SPEC, argc, argv, values, &n_pos, world);
+    if (n_pos < 3 || strcmp(pos[0], "prepare")) return cli_misuse(&SPEC, pos);
     PrepareSpec s = {.inputs = (const char *const *)pos + 1, .n_inputs = (size_t)n_pos - 2,
                      .train_path = pos[n_pos - 1], .val_path = values[1], .eos = BYTE_EOS,
                      .threads = values[4] ? (int)cli_number("--threads", values[4], 1, 4096) : moe_cpu_cores()};

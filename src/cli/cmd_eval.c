@@ -22,15 +22,9 @@ static const CliSpec SPEC = {
 
 int cmd_eval(int argc, char **argv, Comm *world) {
     const char *values[3] = {0};
-    char **pos;
     int n_pos;
-    cli_parse(&SPEC, argc, argv, values, &pos, &n_pos);
-    cli_single_rank(SPEC.command, world);
-    if (!values[0] || n_pos) {
-        cli_usage(&SPEC, false);
-        free(pos);
-        return 1;
-    }
+    char **pos = cli_parse_one_rank(&SPEC, argc, argv, values, &n_pos, world);
+    if (!values[0] || n_pos) return cli_misuse(&SPEC, pos);
     Config cfg;
     Parallel par;
     Model m;

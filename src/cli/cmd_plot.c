@@ -68,16 +68,11 @@ static void read_run(const char *dir, RunHistory *h) {
 
 int cmd_plot(int argc, char **argv, Comm *world) {
     const char *values[3] = {0};
-    char **pos, out[4200];
+    char out[4200];
     int n_pos;
     MoeErr err;
-    cli_parse(&SPEC, argc, argv, values, &pos, &n_pos);
-    cli_single_rank(SPEC.command, world);
-    if (!n_pos) {
-        cli_usage(&SPEC, false);
-        free(pos);
-        return 1;
-    }
+    char **pos = cli_parse_one_rank(&SPEC, argc, argv, values, &n_pos, world);
+    if (!n_pos) return cli_misuse(&SPEC, pos);
     FigureOptions opt = {.out_dir = out, .svg = values[2] != NULL,
                          .width = values[1] ? (int)cli_number("--width", values[1], 400, 4800) : FIGURE_WIDTH};
     RunHistory *hist = moe_calloc((size_t)n_pos, sizeof *hist);

@@ -115,15 +115,9 @@ static int32_t *sample_context(const SampleVocab *v, const char *prompt, size_t 
 
 int cmd_sample(int argc, char **argv, Comm *world) {
     const char *values[6] = {0};
-    char **pos;
     int n_pos;
-    cli_parse(&SPEC, argc, argv, values, &pos, &n_pos);
-    cli_single_rank(SPEC.command, world);
-    if (!values[0] || n_pos) {
-        cli_usage(&SPEC, false);
-        free(pos);
-        return 1;
-    }
+    char **pos = cli_parse_one_rank(&SPEC, argc, argv, values, &n_pos, world);
+    if (!values[0] || n_pos) return cli_misuse(&SPEC, pos);
     size_t n_new = values[2] ? (size_t)cli_number("--tokens", values[2], 1, 1e9) : 500;
     double temperature = values[3] ? cli_number("--temperature", values[3], 0, 100) : 0.8;
     Rng rng = {.state = values[4] ? (uint64_t)cli_number("--seed", values[4], 0, 1e18) : 1};
