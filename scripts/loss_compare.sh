@@ -4,12 +4,14 @@
 # metrics.jsonl: training losses, and validation losses where evaluated). WARMUP (default 200) is
 # where the per-run bound starts, WINDOW (default 100) the steps averaged together over the pairs.
 # Prints per pair: the final validation loss of each and their difference, and the 20-step averages'
-# worst relative gap after warm-up (issue 13's per-run bounds: 0.5% and 1%); then, over all pairs,
-# the mean relative gap of each WINDOW-step window: the recipe's systematic cost, which single runs
-# resolve only to about a percent at one sequence a step (docs/FP8.md).
+# worst relative gap after warm-up, and whether both lie within FINAL_BOUND and AVG_BOUND percent
+# (defaults 0.5 and 1: issue 13's per-run bounds; a pair without validation losses is judged on the
+# averages alone), then how many pairs did; then, over all pairs, the mean relative gap of each
+# WINDOW-step window: the recipe's systematic cost, which single runs resolve only to a fraction of
+# a percent (docs/FP8.md).
 # Example: scripts/loss_compare.sh runs/bf16-s1:runs/fp8-s1 runs/bf16-s2:runs/fp8-s2
 set -euo pipefail
-WARMUP=${WARMUP:-200} WINDOW=${WINDOW:-100}
+WARMUP=${WARMUP:-200} WINDOW=${WINDOW:-100} FINAL_BOUND=${FINAL_BOUND:-0.5} AVG_BOUND=${AVG_BOUND:-1}
 [ $# -ge 1 ] || { echo "usage: $0 REF_DIR:RUN_DIR [REF_DIR:RUN_DIR ...]" >&2; exit 2; }
 
 losses() { # the training losses of run directory $1, one a line
@@ -21,7 +23,7 @@ final_val() { # the last validation loss in run directory $1, or "-" (none evalu
     if [ -n "$v" ]; then printf '%.4f\n' "$v"; else echo -; fi
 }
 
-windows=$(mktemp); trap 'rm -f "$windows"' EXIT
+windows=$(mktemp) held=$(mktemp); trap 'rm -f "$windows" "$held"' EXIT
 for pair in "$@"; do
     ref=${pair%%:*} run=${pair#*:}
     [ "$ref" != "$pair" ] || { echo "$0: '$pair' is not REF_DIR:RUN_DIR" >&2; exit 2; }
@@ -29,17 +31,24 @@ for pair in "$@"; do
         [ -f "$d/metrics.jsonl" ] || { echo "$0: $d/metrics.jsonl not found: give moe train output directories" >&2; exit 1; }
     done
     paste <(losses "$ref") <(losses "$run") | awk -v warmup="$WARMUP" -v win="$WINDOW" -v name="$run against $ref" \
-        -v vr="$(final_val "$ref")" -v vn="$(final_val "$run")" -v windows="$windows" '
+        -v vr="$(final_val "$ref")" -v vn="$(final_val "$run")" -v windows="$windows" -v held="$held" \
+        -v fb="$FINAL_BOUND" -v ab="$AVG_BOUND" '
         NF < 2 { next }
         { n++; a[n] = $1; b[n] = $2; sa += $1; sb += $2
           if (n > 20) { sa -= a[n - 20]; sb -= b[n - 20] }
           if (n > warmup && n >= 20) { d = (sb - sa) / sa; if (d * d > w * w) { w = d; at = n } }
           wa += $1; wb += $2
           if (n % win == 0) { printf "%d %.6f\n", n, (wb - wa) / wa >> windows; wa = 0; wb = 0 } }
+        function within(x, bound) { x = sprintf("%.2f", 100 * (x < 0 ? -x : x)); return x + 0 <= bound + 0 }
         END { printf "%s: %d steps; final validation %s against %s", name, n, vn, vr
-              if (vr != "-" && vn != "-") printf " (%+.2f%%)", 100 * (vn - vr) / vr
-              printf "; 20-step averages after step %d at worst %+.2f%% (step %d)\n", warmup, 100 * w, at }'
+              ok = within(w, ab)
+              if (vr != "-" && vn != "-") { printf " (%+.2f%%)", 100 * (vn - vr) / vr; ok = ok && within((vn - vr) / vr, fb) }
+              printf "; 20-step averages after step %d at worst %+.2f%% (step %d); %s\n", warmup, 100 * w, at,
+                     ok ? "within the bounds" : "OUTSIDE the bounds"
+              print ok >> held }'
 done
+awk -v fb="$FINAL_BOUND" -v ab="$AVG_BOUND" '{ n++; k += $1 }
+    END { printf "%d of %d pair(s) within the bounds (final validation %s%%, 20-step averages %s%%)\n", k, n, fb, ab }' "$held"
 sort -n -s -k1,1 "$windows" | awk -v runs=$# -v win="$WINDOW" '
     { s[$1] += $2; c[$1]++; if (!($1 in lo) || $2 < lo[$1]) lo[$1] = $2; if (!($1 in hi) || $2 > hi[$1]) hi[$1] = $2 }
     $1 != last { order[++k] = $1; last = $1 }
