@@ -157,19 +157,18 @@ void cpu_swiglu_backward_fp8(void *q, void *scales, void *qt, void *scales_t, vo
     free(dgu), free(hw);
 }
 
-// Whether element (e, n, k) of a weight tensor (E, N, K) lies in its flat part [lo, hi).
-static bool fp8_in_part(size_t e, size_t n, size_t k, size_t N, size_t K, size_t lo, size_t hi) {
-    size_t f = e * N * K + n * K + k;
-    return f >= lo && f < hi;
-}
-
-// The largest magnitude of the values of block (e, nb, kb) of w (E, N, K) in flat [lo, hi) (0: none).
-static float fp8_weight_block_amax(const real *w, size_t e, size_t nb, size_t kb, size_t N, size_t K, size_t lo,
-                                   size_t hi) {
+// Block (e, nb, kb) of w (E, N, K), its values in flat [lo, hi): their largest magnitude (0: none),
+// returned; with q, also their codes under inverse scale inv in q (E, N, K), counted into c.
+static float fp8_weight_block(uint8_t *q, const real *w, size_t e, size_t nb, size_t kb, size_t N, size_t K,
+                              size_t lo, size_t hi, float inv, uint64_t c[FP8_COUNTS]) {
     float amax = 0;
     for (size_t n = nb * FP8_BLOCK; n < min_size((nb + 1) * FP8_BLOCK, N); n++)
-        for (size_t k = kb * FP8_BLOCK; k < min_size((kb + 1) * FP8_BLOCK, K); k++)
-            if (fp8_in_part(e, n, k, N, K, lo, hi)) amax = fmaxf(amax, fabsf((float)w[e * N * K + n * K + k]));
+        for (size_t k = kb * FP8_BLOCK; k < min_size((kb + 1) * FP8_BLOCK, K); k++) {
+            size_t f = e * N * K + n * K + k;
+            if (f < lo || f >= hi) continue;
+            amax = fmaxf(amax, fabsf((float)w[f]));
+            if (q) fp8_code_counted(&q[f], (float)w[f], inv, c);
+        }
     return amax;
 }
 
@@ -181,7 +180,7 @@ void cpu_fp8_weights_amax(void *amax_, const void *w_, size_t E, size_t N, size_
     for (size_t e = 0; e < E; e++)
         for (size_t nb = 0; nb < Nb; nb++)
             for (size_t kb = 0; kb < Kb; kb++)
-                amax[e * Kb * Nb + kb * Nb + nb] = fp8_weight_block_amax(w, e, nb, kb, N, K, lo, hi);
+                amax[e * Kb * Nb + kb * Nb + nb] = fp8_weight_block(NULL, w, e, nb, kb, N, K, lo, hi, 0, NULL);
 }
 
 void cpu_fp8_quantize_weights_part(void *q_, void *scales_, void *scales_t_, const void *amax_, const void *w_,
@@ -195,12 +194,9 @@ void cpu_fp8_quantize_weights_part(void *q_, void *scales_, void *scales_t_, con
     for (size_t e = 0; e < E; e++)
         for (size_t nb = 0; nb < Nb; nb++)
             for (size_t kb = 0; kb < Kb; kb++) {
-                float s = fp8_block_scale((float)amax[e * Kb * Nb + kb * Nb + nb], how), inv = fp8_scale_inverse(s);
+                float s = fp8_block_scale((float)amax[e * Kb * Nb + kb * Nb + nb], how);
                 uint64_t c[FP8_COUNTS] = {0};
-                for (size_t n = nb * FP8_BLOCK; n < min_size((nb + 1) * FP8_BLOCK, N); n++)
-                    for (size_t k = kb * FP8_BLOCK; k < min_size((kb + 1) * FP8_BLOCK, K); k++)
-                        if (fp8_in_part(e, n, k, N, K, lo, hi))
-                            fp8_code_counted(&q[e * N * K + n * K + k], (float)w[e * N * K + n * K + k], inv, c);
+                fp8_weight_block(q, w, e, nb, kb, N, K, lo, hi, fp8_scale_inverse(s), c);
                 fp8_add_counts(counts, c);
                 scales[e * Kb * Nb + kb * Nb + nb] = s;
                 scales_t[e * Nb * Kb + nb * Kb + kb] = s;
