@@ -3,8 +3,10 @@
 # against bf16, one pair a seed). Arguments: REF:RUN pairs of `moe train` output directories (their
 # metrics.jsonl: training losses, and validation losses where evaluated). WARMUP (default 200) is
 # where the per-run bound starts, WINDOW (default 100) the steps averaged together over the pairs.
-# Prints per pair: the final validation loss of each and their difference, and the 20-step averages'
-# worst relative gap after warm-up, and whether both lie within FINAL_BOUND and AVG_BOUND percent
+# Prints per pair: the final validation loss of each and their difference, the 20-step averages'
+# worst relative gap after warm-up, the per-step losses' relative gaps after warm-up as a root mean
+# square (how far the run strays from its reference step by step: a finer yardstick than the bounds'
+# verdict, for comparing recipes and run-to-run noise), and whether both lie within FINAL_BOUND and AVG_BOUND percent
 # (defaults 0.5 and 1: issue 13's per-run bounds; a pair without validation losses is judged on the
 # averages alone), then how many pairs did; then, over all pairs, the mean relative gap of each
 # WINDOW-step window: the recipe's systematic cost, which single runs resolve only to a fraction of
@@ -36,6 +38,7 @@ for pair in "$@"; do
         NF < 2 { next }
         { n++; a[n] = $1; b[n] = $2; sa += $1; sb += $2
           if (n > 20) { sa -= a[n - 20]; sb -= b[n - 20] }
+          if (n > warmup) { g = ($2 - $1) / $1; sq += g * g; m++ }
           if (n > warmup && n >= 20) { d = (sb - sa) / sa; if (d * d > w * w) { w = d; at = n } }
           wa += $1; wb += $2
           if (n % win == 0) { printf "%d %.6f\n", n, (wb - wa) / wa >> windows; wa = 0; wb = 0 } }
@@ -43,12 +46,13 @@ for pair in "$@"; do
         END { printf "%s: %d steps; final validation %s against %s", name, n, vn, vr
               ok = within(w, ab)
               if (vr != "-" && vn != "-") { printf " (%+.2f%%)", 100 * (vn - vr) / vr; ok = ok && within((vn - vr) / vr, fb) }
-              printf "; 20-step averages after step %d at worst %+.2f%% (step %d); %s\n", warmup, 100 * w, at,
-                     ok ? "within the bounds" : "OUTSIDE the bounds"
-              print ok >> held }'
+              printf "; 20-step averages after step %d at worst %+.2f%% (step %d); steps after it %.2f%% rms apart; %s\n",
+                     warmup, 100 * w, at, m ? 100 * sqrt(sq / m) : 0, ok ? "within the bounds" : "OUTSIDE the bounds"
+              printf "%d %.6f\n", ok, m ? 100 * sqrt(sq / m) : 0 >> held }'
 done
-awk -v fb="$FINAL_BOUND" -v ab="$AVG_BOUND" '{ n++; k += $1 }
-    END { printf "%d of %d pair(s) within the bounds (final validation %s%%, 20-step averages %s%%)\n", k, n, fb, ab }' "$held"
+awk -v fb="$FINAL_BOUND" -v ab="$AVG_BOUND" '{ n++; k += $1; r = $2; if (n == 1 || r < lo) lo = r; if (n == 1 || r > hi) hi = r }
+    END { printf "%d of %d pair(s) within the bounds (final validation %s%%, 20-step averages %s%%); per-step gaps %.2f-%.2f%% rms\n",
+                 k, n, fb, ab, lo, hi }' "$held"
 sort -n -s -k1,1 "$windows" | awk -v runs=$# -v win="$WINDOW" '
     { s[$1] += $2; c[$1]++; if (!($1 in lo) || $2 < lo[$1]) lo[$1] = $2; if (!($1 in hi) || $2 > hi[$1]) hi[$1] = $2 }
     $1 != last { order[++k] = $1; last = $1 }
