@@ -174,6 +174,14 @@ if has fp8; then
     done
 fi
 
+# A variant word of the fp8loss and repeat stages, "PRECISION[:SETTING,SETTING...]" (e.g.
+# "fp8:train.fp8_dense=false"): its precision word in $vprec, its settings (space-separated) in
+# $vextra, and a name for its run directory in $vname.
+variant_parts() {
+    vprec=${1%%:*} vextra=""; [[ "$1" == *:* ]] && vextra=$(tr ',' ' ' <<<"${1#*:}")
+    vname=$(tr ':=,' '-_+' <<<"$1")
+}
+
 if has fp8loss; then
     # Issue 13's loss check: the scale-E8 shape (vocab 257, the bundled bytes) 2,000 steps in bf16 and
     # in fp8 from the same initial weights and data order, train.deterministic=true (each run repeats
@@ -184,21 +192,23 @@ if has fp8loss; then
     # FP8LOSS_VARIANTS (default "bf16 fp8 bf16nd") for each seed of FP8LOSS_SEEDS (default "1 2 3"):
     # bf16 is each seed's reference; bf16nd is bf16 with cuDNN's other attention backward
     # (train.deterministic=false: other roundings, nothing else), the yardstick of run-to-run noise;
-    # fp8x is fp8 with train.fp8_exchange; FP8LOSS_ARGS adds settings to every run. FP8LOSS_AT_ONCE
+    # fp8x is fp8 with train.fp8_exchange; "fp8:train.fp8_dense=false" (settings after ':', commas
+    # between them) is fp8 so set; FP8LOSS_ARGS adds settings to every run. FP8LOSS_AT_ONCE
     # runs (default 6) train together under MPS (4-6 take 130-190 s on an H200; seeds 4-6 fit a second
     # call); each run's final checkpoint (~6.5 GB) is deleted. Prints each variant against bf16 over the
     # seeds (scripts/loss_compare.sh); $OUT/fp8_loss_runs.tgz holds the runs' metrics for moe plot.
     LOSS_RUN="configs/bench/scale-E8.json model.vocab_size=257 train.seq_len=1024 train.micro_batch=${FP8LOSS_MICRO:-2}
               train.lr=${FP8LOSS_LR:-1e-4} train.steps=2000 train.warmup=200 train.eval_every=200 ${FP8LOSS_ARGS:-}"
     variants=${FP8LOSS_VARIANTS:-bf16 fp8 bf16nd} seeds=${FP8LOSS_SEEDS:-1 2 3}
-    loss_run() { # variant $1, seed $2: a moe train run in runs/loss-$1-s$2, its checkpoint deleted
-        local p=${1%nd} det=true x=false
-        [ "$p" != "$1" ] && det=false
+    loss_run() { # variant $1, seed $2: a moe train run in runs/loss-NAME-s$2, its checkpoint deleted
+        local vprec vextra vname; variant_parts "$1"
+        local p=${vprec%nd} det=true x=false d
+        [ "$p" != "$vprec" ] && det=false
         [ "$p" = fp8x ] && p=fp8 x=true
-        rm -rf runs/loss-$1-s$2
+        d=runs/loss-$vname-s$2; rm -rf $d
         timeout ${FP8LOSS_TIMEOUT:-500} ./moe train $LOSS_RUN train.precision=$p train.deterministic=$det \
-            train.fp8_exchange=$x train.seed=$2 train.out=runs/loss-$1-s$2 > runs/loss-$1-s$2.log 2>&1
-        rm -rf runs/loss-$1-s$2/step-*
+            train.fp8_exchange=$x $vextra train.seed=$2 train.out=$d > $d.log 2>&1
+        rm -rf $d/step-*
     }
     nvidia-cuda-mps-control -d 2> /dev/null
     n=0 start=$SECONDS
@@ -213,14 +223,15 @@ if has fp8loss; then
     say "loss runs: $n in $((SECONDS - start)) s"
     for s in $seeds; do
         for v in $variants; do
-            say "$v seed $s: $(losses runs/loss-$v-s$s | wc -l) steps, md5 $(losses runs/loss-$v-s$s | md5sum | cut -c1-12)"
-            cat runs/loss-$v-s$s.log >> "$OUT/train.log"
+            variant_parts "$v"
+            say "$v seed $s: $(losses runs/loss-$vname-s$s | wc -l) steps, md5 $(losses runs/loss-$vname-s$s | md5sum | cut -c1-12)"
+            cat runs/loss-$vname-s$s.log >> "$OUT/train.log"
         done
     done
     for v in $variants; do
         [ "$v" = bf16 ] && continue
-        say "$v against bf16"
-        WINDOW=500 scripts/loss_compare.sh $(for s in $seeds; do printf 'runs/loss-bf16-s%s:runs/loss-%s-s%s ' $s $v $s; done) |
+        say "$v against bf16"; variant_parts "$v"
+        WINDOW=500 scripts/loss_compare.sh $(for s in $seeds; do printf 'runs/loss-bf16-s%s:runs/loss-%s-s%s ' $s $vname $s; done) |
             tee -a "$OUT/summary.txt"
     done
     tar czf "$OUT/fp8_loss_runs.tgz" runs/loss-*/metrics.jsonl
@@ -235,11 +246,10 @@ if has repeat || has fp8; then
     REPEAT_RUN=${REPEAT_RUN:-"configs/bench/scale-E8.json model.vocab_size=257 train.seq_len=1024 train.micro_batch=1
         train.warmup=200 train.eval_every=0 train.ckpt_every=0 train.deterministic=true train.seed=1"}
     for v in ${REPEAT_VARIANTS:-fp8 bf16}; do
-        p=${v%%:*} extra=""; [[ "$v" == *:* ]] && extra=$(tr ',' ' ' <<<"${v#*:}")
-        name=$(tr ':=,' '-_+' <<<"$v")
+        variant_parts "$v"; name=$vname
         for c in $(seq "${REPEAT_COPIES:-3}"); do
             rm -rf runs/repeat-$name-$c
-            timeout 300 ./moe train $REPEAT_RUN train.steps=${REPEAT_STEPS:-150} train.precision=$p $extra \
+            timeout 300 ./moe train $REPEAT_RUN train.steps=${REPEAT_STEPS:-150} train.precision=$vprec $vextra \
                 train.out=runs/repeat-$name-$c > runs/repeat_${name}_$c.log 2>&1 &
         done
         wait
