@@ -6,9 +6,10 @@
 # Prints per pair: the final validation loss of each and their difference, the 20-step averages'
 # worst relative gap after warm-up, the per-step losses' relative gaps after warm-up as a root mean
 # square (how far the run strays from its reference step by step: a finer yardstick than the bounds'
-# verdict, for comparing recipes and run-to-run noise), and whether both lie within FINAL_BOUND and AVG_BOUND percent
-# (defaults 0.5 and 1: issue 13's per-run bounds; a pair without validation losses is judged on the
-# averages alone), then how many pairs did; then, over all pairs, the mean relative gap of each
+# verdict, for comparing recipes and run-to-run noise), and whether the first two lie within
+# FINAL_BOUND and AVG_BOUND percent (defaults 0.5 and 1: issue 13's per-run bounds; a pair without
+# validation losses is judged on the averages alone), then how many pairs did and the range of the
+# rms gaps; then, over all pairs, the mean relative gap of each
 # WINDOW-step window: the recipe's systematic cost, which single runs resolve only to a fraction of
 # a percent (docs/FP8.md).
 # Example: scripts/loss_compare.sh runs/bf16-s1:runs/fp8-s1 runs/bf16-s2:runs/fp8-s2
