@@ -234,7 +234,9 @@ if has fp8loss; then
         WINDOW=500 scripts/loss_compare.sh $(for s in $seeds; do printf 'runs/loss-bf16-s%s:runs/loss-%s-s%s ' $s $vname $s; done) |
             tee -a "$OUT/summary.txt"
     done
-    tar czf "$OUT/fp8_loss_runs.tgz" runs/loss-*/metrics.jsonl
+    # this call's runs only (a warm machine keeps earlier calls' runs, which would make it too large to come back)
+    tar czf "$OUT/fp8_loss_runs.tgz" $(for s in $seeds; do for v in $variants; do
+        variant_parts "$v"; echo runs/loss-$vname-s$s/metrics.jsonl; done; done)
 fi
 
 if has repeat || has fp8; then
