@@ -200,12 +200,13 @@ if has fp8loss; then
     LOSS_RUN="configs/bench/scale-E8.json model.vocab_size=257 train.seq_len=1024 train.micro_batch=${FP8LOSS_MICRO:-2}
               train.lr=${FP8LOSS_LR:-1e-4} train.steps=2000 train.warmup=200 train.eval_every=200 ${FP8LOSS_ARGS:-}"
     variants=${FP8LOSS_VARIANTS:-bf16 fp8 bf16nd} seeds=${FP8LOSS_SEEDS:-1 2 3}
-    loss_run() { # variant $1, seed $2: a moe train run in runs/loss-NAME-s$2, its checkpoint deleted
-        local vprec vextra vname; variant_parts "$1"
-        local p=${vprec%nd} det=true x=false d
+    loss_dir() { local vprec vextra vname; variant_parts "$1"; echo runs/loss-$vname-s$2; } # variant $1, seed $2
+    loss_run() { # variant $1, seed $2: a moe train run in loss_dir, its checkpoint deleted
+        local vprec vextra vname d; variant_parts "$1"; d=$(loss_dir "$1" $2)
+        local p=${vprec%nd} det=true x=false
         [ "$p" != "$vprec" ] && det=false
         [ "$p" = fp8x ] && p=fp8 x=true
-        d=runs/loss-$vname-s$2; rm -rf $d
+        rm -rf $d
         timeout ${FP8LOSS_TIMEOUT:-500} ./moe train $LOSS_RUN train.precision=$p train.deterministic=$det \
             train.fp8_exchange=$x $vextra train.seed=$2 train.out=$d > $d.log 2>&1
         rm -rf $d/step-*
@@ -223,20 +224,19 @@ if has fp8loss; then
     say "loss runs: $n in $((SECONDS - start)) s"
     for s in $seeds; do
         for v in $variants; do
-            variant_parts "$v"
-            say "$v seed $s: $(losses runs/loss-$vname-s$s | wc -l) steps, md5 $(losses runs/loss-$vname-s$s | md5sum | cut -c1-12)"
-            cat runs/loss-$vname-s$s.log >> "$OUT/train.log"
+            d=$(loss_dir "$v" $s)
+            say "$v seed $s: $(losses $d | wc -l) steps, md5 $(losses $d | md5sum | cut -c1-12)"
+            cat $d.log >> "$OUT/train.log"
         done
     done
     for v in $variants; do
         [ "$v" = bf16 ] && continue
-        say "$v against bf16"; variant_parts "$v"
-        WINDOW=500 scripts/loss_compare.sh $(for s in $seeds; do printf 'runs/loss-bf16-s%s:runs/loss-%s-s%s ' $s $vname $s; done) |
+        say "$v against bf16"
+        WINDOW=500 scripts/loss_compare.sh $(for s in $seeds; do echo "$(loss_dir bf16 $s):$(loss_dir "$v" $s)"; done) |
             tee -a "$OUT/summary.txt"
     done
     # this call's runs only (a warm machine keeps earlier calls' runs, which would make it too large to come back)
-    tar czf "$OUT/fp8_loss_runs.tgz" $(for s in $seeds; do for v in $variants; do
-        variant_parts "$v"; echo runs/loss-$vname-s$s/metrics.jsonl; done; done)
+    tar czf "$OUT/fp8_loss_runs.tgz" $(for s in $seeds; do for v in $variants; do echo $(loss_dir "$v" $s)/metrics.jsonl; done; done)
 fi
 
 if has repeat || has fp8; then

@@ -9,9 +9,8 @@
 # verdict, for comparing recipes and run-to-run noise), and whether the first two lie within
 # FINAL_BOUND and AVG_BOUND percent (defaults 0.5 and 1: issue 13's per-run bounds; a pair without
 # validation losses is judged on the averages alone), then how many pairs did and the range of the
-# rms gaps; then, over all pairs, the mean relative gap of each
-# WINDOW-step window: the recipe's systematic cost, which single runs resolve only to a fraction of
-# a percent (docs/FP8.md).
+# rms gaps; then, over all pairs, the mean relative gap of each WINDOW-step window: the recipe's
+# systematic cost, which single runs resolve only to a fraction of a percent (docs/FP8.md).
 # Example: scripts/loss_compare.sh runs/bf16-s1:runs/fp8-s1 runs/bf16-s2:runs/fp8-s2
 set -euo pipefail
 WARMUP=${WARMUP:-200} WINDOW=${WINDOW:-100} FINAL_BOUND=${FINAL_BOUND:-0.5} AVG_BOUND=${AVG_BOUND:-1}
@@ -47,9 +46,10 @@ for pair in "$@"; do
         END { printf "%s: %d steps; final validation %s against %s", name, n, vn, vr
               ok = within(w, ab)
               if (vr != "-" && vn != "-") { printf " (%+.2f%%)", 100 * (vn - vr) / vr; ok = ok && within((vn - vr) / vr, fb) }
+              rms = m ? 100 * sqrt(sq / m) : 0
               printf "; 20-step averages after step %d at worst %+.2f%% (step %d); steps after it %.2f%% rms apart; %s\n",
-                     warmup, 100 * w, at, m ? 100 * sqrt(sq / m) : 0, ok ? "within the bounds" : "OUTSIDE the bounds"
-              printf "%d %.6f\n", ok, m ? 100 * sqrt(sq / m) : 0 >> held }'
+                     warmup, 100 * w, at, rms, ok ? "within the bounds" : "OUTSIDE the bounds"
+              printf "%d %.6f\n", ok, rms >> held }'
 done
 awk -v fb="$FINAL_BOUND" -v ab="$AVG_BOUND" '{ n++; k += $1; r = $2; if (n == 1 || r < lo) lo = r; if (n == 1 || r > hi) hi = r }
     END { printf "%d of %d pair(s) within the bounds (final validation %s%%, 20-step averages %s%%); per-step gaps %.2f-%.2f%% rms\n",
