@@ -26,6 +26,17 @@ typedef struct {
         (b)->o->event_elapsed_ms((b)->e0, (b)->e1) / (reps);                                     \
     })
 
+// Milliseconds per call of `call` repeated back to back for about a second (est_ms a call, as timed
+// by BENCH_TIME_MS), the device's clocks and power meanwhile summarised into *clocks: a kernel that
+// holds a GPU at its power limit runs at a lower clock sustained than in a short burst.
+#define BENCH_SUSTAINED_MS(b, est_ms, clocks, call)                                              \
+    ({                                                                                           \
+        DeviceMonitor *m_ = device_monitor_start((b)->o, 10);                                    \
+        double s_ = BENCH_TIME_MS(b, (int)(1e3 / (est_ms)) + 1, call);                           \
+        device_monitor_stop(m_, clocks);                                                         \
+        s_;                                                                                      \
+    })
+
 // Frees a list of buffers: BENCH_FREE_ALL(b, p, q, ...).
 #define BENCH_FREE_ALL(b, ...)                                                                   \
     do {                                                                                         \

@@ -53,6 +53,14 @@ static void report(const Bench *b, const char *name, const char *shape, double m
            100 * rate / ceiling, aim_s);
 }
 
+// A line under a product's: its time sustained for a second (BENCH_SUSTAINED_MS) and the clocks and
+// power it ran at.
+static void report_sustained(const Bench *b, const char *shape, double ms, double flops, const ClockSummary *c) {
+    printf("  %-30s %-26s %9.3f ms %8.1f TFLOP/s at SM clock median %.0f MHz (lowest %.0f), %.0f W of %.0f\n",
+           "  sustained for 1 s", shape, ms, flops / (ms * 1e-3) / 1e12, c->sm_mhz_median, c->sm_mhz_min,
+           c->power_w_mean, c->power_limit_w);
+}
+
 // Causal attention of shape d, forward and backward; aimed (issue targets for hd 128) when aims.
 static void bench_attention_case(Bench *b, AttnDims d, bool aims) {
     size_t T = d.B * d.S, C = (d.Hq + 2 * d.Hkv) * d.hd, Dq = d.Hq * d.hd;
@@ -146,7 +154,7 @@ void bench_expert_rows(const char *kind, size_t T, size_t K, size_t E, int32_t *
 // expert row a token's row, here a random one of dy's).
 static void bench_grouped_fp8(Bench *b, const char *what, const char *shape, const void *doff, size_t rows, size_t E,
                               size_t N, size_t Kd, size_t R, const void *x, const void *w, const void *dy,
-                              const double bf16_ms[3], double fp8_ms[3]) {
+                              const double bf16_ms[3], bool sustain, double fp8_ms[3]) {
     const Ops *o = b->o;
     size_t Kb = fp8_blocks(Kd), Nb = fp8_blocks(N), Rt = fp8_expert_cols(R, E), a = o->act_size, f = o->f32_size;
     BenchFp8 q;
@@ -191,6 +199,11 @@ static void bench_grouped_fp8(Bench *b, const char *what, const char *shape, con
     snprintf(name, sizeof name, "fp8 %s forward", what);
     fp8_ms[0] = BENCH_TIME_MS(b, 10, o->fp8_grouped_matmul(y, q.xq, q.xs, q.wq, q.ws, doff, E, N, Kd, R));
     report(b, name, shape, fp8_ms[0], flops, 0, 1.6 * flops / (bf16_ms[0] * 1e-3) / 1e12);
+    if (sustain) {
+        ClockSummary held;
+        ms = BENCH_SUSTAINED_MS(b, fp8_ms[0], &held, o->fp8_grouped_matmul(y, q.xq, q.xs, q.wq, q.ws, doff, E, N, Kd, R));
+        report_sustained(b, shape, ms, flops, &held);
+    }
     snprintf(name, sizeof name, "fp8 %s input grad", what);
     fp8_ms[1] = BENCH_TIME_MS(b, 10, o->fp8_grouped_matmul(dx, q.dyq, q.dys, q.wqt, q.wst, doff, E, Kd, N, R));
     report(b, name, shape, fp8_ms[1], flops, 0, 1.6 * flops / (bf16_ms[1] * 1e-3) / 1e12);
@@ -229,6 +242,13 @@ static void bench_grouped_case(Bench *b, const Config *cfg, const char *kind, co
     snprintf(shape, sizeof shape, "E%zu %s N%zu K%zu", E, kind, N, Kd);
     snprintf(name, sizeof name, "grouped %s forward", what);
     report(b, name, shape, ms[0] = BENCH_TIME_MS(b, 10, b->o->grouped_matmul_forward(y, x, w, doff, E, N, Kd, R)), flops, 0, aim);
+    // the forwards of balanced loads also sustained, in both precisions (where the clocks are read)
+    bool sustain = b->o->device_clocks && !strcmp(kind, "balanced");
+    if (sustain) {
+        ClockSummary held;
+        double s = BENCH_SUSTAINED_MS(b, ms[0], &held, b->o->grouped_matmul_forward(y, x, w, doff, E, N, Kd, R));
+        report_sustained(b, shape, s, flops, &held);
+    }
     snprintf(name, sizeof name, "grouped %s input grad", what);
     ms[1] = BENCH_TIME_MS(b, 10, b->o->grouped_matmul_backward(dx, NULL, dy, x, w, doff, E, N, Kd, R, false));
     report(b, name, shape, ms[1], flops, 0, aim);
@@ -241,7 +261,7 @@ static void bench_grouped_case(Bench *b, const Config *cfg, const char *kind, co
     // FP8 on the GPU only (the CPU backend's emulation is a reference, not a kernel to time)
     double fp8_ms[3] = {0};
     if (b->aims && b->o->fp8_grouped_matmul)
-        bench_grouped_fp8(b, what, shape, doff, (size_t)off[E], E, N, Kd, R, x, w, dy, ms, fp8_ms);
+        bench_grouped_fp8(b, what, shape, doff, (size_t)off[E], E, N, Kd, R, x, w, dy, ms, sustain, fp8_ms);
     for (int i = 0; i < 3; i++) ms_sum[0] += ms[i], ms_sum[1] += fp8_ms[i];
     BENCH_FREE_ALL(b, doff, x, w, dy, y, dx, dw);
     free(off);
