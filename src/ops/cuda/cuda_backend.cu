@@ -10,10 +10,9 @@
 CudaContext cuda_ctx;
 
 // MOE_KERNELS=builtin (every choice), or a comma list of attention=builtin|cudnn,
-// grouped=builtin|cutlass, fp8_dense=cublas|cutlass, fp8_rows=192|192n|128 (Fp8RowsKernel) and
-// fp8_wgrad=192|128: lets one build compare kernel variants. The CUTLASS grouped GEMM needs a
-// Hopper GPU (compute capability 9.0); elsewhere the built-in kernel runs. The dense FP8 products
-// run on cuBLASLt where it takes the shape, else on CUTLASS's kernel.
+// grouped=builtin|cutlass and fp8_dense=cublas|cutlass: lets one build compare kernel variants. The
+// CUTLASS grouped GEMM needs a Hopper GPU (compute capability 9.0); elsewhere the built-in kernel
+// runs. The dense FP8 products run on cuBLASLt where it takes the shape, else on CUTLASS's kernel.
 static void cuda_choose_kernels(int major) {
     const char *k = getenv("MOE_KERNELS");
     bool all = k && !strcmp(k, "builtin");
@@ -21,10 +20,6 @@ static void cuda_choose_kernels(int major) {
     cuda_ctx.builtin_grouped = all || (k && strstr(k, "grouped=builtin")) || major != 9;
     cuda_ctx.fp8 = major == 9;
     cuda_ctx.cutlass_fp8_dense = k && strstr(k, "fp8_dense=cutlass");
-    cuda_ctx.fp8_rows = k && strstr(k, "fp8_rows=128")    ? FP8_ROWS_NARROW
-                        : k && strstr(k, "fp8_rows=192n") ? FP8_ROWS_WIDE_ALONG_N
-                                                          : FP8_ROWS_WIDE;
-    cuda_ctx.fp8_wgrad_narrow = k && strstr(k, "fp8_wgrad=128");
 }
 
 // Device memory in use (every allocation of the process, libraries' and the context's included),

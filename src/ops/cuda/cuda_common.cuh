@@ -17,10 +17,6 @@ typedef __nv_bfloat16 bf16;
 #define CUDA_MAX_EXPERTS 256
 #define CUDA_MAX_TOP_K 16
 
-// The FP8 rows products' kernel (MOE_KERNELS fp8_rows=..., cuda_grouped_sm90_fp8.cu): 128 x 192
-// tiles in clusters along M (the default), along N (192n), or 128 x 128 tiles (128).
-typedef enum { FP8_ROWS_WIDE, FP8_ROWS_WIDE_ALONG_N, FP8_ROWS_NARROW } Fp8RowsKernel;
-
 // The backend's stream (every kernel and copy runs on it, so a step can be captured as a graph):
 // `stream` is the current one, the main stream or, between side_begin and side_end, the side
 // stream that communication overlapping the main one runs on. cuBLASLt state. Made by cuda_init.
@@ -37,8 +33,6 @@ typedef struct {
     bool builtin_attention, builtin_grouped;
     bool fp8; // the FP8 recipe's products (CUTLASS sm90 kernels) run here: a Hopper GPU
     bool cutlass_fp8_dense; // the dense FP8 products on CUTLASS's grouped kernel, not cuBLASLt's
-    Fp8RowsKernel fp8_rows;
-    bool fp8_wgrad_narrow; // FP8 weight gradients of x in 128x128 blocks on 128 x 128 tiles, not 128 x 192
     // train.deterministic: kernels with a faster order-dependent variant take the fixed-order one
     // (cuDNN's attention backward; every other kernel sums in a fixed order always).
     bool deterministic;

@@ -1,22 +1,13 @@
-// The consumer side of the mainloop of the FP8 grouped forward and input-gradient products: the
-// DeepSeek-V3 recipe's promotions (the fp32 partial sums of each 128-deep K tile scaled by a's row
-// scale and b's block scale, and added to the accumulators), in one of two loops.
-//
-// PARTS 2, promotions overlapped (128 x 128 tiles). CUTLASS's sm90 blockwise-scaled mainloop waits
-// for each K tile's wgmma batch to finish before it promotes it, so the tensor cores idle while the
-// warpgroup multiplies and adds. Here each K tile's batch goes into one of two partial-sum
-// fragments: the batch of tile k + 1 is issued before the partial sums of tile k are promoted
-// (wgmma.wait_group 1, as FlashAttention-3 overlaps its softmax with the next product), so the
-// promotion runs in the shadow of the next batch. The arithmetic and its order are CUTLASS's (each
-// tile's partial sums from zero, promoted in K order with the same scale products), so the results
-// are bit for bit those of CUTLASS's mainloop.
-//
-// PARTS 1, one partial-sum fragment (128 x 192 tiles, whose three fragments of 96 a thread would
-// not fit the registers): each tile's batch waited for, then promoted, as CUTLASS's loop does, but
-// with b's scales 64 columns wide (a 192-wide tile straddles the weights' 128-wide blocks, so the
-// caller writes each 128-block's scale twice): each accumulator takes its own column group's scale,
-// which CUTLASS's loop does not allow (its static_assert in fp8_accumulation.hpp). Each
-// accumulator gets the same products in the same order as with PARTS 2.
+// The consumer side of the mainloop of the FP8 grouped forward and input-gradient products, with
+// the promotions overlapped. CUTLASS's sm90 blockwise-scaled mainloop (the DeepSeek-V3 recipe: the
+// fp32 partial sums of each 128-deep K tile scaled and added to the accumulators) waits for each K
+// tile's wgmma batch to finish before it promotes it, so the tensor cores idle while the warpgroup
+// multiplies and adds. Here each K tile's batch goes into one of two partial-sum fragments: the
+// batch of tile k + 1 is issued before the partial sums of tile k are promoted (wgmma.wait_group 1,
+// as FlashAttention-3 overlaps its softmax with the next product), so the promotion runs in the
+// shadow of the next batch. The arithmetic and its order are CUTLASS's (each tile's partial sums
+// from zero, promoted in K order with the same scale products), so the results are bit for bit
+// those of CUTLASS's mainloop.
 //
 // Each tile's scales go from shared memory to registers before its batch is issued, as CUTLASS's
 // loop loads them, not when the tile is promoted: with clusters of two CTAs only warps 0 and 2 of a
@@ -28,16 +19,15 @@
 //
 // Everything else (parameters, TMA loads of the operands and scales, the pipeline) is CUTLASS's
 // collective, from which this one derives; only `mma`, the consumer warpgroups' loop, is replaced.
-// Registers: the accumulators and PARTS partial-sum fragments (3 x 64 fp32 a thread on 128 x 128
-// tiles of two consumer warpgroups, 2 x 96 on 128 x 192), and each fragment's scales. With PARTS 2
-// the first two tiles are issued before the loop, so that no batch is in flight where control flow
-// merges: written as one loop from the first tile, ptxas waited for each tile's first batch before
-// issuing the second (its message C7517).
+// Registers: the accumulators and two partial-sum fragments, 3 x 64 fp32 a thread on 128 x 128 tiles
+// of two consumer warpgroups, and each fragment's scales. The first two tiles are issued before the
+// loop, so that no batch is in flight where control flow merges: written as one loop from the first
+// tile, ptxas waited for each tile's first batch before issuing the second (its message C7517).
 #pragma once
 #include <cute/tensor.hpp>
 #include <cutlass/gemm/collective/collective_builder.hpp>
 
-template <class Base, int PARTS> struct Fp8PromotingMainloop : Base {
+template <class Base> struct Fp8OverlappedMainloop : Base {
     using typename Base::ElementBlockScale;
     using typename Base::MainloopPipeline;
     using typename Base::Params;
@@ -49,8 +39,8 @@ template <class Base, int PARTS> struct Fp8PromotingMainloop : Base {
     using typename Base::TensorStorage;
     using typename Base::TiledMma;
     using typename Base::TileShape;
-    static_assert(Base::ScaleMsPerTile > 1, "a's scales per row (1x128 blocks) expected");
-    static_assert(PARTS == 1 || PARTS == 2, "one or two partial-sum fragments");
+    static_assert(Base::ScaleMsPerTile > 1 && Base::ScaleNsPerTile == 1,
+                  "a's scales per row (1x128 blocks) and one b scale a tile (128x128 blocks) expected");
     static constexpr int mmas_per_k_tile = cute::size<2>(TileShape{}) / cute::size<2>(typename TiledMma::AtomShape_MNK{});
     static_assert(Base::ScalePromotionInterval == mmas_per_k_tile,
                   "one scale block per K tile expected: the partial sums are promoted every tile");
@@ -115,20 +105,11 @@ template <class Base, int PARTS> struct Fp8PromotingMainloop : Base {
         auto promote = [&](auto &part, auto const &sfa, auto const &sfb, bool release) {
             warpgroup_fence_operand(part);
             CUTLASS_PRAGMA_UNROLL
-            for (int i = 0; i < size(accum); ++i) accum(i) += part(i) * (sfa(i) * sfb(i));
+            for (int i = 0; i < size(accum); ++i) accum(i) += part(i) * (sfa(i) * sfb(0));
             if (release) pipeline.consumer_release(smem_pipe_release);
             ++smem_pipe_release;
         };
 
-        if constexpr (PARTS == 1) {
-            for (int k = 0; k < k_tile_count; k++) {
-                issue(part0, sfa0, sfb0);
-                warpgroup_wait<0>();
-                promote(part0, sfa0, sfb0, k + 1 < k_tile_count);
-            }
-            warpgroup_fence_operand(accum);
-            return;
-        }
         issue(part0, sfa0, sfb0);
         if (k_tile_count == 1) {
             warpgroup_wait<0>();
