@@ -55,11 +55,17 @@ static void report(const Bench *b, const char *name, const char *shape, double m
 
 // A line under a product's: its time sustained for a second (BENCH_SUSTAINED_MS) and the clocks and
 // power it ran at.
-static void report_sustained(const Bench *b, const char *shape, double ms, double flops, const ClockSummary *c) {
+static void report_sustained(const char *shape, double ms, double flops, const ClockSummary *c) {
     printf("  %-30s %-26s %9.3f ms %8.1f TFLOP/s at SM clock median %.0f MHz (lowest %.0f), %.0f W of %.0f\n",
            "  sustained for 1 s", shape, ms, flops / (ms * 1e-3) / 1e12, c->sm_mhz_median, c->sm_mhz_min,
            c->power_w_mean, c->power_limit_w);
 }
+#define REPORT_SUSTAINED(b, shape, est_ms, flops, call)                                          \
+    do {                                                                                         \
+        ClockSummary held_;                                                                      \
+        double t_ = BENCH_SUSTAINED_MS(b, est_ms, &held_, call);                                 \
+        report_sustained(shape, t_, flops, &held_);                                              \
+    } while (0)
 
 // Causal attention of shape d, forward and backward; aimed (issue targets for hd 128) when aims.
 static void bench_attention_case(Bench *b, AttnDims d, bool aims) {
@@ -199,11 +205,9 @@ static void bench_grouped_fp8(Bench *b, const char *what, const char *shape, con
     snprintf(name, sizeof name, "fp8 %s forward", what);
     fp8_ms[0] = BENCH_TIME_MS(b, 10, o->fp8_grouped_matmul(y, q.xq, q.xs, q.wq, q.ws, doff, E, N, Kd, R));
     report(b, name, shape, fp8_ms[0], flops, 0, 1.6 * flops / (bf16_ms[0] * 1e-3) / 1e12);
-    if (sustain) {
-        ClockSummary held;
-        ms = BENCH_SUSTAINED_MS(b, fp8_ms[0], &held, o->fp8_grouped_matmul(y, q.xq, q.xs, q.wq, q.ws, doff, E, N, Kd, R));
-        report_sustained(b, shape, ms, flops, &held);
-    }
+    if (sustain)
+        REPORT_SUSTAINED(b, shape, fp8_ms[0], flops,
+                         o->fp8_grouped_matmul(y, q.xq, q.xs, q.wq, q.ws, doff, E, N, Kd, R));
     snprintf(name, sizeof name, "fp8 %s input grad", what);
     fp8_ms[1] = BENCH_TIME_MS(b, 10, o->fp8_grouped_matmul(dx, q.dyq, q.dys, q.wqt, q.wst, doff, E, Kd, N, R));
     report(b, name, shape, fp8_ms[1], flops, 0, 1.6 * flops / (bf16_ms[1] * 1e-3) / 1e12);
@@ -244,11 +248,7 @@ static void bench_grouped_case(Bench *b, const Config *cfg, const char *kind, co
     report(b, name, shape, ms[0] = BENCH_TIME_MS(b, 10, b->o->grouped_matmul_forward(y, x, w, doff, E, N, Kd, R)), flops, 0, aim);
     // the forwards of balanced loads also sustained, in both precisions (where the clocks are read)
     bool sustain = b->o->device_clocks && !strcmp(kind, "balanced");
-    if (sustain) {
-        ClockSummary held;
-        double s = BENCH_SUSTAINED_MS(b, ms[0], &held, b->o->grouped_matmul_forward(y, x, w, doff, E, N, Kd, R));
-        report_sustained(b, shape, s, flops, &held);
-    }
+    if (sustain) REPORT_SUSTAINED(b, shape, ms[0], flops, b->o->grouped_matmul_forward(y, x, w, doff, E, N, Kd, R));
     snprintf(name, sizeof name, "grouped %s input grad", what);
     ms[1] = BENCH_TIME_MS(b, 10, b->o->grouped_matmul_backward(dx, NULL, dy, x, w, doff, E, N, Kd, R, false));
     report(b, name, shape, ms[1], flops, 0, aim);
