@@ -28,12 +28,14 @@ typedef struct {
 
 // Milliseconds per call of `call` repeated back to back for about a second (est_ms a call, as timed
 // by BENCH_TIME_MS), the device's clocks and power meanwhile summarised into *clocks: a kernel that
-// holds a GPU at its power limit runs at a lower clock sustained than in a short burst.
+// holds a GPU at its power limit runs at a lower clock sustained than in a short burst. A second
+// idle follows, so that the next burst timed does not start at the clock this one left.
 #define BENCH_SUSTAINED_MS(b, est_ms, clocks, call)                                              \
     ({                                                                                           \
         DeviceMonitor *m_ = device_monitor_start((b)->o, 10);                                    \
         double s_ = BENCH_TIME_MS(b, (int)(1e3 / (est_ms)) + 1, call);                           \
         device_monitor_stop(m_, clocks);                                                         \
+        bench_idle(b, 1.0);                                                                      \
         s_;                                                                                      \
     })
 
@@ -44,6 +46,8 @@ typedef struct {
         for (size_t i_ = 0; i_ < sizeof list_ / sizeof list_[0]; i_++) (b)->o->free(list_[i_]);  \
     } while (0)
 
+// Waits `seconds` with the device idle (its queue drained first).
+void bench_idle(const Bench *b, double seconds);
 // The report line of the matrix product sustained for 2 s (train_matmul_tflops_sustained) and the
 // clocks it ran at.
 void bench_print_sustained(double tflops, const ClockSummary *c);
