@@ -103,51 +103,9 @@ __global__ void grouped_sm90_fp8_prepare_wgrad(typename G::Table *t, const uint8
     }
 }
 
-// Timing only (MOE_KERNELS fp8_rows=tensor128 or tensor256; the numbers are not the recipe's): the
-// rows products with no block scales and no promotions (CUTLASS's FP8 fast accumulation, as with one
-// scale a tensor) on 128 x 128 x 128 or 128 x 256 x 128 tiles: what the promotions cost.
-template <class TileShape_> struct Fp8RowsPlain {
-    using TileShape = TileShape_;
-    using ClusterShape = Shape<_2, _1, _1>;
-    using Epi = GroupedSm90RowsEpilogue;
-    using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-        cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::float_e4m3_t, cutlass::layout::RowMajor *, 16,
-        cutlass::float_e4m3_t, cutlass::layout::ColumnMajor *, 16, float, TileShape, ClusterShape,
-        cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epi::Op::SharedStorage))>,
-        cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8FastAccum>::CollectiveOp;
-    using Kernel = cutlass::gemm::kernel::GemmUniversal<GroupedSm90Problem, Mainloop, typename Epi::Op>;
-    using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
-    using Table = GroupedSm90Table<Kernel>;
-    static typename Mainloop::Arguments mainloop_arguments(Table *t) { return {t->a, t->sa, t->b, t->sb}; }
-};
-
-template <class G>
-__global__ void grouped_sm90_fp8_prepare_plain(typename G::Table *t, const uint8_t *a, const uint8_t *b, bf16 *out,
-                                               const int32_t *offsets, int E, int N, int K) {
-    __shared__ int32_t rows_of[GROUPED_MAX_E];
-    grouped_sm90_rows(rows_of, offsets, E);
-    for (int e = threadIdx.x; e < E; e += blockDim.x)
-        grouped_sm90_set(t, e, rows_of[e], N, K, a + (int64_t)offsets[e] * K, K, b + (int64_t)e * N * K, K,
-                         out + (int64_t)offsets[e] * N, N);
-}
-
-template <class G>
-static void fp8_rows_plain(void *out, const void *a, const void *b, const int32_t *offsets, size_t E, size_t N,
-                           size_t K) {
-    grouped_sm90_launch<G>((int)E, [&](typename G::Table *table) {
-        grouped_sm90_fp8_prepare_plain<G><<<1, 256, 0, cuda_ctx.stream>>>(
-            table, (const uint8_t *)a, (const uint8_t *)b, (bf16 *)out, offsets, (int)E, (int)N, (int)K);
-    });
-}
-
 extern "C" void cuda_fp8_grouped_matmul(void *out, const void *a, const void *a_scales, const void *b,
                                         const void *b_scales, const int32_t *offsets, size_t E, size_t N, size_t K,
                                         size_t R) {
-    const char *k = getenv("MOE_KERNELS");
-    if (k && strstr(k, "fp8_rows=tensor128"))
-        return fp8_rows_plain<Fp8RowsPlain<Shape<_128, _128, _128>>>(out, a, b, offsets, E, N, K);
-    if (k && strstr(k, "fp8_rows=tensor256"))
-        return fp8_rows_plain<Fp8RowsPlain<Shape<_128, _256, _128>>>(out, a, b, offsets, E, N, K);
     grouped_sm90_launch<Fp8Rows>((int)E, [&](Fp8Rows::Table *table) {
         grouped_sm90_fp8_prepare_rows<<<1, 256, 0, cuda_ctx.stream>>>(
             table, (const uint8_t *)a, (const float *)a_scales, (const uint8_t *)b, (const float *)b_scales,
