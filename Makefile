@@ -125,9 +125,13 @@ $(BUILD)/f32/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/cuda/%.o: %.cu $(FLAGS_STAMP)
+# CUDA objects through scripts/nvcc_checked.sh, which fails where ptxas serialises a kernel's wgmma
+# instructions and, for the grouped GEMMs' objects (wgmma main loops tuned to fit the registers),
+# where a kernel spills.
+$(patsubst %.cu,$(BUILD)/cuda/%.o,$(wildcard src/ops/cuda/cuda_grouped_sm90*.cu)): NVCC_CHECK_FLAGS := --no-spills
+$(BUILD)/cuda/%.o: %.cu $(FLAGS_STAMP) scripts/nvcc_checked.sh
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) $(if $(filter 1,$(MPI)),-DMOE_MPI) -c $< -o $@
+	NVCC="$(NVCC)" scripts/nvcc_checked.sh $(NVCC_CHECK_FLAGS) $(NVCCFLAGS) $(if $(filter 1,$(MPI)),-DMOE_MPI) -c $< -o $@
 
 $(BUILD)/f64/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
