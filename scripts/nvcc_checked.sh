@@ -22,10 +22,10 @@ rc=$?
 grep -vE '^ptxas info    : |^    [0-9]+ bytes stack frame' "$log" >&2
 [ $rc -eq 0 ] || exit $rc
 
-# The kernels at fault: a message naming its function, or a spill report after its "Compiling
-# entry function" line.
+# The functions at fault: a message naming its function, or a spill report after its "Function
+# properties for" line (kernels and device functions alike).
 problems=$(awk -v no_spills=$no_spills '
-    /^ptxas info    : Compiling entry function/ { fn = $0; sub(/.*function \047/, "", fn); sub(/\047.*/, "", fn) }
+    /^ptxas info    : Function properties for / { fn = $0; sub(/.*Function properties for /, "", fn) }
     /Potential Performance Loss/ { msg = $0; sub(/^ptxas info    : /, "", msg); print msg }
     no_spills && /bytes spill stores/ && !/ 0 bytes spill stores, 0 bytes spill loads/ {
         line = $0; sub(/^ +/, "", line); print "spills (" line ") in " fn }' "$log")
@@ -33,7 +33,7 @@ problems=$(awk -v no_spills=$no_spills '
 {
     echo "nvcc_checked.sh: ${out:-the object} not built: ptxas reports"
     sed 's/^/  /' <<<"$problems" | cut -c1-400
-    echo "  (names demangle with c++filt; rerun the nvcc line with -Xptxas -v for the whole report)"
+    echo "  (ptxas's whole report: the nvcc line with -Xptxas -v)"
 } >&2
 [ -n "$out" ] && rm -f "$out"
 exit 1
