@@ -20,13 +20,16 @@ import sys
 # /*0a40*/   @!P1 BRA 0xc60 ;   (address, optional predicate, opcode with its modifiers, operands)
 INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)(\.[A-Za-z0-9_.]*)?\s*([^;]*);")
 FUNCTION = re.compile(r"Function : (\S+)")
-# identifiers of a mangled name: <length><identifier>
+# identifiers a kernel's description leaves out: namespaces and CUTLASS's and CuTe's plumbing
 GENERIC = {"cutlass", "cute", "gemm", "kernel", "collective", "tuple", "device_kernel", "Params", "Layout",
            "Underscore", "identity", "epilogue", "fusion", "detail", "float_e4m3_t", "bfloat16_t", "half_t",
            "Swizzle", "ComposedLayout", "smem_ptr_flag_bits", "ScaleIn", "arch", "thread", "GMMA", "SM90"}
 
 
 def listing(path):
+    """The machine code of an object (through cuobjdump) or a saved listing, as text."""
+    if not os.path.isfile(path):
+        sys.exit(f"sass_loops.py: {path}: no such file (an object built with nvcc, or a .sass listing)")
     if path.endswith(".sass"):
         with open(path) as f:
             return f.read()

@@ -49,5 +49,6 @@ if ! grep -q plain_kernel <<<"$out"; then ok "a kernel without MMAs not shown"
 else bad "a kernel without MMAs" "got: $out"; fi
 expect_error "no kernel matching the filter" "no kernel with warpgroup MMAs matches 'Nothing'" \
     python3 scripts/sass_loops.py "$tmp/k.sass" Nothing
+expect_error "a missing file, named" "$tmp/none.o: no such file" python3 scripts/sass_loops.py "$tmp/none.o"
 expect_error "usage without an object" "sass_loops.py OBJECT" python3 scripts/sass_loops.py
 summary
