@@ -17,7 +17,8 @@ for a in "$@"; do
 done
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-"${NVCC:-nvcc}" -Xptxas -v "$@" 2>"$log"
+read -ra nvcc <<<"${NVCC:-nvcc}" # a command with arguments too, as make runs $(NVCC)
+"${nvcc[@]}" -Xptxas -v "$@" 2>"$log"
 rc=$?
 grep -vE '^ptxas info    : |^    [0-9]+ bytes stack frame' "$log" >&2
 [ $rc -eq 0 ] || exit $rc
