@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # scripts/nvcc_checked.sh, the Makefile's nvcc: against a stand-in nvcc that prints a given ptxas
-# report (a clean one, a serialised wgmma, spills, a failed compile), and, where nvcc is installed,
+# report (a clean one, a serialised wgmma, spills with and without --warn, a failed compile), and,
+# where nvcc is installed,
 # on a kernel that spills for real. Prints one line per test and ends with "N passed, N failed".
 set -u
 cd "$(dirname "$0")/../.."
@@ -49,6 +50,11 @@ run --no-spills
 if [ $rc -ne 0 ] && [ $kept = no ] && grep -q "spills (.*24 bytes spill stores.*) in _Z6kernelPf" <<<"$err"; then
     ok "spills with --no-spills: fails, kernel named"
 else bad "spills with --no-spills" "rc $rc, object kept: $kept, stderr: $err"; fi
+run --warn --no-spills
+if [ $rc -eq 0 ] && [ $kept = yes ] && grep -q "warning: in .*x.o, ptxas reports" <<<"$err" &&
+    grep -q "spills (.*) in _Z6kernelPf" <<<"$err"; then
+    ok "spills with --warn: built, kernel named in a warning"
+else bad "spills with --warn" "rc $rc, object kept: $kept, stderr: $err"; fi
 run
 if [ $rc -eq 0 ] && [ $kept = yes ]; then ok "spills without --no-spills: built"
 else bad "spills without --no-spills" "rc $rc, object kept: $kept, stderr: $err"; fi
