@@ -89,8 +89,9 @@ def innermost_mma_loops(body):
     loops = []
     for i, (addr, op, _, operands) in enumerate(body):
         t = re.match(r"(0x[0-9a-f]+)", operands.strip())
-        if op == "BRA" and t and int(t.group(1), 16) <= addr and int(t.group(1), 16) in at:
-            first = at[int(t.group(1), 16)]
+        target = int(t.group(1), 16) if op == "BRA" and t else None
+        if target is not None and target <= addr and target in at:
+            first = at[target]
             if any(is_mma(x) for x in body[first:i + 1]):
                 loops.append((first, i))
     # innermost: no other such loop's branch inside (an outer loop may start after an inner one)

@@ -54,18 +54,21 @@ static void report(const Bench *b, const char *name, const char *shape, double m
            100 * rate / ceiling, aim_s);
 }
 
-// The line of a product sustained for a second (BENCH_SUSTAINED_MS): its rate and the clocks and
-// power it ran at.
-static void report_sustained(const char *name, const char *shape, double ms, double flops, const ClockSummary *c) {
+// The line of the `kind` ("grouped", "fp8") forward of product `what` sustained for a second
+// (BENCH_SUSTAINED_MS): its rate and the clocks and power it ran at.
+static void report_sustained(const char *kind, const char *what, const char *shape, double ms, double flops,
+                             const ClockSummary *c) {
+    char name[64];
+    snprintf(name, sizeof name, "%s %s forward sustained", kind, what);
     printf("  %-30s %-26s %9.3f ms %8.1f TFLOP/s at SM clock median %.0f MHz (lowest %.0f), %.0f W of %.0f\n",
            name, shape, ms, flops / (ms * 1e-3) / 1e12, c->sm_mhz_median, c->sm_mhz_min, c->power_w_mean,
            c->power_limit_w);
 }
-#define REPORT_SUSTAINED(b, name, shape, est_ms, flops, call)                                    \
+#define REPORT_SUSTAINED(b, kind, what, shape, est_ms, flops, call)                              \
     do {                                                                                         \
         ClockSummary held_;                                                                      \
         double t_ = BENCH_SUSTAINED_MS(b, est_ms, &held_, call);                                 \
-        report_sustained(name, shape, t_, flops, &held_);                                        \
+        report_sustained(kind, what, shape, t_, flops, &held_);                                  \
     } while (0)
 
 // Causal attention of shape d, forward and backward; aimed (issue targets for hd 128) when aims.
@@ -221,9 +224,8 @@ static void bench_grouped_fp8(Bench *b, const char *what, const char *shape, con
     fp8_ms[2] = BENCH_TIME_MS(b, 10, o->fp8_grouped_matmul_wgrad(dw, q.dyt, q.dyts, q.xt, q.xts, FP8_COLS_128X128, doff,
                                                                 E, N, Kd, R, false));
     report(b, name, shape, fp8_ms[2], flops, 0, 1.6 * flops / (bf16_ms[2] * 1e-3) / 1e12);
-    snprintf(name, sizeof name, "fp8 %s forward sustained", what);
     if (sustain) // after the bursts above, which a sustained run would slow
-        REPORT_SUSTAINED(b, name, shape, fp8_ms[0], flops,
+        REPORT_SUSTAINED(b, "fp8", what, shape, fp8_ms[0], flops,
                          o->fp8_grouped_matmul(y, q.xq, q.xs, q.wq, q.ws, doff, E, N, Kd, R));
     bench_fp8_free(b, &q);
     BENCH_FREE_ALL(b, y, dx, dw, n, amax);
@@ -263,9 +265,9 @@ static void bench_grouped_case(Bench *b, const Config *cfg, const char *kind, co
     double fp8_ms[3] = {0};
     if (b->aims && b->o->fp8_grouped_matmul)
         bench_grouped_fp8(b, what, shape, doff, (size_t)off[E], E, N, Kd, R, x, w, dy, ms, sustain, fp8_ms);
-    snprintf(name, sizeof name, "grouped %s forward sustained", what);
     if (sustain)
-        REPORT_SUSTAINED(b, name, shape, ms[0], flops, b->o->grouped_matmul_forward(y, x, w, doff, E, N, Kd, R));
+        REPORT_SUSTAINED(b, "grouped", what, shape, ms[0], flops,
+                         b->o->grouped_matmul_forward(y, x, w, doff, E, N, Kd, R));
     for (int i = 0; i < 3; i++) ms_sum[0] += ms[i], ms_sum[1] += fp8_ms[i];
     BENCH_FREE_ALL(b, doff, x, w, dy, y, dx, dw);
     free(off);
