@@ -5,6 +5,7 @@
 // FP8 recipe's products follow their bf16 lines, aimed at 1.6x (experts) and 1.5x (dense) of the
 // bf16 rates just measured, with the quantisation kernels they read. Last, the device's clock and
 // power while they ran: one kernel alone seldom meets the power limit that a whole step does.
+// `--only` times some of the families (attention, grouped, dense, memory) and skips the rest.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -322,6 +323,15 @@ static void bench_dense_case(Bench *b, const char *name, size_t M, size_t N, siz
 // The rows of one chunk of the LM head's logits the benchmarks time, of a step's T tokens.
 static size_t head_chunk_rows(size_t T) { return T < 8192 ? T : 8192; }
 
+// The dense layers' products: QKV and output projections (with FP8's) and one chunk of the LM head.
+static void bench_dense(Bench *b, const Config *cfg) {
+    const ModelConfig *c = &cfg->model;
+    size_t T = (size_t)cfg->train.micro_batch * cfg->train.seq_len, D = (size_t)c->d_model;
+    bench_dense_case(b, "dense QKV projection", T, model_qkv_width(c), D, true);
+    bench_dense_case(b, "dense output projection", T, D, (size_t)c->n_heads * c->head_dim, true);
+    bench_dense_case(b, "dense LM head (one chunk)", head_chunk_rows(T), (size_t)c->vocab_size, D, false);
+}
+
 // The loss with its gradient written over one chunk of the LM head's logits (head_chunk_rows): the
 // logits read, the gradient written.
 static void bench_cross_entropy(Bench *b, const Config *cfg) {
@@ -467,12 +477,34 @@ void bench_idle(const Bench *b, double seconds) {
 
 void bench_close(Bench *b) { b->o->event_free(b->e0), b->o->event_free(b->e1); }
 
-void bench_kernels(const Config *cfg) {
+// The kernel families, in the order they are timed, and what times each.
+static const struct {
+    const char *name;
+    void (*bench)(Bench *, const Config *);
+} FAMILIES[] = {
+    {"attention", bench_attention}, {"grouped", bench_grouped}, {"dense", bench_dense}, {"memory", bench_memory_bound}};
+enum { N_FAMILIES = sizeof FAMILIES / sizeof FAMILIES[0] };
+
+unsigned bench_kernel_families(const char *list) {
+    if (!list) return (1u << N_FAMILIES) - 1;
+    unsigned mask = 0;
+    for (const char *p = list;; p++) {
+        size_t n = strcspn(p, ",");
+        int f = 0;
+        while (f < N_FAMILIES && !(strlen(FAMILIES[f].name) == n && !strncmp(p, FAMILIES[f].name, n))) f++;
+        if (f == N_FAMILIES)
+            moe_fatal("moe bench --only: '%.*s' is not a kernel family (a comma list of attention, grouped, dense, "
+                      "memory)", (int)n, p);
+        mask |= 1u << f;
+        p += n;
+        if (!*p) return mask;
+    }
+}
+
+void bench_kernels(const Config *cfg, unsigned families) {
     setvbuf(stdout, NULL, _IOLBF, 0); // each line out as soon as it is measured
     Bench b;
     bench_open(&b, cfg);
-    const ModelConfig *c = &cfg->model;
-    size_t T = (size_t)cfg->train.micro_batch * cfg->train.seq_len, D = (size_t)c->d_model;
     printf("ceilings     matrix product %.1f TFLOP/s (large square product, random values), copy %.0f GB/s (read + write)\n",
            b.matmul, b.copy);
     ClockSummary held;
@@ -482,12 +514,8 @@ void bench_kernels(const Config *cfg) {
     }
     printf("  %-30s %-26s %12s %16s %6s  %s\n", "kernel", "shape", "time", "rate", "of ceil", "aim");
     DeviceMonitor *clocks = device_monitor_start(b.o, 10);
-    bench_attention(&b, cfg);
-    bench_grouped(&b, cfg);
-    bench_dense_case(&b, "dense QKV projection", T, model_qkv_width(c), D, true);
-    bench_dense_case(&b, "dense output projection", T, D, (size_t)c->n_heads * c->head_dim, true);
-    bench_dense_case(&b, "dense LM head (one chunk)", head_chunk_rows(T), (size_t)c->vocab_size, D, false);
-    bench_memory_bound(&b, cfg);
+    for (int f = 0; f < N_FAMILIES; f++)
+        if (families >> f & 1) FAMILIES[f].bench(&b, cfg);
     ClockSummary summary;
     device_monitor_stop(clocks, &summary);
     clock_summary_print("while these were timed (a training step runs at its own: moe bench prints it)", &summary);

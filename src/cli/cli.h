@@ -54,8 +54,12 @@ int cmd_plot(int argc, char **argv, Comm *world);
 int cmd_export(int argc, char **argv, Comm *world);
 int cmd_import(int argc, char **argv, Comm *world);
 int cmd_plan(int argc, char **argv, Comm *world);
-// `moe bench --kernels`: each component kernel timed alone on cfg's shapes (bench_kernels.c).
-void bench_kernels(const Config *cfg);
+// `moe bench --kernels [--only FAMILIES]`: each component kernel of the families in the mask
+// (bench_kernel_families) timed alone on cfg's shapes (bench_kernels.c).
+void bench_kernels(const Config *cfg, unsigned families);
+// The mask of a comma list of kernel families (attention, grouped, dense, memory); NULL: all of
+// them. Exits naming the one it does not know.
+unsigned bench_kernel_families(const char *list);
 // The config of a config file, a run directory (its config.json) or a checkpoint directory; exits
 // with the message when it cannot be read.
 void cli_load_config(const char *arg, Config *cfg);

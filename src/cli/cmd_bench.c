@@ -12,7 +12,7 @@
 
 static const CliSpec SPEC = {
     .command = "moe bench",
-    .usage = "CONFIG.json [key=value ...] [--warmup N] [--steps N] [--kernels] [--json OUT.json]\n"
+    .usage = "CONFIG.json [key=value ...] [--warmup N] [--steps N] [--kernels [--only FAMILIES]] [--json OUT.json]\n"
              "       moe bench --calibrate OUT.json [CONFIG.json] [key=value ...] [--gpu NAME]",
     .summary = "Trains the config's model on random token ids (like the PyTorch baseline) and\n"
                "reports tokens/s, model TFLOP/s (docs/MODEL.md accounting: causal attention at half,\n"
@@ -22,8 +22,8 @@ static const CliSpec SPEC = {
                "metrics, and each queued before them; train.launch_ahead picks the one reported as the\n"
                "step), and a per-phase breakdown of one more step with every kernel timed. With\n"
                "--kernels, times each component kernel alone on the config's shapes instead (attention,\n"
-               "grouped GEMMs with balanced, Zipf and sparse expert loads, dense GEMMs, memory-bound kernels)\n"
-               "against ceilings measured in the same run. MOE_KERNELS=builtin (or attention=builtin,\n"
+               "grouped GEMMs with balanced, Zipf and sparse expert loads, dense GEMMs, memory-bound kernels;\n"
+               "--only names some of them) against ceilings measured in the same run. MOE_KERNELS=builtin (or attention=builtin,\n"
                "grouped=builtin) selects the built-in CUDA kernels instead of cuDNN's and CUTLASS's.\n"
                "With --calibrate, measures the rate of every kernel family at three sizes of the config's\n"
                "shapes (default: the bundled model on the CPU) and, on several ranks (mpirun), the\n"
@@ -33,6 +33,8 @@ static const CliSpec SPEC = {
         {"--warmup", "N", "untimed steps first (default 3; the first runs eagerly, the second records the graph)"},
         {"--steps", "N", "timed steps (default 10)"},
         {"--kernels", NULL, "time each component kernel alone instead of training steps"},
+        {"--only", "FAMILIES", "with --kernels: time these families only, a comma list of attention, grouped, "
+                               "dense, memory (default all)"},
         {"--json", "OUT.json", "also write the report's numbers (throughput, memory by purpose, startup) as JSON"},
         {"--calibrate", "OUT.json", "write a calibration file for moe plan instead"},
         {"--gpu", "NAME", "with --calibrate: the device it describes (moe plan's table; default h200 for "
@@ -183,7 +185,7 @@ static void print_report(const Config *cfg, const BenchReport *r, json_t *record
                "%.2f%% of slots dropped\n", r->load_imbalance, 100 * r->drop_rate);
 }
 
-enum { OPT_WARMUP, OPT_STEPS, OPT_KERNELS, OPT_JSON, OPT_CALIBRATE, OPT_GPU, N_OPTS };
+enum { OPT_WARMUP, OPT_STEPS, OPT_KERNELS, OPT_ONLY, OPT_JSON, OPT_CALIBRATE, OPT_GPU, N_OPTS };
 
 // `moe bench --calibrate OUT.json [CONFIG.json] [key=value ...]`.
 static int calibrate(const char *out, const char *gpu, char **pos, int n_pos, Comm *world) {
@@ -212,9 +214,12 @@ int cmd_bench(int argc, char **argv, Comm *world) {
     config_defaults(&cfg);
     if (config_load_file(&cfg, pos[0], err)) moe_fatal("%s", err);
     cli_override_and_validate(&cfg, n_pos - 1, pos + 1);
+    if (values[OPT_ONLY] && !values[OPT_KERNELS])
+        moe_fatal("moe bench: --only picks the kernel families that --kernels times; add --kernels");
     if (values[OPT_KERNELS]) {
+        unsigned families = bench_kernel_families(values[OPT_ONLY]);
         cli_single_rank("moe bench --kernels", world);
-        bench_kernels(&cfg);
+        bench_kernels(&cfg, families);
         free(pos);
         return 0;
     }

@@ -205,6 +205,15 @@ for k in "qk-norm . rope forward" "qk-norm . rope backward" "attention forward" 
 done
 if [ -z "$missing" ]; then ok "moe bench --kernels: each kernel with its time and rate"
 else bad "moe bench --kernels: no line for$missing" "$out"; fi
+# --only: the families named, no other; a family it does not know named in the error.
+out=$(./moe bench --kernels --only grouped,memory configs/bench/scale-E8.json $bench_cpu 2>&1)
+if grep -qE "^ +grouped down weight grad .* ms" <<<"$out" && grep -qE "^ +rmsnorm forward .* ms" <<<"$out" &&
+   ! grep -qE "^ +(attention|qk-norm|dense) " <<<"$out"; then ok "moe bench --kernels --only grouped,memory: those two families"
+else bad "moe bench --kernels --only grouped,memory: grouped and memory-bound lines only" "$out"; fi
+out=$(./moe bench --kernels --only grouped,atention configs/bench/scale-E8.json $bench_cpu 2>&1)
+if [ $? -ne 0 ] && grep -q "'atention' is not a kernel family" <<<"$out" && ! grep -q "grouped" <<<"${out%%error*}"; then
+    ok "moe bench --only with a misspelt family: named, before any kernel runs"
+else bad "moe bench --only atention: an error naming it" "$out"; fi
 
 run train.steps=20 train.ckpt_every=10 train.out="$tmp/straight" &&
 run train.steps=20 train.ckpt_every=10 train.out="$tmp/resumed" --stop-at 10 &&
