@@ -24,8 +24,10 @@ static Fp8Tile cuda_fp8_tile(const char *k, const char *key) {
 }
 
 // MOE_KERNELS=builtin (every choice), or a comma list of attention=builtin|cudnn,
-// grouped=builtin|cutlass, fp8_dense=cublas|cutlass, fp8_rows=128|192|192n|256|256n and
-// fp8_wgrad=128|192|256 (Fp8Tile): lets one build compare kernel variants. The CUTLASS grouped GEMM
+// grouped=builtin|cutlass, fp8_dense=cublas|cutlass, fp8_rows=128|192|192n|256|256n,
+// fp8_wgrad=128|192|256 (Fp8Tile) and wgrad_epilogue=store|tma (the experts' weight gradients, bf16
+// and FP8 on 128 x 128 tiles, written from the registers or through CUTLASS's TMA epilogue): lets one
+// build compare kernel variants. The CUTLASS grouped GEMM
 // needs a Hopper GPU (compute capability 9.0); elsewhere the built-in kernel runs. The dense FP8
 // products run on cuBLASLt where it takes the shape, else on CUTLASS's kernel.
 static void cuda_choose_kernels(int major) {
@@ -35,6 +37,7 @@ static void cuda_choose_kernels(int major) {
     cuda_ctx.builtin_grouped = all || (k && strstr(k, "grouped=builtin")) || major != 9;
     cuda_ctx.fp8 = major == 9;
     cuda_ctx.cutlass_fp8_dense = k && strstr(k, "fp8_dense=cutlass");
+    cuda_ctx.wgrad_tma_epilogue = k && strstr(k, "wgrad_epilogue=tma");
     cuda_ctx.fp8_rows = cuda_fp8_tile(k, "fp8_rows=");
     cuda_ctx.fp8_wgrad = cuda_fp8_tile(k, "fp8_wgrad=");
     if (cuda_ctx.fp8_wgrad == FP8_TILE_192N || cuda_ctx.fp8_wgrad == FP8_TILE_256N) {

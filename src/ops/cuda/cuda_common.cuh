@@ -39,6 +39,7 @@ typedef struct {
     bool fp8; // the FP8 recipe's products (CUTLASS sm90 kernels) run here: a Hopper GPU
     bool cutlass_fp8_dense; // the dense FP8 products on CUTLASS's grouped kernel, not cuBLASLt's
     Fp8Tile fp8_rows, fp8_wgrad; // the experts' FP8 products: forward and input gradient, weight gradient
+    bool wgrad_tma_epilogue;     // the experts' weight gradients through CUTLASS's TMA epilogue
     // train.deterministic: kernels with a faster order-dependent variant take the fixed-order one
     // (cuDNN's attention backward; every other kernel sums in a fixed order always).
     bool deterministic;

@@ -15,7 +15,7 @@ using namespace cute;
 // index fastest), as fp8_quantize_rows, _cols and _weights write them. Tiles of TileShape on two
 // consumer warpgroups, clusters of ClusterShape sharing a tile of a (clusters along N) or of b
 // (along M) through TMA multicast; the output written by Epilogue (the rows products' bf16 by
-// GroupedSm90RowsEpilogue, the weight gradients' fp32 by CUTLASS's TMA epilogue). With b's scales in
+// GroupedSm90RowsEpilogue, the weight gradients' fp32 by GroupedSm90StoreEpilogue). With b's scales in
 // column blocks (the forward, the input gradient, and the weight gradient whose x is in 128x128
 // blocks, FP8_COLS_128X128, the experts' by default) the consumers run the loop of
 // cuda_fp8_mainloop.cuh that promotes each batch beside the next one (the same bits, 2-4% faster
@@ -87,14 +87,15 @@ template <Fp8Tile T> using Fp8Rows = typename Fp8Tiled<T, GroupedSm90RowsEpilogu
 // dw[e] (N, K) f32 (+)= dout_t (N, its columns) . x_t (K, its columns)^T (fp8_grouped_matmul_wgrad),
 // x_t's scales per column (X_GRANULARITY 1: FP8_COLS_1X128, on 128 x 128 tiles) or per 128 columns
 // and 128 tokens (FP8_COLS_128X128, on the tiles of T).
-template <Fp8Tile T, bool ACCUMULATE> struct Fp8WgradOf {
-    using Tiled = Fp8Tiled<T, GroupedSm90RowsEpilogue>;
-    using Product = typename Fp8Tiled<
-        T, GroupedSm90Epilogue<typename Tiled::Shape, typename Tiled::Cluster, float, ACCUMULATE>>::Product;
-};
-template <Fp8Tile T, bool ACCUMULATE> using Fp8WgradBlocks = typename Fp8WgradOf<T, ACCUMULATE>::Product;
+// Written from the registers, or through CUTLASS's TMA epilogue (TMA: MOE_KERNELS
+// wgrad_epilogue=tma, on 128 x 128 tiles).
+template <Fp8Tile T, bool ACCUMULATE, bool TMA = false>
+using Fp8WgradBlocks = typename Fp8Tiled<
+    T, cute::conditional_t<TMA, GroupedSm90Epilogue<typename Fp8Tiled<T, GroupedSm90RowsEpilogue>::Shape,
+                                                    typename Fp8Tiled<T, GroupedSm90RowsEpilogue>::Cluster, float, ACCUMULATE>,
+                           GroupedSm90StoreEpilogue<float, ACCUMULATE>>>::Product;
 template <bool ACCUMULATE>
-using Fp8WgradCols = GroupedSm90Fp8<1, GroupedSm90Epilogue<Shape<_128, _128, _128>, Fp8ClusterAlongN, float, ACCUMULATE>>;
+using Fp8WgradCols = GroupedSm90Fp8<1, GroupedSm90StoreEpilogue<float, ACCUMULATE>>;
 
 // Scales (rows, Nb) in blocks 128 wide along N (Nb = fp8_blocks(N)) into wide (rows, Nw) in blocks
 // 64 wide, Nw = fp8_wide_blocks(N), each scale written twice (a 192-wide tile straddles 128-wide
@@ -212,12 +213,16 @@ extern "C" void cuda_fp8_grouped_matmul_wgrad(void *dw, const void *dout_t, cons
             return;
         offsets = cuda_fp8_one_group(R);
     }
-    static decltype(&fp8_wgrad_run<Fp8WgradCols<true>>) const blocks[][2] = {
+    using Run = decltype(&fp8_wgrad_run<Fp8WgradCols<true>>);
+    static Run const blocks[][2] = {
         {fp8_wgrad_run<Fp8WgradBlocks<FP8_TILE_128, false>>, fp8_wgrad_run<Fp8WgradBlocks<FP8_TILE_128, true>>},
         {fp8_wgrad_run<Fp8WgradBlocks<FP8_TILE_192, false>>, fp8_wgrad_run<Fp8WgradBlocks<FP8_TILE_192, true>>},
         {NULL, NULL},
         {fp8_wgrad_run<Fp8WgradBlocks<FP8_TILE_256, false>>, fp8_wgrad_run<Fp8WgradBlocks<FP8_TILE_256, true>>}};
-    auto run = x_blocks == FP8_COLS_128X128 ? blocks[cuda_ctx.fp8_wgrad][accumulate]
+    static Run const tma[2] = {fp8_wgrad_run<Fp8WgradBlocks<FP8_TILE_128, false, true>>,
+                               fp8_wgrad_run<Fp8WgradBlocks<FP8_TILE_128, true, true>>};
+    bool on_tma = cuda_ctx.wgrad_tma_epilogue && cuda_ctx.fp8_wgrad == FP8_TILE_128;
+    auto run = x_blocks == FP8_COLS_128X128 ? (on_tma ? tma : blocks[cuda_ctx.fp8_wgrad])[accumulate]
                : accumulate                 ? fp8_wgrad_run<Fp8WgradCols<true>>
                                             : fp8_wgrad_run<Fp8WgradCols<false>>;
     run(dw, dout_t, dout_scales, x_t, x_scales, offsets, E, N, K, R);
