@@ -492,9 +492,12 @@ unsigned bench_kernel_families(const char *list) {
         size_t n = strcspn(p, ",");
         int f = 0;
         while (f < N_FAMILIES && !(strlen(FAMILIES[f].name) == n && !strncmp(p, FAMILIES[f].name, n))) f++;
-        if (f == N_FAMILIES)
-            moe_fatal("moe bench --only: '%.*s' is not a kernel family (a comma list of attention, grouped, dense, "
-                      "memory)", (int)n, p);
+        if (f == N_FAMILIES) {
+            char names[64] = ""; // the families' names, from the table
+            for (int g = 0; g < N_FAMILIES; g++)
+                snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", g ? ", " : "", FAMILIES[g].name);
+            moe_fatal("moe bench --only: '%.*s' is not a kernel family (a comma list of %s)", (int)n, p, names);
+        }
         mask |= 1u << f;
         p += n;
         if (!*p) return mask;
