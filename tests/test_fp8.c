@@ -471,6 +471,37 @@ static void test_fp8_grouped_products(void) {
     free(y), free(dx), free(yd);
 }
 
+// The products' arithmetic, bit for bit: each output's fp32 partial sums of a block in K order from
+// zero, promoted with one fma of the two scales' product, as one scalar loop computes them (the
+// emulation sums in vector lanes along the output columns, in tiles with short edges here: M, N and
+// K are not multiples of the tile or of 128), and NaN codes giving NaN.
+static void test_fp8_products_order(void) {
+    size_t M = 37, N = 70, K = 300, Kb = fp8_blocks(K), Nb = fp8_blocks(N);
+    real *x = rnd_outliers(M * K, 8), *w = rnd_outliers(N * K, 9), *y = malloc(M * N * sizeof(real));
+    uint8_t *xq = malloc(M * K), *wq = malloc(N * K);
+    real *xs = malloc(Kb * M * sizeof(real)), *ws = malloc(Kb * Nb * sizeof(real));
+    real *wst = malloc(Kb * Nb * sizeof(real));
+    ops->fp8_quantize_rows(xq, xs, x, NULL, 0, M, K, FP8_SCALE_AMAX, NULL);
+    ops->fp8_quantize_weights(wq, ws, wst, w, 1, N, K, FP8_SCALE_AMAX, NULL);
+    xq[5 * K + 200] = FP8_E4M3_NAN; // row 5's outputs NaN
+    ops->fp8_matmul(y, xq, xs, wq, ws, M, N, K);
+    size_t wrong = 0;
+    for (size_t i = 0; i < M; i++)
+        for (size_t j = 0; j < N; j++) {
+            float acc = 0;
+            for (size_t kb = 0; kb < Kb; kb++) {
+                float part = 0;
+                for (size_t k = kb * FP8_BLOCK; k < K && k < (kb + 1) * FP8_BLOCK; k++)
+                    part += (float)(e4m3_value(xq[i * K + k]) * e4m3_value(wq[j * K + k])); // exact
+                acc = fmaf(part, (float)xs[kb * M + i] * (float)ws[kb * Nb + j / FP8_BLOCK], acc);
+            }
+            bool same = i == 5 ? isnan(y[i * N + j]) : y[i * N + j] == (real)acc;
+            if (!same && wrong++ == 0) TEST_FAIL("[%zu, %zu]: %.9g, expected %.9g", i, j, (double)y[i * N + j], acc);
+        }
+    CHECK_MSG(wrong == 0, "%zu of %zu outputs differ", wrong, M * N);
+    free(x), free(w), free(y), free(xq), free(wq), free(xs), free(ws), free(wst);
+}
+
 // ---------------------------------------------------------------- overflow and underflow counters
 
 static void expect_counts(const char *what, const uint64_t n[FP8_COUNTS], uint64_t values, uint64_t flushed,
@@ -585,6 +616,7 @@ const TestCase fp8_tests[] = {
     {"fp8_gather_rows", test_fp8_gather_rows},
     {"fp8_exchange_ops", test_fp8_exchange_ops},
     {"fp8_grouped_products", test_fp8_grouped_products},
+    {"fp8_products_order", test_fp8_products_order},
     {"fp8_counts_rows", test_fp8_counts_rows},
     {"fp8_counts_cols", test_fp8_counts_cols},
     {"fp8_counts_weights", test_fp8_counts_weights},

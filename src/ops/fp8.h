@@ -38,18 +38,16 @@ FP8_FN uint32_t fp8_float_bits(float x) {
 
 // E4M3 (the "fn" variant: no infinities, one NaN per sign) nearest to x, ties to the even code;
 // magnitudes past 448 (infinities too) saturate to +-448, NaN gives FP8_E4M3_NAN. In integer
-// operations (the CPU's conversion, and the oracle of the GPU's).
+// operations (the CPU's conversion, and the oracle of the GPU's), without branches, so that a loop
+// of them vectorises: both the subnormal code and the normal one are computed and one is chosen.
 FP8_FN uint8_t fp8_e4m3_encode_exact(float x) {
-    uint32_t u = fp8_float_bits(x);
-    uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
+    uint32_t u = fp8_float_bits(x), b = u & 0x7fffffffu; // b: |x|'s bits
     float a = fabsf(x);
-    if (a != a) return FP8_E4M3_NAN;
-    if (a >= FP8_E4M3_MAX) return sign | 0x7e;
-    if (a < 0x1p-6f) return sign | (uint8_t)rintf(a * 0x1p9f); // subnormals: multiples of 2^-9 (8: 2^-6)
-    uint32_t b = fp8_float_bits(a);
-    b += 0x7ffffu + ((b >> 20) & 1u); // round the 23-bit mantissa to 3 bits, ties to even
-    uint32_t code = (((b >> 23) - 127 + 7) << 3) | ((b >> 20) & 7u);
-    return sign | (uint8_t)(code > 0x7e ? 0x7e : code);
+    uint32_t sub = (uint32_t)rintf(a * 0x1p9f); // below 2^-6: multiples of 2^-9 (8: 2^-6)
+    uint32_t r = b + 0x7ffffu + ((b >> 20) & 1u); // the 23-bit mantissa rounded to 3 bits, ties to even
+    uint32_t normal = ((r >> 23) - 120u) << 3 | ((r >> 20) & 7u); // exponent rebiased from 127 to 7
+    uint32_t code = a < 0x1p-6f ? sub : (normal > 0x7eu) | (b >= 0x7f800000u) ? 0x7eu : normal;
+    return a != a ? (uint8_t)FP8_E4M3_NAN : (uint8_t)((u >> 24 & 0x80u) | code);
 }
 
 // fp8_e4m3_encode_exact's code of x; on sm_89 and later one cvt.rn.satfinite.e4m3x2.f32.
@@ -128,13 +126,13 @@ typedef enum { FP8_CLASS_WEIGHTS, FP8_CLASS_ACTIVATIONS, FP8_CLASS_GRADIENTS, FP
 
 // x, nonzero, got code c of +-0: flushed to zero. (No non-finite x gets code 0: NaN codes NaN, an
 // infinity +-448, or NaN under an infinite scale.)
-FP8_FN bool fp8_flushed(float x, uint8_t c) { return x != 0 && (c & 0x7f) == 0; }
+FP8_FN bool fp8_flushed(float x, uint8_t c) { return (x != 0) & ((c & 0x7f) == 0); }
 
 // x quantised under a scale of inverse inv (fp8_scale_inverse) saturates: an infinity, or a
 // magnitude past FP8_E4M3_SATURATE once scaled. Scales from the block's amax keep finite values at
 // 448 and below (up to the roundings of the inverse and the product), so in practice saturation
 // flags infinities.
-FP8_FN bool fp8_saturated(float x, float inv) { return fabsf(x) == INFINITY || fabsf(x * inv) > FP8_E4M3_SATURATE; }
+FP8_FN bool fp8_saturated(float x, float inv) { return (fabsf(x) == INFINITY) | (fabsf(x * inv) > FP8_E4M3_SATURATE); }
 
 // Whether a block of largest finite magnitude amax (an infinity: INFINITY) can hold saturated values
 // under a scale of inverse inv: the product rounds monotonically, so none can when amax cannot.
