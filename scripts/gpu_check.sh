@@ -6,8 +6,7 @@
 # back). Stages: all (default) or a list, e.g. "build test kernels"; "fp8" (not in the default list)
 # checks and measures the FP8 recipe (scale-E8 in bf16, in fp8, and in fp8 with the dense layers in
 # bf16, with the experts' rows gathered, with the dense products on CUTLASS; olmoe-L8 and scale-E64
-# in both precisions, with their ratio), "fp8tiles" (neither: the FP8 products' tiles
-# compared), "fp8loss" (neither)
+# in both precisions, with their ratio), "fp8loss" (neither)
 # trains 2,000 steps in bf16 and in fp8 from three seeds (and bf16 again with other roundings;
 # FP8LOSS_SEEDS and FP8LOSS_VARIANTS pick others, e.g. "4 5 6" and "bf16 fp8"), "repeat" (run by
 # "fp8" too) trains copies of the same run
@@ -262,40 +261,6 @@ if has repeat || has fp8; then
                              END { if (!found) print "copy " c ": the same " NR " losses" }'
         done | paste -sd ';' -)
         say "repeat $v: $verdict"
-    done
-fi
-
-if has fp8tiles; then
-    # The FP8 products' tiles compared (docs/FP8.md): for each MOE_KERNELS value of FP8TILES_VARIANTS
-    # (default: 128 x 128 tiles, the reference; the weight gradients through CUTLASS's TMA epilogue,
-    # bf16's and FP8's; the rows products on 128 x 192 tiles in two 96-column slices, clusters along M
-    # or N; on 128 x 256 in four 64-column slices, along M or N; the weight gradients on 128 x 192 and
-    # on 128 x 256), the CUDA ops against the CPU (FP8's emulation; bf16's grouped products too where
-    # the variant changes them), a short fp8 run of the repeat stage's shape (FP8TILES_STEPS, default
-    # 40) against the first variant's (the same bits: each accumulator gets the same products in the
-    # same order), and the experts' six products alone at the shapes of FP8TILES_CONFIGS (default
-    # scale-E8), with bf16's weight gradients.
-    run="configs/bench/scale-E8.json model.vocab_size=257 train.seq_len=1024 train.micro_batch=1 train.eval_every=0
-        train.ckpt_every=0 train.deterministic=true train.seed=1 train.precision=fp8 train.steps=${FP8TILES_STEPS:-40}"
-    first=""
-    for v in ${FP8TILES_VARIANTS:-fp8_rows=128 wgrad_epilogue=tma fp8_rows=192 fp8_rows=192n fp8_rows=256 fp8_rows=256n fp8_wgrad=192 fp8_wgrad=256}; do
-        name=$(tr ',=' '+-' <<<"$v")
-        MOE_KERNELS=$v timeout 200 build/test_cuda $([[ $v == *wgrad_epilogue* ]] || echo FP8) > runs/fp8tiles_test_$name.log 2>&1
-        cat runs/fp8tiles_test_$name.log >> "$OUT/test_cuda_fp8tiles.log"
-        rm -rf runs/fp8tiles-$name
-        MOE_KERNELS=$v timeout 200 ./moe train $run train.out=runs/fp8tiles-$name > runs/fp8tiles_$name.log 2>&1
-        first=${first:-$name}
-        same=$(paste <(losses runs/fp8tiles-$first) <(losses runs/fp8tiles-$name) |
-            awk 'NF < 2 || $1 != $2 { print "differs from step " NR; d = 1; exit } END { if (!d) print "the same " NR " losses" }')
-        say "$v: FP8 ops $(tail -1 runs/fp8tiles_test_$name.log); fp8 steps against $first: $same;" \
-            "last loss $(losses runs/fp8tiles-$name | tail -1)"
-        for c in ${FP8TILES_CONFIGS:-scale-E8}; do
-            MOE_KERNELS=$v timeout 200 ./moe bench --kernels --only grouped configs/bench/$c.json \
-                > runs/fp8tiles_kernels_${c}_$name.txt 2>&1
-            { echo "== kernels $c ($v)"; cat runs/fp8tiles_kernels_${c}_$name.txt; } >> "$OUT/kernels.txt"
-            say "$v $c:" $(grep -E "fp8 (up\+gate|down) (forward|input grad|weight grad) |grouped .* weight grad|six products" \
-                runs/fp8tiles_kernels_${c}_$name.txt | tr -s ' ' | cut -c1-100)
-        done
     done
 fi
 

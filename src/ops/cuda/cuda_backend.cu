@@ -9,27 +9,10 @@
 
 CudaContext cuda_ctx;
 
-// The FP8 tiles MOE_KERNELS names after `key` (e.g. "fp8_rows="): 128 (also where it names none),
-// 192, 192n, 256 or 256n (Fp8Tile); another value stops the process.
-static Fp8Tile cuda_fp8_tile(const char *k, const char *key) {
-    const char *v = k ? strstr(k, key) : NULL;
-    if (!v) return FP8_TILE_128;
-    v += strlen(key);
-    static const char *names[] = {"128", "192", "192n", "256", "256n"};
-    for (int t = FP8_TILE_128; t <= FP8_TILE_256N; t++)
-        if (!strncmp(v, names[t], strlen(names[t])) && (v[strlen(names[t])] == ',' || !v[strlen(names[t])]))
-            return (Fp8Tile)t;
-    fprintf(stderr, "MOE_KERNELS: %s takes 128, 192, 192n, 256 or 256n, not \"%s\"\n", key, v);
-    exit(1);
-}
-
 // MOE_KERNELS=builtin (every choice), or a comma list of attention=builtin|cudnn,
-// grouped=builtin|cutlass, fp8_dense=cublas|cutlass, fp8_rows=128|192|192n|256|256n,
-// fp8_wgrad=128|192|256 (Fp8Tile) and wgrad_epilogue=store|tma (the experts' weight gradients, bf16
-// and FP8 on 128 x 128 tiles, written from the registers or through CUTLASS's TMA epilogue): lets one
-// build compare kernel variants. The CUTLASS grouped GEMM
-// needs a Hopper GPU (compute capability 9.0); elsewhere the built-in kernel runs. The dense FP8
-// products run on cuBLASLt where it takes the shape, else on CUTLASS's kernel.
+// grouped=builtin|cutlass and fp8_dense=cublas|cutlass: lets one build compare kernel variants. The
+// CUTLASS grouped GEMM needs a Hopper GPU (compute capability 9.0); elsewhere the built-in kernel
+// runs. The dense FP8 products run on cuBLASLt where it takes the shape, else on CUTLASS's kernel.
 static void cuda_choose_kernels(int major) {
     const char *k = getenv("MOE_KERNELS");
     bool all = k && !strcmp(k, "builtin");
@@ -37,13 +20,6 @@ static void cuda_choose_kernels(int major) {
     cuda_ctx.builtin_grouped = all || (k && strstr(k, "grouped=builtin")) || major != 9;
     cuda_ctx.fp8 = major == 9;
     cuda_ctx.cutlass_fp8_dense = k && strstr(k, "fp8_dense=cutlass");
-    cuda_ctx.wgrad_tma_epilogue = k && strstr(k, "wgrad_epilogue=tma");
-    cuda_ctx.fp8_rows = cuda_fp8_tile(k, "fp8_rows=");
-    cuda_ctx.fp8_wgrad = cuda_fp8_tile(k, "fp8_wgrad=");
-    if (cuda_ctx.fp8_wgrad == FP8_TILE_192N || cuda_ctx.fp8_wgrad == FP8_TILE_256N) {
-        fprintf(stderr, "MOE_KERNELS: fp8_wgrad takes 128, 192 or 256 (clusters along M)\n");
-        exit(1);
-    }
 }
 
 // Device memory in use (every allocation of the process, libraries' and the context's included),

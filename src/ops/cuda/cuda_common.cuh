@@ -17,11 +17,6 @@ typedef __nv_bfloat16 bf16;
 #define CUDA_MAX_EXPERTS 256
 #define CUDA_MAX_TOP_K 16
 
-// The tiles of the FP8 experts' products (MOE_KERNELS fp8_rows=..., fp8_wgrad=...;
-// cuda_grouped_sm90_fp8.cu): 128 x 128 in clusters of two along N (the default), 128 x 192 or 128
-// x 256 in clusters along M, or along N (the "n" choices).
-typedef enum { FP8_TILE_128, FP8_TILE_192, FP8_TILE_192N, FP8_TILE_256, FP8_TILE_256N } Fp8Tile;
-
 // The backend's stream (every kernel and copy runs on it, so a step can be captured as a graph):
 // `stream` is the current one, the main stream or, between side_begin and side_end, the side
 // stream that communication overlapping the main one runs on. cuBLASLt state. Made by cuda_init.
@@ -38,8 +33,6 @@ typedef struct {
     bool builtin_attention, builtin_grouped;
     bool fp8; // the FP8 recipe's products (CUTLASS sm90 kernels) run here: a Hopper GPU
     bool cutlass_fp8_dense; // the dense FP8 products on CUTLASS's grouped kernel, not cuBLASLt's
-    Fp8Tile fp8_rows, fp8_wgrad; // the experts' FP8 products: forward and input gradient, weight gradient
-    bool wgrad_tma_epilogue;     // the experts' weight gradients through CUTLASS's TMA epilogue
     // train.deterministic: kernels with a faster order-dependent variant take the fixed-order one
     // (cuDNN's attention backward; every other kernel sums in a fixed order always).
     bool deterministic;

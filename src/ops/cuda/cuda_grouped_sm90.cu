@@ -7,8 +7,7 @@ using namespace cute;
 
 // One grouped product type: bf16 operands with the given layouts (CUTLASS's convention: A is
 // (M, K), B is (K, N); RowMajor B means N contiguous), fp32 accumulation, the output written by
-// Epilogue (GroupedSm90RowsEpilogue: bf16 rows; GroupedSm90StoreEpilogue, or GroupedSm90Epilogue
-// with MOE_KERNELS wgrad_epilogue=tma: fp32 weight gradients). 128 x
+// Epilogue (GroupedSm90RowsEpilogue: bf16 rows; GroupedSm90Epilogue: fp32 weight gradients). 128 x
 // 256 x 64 tiles on two consumer warpgroups (cooperative), clusters of 2 along M sharing the B tile
 // through TMA multicast.
 using GroupedSm90Tile = Shape<_128, _256, _64>;
@@ -61,15 +60,8 @@ static void grouped_sm90_run(const void *a, const void *b, void *d, const int32_
 
 typedef cutlass::layout::RowMajor Row;
 typedef cutlass::layout::ColumnMajor Col;
-template <bool ACCUMULATE, bool TMA>
-using GroupedSm90Wgrad =
-    GroupedSm90<Col, Row, cute::conditional_t<TMA, GroupedSm90Epilogue<GroupedSm90Tile, GroupedSm90Cluster, float, ACCUMULATE>,
-                                              GroupedSm90StoreEpilogue<float, ACCUMULATE>>>;
-template <bool ACCUMULATE, GroupedOp OP>
-static void grouped_sm90_wgrad(const void *a, const void *b, void *d, const int32_t *offsets, int E, int N, int K) {
-    if (cuda_ctx.wgrad_tma_epilogue) grouped_sm90_run<GroupedSm90Wgrad<ACCUMULATE, true>, OP>(a, b, d, offsets, E, N, K);
-    else grouped_sm90_run<GroupedSm90Wgrad<ACCUMULATE, false>, OP>(a, b, d, offsets, E, N, K);
-}
+template <bool ACCUMULATE>
+using GroupedSm90Wgrad = GroupedSm90<Col, Row, GroupedSm90Epilogue<GroupedSm90Tile, GroupedSm90Cluster, float, ACCUMULATE>>;
 
 extern "C" void cuda_grouped_sm90(GroupedOp op, const void *a, const void *b, void *d, const int32_t *offsets,
                                   size_t E, size_t N, size_t K) {
@@ -78,7 +70,7 @@ extern "C" void cuda_grouped_sm90(GroupedOp op, const void *a, const void *b, vo
     else if (op == GROUPED_DGRAD)
         grouped_sm90_run<GroupedSm90<Row, Row, GroupedSm90RowsEpilogue>, GROUPED_DGRAD>(a, b, d, offsets, (int)E, (int)N, (int)K);
     else if (op == GROUPED_WGRAD)
-        grouped_sm90_wgrad<true, GROUPED_WGRAD>(a, b, d, offsets, (int)E, (int)N, (int)K);
+        grouped_sm90_run<GroupedSm90Wgrad<true>, GROUPED_WGRAD>(a, b, d, offsets, (int)E, (int)N, (int)K);
     else
-        grouped_sm90_wgrad<false, GROUPED_WGRAD_SET>(a, b, d, offsets, (int)E, (int)N, (int)K);
+        grouped_sm90_run<GroupedSm90Wgrad<false>, GROUPED_WGRAD_SET>(a, b, d, offsets, (int)E, (int)N, (int)K);
 }
