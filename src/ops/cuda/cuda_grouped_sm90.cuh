@@ -24,7 +24,7 @@ using GroupedSm90Problem = cutlass::gemm::GroupProblemShape<cute::Shape<int, int
 
 // fp32 accumulators to ElementD row-major, the output read back and added (beta = 1) when
 // ACCUMULATE, on the two consumer warpgroups of the cooperative kernels, through CUTLASS's TMA
-// epilogue (the weight gradients', in fp32).
+// epilogue: the bf16 weight gradients' (fp32; FP8's are written by the store epilogue below).
 template <class TileShape, class ClusterShape, class ElementD, bool ACCUMULATE> struct GroupedSm90Epilogue {
     using ElementC = cute::conditional_t<ACCUMULATE, ElementD, void>;
     static constexpr bool accumulate = ACCUMULATE;
@@ -53,30 +53,45 @@ __device__ inline uint4 quad_transpose(const uint32_t w[4], int q) {
     return b1 ? make_uint4(v0, v1, u0, u1) : make_uint4(u0, u1, v0, v1);
 }
 
-// The rows products' epilogue (bf16 out = a . b, forward and input gradient, bf16 and FP8): the
-// fp32 accumulators rounded to bf16 and stored by the consumer warpgroups straight from their
-// registers, 16 bytes (8 columns of a row) a store after a transpose within each quad of lanes, with
-// no shared memory and no barrier, so that a tile's stores drain while the next tile's main loop
-// runs. CUTLASS's TMA epilogue writes each 128 x 32 subtile to shared memory, waits at a barrier,
-// and waits for the store of the subtile two before; CUTLASS's own direct-store epilogue for grouped
-// kernels stores one value at a time. Measured (docs/PERF.md, 2026-12-03, twenty-sixth session): the
-// FP8 rows products 1-5% faster alone (2% over scale-E8's products) and 52.6 -> 49.9 ms a step on
-// olmoe-L8 (+0.7% tokens/s), bf16 +0.3% tokens/s; 4-byte stores of column pairs instead ran 25%
-// slower, the TMA epilogue on one 128 x 128 subtile 3% slower. The stores are streaming (`__stcs`,
-// st.global.cs: first out of L2), so that the outputs, written once and read by a later kernel, do
-// not push the operands' tiles that other thread blocks still read out of L2: on one machine of the
-// pool the products ran 7-25% faster alone with them (bf16 and FP8) and olmoe-L8's step ~1.6%
-// faster, on another at the same speed (twenty-seventh session). alpha 1, no source. The base
-// supplies the arguments, parameters and checks of CUTLASS's direct-store epilogue.
-using GroupedSm90RowsThreadOp = cutlass::epilogue::thread::LinearCombination<
-    cutlass::bfloat16_t, 1, float, float, cutlass::epilogue::thread::ScaleType::OnlyAlphaScaling>;
-using GroupedSm90RowsStride = cutlass::detail::TagToStrideC_t<cutlass::layout::RowMajor *>;
-using GroupedSm90RowsStoreBase =
-    cutlass::epilogue::collective::DefaultEpilogueArray<void, GroupedSm90RowsStride, GroupedSm90RowsStride, GroupedSm90RowsThreadOp,
-                                                        cutlass::epilogue::PtrArrayNoSmemWarpSpecialized>;
-struct GroupedSm90RowsStore : GroupedSm90RowsStoreBase {
+// The epilogue that stores the fp32 accumulators straight from the consumer warpgroups' registers,
+// with no shared memory and no barrier, so that a tile's stores drain while the next tile's main
+// loop runs. CUTLASS's TMA epilogue writes each 128 x 32 subtile to shared memory, waits at a
+// barrier, and waits for the store of the subtile two before; CUTLASS's own direct-store epilogue for
+// grouped kernels stores one value at a time.
+// - bf16 out (the rows products, forward and input gradient, bf16 and FP8): rounded to bf16 and
+//   stored 16 bytes (8 columns of a row) a store after a transpose within each quad of lanes.
+//   Measured (docs/PERF.md, 2026-12-03, twenty-sixth session): the FP8 rows products 1-5% faster
+//   alone (2% over scale-E8's products) and 52.6 -> 49.9 ms a step on olmoe-L8 (+0.7% tokens/s),
+//   bf16 +0.3% tokens/s; 4-byte stores of column pairs instead ran 25% slower, the TMA epilogue on
+//   one 128 x 128 subtile 3% slower.
+// - fp32 out, ACCUMULATE or not (the FP8 weight gradients): each lane's column pair stored as it
+//   is, 8 bytes, a quad's four covering a row's 32-byte sector, after adding the pair read from the
+//   output when accumulating (out = acc + out, as CUTLASS's epilogue computes with alpha 1 and beta
+//   1: the same bits). With CUTLASS's TMA epilogue and no source, ptxas kept the main loop's
+//   pipeline state in ordinary registers and moved each wgmma descriptor to uniform ones (265
+//   instructions a warp a turn of two K tiles against 241), and the FP8 weight gradients ran 4-9%
+//   slower than with this one (docs/PERF.md, 2026-12-05, thirty-seventh session). The bf16 weight
+//   gradient keeps CUTLASS's: with this one its up+gate product ran 1-6% slower.
+// The stores are streaming (`__stcs`, st.global.cs: first out of L2), so that the outputs, written
+// once and read by a later kernel, do not push the operands' tiles that other thread blocks still
+// read out of L2: on one machine of the pool the products ran 7-25% faster alone with them (bf16 and
+// FP8) and olmoe-L8's step ~1.6% faster, on another at the same speed (twenty-seventh session).
+// The base supplies the arguments, parameters and checks of CUTLASS's direct-store epilogue.
+using GroupedSm90StoreStride = cutlass::detail::TagToStrideC_t<cutlass::layout::RowMajor *>;
+template <class ElementD, bool ACCUMULATE>
+using GroupedSm90StoreBase = cutlass::epilogue::collective::DefaultEpilogueArray<
+    cute::conditional_t<ACCUMULATE, ElementD, void>, GroupedSm90StoreStride, GroupedSm90StoreStride,
+    cutlass::epilogue::thread::LinearCombination<ElementD, 1, float, float,
+                                                 ACCUMULATE ? cutlass::epilogue::thread::ScaleType::Default
+                                                            : cutlass::epilogue::thread::ScaleType::OnlyAlphaScaling>,
+    cutlass::epilogue::PtrArrayNoSmemWarpSpecialized>;
+template <class ElementD, bool ACCUMULATE> struct GroupedSm90Store : GroupedSm90StoreBase<ElementD, ACCUMULATE> {
+    using Base = GroupedSm90StoreBase<ElementD, ACCUMULATE>;
+    using typename Base::Params;
+    static_assert(std::is_same_v<ElementD, cutlass::bfloat16_t> ? !ACCUMULATE : std::is_same_v<ElementD, float>,
+                  "bf16 out, or fp32 out accumulated or not");
     Params out; // the base's copy is private
-    CUTLASS_HOST_DEVICE GroupedSm90RowsStore(Params const &params) : GroupedSm90RowsStoreBase(params), out(params) {}
+    CUTLASS_HOST_DEVICE GroupedSm90Store(Params const &params) : Base(params), out(params) {}
 
     // The tile at blk_coord_mnkl of the problem (M, N) from this thread's accumulators.
     template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine, class FrgLayout,
@@ -86,45 +101,66 @@ struct GroupedSm90RowsStore : GroupedSm90RowsStoreBase {
                                    TiledMma tiled_mma, ResidueMNK, int thread_idx, char *) {
         using namespace cute;
         int M = get<0>(problem_shape_mnkl), N = get<1>(problem_shape_mnkl);
-        auto [m_coord, n_coord, k_coord, l_coord] = blk_coord_mnkl;
-        auto stride_d = cutlass::epilogue::collective::detail::get_epilogue_stride<
-            cutlass::epilogue::PtrArrayNoSmemWarpSpecialized>(out.dD[l_coord]);
-        Tensor mD = make_tensor(make_gmem_ptr(out.ptr_D[l_coord]), make_shape(M, N, 1), stride_d); // (M, N, 1)
-        Tensor gD = local_tile(mD, blk_shape_MNK, make_coord(_, _, _), Step<_1, _1, Underscore>{})(_, _, m_coord, n_coord, 0);
-        Tensor cD = local_tile(make_identity_tensor(make_shape(M, N)), take<0, 2>(blk_shape_MNK),
-                               make_coord(m_coord, n_coord)); // (BLK_M, BLK_N) of (row, column)
-        auto thr_mma = tiled_mma.get_thread_slice(thread_idx);
-        Tensor tCgD = thr_mma.partition_C(gD); // (MMA, MMA_M, MMA_N), as the accumulators
-        Tensor tCcD = thr_mma.partition_C(cD);
+        auto m_coord = get<0>(blk_coord_mnkl), n_coord = get<1>(blk_coord_mnkl), l_coord = get<3>(blk_coord_mnkl);
+        auto tile = [&](auto *ptr, auto stride) { // this thread's (MMA, MMA_M, MMA_N) of the tile at ptr
+            Tensor m = make_tensor(make_gmem_ptr(ptr), make_shape(M, N, 1),
+                                   cutlass::epilogue::collective::detail::get_epilogue_stride<
+                                       cutlass::epilogue::PtrArrayNoSmemWarpSpecialized>(stride)); // (M, N, 1)
+            Tensor g = local_tile(m, blk_shape_MNK, make_coord(_, _, _), Step<_1, _1, Underscore>{})(_, _, m_coord, n_coord, 0);
+            return tiled_mma.get_thread_slice(thread_idx).partition_C(g);
+        };
+        Tensor tCgD = tile(out.ptr_D[l_coord], out.dD[l_coord]);
+        Tensor tCcD = tiled_mma.get_thread_slice(thread_idx)
+                          .partition_C(local_tile(make_identity_tensor(make_shape(M, N)), take<0, 2>(blk_shape_MNK),
+                                                  make_coord(m_coord, n_coord))); // (row, column) of each value
         // A thread's values in the wgmma layout, (2 columns, 2 rows 8 apart, BLK_N / 8 groups of 8
         // columns): value i = c + 2 r + 4 g; lane q of a quad holds columns 2q and 2q + 1 of each
-        // group of the quad's two rows. Four groups at a time, lane q stores group 4 s + q of a row.
+        // group of the quad's two rows (N is a multiple of 8: a group lies within or past it).
         static_assert(size<0>(FrgLayout{}) % 16 == 0, "the wgmma accumulator layout, groups of 4 x 8 columns");
         int q = threadIdx.x & 3;
-        CUTLASS_PRAGMA_UNROLL
-        for (int base = 0; base < size(accumulators); base += 16) {
+        if constexpr (std::is_same_v<ElementD, float>) {
+            auto tCgC = [&] { // the source read back when accumulating
+                if constexpr (ACCUMULATE) return tile(out.ptr_C[l_coord], out.dC[l_coord]);
+                else return tCgD;
+            }();
             CUTLASS_PRAGMA_UNROLL
-            for (int r = 0; r < 2; r++) {
-                uint32_t w[4];
-                CUTLASS_PRAGMA_UNROLL
-                for (int j = 0; j < 4; j++) {
-                    __nv_bfloat162 v = __floats2bfloat162_rn(accumulators(base + 2 * r + 4 * j),
-                                                             accumulators(base + 2 * r + 4 * j + 1));
-                    w[j] = *(uint32_t *)&v;
+            for (int i = 0; i < size(accumulators); i += 2) {
+                auto at = tCcD(i);
+                if (get<0>(at) >= M || get<1>(at) >= N) continue;
+                float2 v = make_float2(accumulators(i), accumulators(i + 1));
+                if constexpr (ACCUMULATE) {
+                    float2 c = __ldcs((float2 const *)&tCgC(i));
+                    v.x += c.x, v.y += c.y;
                 }
-                uint4 piece = quad_transpose(w, q);
-                int i = base + 2 * r + 4 * q; // this lane's value of the group it stores
-                auto at = tCcD(i);            // N is a multiple of 8: a group lies within or past it
-                if (get<0>(at) < M && get<1>(at) - 2 * q < N) __stcs((uint4 *)(&tCgD(i) - 2 * q), piece);
+                __stcs((float2 *)&tCgD(i), v);
+            }
+        } else { // four groups at a time, lane q storing group 4 s + q of a row
+            CUTLASS_PRAGMA_UNROLL
+            for (int base = 0; base < size(accumulators); base += 16) {
+                CUTLASS_PRAGMA_UNROLL
+                for (int r = 0; r < 2; r++) {
+                    uint32_t w[4];
+                    CUTLASS_PRAGMA_UNROLL
+                    for (int j = 0; j < 4; j++) {
+                        __nv_bfloat162 v = __floats2bfloat162_rn(accumulators(base + 2 * r + 4 * j),
+                                                                 accumulators(base + 2 * r + 4 * j + 1));
+                        w[j] = *(uint32_t *)&v;
+                    }
+                    uint4 piece = quad_transpose(w, q);
+                    int i = base + 2 * r + 4 * q; // this lane's value of the group it stores
+                    auto at = tCcD(i);
+                    if (get<0>(at) < M && get<1>(at) - 2 * q < N) __stcs((uint4 *)(&tCgD(i) - 2 * q), piece);
+                }
             }
         }
     }
 };
-struct GroupedSm90RowsEpilogue {
-    static constexpr bool accumulate = false;
-    using ElementC = void;
-    using Op = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<GroupedSm90RowsStore>;
+template <class ElementD, bool ACCUMULATE> struct GroupedSm90StoreEpilogue {
+    static constexpr bool accumulate = ACCUMULATE;
+    using ElementC = cute::conditional_t<ACCUMULATE, ElementD, void>;
+    using Op = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<GroupedSm90Store<ElementD, ACCUMULATE>>;
 };
+using GroupedSm90RowsEpilogue = GroupedSm90StoreEpilogue<cutlass::bfloat16_t, false>;
 
 // Per-expert arguments of a grouped kernel, in device memory (slot order: grouped_sm90_slot).
 template <class Kernel> struct GroupedSm90Table {

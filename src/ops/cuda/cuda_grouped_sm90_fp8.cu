@@ -15,7 +15,7 @@ using namespace cute;
 // fp8_quantize_rows, _cols and _weights write them. 128 x 128 x 128 tiles on two consumer
 // warpgroups, clusters of 2 along N sharing the A tile through TMA multicast; the output written by
 // Epilogue (the rows products' bf16 by GroupedSm90RowsEpilogue, the weight gradients' fp32 by
-// CUTLASS's TMA epilogue). With b's scales in
+// GroupedSm90StoreEpilogue<float, ...>: both from the registers). With b's scales in
 // 128x128 blocks (the forward and input gradient) the consumers run the loop of
 // cuda_fp8_mainloop.cuh, which promotes each K tile beside the next one's wgmma batch (the same
 // bits, 2-4% faster alone): the forward, the input gradient, and the weight gradient whose x is in
@@ -68,7 +68,7 @@ using Fp8Rows = GroupedSm90Fp8<FP8_BLOCK, GroupedSm90RowsEpilogue>;
 // x_t's scales per column (X_GRANULARITY 1: FP8_COLS_1X128) or per 128 columns (FP8_BLOCK:
 // FP8_COLS_128X128) and 128 tokens.
 template <int X_GRANULARITY, bool ACCUMULATE>
-using Fp8Wgrad = GroupedSm90Fp8<X_GRANULARITY, GroupedSm90Epilogue<Fp8TileShape, Fp8ClusterShape, float, ACCUMULATE>>;
+using Fp8Wgrad = GroupedSm90Fp8<X_GRANULARITY, GroupedSm90StoreEpilogue<float, ACCUMULATE>>;
 
 __global__ void grouped_sm90_fp8_prepare_rows(Fp8Rows::Table *t, const uint8_t *a, const float *a_scales,
                                               const uint8_t *b, const float *b_scales, bf16 *out,
