@@ -43,7 +43,8 @@ FP8_FN uint32_t fp8_float_bits(float x) {
 FP8_FN uint8_t fp8_e4m3_encode_exact(float x) {
     uint32_t u = fp8_float_bits(x), b = u & 0x7fffffffu; // b: |x|'s bits
     float a = fabsf(x);
-    uint32_t sub = (uint32_t)rintf(a * 0x1p9f); // below 2^-6: multiples of 2^-9 (8: 2^-6)
+    float small = a < 0x1p-6f ? a : 0x1p-6f; // in range for the conversion whatever x is (NaN too)
+    uint32_t sub = (uint32_t)rintf(small * 0x1p9f); // below 2^-6: multiples of 2^-9 (8: 2^-6)
     uint32_t r = b + 0x7ffffu + ((b >> 20) & 1u); // the 23-bit mantissa rounded to 3 bits, ties to even
     uint32_t normal = ((r >> 23) - 120u) << 3 | ((r >> 20) & 7u); // exponent rebiased from 127 to 7
     uint32_t code = a < 0x1p-6f ? sub : (normal > 0x7eu) | (b >= 0x7f800000u) ? 0x7eu : normal;
