@@ -34,11 +34,12 @@ static void fp8_add_counts(uint64_t *counts, const uint64_t c[FP8_COUNTS]) {
 }
 
 // Largest magnitudes (NaN ignored, as fmaxf ignores it) are taken on the magnitudes' bits, whose
-// order as integers is theirs as floats, so that the loops vectorise: |x|'s bits, 0 for NaN, and
-// the float of such bits.
-static inline uint32_t fp8_magnitude_bits(float x) {
+// order as integers is theirs as floats, so that the loops vectorise: the larger of amax (such
+// bits) and |x|'s bits (0 for NaN), and the float of such bits.
+static inline uint32_t fp8_amax_bits(uint32_t amax, float x) {
     uint32_t b = fp8_float_bits(x) & 0x7fffffffu;
-    return b & -(uint32_t)(b <= 0x7f800000u); // a mask, not a select: GCC 12 vectorises only this
+    b &= -(uint32_t)(b <= 0x7f800000u); // a mask, not a select: GCC 12 vectorises only this
+    return b > amax ? b : amax;
 }
 static inline float fp8_magnitude_of(uint32_t b) {
     float a;
@@ -56,10 +57,7 @@ static float fp8_quantize_block(uint8_t *q, size_t q_line, const real *x, size_t
     for (size_t l = 0; l < lines; l++)
         for (size_t i = 0; i < len; i++) v[l * len + i] = (float)x[l * x_line + i * x_step];
     uint32_t amax = 0;
-    for (size_t j = 0; j < lines * len; j++) {
-        uint32_t b = fp8_magnitude_bits(v[j]);
-        amax = b > amax ? b : amax;
-    }
+    for (size_t j = 0; j < lines * len; j++) amax = fp8_amax_bits(amax, v[j]);
     float s = fp8_block_scale(fp8_magnitude_of(amax), how), inv = fp8_scale_inverse(s);
     uint64_t n[FP8_COUNTS] = {0};
     for (size_t l = 0; l < lines; l++) fp8_codes_counted(q + l * q_line, v + l * len, len, inv, n);
@@ -192,8 +190,7 @@ static float fp8_weight_block(uint8_t *q, const real *w, size_t e, size_t nb, si
             size_t f = e * N * K + n * K + k;
             if (f < lo || f >= hi) continue;
             float v = (float)w[f];
-            uint32_t b = fp8_magnitude_bits(v);
-            amax = b > amax ? b : amax;
+            amax = fp8_amax_bits(amax, v);
             if (q) fp8_codes_counted(&q[f], &v, 1, inv, c);
         }
     return fp8_magnitude_of(amax);
