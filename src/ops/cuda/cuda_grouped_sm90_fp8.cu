@@ -12,13 +12,14 @@ using namespace cute;
 // GRANULARITY_N rows (128: weights, or token-major activations, in 128x128 blocks; 1: token-major
 // activations in 1x128 blocks) and 128 along K;
 // the scales of each expert are a packed block-major matrix (the row index fastest), as
-// fp8_quantize_rows, _cols and _weights write them. 128 x 128 x 128 tiles on two consumer
-// warpgroups, clusters of 2 along N sharing the A tile through TMA multicast; the output written by
-// Epilogue (the rows products' bf16 by GroupedSm90RowsEpilogue, the weight gradients' fp32 by
-// GroupedSm90StoreEpilogue<float, ...>: both from the registers). With b's scales in
-// 128x128 blocks (the forward and input gradient) the consumers run the loop of
-// cuda_fp8_mainloop.cuh, which promotes each K tile beside the next one's wgmma batch (the same
-// bits, 2-4% faster alone): the forward, the input gradient, and the weight gradient whose x is in
+// fp8_quantize_rows, _cols and _weights write them. Tiles of TileShape (128 x 128 x 128, or 128 x
+// 256 x 128 for the rows products) on two consumer warpgroups, clusters of ClusterShape sharing a
+// tile of a (clusters of 2 along N) or of b (along M) through TMA multicast; the output written
+// from the registers by Epilogue (the rows products' bf16 by GroupedSm90RowsEpilogue, the weight
+// gradients' fp32 by GroupedSm90StoreEpilogue<float, ...>). With b's scales in
+// 128x128 blocks the consumers run the loop of cuda_fp8_mainloop.cuh, which promotes each batch
+// beside the next one's (the same bits, 2-4% faster alone), a 64-column slice of the tile at a time
+// on 128 x 256 tiles: the forward, the input gradient, and the weight gradient whose x is in
 // 128x128 blocks (FP8_COLS_128X128, the experts' by default). The weight gradient with x in 1x128
 // blocks, whose promotions scale each element by a row and a column scale, keeps CUTLASS's: that
 // loop with the two scales spilled registers and ran 7-21% slower (docs/PERF.md, 2026-12-01,
@@ -26,10 +27,11 @@ using namespace cute;
 // other's batch, gave the same bits 17% slower (2026-12-02, seventeenth session).
 using Fp8TileShape = Shape<_128, _128, _128>;
 using Fp8ClusterShape = Shape<_1, _2, _1>;
-template <int GRANULARITY_N, class Epilogue> struct GroupedSm90Fp8 {
+template <int GRANULARITY_N, class Epilogue, class TileShape_ = Fp8TileShape, class ClusterShape_ = Fp8ClusterShape>
+struct GroupedSm90Fp8 {
     static constexpr int granularity_n = GRANULARITY_N;
-    using TileShape = Fp8TileShape;
-    using ClusterShape = Fp8ClusterShape;
+    using TileShape = TileShape_;
+    using ClusterShape = ClusterShape_;
     using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, GRANULARITY_N, FP8_BLOCK>;
     using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
     using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
@@ -41,7 +43,9 @@ template <int GRANULARITY_N, class Epilogue> struct GroupedSm90Fp8 {
         ClusterShape,
         cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epi::Op::SharedStorage))>,
         cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8BlockScaledAccum>::CollectiveOp;
-    using Mainloop = cute::conditional_t<GRANULARITY_N == FP8_BLOCK, Fp8OverlappedMainloop<CutlassMainloop>,
+    static constexpr int tile_n = size<1>(TileShape{});
+    static_assert(tile_n == 128 || (tile_n == 256 && GRANULARITY_N == FP8_BLOCK), "tiles 128 wide, or 256 in slices");
+    using Mainloop = cute::conditional_t<GRANULARITY_N == FP8_BLOCK, Fp8PromotingMainloop<CutlassMainloop, tile_n == 128 ? 1 : 4>,
                                          CutlassMainloop>;
     using Kernel = cutlass::gemm::kernel::GemmUniversal<GroupedSm90Problem, Mainloop, typename Epi::Op>;
     using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
@@ -63,14 +67,18 @@ template <int GRANULARITY_N, class Epilogue> struct GroupedSm90Fp8 {
 };
 
 // out (rows, N) bf16 = a (rows, K) . b[e] (N, K)^T for the rows of each expert (fp8_grouped_matmul).
+// On 128 x 256 tiles (four 64-column slices, clusters of 2 along M sharing b's tile) by default;
+// on 128 x 128 tiles with MOE_KERNELS fp8_rows=128.
 using Fp8Rows = GroupedSm90Fp8<FP8_BLOCK, GroupedSm90RowsEpilogue>;
+using Fp8RowsWide = GroupedSm90Fp8<FP8_BLOCK, GroupedSm90RowsEpilogue, Shape<_128, _256, _128>, Shape<_2, _1, _1>>;
 // dw[e] (N, K) f32 (+)= dout_t (N, its columns) . x_t (K, its columns)^T (fp8_grouped_matmul_wgrad),
 // x_t's scales per column (X_GRANULARITY 1: FP8_COLS_1X128) or per 128 columns (FP8_BLOCK:
 // FP8_COLS_128X128) and 128 tokens.
 template <int X_GRANULARITY, bool ACCUMULATE>
 using Fp8Wgrad = GroupedSm90Fp8<X_GRANULARITY, GroupedSm90StoreEpilogue<float, ACCUMULATE>>;
 
-__global__ void grouped_sm90_fp8_prepare_rows(Fp8Rows::Table *t, const uint8_t *a, const float *a_scales,
+template <class G>
+__global__ void grouped_sm90_fp8_prepare_rows(typename G::Table *t, const uint8_t *a, const float *a_scales,
                                               const uint8_t *b, const float *b_scales, bf16 *out,
                                               const int32_t *offsets, int E, int N, int K) {
     __shared__ int32_t rows_of[GROUPED_MAX_E];
@@ -80,7 +88,7 @@ __global__ void grouped_sm90_fp8_prepare_rows(Fp8Rows::Table *t, const uint8_t *
         int64_t row0 = offsets[e];
         int rows = rows_of[e];
         grouped_sm90_set(t, e, rows, N, K, a + row0 * K, K, b + (int64_t)e * N * K, K, out + row0 * N, N);
-        Fp8Rows::set_scales(t, e, rows, N, K, a_scales + Kb * row0, b_scales + e * Kb * Nb);
+        G::set_scales(t, e, rows, N, K, a_scales + Kb * row0, b_scales + e * Kb * Nb);
     }
 }
 
@@ -103,14 +111,22 @@ __global__ void grouped_sm90_fp8_prepare_wgrad(typename G::Table *t, const uint8
     }
 }
 
-extern "C" void cuda_fp8_grouped_matmul(void *out, const void *a, const void *a_scales, const void *b,
-                                        const void *b_scales, const int32_t *offsets, size_t E, size_t N, size_t K,
-                                        size_t R) {
-    grouped_sm90_launch<Fp8Rows>((int)E, [&](Fp8Rows::Table *table) {
-        grouped_sm90_fp8_prepare_rows<<<1, 256, 0, cuda_ctx.stream>>>(
+// The rows product on the kernel G.
+template <class G>
+static void fp8_rows_run(void *out, const void *a, const void *a_scales, const void *b, const void *b_scales,
+                         const int32_t *offsets, size_t E, size_t N, size_t K) {
+    grouped_sm90_launch<G>((int)E, [&](typename G::Table *table) {
+        grouped_sm90_fp8_prepare_rows<G><<<1, 256, 0, cuda_ctx.stream>>>(
             table, (const uint8_t *)a, (const float *)a_scales, (const uint8_t *)b, (const float *)b_scales,
             (bf16 *)out, offsets, (int)E, (int)N, (int)K);
     });
+}
+
+extern "C" void cuda_fp8_grouped_matmul(void *out, const void *a, const void *a_scales, const void *b,
+                                        const void *b_scales, const int32_t *offsets, size_t E, size_t N, size_t K,
+                                        size_t R) {
+    auto run = cuda_ctx.fp8_rows_128 ? fp8_rows_run<Fp8Rows> : fp8_rows_run<Fp8RowsWide>;
+    run(out, a, a_scales, b, b_scales, offsets, E, N, K);
 }
 
 // The weight gradient on the kernel G (with ACCUMULATE, dw added to; without, experts of no rows zeroed).
