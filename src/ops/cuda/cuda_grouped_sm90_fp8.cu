@@ -76,6 +76,11 @@ using Fp8RowsWide = GroupedSm90Fp8<FP8_BLOCK, GroupedSm90RowsEpilogue, Shape<_12
 // FP8_COLS_128X128) and 128 tokens.
 template <int X_GRANULARITY, bool ACCUMULATE>
 using Fp8Wgrad = GroupedSm90Fp8<X_GRANULARITY, GroupedSm90StoreEpilogue<float, ACCUMULATE>>;
+// The same with x_t in 128x128 blocks on 128 x 256 tiles in four slices, clusters of 2 along M
+// (MOE_KERNELS fp8_wgrad=256: an experiment's variant, measured against the default).
+template <bool ACCUMULATE>
+using Fp8WgradWide =
+    GroupedSm90Fp8<FP8_BLOCK, GroupedSm90StoreEpilogue<float, ACCUMULATE>, Shape<_128, _256, _128>, Shape<_2, _1, _1>>;
 
 template <class G>
 __global__ void grouped_sm90_fp8_prepare_rows(typename G::Table *t, const uint8_t *a, const float *a_scales,
@@ -152,8 +157,10 @@ extern "C" void cuda_fp8_grouped_matmul_wgrad(void *dw, const void *dout_t, cons
         offsets = cuda_fp8_one_group(R);
     }
     bool block = x_blocks == FP8_COLS_128X128;
-    auto run = block ? (accumulate ? fp8_wgrad_run<Fp8Wgrad<FP8_BLOCK, true>>
-                                   : fp8_wgrad_run<Fp8Wgrad<FP8_BLOCK, false>>)
+    auto run = block && cuda_ctx.fp8_wgrad_256
+                   ? (accumulate ? fp8_wgrad_run<Fp8WgradWide<true>> : fp8_wgrad_run<Fp8WgradWide<false>>)
+               : block ? (accumulate ? fp8_wgrad_run<Fp8Wgrad<FP8_BLOCK, true>>
+                                     : fp8_wgrad_run<Fp8Wgrad<FP8_BLOCK, false>>)
                      : (accumulate ? fp8_wgrad_run<Fp8Wgrad<1, true>> : fp8_wgrad_run<Fp8Wgrad<1, false>>);
     run(dw, dout_t, dout_scales, x_t, x_scales, offsets, E, N, K, R);
 }
