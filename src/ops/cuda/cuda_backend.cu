@@ -11,9 +11,10 @@ CudaContext cuda_ctx;
 
 // MOE_KERNELS=builtin (every choice), or a comma list of attention=builtin|cudnn,
 // grouped=builtin|cutlass, fp8_dense=cublas|cutlass, fp8_rows=256|128 (the tiles of the experts'
-// FP8 forward and input gradient) and fp8_wgrad=128|256 (of their weight gradients): lets one build
+// FP8 forward and input gradient) and fp8_wgrad=256|128 (of their weight gradients): lets one build
 // compare kernel variants. The CUTLASS grouped GEMM needs a Hopper GPU (compute capability 9.0);
-// elsewhere the built-in kernel runs. The dense FP8 products run on cuBLASLt where it takes the shape, else on CUTLASS's kernel.
+// elsewhere the built-in kernel runs. The dense FP8 products run on cuBLASLt where it takes the
+// shape, else on CUTLASS's kernel.
 static void cuda_choose_kernels(int major) {
     const char *k = getenv("MOE_KERNELS");
     bool all = k && !strcmp(k, "builtin");
@@ -22,7 +23,7 @@ static void cuda_choose_kernels(int major) {
     cuda_ctx.fp8 = major == 9;
     cuda_ctx.cutlass_fp8_dense = k && strstr(k, "fp8_dense=cutlass");
     cuda_ctx.fp8_rows_128 = k && strstr(k, "fp8_rows=128");
-    cuda_ctx.fp8_wgrad_256 = k && strstr(k, "fp8_wgrad=256");
+    cuda_ctx.fp8_wgrad_128 = k && strstr(k, "fp8_wgrad=128");
 }
 
 // Device memory in use (every allocation of the process, libraries' and the context's included),

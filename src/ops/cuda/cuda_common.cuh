@@ -34,7 +34,7 @@ typedef struct {
     bool fp8; // the FP8 recipe's products (CUTLASS sm90 kernels) run here: a Hopper GPU
     bool cutlass_fp8_dense; // the dense FP8 products on CUTLASS's grouped kernel, not cuBLASLt's
     bool fp8_rows_128;      // the experts' FP8 forward and input gradient on 128 x 128 tiles, not 128 x 256
-    bool fp8_wgrad_256;     // the experts' FP8 weight gradients on 128 x 256 tiles (an experiment)
+    bool fp8_wgrad_128;     // their weight gradients with x in 128x128 blocks likewise
     // train.deterministic: kernels with a faster order-dependent variant take the fixed-order one
     // (cuDNN's attention backward; every other kernel sums in a fixed order always).
     bool deterministic;

@@ -13,11 +13,11 @@ using namespace cute;
 // activations in 1x128 blocks) and 128 along K;
 // the scales of each expert are a packed block-major matrix (the row index fastest), as
 // fp8_quantize_rows, _cols and _weights write them. Tiles of TileShape (128 x 128 x 128, or 128 x
-// 256 x 128 for the rows products) on two consumer warpgroups, clusters of ClusterShape sharing a
-// tile of a (clusters of 2 along N) or of b (along M) through TMA multicast; the output written
-// from the registers by Epilogue (the rows products' bf16 by GroupedSm90RowsEpilogue, the weight
-// gradients' fp32 by GroupedSm90StoreEpilogue<float, ...>). With b's scales in
-// 128x128 blocks the consumers run the loop of cuda_fp8_mainloop.cuh, which promotes each batch
+// 256 x 128 for the rows products and the weight gradients with x in 128x128 blocks) on two
+// consumer warpgroups, clusters of ClusterShape sharing a tile of a (clusters of 2 along N) or of b
+// (along M) through TMA multicast; the output written from the registers by Epilogue (the rows
+// products' bf16 by GroupedSm90RowsEpilogue, the weight gradients' fp32 by
+// GroupedSm90StoreEpilogue<float, ...>). With b's scales in 128x128 blocks the consumers run the loop of cuda_fp8_mainloop.cuh, which promotes each batch
 // beside the next one's (the same bits, 2-4% faster alone), a 64-column slice of the tile at a time
 // on 128 x 256 tiles: the forward, the input gradient, and the weight gradient whose x is in
 // 128x128 blocks (FP8_COLS_128X128, the experts' by default). The weight gradient with x in 1x128
@@ -69,18 +69,17 @@ struct GroupedSm90Fp8 {
 // out (rows, N) bf16 = a (rows, K) . b[e] (N, K)^T for the rows of each expert (fp8_grouped_matmul).
 // On 128 x 256 tiles (four 64-column slices, clusters of 2 along M sharing b's tile) by default;
 // on 128 x 128 tiles with MOE_KERNELS fp8_rows=128.
+using Fp8WideTileShape = Shape<_128, _256, _128>;
+using Fp8WideClusterShape = Shape<_2, _1, _1>;
 using Fp8Rows = GroupedSm90Fp8<FP8_BLOCK, GroupedSm90RowsEpilogue>;
-using Fp8RowsWide = GroupedSm90Fp8<FP8_BLOCK, GroupedSm90RowsEpilogue, Shape<_128, _256, _128>, Shape<_2, _1, _1>>;
+using Fp8RowsWide = GroupedSm90Fp8<FP8_BLOCK, GroupedSm90RowsEpilogue, Fp8WideTileShape, Fp8WideClusterShape>;
 // dw[e] (N, K) f32 (+)= dout_t (N, its columns) . x_t (K, its columns)^T (fp8_grouped_matmul_wgrad),
 // x_t's scales per column (X_GRANULARITY 1: FP8_COLS_1X128) or per 128 columns (FP8_BLOCK:
-// FP8_COLS_128X128) and 128 tokens.
-template <int X_GRANULARITY, bool ACCUMULATE>
-using Fp8Wgrad = GroupedSm90Fp8<X_GRANULARITY, GroupedSm90StoreEpilogue<float, ACCUMULATE>>;
-// The same with x_t in 128x128 blocks on 128 x 256 tiles in four slices, clusters of 2 along M
-// (MOE_KERNELS fp8_wgrad=256: an experiment's variant, measured against the default).
-template <bool ACCUMULATE>
-using Fp8WgradWide =
-    GroupedSm90Fp8<FP8_BLOCK, GroupedSm90StoreEpilogue<float, ACCUMULATE>, Shape<_128, _256, _128>, Shape<_2, _1, _1>>;
+// FP8_COLS_128X128) and 128 tokens. With x_t in 128x128 blocks on 128 x 256 tiles in four slices
+// (clusters of 2 along M sharing x_t's tile) by default; on 128 x 128 with MOE_KERNELS fp8_wgrad=128.
+template <int X_GRANULARITY, bool ACCUMULATE, class TileShape = Fp8TileShape, class ClusterShape = Fp8ClusterShape>
+using Fp8Wgrad = GroupedSm90Fp8<X_GRANULARITY, GroupedSm90StoreEpilogue<float, ACCUMULATE>, TileShape, ClusterShape>;
+template <bool ACCUMULATE> using Fp8WgradWide = Fp8Wgrad<FP8_BLOCK, ACCUMULATE, Fp8WideTileShape, Fp8WideClusterShape>;
 
 template <class G>
 __global__ void grouped_sm90_fp8_prepare_rows(typename G::Table *t, const uint8_t *a, const float *a_scales,
@@ -156,11 +155,10 @@ extern "C" void cuda_fp8_grouped_matmul_wgrad(void *dw, const void *dout_t, cons
             return;
         offsets = cuda_fp8_one_group(R);
     }
-    bool block = x_blocks == FP8_COLS_128X128;
-    auto run = block && cuda_ctx.fp8_wgrad_256
-                   ? (accumulate ? fp8_wgrad_run<Fp8WgradWide<true>> : fp8_wgrad_run<Fp8WgradWide<false>>)
+    bool block = x_blocks == FP8_COLS_128X128, wide = block && !cuda_ctx.fp8_wgrad_128;
+    auto run = wide    ? (accumulate ? fp8_wgrad_run<Fp8WgradWide<true>> : fp8_wgrad_run<Fp8WgradWide<false>>)
                : block ? (accumulate ? fp8_wgrad_run<Fp8Wgrad<FP8_BLOCK, true>>
                                      : fp8_wgrad_run<Fp8Wgrad<FP8_BLOCK, false>>)
-                     : (accumulate ? fp8_wgrad_run<Fp8Wgrad<1, true>> : fp8_wgrad_run<Fp8Wgrad<1, false>>);
+                       : (accumulate ? fp8_wgrad_run<Fp8Wgrad<1, true>> : fp8_wgrad_run<Fp8Wgrad<1, false>>);
     run(dw, dout_t, dout_scales, x_t, x_scales, offsets, E, N, K, R);
 }
