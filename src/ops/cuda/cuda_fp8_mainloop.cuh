@@ -9,15 +9,16 @@
 // shadow of a batch.
 //
 // SLICES 1 (128 x 128 tiles): a batch is a K tile's whole product, the fragments alternate by tile.
-// SLICES 4 (128 x 256 tiles, the rows products' by default): a batch is one 64-column slice of a K
+// SLICES 4 (128 x 256 tiles, by default): a batch is one 64-column slice of a K
 // tile, the fragments alternate by slice, and each fragment is a slice wide, so that the
 // accumulators and both fragments fit the registers (128 + 32 + 32 fp32 a thread, where a whole
 // tile's two fragments would take 128 + 2 x 128); the price is a's tile read from shared memory
 // once a slice. A slice's accumulators are a run of the whole tile's (a wgmma fragment holds its
 // 8-column groups in turn), and each accumulator takes the scale of its own column block, which
 // CUTLASS's loop does not allow (its static_assert in fp8_accumulation.hpp). Measured on scale-E8's
-// experts, the six products 1.58-1.60x bf16's on 128 x 256 tiles against 1.54x on 128 x 128, and
-// 128 x 192 tiles in two 96-column slices no faster (docs/PERF.md, thirty-seventh session). Under
+// experts, the six products 1.61x bf16's with the rows products and the weight gradients on 128 x
+// 256 tiles against 1.53-1.54x on 128 x 128 (docs/PERF.md, thirty-eighth session), and 128 x 192
+// tiles in two 96-column slices no faster (thirty-seventh session). Under
 // every SLICES the arithmetic and its order are CUTLASS's (each K tile's partial sums from zero,
 // promoted in K order with the same scale products), so the results are bit for bit those of
 // CUTLASS's mainloop.

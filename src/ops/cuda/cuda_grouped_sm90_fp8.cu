@@ -17,14 +17,15 @@ using namespace cute;
 // consumer warpgroups, clusters of ClusterShape sharing a tile of a (clusters of 2 along N) or of b
 // (along M) through TMA multicast; the output written from the registers by Epilogue (the rows
 // products' bf16 by GroupedSm90RowsEpilogue, the weight gradients' fp32 by
-// GroupedSm90StoreEpilogue<float, ...>). With b's scales in 128x128 blocks the consumers run the loop of cuda_fp8_mainloop.cuh, which promotes each batch
-// beside the next one's (the same bits, 2-4% faster alone), a 64-column slice of the tile at a time
-// on 128 x 256 tiles: the forward, the input gradient, and the weight gradient whose x is in
-// 128x128 blocks (FP8_COLS_128X128, the experts' by default). The weight gradient with x in 1x128
-// blocks, whose promotions scale each element by a row and a column scale, keeps CUTLASS's: that
-// loop with the two scales spilled registers and ran 7-21% slower (docs/PERF.md, 2026-12-01,
-// fourteenth session), and a tile's batch split into two 64-column halves, each promoted beside the
-// other's batch, gave the same bits 17% slower (2026-12-02, seventeenth session).
+// GroupedSm90StoreEpilogue<float, ...>). With b's scales in 128x128 blocks the consumers run the
+// loop of cuda_fp8_mainloop.cuh, which promotes each batch beside the next one's (the same bits,
+// 2-4% faster alone), a 64-column slice of the tile at a time on 128 x 256 tiles: the forward, the
+// input gradient, and the weight gradient whose x is in 128x128 blocks (FP8_COLS_128X128, the
+// experts' by default). The weight gradient with x in 1x128 blocks, whose promotions scale each
+// element by a row and a column scale, keeps CUTLASS's: that loop with the two scales spilled
+// registers and ran 7-21% slower (docs/PERF.md, 2026-12-01, fourteenth session), and a tile's batch
+// split into two 64-column halves, each promoted beside the other's batch, gave the same bits 17%
+// slower (2026-12-02, seventeenth session).
 using Fp8TileShape = Shape<_128, _128, _128>;
 using Fp8ClusterShape = Shape<_1, _2, _1>;
 template <int GRANULARITY_N, class Epilogue, class TileShape_ = Fp8TileShape, class ClusterShape_ = Fp8ClusterShape>
