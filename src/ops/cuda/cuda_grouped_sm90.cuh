@@ -253,7 +253,8 @@ static GroupedSm90Knobs grouped_knobs(void) {
 // count (kept for the last GROUPED_SM90_COUNTS counts, as the calls of a step alternate between
 // counts and nothing may be allocated while a step is being recorded) and every later call (or graph
 // replay) only launches; the table of each product type is rewritten in stream order before its
-// use. G provides Epi (its GroupedSm90Epilogue), Gemm, Table and mainloop_arguments(table).
+// use. G provides Epi (its GroupedSm90Epilogue or GroupedSm90StoreEpilogue), Gemm, Table and
+// mainloop_arguments(table).
 template <class G, class Prepare> static void grouped_sm90_launch(int E, Prepare prepare) {
     static typename G::Table *table;
     static struct {
