@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/util.h"
+#include "cpu_gemm.h"
 #include "cpu_ops.h"
 
 // ---------------------------------------------------------------- quantisation
@@ -49,19 +50,17 @@ static inline float fp8_magnitude_of(uint32_t b) {
 
 // A block of at most FP8_BLOCK x FP8_BLOCK values to codes under one scale, returned: `lines`
 // lines of `len` values, x[l x_line + i x_step] to q[l q_line + i] (i < len); what it counts added
-// to counts (FP8_COUNTS; NULL: nothing). The values are gathered first, so that the codes of a line
-// are one contiguous run whatever x's layout.
+// to n (FP8_COUNTS, a thread's own: the callers add them up once a thread). The values are gathered
+// first, so that the codes of a line are one contiguous run whatever x's layout.
 static float fp8_quantize_block(uint8_t *q, size_t q_line, const real *x, size_t x_line, size_t x_step,
-                                size_t lines, size_t len, Fp8Scaling how, uint64_t *counts) {
+                                size_t lines, size_t len, Fp8Scaling how, uint64_t n[FP8_COUNTS]) {
     float v[FP8_BLOCK * FP8_BLOCK]; // (lines, len)
     for (size_t l = 0; l < lines; l++)
         for (size_t i = 0; i < len; i++) v[l * len + i] = (float)x[l * x_line + i * x_step];
     uint32_t amax = 0;
     for (size_t j = 0; j < lines * len; j++) amax = fp8_amax_bits(amax, v[j]);
     float s = fp8_block_scale(fp8_magnitude_of(amax), how), inv = fp8_scale_inverse(s);
-    uint64_t n[FP8_COUNTS] = {0};
     for (size_t l = 0; l < lines; l++) fp8_codes_counted(q + l * q_line, v + l * len, len, inv, n);
-    fp8_add_counts(counts, n);
     return s;
 }
 
@@ -79,16 +78,21 @@ void cpu_fp8_quantize_rows(void *q_, void *scales_, const void *x_, const int32_
     real *scales = scales_;
     const real *x = x_;
     size_t Kb = fp8_blocks(K);
-    for (size_t g = 0; g < (offsets ? E : 1); g++) {
-        size_t r0, rows;
-        fp8_group(offsets, g, R, &r0, &rows);
-#pragma omp parallel for schedule(static)
-        for (size_t i = 0; i < rows; i++)
-            for (size_t kb = 0; kb < Kb; kb++) {
-                size_t at = (r0 + i) * K + kb * FP8_BLOCK;
-                scales[fp8_row_scale_index(Kb, r0, rows, i, kb)] = fp8_quantize_block(
-                    q + at, 0, x + at, 0, 1, 1, min_size(FP8_BLOCK, K - kb * FP8_BLOCK), how, counts);
-            }
+#pragma omp parallel
+    {
+        uint64_t n[FP8_COUNTS] = {0};
+        for (size_t g = 0; g < (offsets ? E : 1); g++) {
+            size_t r0, rows;
+            fp8_group(offsets, g, R, &r0, &rows);
+#pragma omp for schedule(static)
+            for (size_t i = 0; i < rows; i++)
+                for (size_t kb = 0; kb < Kb; kb++) {
+                    size_t at = (r0 + i) * K + kb * FP8_BLOCK;
+                    scales[fp8_row_scale_index(Kb, r0, rows, i, kb)] = fp8_quantize_block(
+                        q + at, 0, x + at, 0, 1, 1, min_size(FP8_BLOCK, K - kb * FP8_BLOCK), how, n);
+                }
+        }
+        fp8_add_counts(counts, n);
     }
 }
 
@@ -136,18 +140,23 @@ void cpu_fp8_quantize_cols(void *qt_, void *scales_, const void *x_, const int32
     size_t Rt = fp8_expert_cols(R, E), Cs = fp8_col_scales(C, blocks), width = fp8_col_block(blocks);
     memset(qt, 0, C * Rt);
     for (size_t i = 0; i < Rt / FP8_BLOCK * Cs; i++) scales[i] = 1;
-    for (size_t e = 0; e < E; e++) {
-        size_t r0, rows;
-        fp8_group(offsets, e, R, &r0, &rows);
-        size_t p = fp8_expert_col(r0, e);
-#pragma omp parallel for schedule(static)
-        for (size_t cb = 0; cb < Cs; cb++)
-            for (size_t j = 0; j < fp8_blocks(rows); j++) {
-                size_t r = j * FP8_BLOCK, c = cb * width;
-                scales[fp8_col_scale_at(p / FP8_BLOCK + j, c, C, blocks)] =
-                    fp8_quantize_block(qt + c * Rt + p + r, Rt, x + (r0 + r) * C + c, 1, C,
-                                       min_size(width, C - c), min_size(FP8_BLOCK, rows - r), how, counts);
-            }
+#pragma omp parallel
+    {
+        uint64_t n[FP8_COUNTS] = {0};
+        for (size_t e = 0; e < E; e++) {
+            size_t r0, rows;
+            fp8_group(offsets, e, R, &r0, &rows);
+            size_t p = fp8_expert_col(r0, e);
+#pragma omp for schedule(static)
+            for (size_t cb = 0; cb < Cs; cb++)
+                for (size_t j = 0; j < fp8_blocks(rows); j++) {
+                    size_t r = j * FP8_BLOCK, c = cb * width;
+                    scales[fp8_col_scale_at(p / FP8_BLOCK + j, c, C, blocks)] =
+                        fp8_quantize_block(qt + c * Rt + p + r, Rt, x + (r0 + r) * C + c, 1, C,
+                                           min_size(width, C - c), min_size(FP8_BLOCK, rows - r), how, n);
+                }
+        }
+        fp8_add_counts(counts, n);
     }
 }
 
@@ -181,18 +190,20 @@ void cpu_swiglu_backward_fp8(void *q, void *scales, void *qt, void *scales_t, vo
 }
 
 // Block (e, nb, kb) of w (E, N, K), its values in flat [lo, hi): their largest magnitude (0: none),
-// returned; with q, also their codes under inverse scale inv in q (E, N, K), counted into c.
+// returned; with q, also their codes under inverse scale inv in q (E, N, K), counted into c. A line
+// of the block at a time, its values in [lo, hi) one contiguous run.
 static float fp8_weight_block(uint8_t *q, const real *w, size_t e, size_t nb, size_t kb, size_t N, size_t K,
                               size_t lo, size_t hi, float inv, uint64_t c[FP8_COUNTS]) {
     uint32_t amax = 0;
-    for (size_t n = nb * FP8_BLOCK; n < min_size((nb + 1) * FP8_BLOCK, N); n++)
-        for (size_t k = kb * FP8_BLOCK; k < min_size((kb + 1) * FP8_BLOCK, K); k++) {
-            size_t f = e * N * K + n * K + k;
-            if (f < lo || f >= hi) continue;
-            float v = (float)w[f];
-            amax = fp8_amax_bits(amax, v);
-            if (q) fp8_codes_counted(&q[f], &v, 1, inv, c);
-        }
+    size_t k0 = kb * FP8_BLOCK, k1 = min_size(k0 + FP8_BLOCK, K);
+    for (size_t n = nb * FP8_BLOCK; n < min_size((nb + 1) * FP8_BLOCK, N); n++) {
+        size_t line = (e * N + n) * K, f0 = line + k0 > lo ? line + k0 : lo, f1 = min_size(line + k1, hi);
+        if (f0 >= f1) continue;
+        float v[FP8_BLOCK];
+        for (size_t f = f0; f < f1; f++) v[f - f0] = (float)w[f];
+        for (size_t i = 0; i < f1 - f0; i++) amax = fp8_amax_bits(amax, v[i]);
+        if (q) fp8_codes_counted(q + f0, v, f1 - f0, inv, c);
+    }
     return fp8_magnitude_of(amax);
 }
 
@@ -295,53 +306,68 @@ static float fp8_scale_of(const Fp8Operand *o, size_t i, size_t kb) {
 }
 
 // The products run on decoded copies of the operands: E4M3 codes are exact in fp32, so each term
-// is the same product of two floats, and a tile of FP8_GEMM_ROWS x FP8_GEMM_COLS outputs sums its
-// terms in vector lanes along the output columns, each output in K order from zero as one scalar
-// loop would (the same bits for any tile shape or thread count). Reading each code through the
-// decode table in that scalar loop took 90% of the default small model's fp8 step on the CPU.
-#define FP8_GEMM_ROWS 4
-#define FP8_GEMM_COLS 32
+// is the same product of two floats, and a tile of FP8_MR x FP8_NR outputs (cpu_gemm's register
+// tile, in fp32 lanes) sums its terms in vector lanes along the output columns, each output in K
+// order from zero as one scalar loop would (the same bits for any tile shape or thread count).
+// Reading each code through the decode table in that scalar loop took 90% of the default small
+// model's fp8 step on the CPU.
+#define FP8_NR (2 * CPU_VEC_BYTES / sizeof(float))
+#define FP8_MR CPU_GEMM_MR
 
 static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
-// o's first `rows` rows decoded and its scales spread out, padded to `padded` rows (values 0,
-// scales 1): values (K, padded) when transposed (a row of k holds consecutive rows of o), else
-// (padded, K); scales (Kb, padded) when transposed, else (padded, Kb).
+static void fp8_decode_line(float *restrict v, const uint8_t *restrict q, size_t n) {
+    for (size_t i = 0; i < n; i++) v[i] = fp8_e4m3_decode(q[i]);
+}
+
+// o's first `rows` rows decoded and their scales spread out, padded to `padded` rows (values 0,
+// scales 1). As the tiles' rows (`panels` false): values (padded, K) and scales (padded, Kb). As
+// their columns (`panels` true): values in panels of FP8_NR rows, row i's value k at
+// (i / FP8_NR) K FP8_NR + k FP8_NR + i % FP8_NR, so that a tile reads FP8_NR consecutive values a
+// K step, and scales (Kb, padded). A row is decoded in one vectorised loop into `line` (K), then
+// copied to its panel.
 static void fp8_decode_operand(float *values, float *scales, const Fp8Operand *o, size_t rows, size_t padded,
-                               size_t K, bool transposed) {
-    float value[256];
-    for (int c = 0; c < 256; c++) value[c] = fp8_e4m3_decode((uint8_t)c);
+                               size_t K, bool panels) {
     size_t Kb = fp8_blocks(K);
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < padded; i++) {
-        for (size_t k = 0; k < K; k++)
-            values[transposed ? k * padded + i : i * K + k] = i < rows ? value[o->q[i * o->ld + k]] : 0.0f;
-        for (size_t kb = 0; kb < Kb; kb++)
-            scales[transposed ? kb * padded + i : i * Kb + kb] = i < rows ? fp8_scale_of(o, i, kb) : 1.0f;
+#pragma omp parallel
+    {
+        float *line = panels ? moe_malloc(K * sizeof(float)) : NULL;
+#pragma omp for schedule(static)
+        for (size_t i = 0; i < padded; i++) {
+            float *v = panels ? line : values + i * K;
+            const uint8_t *q = o->q + i * o->ld;
+            if (i < rows) fp8_decode_line(v, q, K);
+            else memset(v, 0, K * sizeof(float));
+            if (panels)
+                for (size_t k = 0; k < K; k++) values[i / FP8_NR * K * FP8_NR + k * FP8_NR + i % FP8_NR] = line[k];
+            for (size_t kb = 0; kb < Kb; kb++)
+                scales[panels ? kb * padded + i : i * Kb + kb] = i < rows ? fp8_scale_of(o, i, kb) : 1.0f;
+        }
+        free(line);
     }
 }
 
-// The outputs [i0, + FP8_GEMM_ROWS) x [j0, + FP8_GEMM_COLS) of fp8_gemm from the decoded operands
-// (a (Mp, K), sa (Mp, Kb); bt (K, Np), sb (Kb, Np)), those below M and N written.
-static void fp8_gemm_tile(real *out, size_t ldo, const float *a, const float *sa, const float *bt, const float *sb,
+// tile (FP8_MR x FP8_NR) = the sums over kc steps k of a[i rs + k ds] b[k FP8_NR + j], each from zero in
+// k order: cpu_gemm's micro-kernel in fp32 (the products of E4M3 values are exact).
+CPU_GEMM_DEFINE_KERNEL(fp8_block_sums, float)
+
+// The outputs [i0, + FP8_MR) x [j0, + FP8_NR) of fp8_gemm from the decoded operands (a (Mp, K),
+// sa (Mp, Kb); b in panels, sb (Kb, Np)), those below M and N written.
+static void fp8_gemm_tile(real *out, size_t ldo, const float *a, const float *sa, const float *b, const float *sb,
                           size_t i0, size_t j0, size_t M, size_t N, size_t Np, size_t K, bool accumulate) {
-    enum { MR = FP8_GEMM_ROWS, NR = FP8_GEMM_COLS };
     size_t Kb = fp8_blocks(K);
-    float acc[MR][NR] = {{0}};
+    const float *panel = b + j0 * K; // (K, FP8_NR)
+    float acc[FP8_MR][FP8_NR] = {{0}}, part[FP8_MR][FP8_NR];
     for (size_t kb = 0; kb < Kb; kb++) {
-        float part[MR][NR] = {{0}}; // exact products of E4M3 values (8 significant bits), summed in fp32
-        for (size_t k = kb * FP8_BLOCK; k < min_size((kb + 1) * FP8_BLOCK, K); k++)
-            for (int r = 0; r < MR; r++) {
-                float x = a[(i0 + r) * K + k];
-                for (int c = 0; c < NR; c++) part[r][c] += x * bt[k * Np + j0 + c];
-            }
-        for (int r = 0; r < MR; r++) {
+        size_t k0 = kb * FP8_BLOCK;
+        fp8_block_sums(min_size(FP8_BLOCK, K - k0), a + i0 * K + k0, K, 1, panel + k0 * FP8_NR, part[0]);
+        for (size_t r = 0; r < FP8_MR; r++) {
             float s = sa[(i0 + r) * Kb + kb];
-            for (int c = 0; c < NR; c++) acc[r][c] = fmaf(part[r][c], s * sb[kb * Np + j0 + c], acc[r][c]);
+            for (size_t c = 0; c < FP8_NR; c++) acc[r][c] = fmaf(part[r][c], s * sb[kb * Np + j0 + c], acc[r][c]);
         }
     }
-    for (size_t r = 0; r < min_size(MR, M - i0); r++)
-        for (size_t c = 0; c < min_size(NR, N - j0); c++) {
+    for (size_t r = 0; r < min_size(FP8_MR, M - i0); r++)
+        for (size_t c = 0; c < min_size(FP8_NR, N - j0); c++) {
             real *o = out + (i0 + r) * ldo + j0 + c;
             *o = accumulate ? *o + (real)acc[r][c] : (real)acc[r][c];
         }
@@ -351,16 +377,16 @@ static void fp8_gemm_tile(real *out, size_t ldo, const float *a, const float *sa
 // each block's fp32 sum times the two blocks' scales, added to an fp32 accumulator with one fma.
 static void fp8_gemm(real *out, size_t ldo, const Fp8Operand *a, const Fp8Operand *b, size_t M, size_t N,
                      size_t K, bool accumulate) {
-    size_t Mp = round_up(M, FP8_GEMM_ROWS), Np = round_up(N, FP8_GEMM_COLS), Kb = fp8_blocks(K);
+    size_t Mp = round_up(M, FP8_MR), Np = round_up(N, FP8_NR), Kb = fp8_blocks(K);
     float *av = moe_malloc(Mp * K * sizeof(float)), *sa = moe_malloc(Mp * Kb * sizeof(float)); // (Mp, K), (Mp, Kb)
-    float *bt = moe_malloc(K * Np * sizeof(float)), *sb = moe_malloc(Kb * Np * sizeof(float)); // (K, Np), (Kb, Np)
+    float *bp = moe_malloc(Np * K * sizeof(float)), *sb = moe_malloc(Kb * Np * sizeof(float)); // panels, (Kb, Np)
     fp8_decode_operand(av, sa, a, M, Mp, K, false);
-    fp8_decode_operand(bt, sb, b, N, Np, K, true);
+    fp8_decode_operand(bp, sb, b, N, Np, K, true);
 #pragma omp parallel for collapse(2) schedule(static)
-    for (size_t i0 = 0; i0 < Mp; i0 += FP8_GEMM_ROWS)
-        for (size_t j0 = 0; j0 < Np; j0 += FP8_GEMM_COLS)
-            fp8_gemm_tile(out, ldo, av, sa, bt, sb, i0, j0, M, N, Np, K, accumulate);
-    free(av), free(sa), free(bt), free(sb);
+    for (size_t i0 = 0; i0 < Mp; i0 += FP8_MR)
+        for (size_t j0 = 0; j0 < Np; j0 += FP8_NR)
+            fp8_gemm_tile(out, ldo, av, sa, bp, sb, i0, j0, M, N, Np, K, accumulate);
+    free(av), free(sa), free(bp), free(sb);
 }
 
 // The group of `rows` rows from row0 quantised by fp8_quantize_rows, K long.

@@ -1,6 +1,6 @@
 // The CPU matrix multiply (see cpu_gemm.h): operands are packed into contiguous panels, and a
-// register-blocked micro-kernel written with GCC vector extensions (no intrinsics, so it also
-// builds on Arm) does the arithmetic. Threads split the output into tiles; K is never split.
+// register-blocked micro-kernel (cpu_gemm.h's, written with GCC vector extensions) does the
+// arithmetic. Threads split the output into tiles; K is never split.
 #include "ops/cpu/cpu_gemm.h"
 
 #include <stdlib.h>
@@ -8,29 +8,9 @@
 
 #include "common/util.h"
 
-// Register tile: MR rows by NV vectors of VL elements. The accumulators (MR * NV vectors) plus the
-// NV loaded B vectors and one broadcast must fit in the register file: 32 zmm on AVX-512,
-// 16 ymm on AVX2, 16 xmm on SSE, 32 q on NEON.
-#if defined(__AVX512F__)
-#define VEC_BYTES 64
-#define MR 12
-#elif defined(__AVX__)
-#define VEC_BYTES 32
-#define MR 6
-#elif defined(__ARM_NEON)
-#define VEC_BYTES 16
-#define MR 12
-#else
-#define VEC_BYTES 16
-#define MR 6
-#endif
-#define NV 2
-#define VL (VEC_BYTES / sizeof(real))
-#define NR (NV * VL)
-
-typedef real vec __attribute__((vector_size(VEC_BYTES)));
-// The same vector for loads and stores through real pointers: any alignment, may alias real.
-typedef real vec_mem __attribute__((vector_size(VEC_BYTES), aligned(sizeof(real)), may_alias));
+// Register tile: MR rows by NR elements (cpu_gemm.h: two vectors of CPU_VEC_BYTES).
+#define MR CPU_GEMM_MR
+#define NR (2 * CPU_VEC_BYTES / sizeof(real))
 
 // Cache blocking: a B micro-panel (kc x NR) stays in L1 while the MR-row panels of the tile's
 // A block (mc x kc, in L2) stream past it. mc and nc shrink (down to *_MIN) for parallelism.
@@ -99,27 +79,7 @@ pack_panels(View v, size_t r0, size_t d0, size_t rows, size_t depth, size_t w, r
     }
 }
 
-// tile = A rows (element (i, k) at a[i * rs + k * ds]) times a packed B panel (kc x NR), summed
-// over k in order. Every lane does the same sequence of fused multiply-adds whatever the strides,
-// so a C element's value does not depend on which instantiation or thread computed it.
-static inline __attribute__((always_inline)) void
-kernel_body(size_t kc, const real *restrict a, size_t rs, size_t ds, const real *restrict b,
-            real *restrict tile) {
-    vec acc[MR][NV] = {{{0}}};
-    for (size_t k = 0; k < kc; k++, a += ds, b += NR) {
-        vec bv[NV];
-#pragma GCC unroll 8
-        for (size_t v = 0; v < NV; v++) bv[v] = *(const vec_mem *)(b + v * VL);
-#pragma GCC unroll 16
-        for (size_t i = 0; i < MR; i++)
-#pragma GCC unroll 8
-            for (size_t v = 0; v < NV; v++) acc[i][v] += a[i * rs] * bv[v];
-    }
-#pragma GCC unroll 16
-    for (size_t i = 0; i < MR; i++)
-#pragma GCC unroll 8
-        for (size_t v = 0; v < NV; v++) *(vec_mem *)(tile + i * NR + v * VL) = acc[i][v];
-}
+CPU_GEMM_DEFINE_KERNEL(kernel_body, real)
 
 // Full row panels of an untransposed A are read in place (rows contiguous along k): copying them
 // would cost about as much as the multiply on K ~ 128 shapes. Everything else is read packed.
