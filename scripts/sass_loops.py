@@ -20,6 +20,7 @@ import sys
 # /*0a40*/   @!P1 BRA 0xc60 ;   (address, optional predicate, opcode with its modifiers, operands)
 INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)(\.[A-Za-z0-9_.]*)?\s*([^;]*);")
 FUNCTION = re.compile(r"Function : (\S+)")
+PROG = os.path.basename(sys.argv[0])  # the script that was run (sass_same.py reads through this one too)
 # identifiers a kernel's description leaves out: namespaces and CUTLASS's and CuTe's plumbing
 GENERIC = {"cutlass", "cute", "gemm", "kernel", "collective", "tuple", "device_kernel", "Params", "Layout",
            "Underscore", "identity", "epilogue", "fusion", "detail", "float_e4m3_t", "bfloat16_t", "half_t",
@@ -29,7 +30,7 @@ GENERIC = {"cutlass", "cute", "gemm", "kernel", "collective", "tuple", "device_k
 def listing(path):
     """The machine code of an object (through cuobjdump) or a saved listing, as text."""
     if not os.path.isfile(path):
-        sys.exit(f"sass_loops.py: {path}: no such file (an object built with nvcc, or a .sass listing)")
+        sys.exit(f"{PROG}: {path}: no such file (an object built with nvcc, or a .sass listing)")
     if path.endswith(".sass"):
         with open(path) as f:
             return f.read()
@@ -38,10 +39,10 @@ def listing(path):
     try:
         return subprocess.run(["cuobjdump", "-sass", path], env=env, check=True, capture_output=True, text=True).stdout
     except FileNotFoundError:
-        sys.exit("sass_loops.py: cuobjdump not found: run scripts/setup.sh (it puts NVIDIA's cuobjdump and "
+        sys.exit(f"{PROG}: cuobjdump not found: run scripts/setup.sh (it puts NVIDIA's cuobjdump and "
                  "nvdisasm in .deps/bin when nvcc is installed), or put them on PATH")
     except subprocess.CalledProcessError as e:
-        sys.exit(f"sass_loops.py: cuobjdump -sass {path} failed: {e.stderr.strip()}")
+        sys.exit(f"{PROG}: cuobjdump -sass {path} failed: {e.stderr.strip()}")
 
 
 def identifiers(mangled):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/sass_loops.py on a listing written here in cuobjdump -sass's format: a kernel whose
 # innermost loop holds its MMAs inside an outer loop that starts after it, a kernel without MMAs,
-# the kernel filter, the identifiers of a mangled name. Prints one line per test and ends with
+# the kernel filter, the identifiers of a mangled name; scripts/sass_same.py on that listing and
+# copies with an operand changed and a kernel left out. Prints one line per test and ends with
 # "N passed, N failed".
 set -u
 cd "$(dirname "$0")/../.."
@@ -51,4 +52,25 @@ expect_error "no kernel matching the filter" "no kernel with warpgroup MMAs matc
     python3 scripts/sass_loops.py "$tmp/k.sass" Nothing
 expect_error "a missing file, named" "$tmp/none.o: no such file" python3 scripts/sass_loops.py "$tmp/none.o"
 expect_error "usage without an object" "sass_loops.py OBJECT" python3 scripts/sass_loops.py
+
+# sass_same.py: a copy is the same; one operand changed, or a kernel gone, is not (exit 1).
+cp "$tmp/k.sass" "$tmp/copy.sass"
+sed 's/FFMA R7, R89, R6, R7/FFMA R7, R89, R6, R9/' "$tmp/k.sass" >"$tmp/operand.sass"
+sed '/Function : _Z12plain_kernelPf/,$d' "$tmp/k.sass" >"$tmp/fewer.sass"
+out=$(python3 scripts/sass_same.py "$tmp/k.sass" "$tmp/copy.sass" 2>&1)
+if [ $? -eq 0 ] && grep -qx "2 of 2 kernels the same: the machine code is unchanged" <<<"$out"; then
+    ok "sass_same: a copy's kernels the same, exit 0"
+else bad "sass_same: a copy" "got: $out"; fi
+out=$(python3 scripts/sass_same.py "$tmp/k.sass" "$tmp/operand.sass" 2>&1)
+if [ $? -eq 1 ] && grep -q "^changed (16 -> 16 instructions): _ZN7cutlass" <<<"$out" &&
+    grep -qx "same: _Z12plain_kernelPf" <<<"$out" && grep -qx "1 of 2 kernels the same" <<<"$out"; then
+    ok "sass_same: one operand changed names its kernel, exit 1"
+else bad "sass_same: one operand changed" "got: $out"; fi
+out=$(python3 scripts/sass_same.py "$tmp/k.sass" "$tmp/fewer.sass" 2>&1)
+if [ $? -eq 1 ] && grep -qx "only in OLD: _Z12plain_kernelPf" <<<"$out"; then
+    ok "sass_same: a kernel in one build only, exit 1"
+else bad "sass_same: a kernel in one build only" "got: $out"; fi
+expect_error "sass_same: a missing file, named" "$tmp/none.o: no such file" \
+    python3 scripts/sass_same.py "$tmp/k.sass" "$tmp/none.o"
+expect_error "sass_same: usage" "sass_same.py OLD NEW" python3 scripts/sass_same.py "$tmp/k.sass"
 summary
