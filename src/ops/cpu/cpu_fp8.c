@@ -335,8 +335,7 @@ static void fp8_decode_operand(float *values, float *scales, const Fp8Operand *o
 #pragma omp for schedule(static)
         for (size_t i = 0; i < padded; i++) {
             float *v = panels ? line : values + i * K;
-            const uint8_t *q = o->q + i * o->ld;
-            if (i < rows) fp8_decode_line(v, q, K);
+            if (i < rows) fp8_decode_line(v, o->q + i * o->ld, K);
             else memset(v, 0, K * sizeof(float));
             if (panels)
                 for (size_t k = 0; k < K; k++) values[i / FP8_NR * K * FP8_NR + k * FP8_NR + i % FP8_NR] = line[k];
@@ -347,8 +346,8 @@ static void fp8_decode_operand(float *values, float *scales, const Fp8Operand *o
     }
 }
 
-// tile (FP8_MR x FP8_NR) = the sums over kc steps k of a[i rs + k ds] b[k FP8_NR + j], each from zero in
-// k order: cpu_gemm's micro-kernel in fp32 (the products of E4M3 values are exact).
+// tile (FP8_MR x FP8_NR) = the sums over kc steps k of a[i rs + k ds] b[k FP8_NR + j], each from
+// zero in k order: cpu_gemm's micro-kernel in fp32 (the products of E4M3 values are exact).
 CPU_GEMM_DEFINE_KERNEL(fp8_block_sums, float)
 
 // The outputs [i0, + FP8_MR) x [j0, + FP8_NR) of fp8_gemm from the decoded operands (a (Mp, K),
