@@ -26,7 +26,7 @@ static void fp8_codes_counted(uint8_t *restrict q, const float *restrict v, size
     c[FP8_COUNT_NAN] += nan;
 }
 
-// c (FP8_COUNTS) added to counts (NULL: nothing), atomically (blocks run in parallel).
+// c (FP8_COUNTS) added to counts (NULL: nothing), atomically (threads add theirs at the same time).
 static void fp8_add_counts(uint64_t *counts, const uint64_t c[FP8_COUNTS]) {
     for (int i = 0; counts && i < FP8_COUNTS; i++) {
 #pragma omp atomic
