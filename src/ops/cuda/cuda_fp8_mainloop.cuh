@@ -37,7 +37,10 @@
 // The loop runs two tiles a turn, each with its own set of scales, after the first tile (and with
 // SLICES 1 the second) issued before it: written as one loop from the first tile, ptxas waited for
 // each tile's first batch before issuing the second (its message C7517), and with one tile a turn
-// and the scales copied between the sets, it serialised the sliced loop's wgmmas (C7514).
+// and the scales copied between the sets, it serialised the sliced loop's wgmmas (C7514). SLICES 1
+// keeps a schedule of its own: the sliced one (the batches alternating between the fragments over
+// the whole loop, one tile before it) gave the same bits but ran the 128 x 128 kernels 2% slower
+// (docs/PERF.md, thirty-ninth session).
 #pragma once
 #include <cute/tensor.hpp>
 #include <cutlass/gemm/collective/collective_builder.hpp>
