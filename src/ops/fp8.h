@@ -36,6 +36,13 @@ FP8_FN uint32_t fp8_float_bits(float x) {
     return u;
 }
 
+// The float whose bits are u (fp8_float_bits's inverse).
+FP8_FN float fp8_bits_float(uint32_t u) {
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
 // E4M3 (the "fn" variant: no infinities, one NaN per sign) nearest to x, ties to the even code;
 // magnitudes past 448 (infinities too) saturate to +-448, NaN gives FP8_E4M3_NAN. In integer
 // operations (the CPU's conversion, and the oracle of the GPU's), without branches, so that a loop
@@ -75,10 +82,7 @@ FP8_FN uint16_t fp8_e4m3_encode2(float a, float b) {
 FP8_FN float fp8_e4m3_decode(uint8_t c) {
     uint32_t mag = c & 0x7fu, subnormal = -(uint32_t)(mag < 8), nan = -(uint32_t)(mag == 0x7fu);
     uint32_t bits = (fp8_float_bits((float)(mag & 7u) * 0x1p-9f) & subnormal) | (((mag << 20) + (120u << 23)) & ~subnormal);
-    bits = (bits & ~nan) | (0x7fc00000u & nan) | (uint32_t)(c & 0x80u) << 24;
-    float a;
-    memcpy(&a, &bits, 4);
-    return a;
+    return fp8_bits_float((bits & ~nan) | (0x7fc00000u & nan) | (uint32_t)(c & 0x80u) << 24);
 }
 
 // amax / FP8_E4M3_MAX as IEEE division rounds it wherever the quotient is a normal float. On the

@@ -36,16 +36,11 @@ static void fp8_add_counts(uint64_t *counts, const uint64_t c[FP8_COUNTS]) {
 
 // Largest magnitudes (NaN ignored, as fmaxf ignores it) are taken on the magnitudes' bits, whose
 // order as integers is theirs as floats, so that the loops vectorise: the larger of amax (such
-// bits) and |x|'s bits (0 for NaN), and the float of such bits.
+// bits) and |x|'s bits (0 for NaN); fp8_bits_float gives the largest magnitude back.
 static inline uint32_t fp8_amax_bits(uint32_t amax, float x) {
     uint32_t b = fp8_float_bits(x) & 0x7fffffffu;
     b &= -(uint32_t)(b <= 0x7f800000u); // a mask, not a select: GCC 12 vectorises only this
     return b > amax ? b : amax;
-}
-static inline float fp8_magnitude_of(uint32_t b) {
-    float a;
-    memcpy(&a, &b, 4);
-    return a;
 }
 
 // A block of at most FP8_BLOCK x FP8_BLOCK values to codes under one scale, returned: `lines`
@@ -59,7 +54,7 @@ static float fp8_quantize_block(uint8_t *q, size_t q_line, const real *x, size_t
         for (size_t i = 0; i < len; i++) v[l * len + i] = (float)x[l * x_line + i * x_step];
     uint32_t amax = 0;
     for (size_t j = 0; j < lines * len; j++) amax = fp8_amax_bits(amax, v[j]);
-    float s = fp8_block_scale(fp8_magnitude_of(amax), how), inv = fp8_scale_inverse(s);
+    float s = fp8_block_scale(fp8_bits_float(amax), how), inv = fp8_scale_inverse(s);
     for (size_t l = 0; l < lines; l++) fp8_codes_counted(q + l * q_line, v + l * len, len, inv, n);
     return s;
 }
@@ -204,7 +199,7 @@ static float fp8_weight_block(uint8_t *q, const real *w, size_t e, size_t nb, si
         for (size_t i = 0; i < f1 - f0; i++) amax = fp8_amax_bits(amax, v[i]);
         if (q) fp8_codes_counted(q + f0, v, f1 - f0, inv, c);
     }
-    return fp8_magnitude_of(amax);
+    return fp8_bits_float(amax);
 }
 
 void cpu_fp8_weights_amax(void *amax_, const void *w_, size_t E, size_t N, size_t K, size_t lo, size_t hi) {
