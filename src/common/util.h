@@ -70,6 +70,12 @@ char *moe_fmt_count(char *buf, size_t len, uint64_t n);
 // returns buf.
 char *moe_fmt_duration(char *buf, size_t len, double seconds);
 
+// Size arithmetic: the smaller and larger of two sizes, x / m rounded up, x up to a multiple of m.
+static inline size_t size_min(size_t a, size_t b) { return a < b ? a : b; }
+static inline size_t size_max(size_t a, size_t b) { return a > b ? a : b; }
+static inline size_t size_ceil_div(size_t x, size_t m) { return (x + m - 1) / m; }
+static inline size_t size_round_up(size_t x, size_t m) { return size_ceil_div(x, m) * m; }
+
 #ifdef __cplusplus
 }
 #endif

@@ -205,7 +205,7 @@ static void comm_mpi_transfer(Comm *c, const void *send, size_t n_send, int to, 
     MPI_Datatype dt = comm_mpi_type(m, t);
     MOE_ASSERT(!n_send || (to >= 0 && to < c->size));
     MOE_ASSERT(!n_recv || (from >= 0 && from < c->size));
-    size_t max_req = (n_send + m->chunk - 1) / m->chunk + (n_recv + m->chunk - 1) / m->chunk;
+    size_t max_req = size_ceil_div(n_send, m->chunk) + size_ceil_div(n_recv, m->chunk);
     MPI_Request *req = moe_malloc(max_req * sizeof *req);
     MPI_Status *st = moe_malloc(max_req * sizeof *st);
     int n_recv_req = comm_mpi_post(m, false, recv, n_recv, dt, from, req);

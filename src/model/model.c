@@ -178,9 +178,6 @@ static void *act_buf(Model *m, size_t n) { return pool_act(&m->mem, n); }
 static void *f32_buf(Model *m, size_t n) { return pool_f32(&m->mem, n); }
 static int32_t *i32_buf(Model *m, size_t n) { return pool_i32(&m->mem, n); }
 
-static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
-static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
-
 bool model_holds_layer(const Model *m, int l) {
     for (int c = 0; c < m->n_chunks; c++)
         if (l >= m->chunk[c].layer_begin && l < m->chunk[c].layer_end) return true;
@@ -307,7 +304,7 @@ static void alloc_layer_acts(Model *m, LayerActs *a, size_t T, bool moe, bool de
     const LayerActs *sh = &m->shared;
     size_t D = c->d_model, C = model_qkv_width(c), Dq = (size_t)c->n_heads * c->head_dim;
     size_t expert = moe ? moe_exchange_received_rows(&m->xchg, T) * c->expert_hidden : 0; // rows x width
-    size_t hidden = max_size(experts_share_hact(m) ? 0 : expert, dense ? T * c->dense_hidden : 0); // hact's, if kept
+    size_t hidden = size_max(experts_share_hact(m) ? 0 : expert, dense ? T * c->dense_hidden : 0); // hact's, if kept
     a->n1 = layer_act(m, sh->n1, T * D), a->n1_rstd = layer_f32(m, sh->n1_rstd, T);
     if (model_keeps_fp8_n1(m)) a->n1_t = alloc_fp8_cols(m, T, 1, D);
     a->qkv_raw = layer_act(m, sh->qkv_raw, T * C), a->qkv = layer_act(m, sh->qkv, T * C);
@@ -316,7 +313,7 @@ static void alloc_layer_acts(Model *m, LayerActs *a, size_t T, bool moe, bool de
     a->ap = layer_act(m, sh->ap, T * D), a->h = layer_act(m, sh->h, T * D);
     a->n2 = layer_act(m, sh->n2, T * D), a->n2_rstd = layer_f32(m, sh->n2_rstd, T);
     a->f = layer_act(m, sh->f, T * D);
-    a->gu = layer_act(m, sh->gu, 2 * max_size(expert, hidden));
+    a->gu = layer_act(m, sh->gu, 2 * size_max(expert, hidden));
     a->hact = hidden ? layer_act(m, sh->hact, hidden) : NULL;
     if (moe) alloc_moe_acts(m, a, T);
 }
@@ -325,9 +322,9 @@ static void alloc_layer_acts(Model *m, LayerActs *a, size_t T, bool moe, bool de
 static size_t swiglu_elems(const Model *m, size_t T) {
     const ModelConfig *c = &m->cfg;
     bool moe = model_n_moe_layers(c) > 0;
-    size_t rows = max_size(moe ? moe_exchange_received_rows(&m->xchg, T) : 0, T);
-    size_t hidden = max_size(c->n_dense_layers ? (size_t)c->dense_hidden : 0, (size_t)c->shared_hidden);
-    return rows * max_size(hidden, moe ? (size_t)c->expert_hidden : 0);
+    size_t rows = size_max(moe ? moe_exchange_received_rows(&m->xchg, T) : 0, T);
+    size_t hidden = size_max(c->n_dense_layers ? (size_t)c->dense_hidden : 0, (size_t)c->shared_hidden);
+    return rows * size_max(hidden, moe ? (size_t)c->expert_hidden : 0);
 }
 
 // Rows of the LM-head logits computed at a time (the backend's chunk of logits), for calls of T tokens.
@@ -348,12 +345,12 @@ static size_t scratch_a_elems(const Model *m, size_t T) {
     const ModelConfig *c = &m->cfg;
     size_t R = model_n_moe_layers(c) > 0 ? model_routed_rows(c, T) : 0;
     size_t logits = m->last_stage ? head_logit_rows(m, T) * c->vocab_size : 0;
-    R = max_size(R, received_fp8_rows(m, T)); // the down projection's output gradients dequantised
+    R = size_max(R, received_fp8_rows(m, T)); // the down projection's output gradients dequantised
     size_t act = m->ops->act_size, dgu_cols = 0, Rr = moe_exchange_received_rows(&m->xchg, T);
     if (fuses_swiglu_fp8(m) && m->par->ep->size == 1) // fused_swiglu_backward's
-        dgu_cols = (fused_dgu_cols_bytes(m, Rr, m->n_experts_local) + act - 1) / act;
-    return max_size(max_size(max_size(R * (size_t)c->d_model, 2 * swiglu_elems(m, T)), dgu_cols),
-                    max_size(T * model_qkv_width(c), logits));
+        dgu_cols = size_ceil_div(fused_dgu_cols_bytes(m, Rr, m->n_experts_local), act);
+    return size_max(size_max(size_max(R * (size_t)c->d_model, 2 * swiglu_elems(m, T)), dgu_cols),
+                    size_max(T * model_qkv_width(c), logits));
 }
 
 // Elements of gradient scratch B (Scratch), for calls of T tokens: with selective recompute it also
@@ -368,14 +365,14 @@ static size_t scratch_b_elems(const Model *m, size_t T) {
     size_t R = moe && !ep ? model_routed_rows(c, T) : received_fp8_rows(m, T); // with ep, the inputs dequantised
     size_t xf = m->last_stage ? T * (size_t)c->d_model : 0;
     size_t swiglu = (m->recompute == RECOMPUTE_SELECTIVE ? 2 : 1) * swiglu_elems(m, T);
-    return max_size(max_size(R * (size_t)c->d_model, swiglu), max_size(T * model_qkv_width(c), xf));
+    return size_max(size_max(R * (size_t)c->d_model, swiglu), size_max(T * model_qkv_width(c), xf));
 }
 
 // Elements of scratch datt: (T, Hq hd), with selective recompute and pre-norm at least (T, D) for h.
 static size_t scratch_datt_elems(const Model *m, size_t T) {
     const ModelConfig *c = &m->cfg;
     bool h = m->recompute == RECOMPUTE_SELECTIVE && c->norm_placement == NORM_PRE;
-    return T * max_size((size_t)c->n_heads * c->head_dim, h ? (size_t)c->d_model : 0);
+    return T * size_max((size_t)c->n_heads * c->head_dim, h ? (size_t)c->d_model : 0);
 }
 
 // Selective recompute: the activations it drops are recomputed in the backward, cheaply, into one
@@ -575,7 +572,7 @@ enum { FP8_LAYER_TENSORS = 6 };
 static void add_fp8_weights(Model *m, Fp8Extent *x, size_t off, size_t El, size_t N, size_t K) {
     Fp8Operands *o = m->fp8;
     o->weights[o->n_weights++] = alloc_fp8_weights(m, off, El, N, K);
-    x->rows = max_size(x->rows, max_size(N, K)), x->out = max_size(x->out, N), x->in = max_size(x->in, K);
+    x->rows = size_max(x->rows, size_max(N, K)), x->out = size_max(x->out, N), x->in = size_max(x->in, K);
 }
 
 // Layer l's weights whose products run in FP8: with the dense layers in FP8 its attention
@@ -605,8 +602,8 @@ static void alloc_fp8_scratch(Model *m, const Fp8Extent *x, int n) {
     Fp8Operands *o = m->fp8;
     size_t rows = 0, row_blocks = 0, out = 0, in = 0, f = m->ops->f32_size;
     for (int i = 0; i < n; i++) {
-        rows = max_size(rows, x[i].R * x[i].rows), row_blocks = max_size(row_blocks, x[i].R * fp8_blocks(x[i].rows));
-        out = max_size(out, x[i].out * x[i].Tt), in = max_size(in, x[i].in * x[i].Tt);
+        rows = size_max(rows, x[i].R * x[i].rows), row_blocks = size_max(row_blocks, x[i].R * fp8_blocks(x[i].rows));
+        out = size_max(out, x[i].out * x[i].Tt), in = size_max(in, x[i].in * x[i].Tt);
     }
     o->rows = model_alloc(m, rows), o->row_scales = model_alloc(m, row_blocks * f);
     o->dout_t = model_alloc(m, out), o->dout_t_scales = model_alloc(m, out / FP8_BLOCK * f);
@@ -650,15 +647,15 @@ static void alloc_fp8_operands(Model *m) {
     o->weights = moe_calloc(FP8_LAYER_TENSORS * (size_t)n_local_layers(m), sizeof *o->weights);
     bool sends = receives_fp8(m) && n_local_moe_layers(m) > 0;
     size_t R = model_routed_rows(c, T); // rows a sender quantises (their grouped scales: row_scales)
-    Fp8Extent experts = {.R = sends ? max_size(Rr, R) : Rr, .Tt = fp8_expert_cols(Rr, El)};
+    Fp8Extent experts = {.R = sends ? size_max(Rr, R) : Rr, .Tt = fp8_expert_cols(Rr, El)};
     Fp8Extent dense_x = {.R = T, .Tt = fp8_expert_cols(T, 1)};
     size_t before = m->mem.bytes, largest = 0, blocks = 0;
     for (int l = 0; l < c->n_layers; l++)
         if (model_holds_layer(m, l)) add_layer_fp8_weights(m, l, &dense_x, &experts);
     for (size_t i = 0; i < o->n_weights; i++) {
         const Fp8Weights *t = &o->weights[i];
-        largest = max_size(largest, t->El * t->N * t->K);
-        blocks = max_size(blocks, t->El * fp8_blocks(t->N) * fp8_blocks(t->K));
+        largest = size_max(largest, t->El * t->N * t->K);
+        blocks = size_max(blocks, t->El * fp8_blocks(t->N) * fp8_blocks(t->K));
     }
     o->wt = model_alloc(m, largest);
     if (quantizes_expert_parts(m)) o->amax = model_alloc(m, blocks * m->ops->f32_size);
@@ -778,7 +775,7 @@ static const Fp8Weights *fp8_weights_from(const Model *m, size_t a) {
 
 size_t model_compute_span_end(const Model *m, ParamRegion r, size_t a, size_t b) {
     const Fp8Weights *t = r == PARAM_EXPERT && m->expert_stage ? fp8_weights_from(m, a) : NULL;
-    return t ? min_size(b, a + t->El * t->N * t->K) : b; // b: the region's padding after its last tensor
+    return t ? size_min(b, a + t->El * t->N * t->K) : b; // b: the region's padding after its last tensor
 }
 
 // The FP8 copies of the weights in flat [a, b) from their compute weights in window (from flat
@@ -796,8 +793,8 @@ static void quantize_fp8_weights(Model *m, size_t a, size_t b, void *window, siz
 
 // This rank's part [*lo, *hi) of flat [a, b) of region r: its master weights' (empty: *lo = *hi).
 static void master_span(const Model *m, ParamRegion r, size_t a, size_t b, size_t *lo, size_t *hi) {
-    *lo = max_size(a, m->master_begin[r]);
-    *hi = max_size(*lo, min_size(b, m->master_begin[r] + m->master_size[r]));
+    *lo = size_max(a, m->master_begin[r]);
+    *hi = size_max(*lo, size_min(b, m->master_begin[r] + m->master_size[r]));
 }
 
 // With Fp8Operands.amax, the experts' FP8 weight tensor that is flat [a, b) of region r, which each

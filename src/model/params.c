@@ -38,7 +38,7 @@ void params_begin_region(ParamRegistry *r, ParamRegion region) {
 
 void params_end_region(ParamRegistry *r, ParamRegion region, size_t multiple) {
     size_t size = r->total - r->region_begin[region];
-    size = (size + multiple - 1) / multiple * multiple;
+    size = size_round_up(size, multiple);
     r->region_size[region] = size;
     r->total = r->region_begin[region] + size;
 }

@@ -63,7 +63,7 @@ void cpu_rms_group_backward(real *dx, const real *dy, const real *x, const real 
 
 void cpu_rms_dw_accumulate(real *dw, const real *dy, const real *x, const real *rstd, size_t T,
                            size_t G, size_t W, size_t ld, size_t ldr) {
-    size_t n_chunks = (T + RMS_DW_CHUNK - 1) / RMS_DW_CHUNK;
+    size_t n_chunks = size_ceil_div(T, RMS_DW_CHUNK);
     double *partial = moe_calloc(n_chunks * W, sizeof(double));
 #pragma omp parallel for schedule(static)
     for (size_t c = 0; c < n_chunks; c++) {

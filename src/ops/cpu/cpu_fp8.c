@@ -59,8 +59,6 @@ static float fp8_quantize_block(uint8_t *q, size_t q_line, const real *x, size_t
     return s;
 }
 
-static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
-
 // The first row and the rows of group g of offsets (NULL: one group of all R rows).
 static void fp8_group(const int32_t *offsets, size_t g, size_t R, size_t *r0, size_t *rows) {
     *r0 = offsets ? (size_t)offsets[g] : 0;
@@ -84,7 +82,7 @@ void cpu_fp8_quantize_rows(void *q_, void *scales_, const void *x_, const int32_
                 for (size_t kb = 0; kb < Kb; kb++) {
                     size_t at = (r0 + i) * K + kb * FP8_BLOCK;
                     scales[fp8_row_scale_index(Kb, r0, rows, i, kb)] = fp8_quantize_block(
-                        q + at, 0, x + at, 0, 1, 1, min_size(FP8_BLOCK, K - kb * FP8_BLOCK), how, n);
+                        q + at, 0, x + at, 0, 1, 1, size_min(FP8_BLOCK, K - kb * FP8_BLOCK), how, n);
                 }
         }
         fp8_add_counts(counts, n);
@@ -148,7 +146,7 @@ void cpu_fp8_quantize_cols(void *qt_, void *scales_, const void *x_, const int32
                     size_t r = j * FP8_BLOCK, c = cb * width;
                     scales[fp8_col_scale_at(p / FP8_BLOCK + j, c, C, blocks)] =
                         fp8_quantize_block(qt + c * Rt + p + r, Rt, x + (r0 + r) * C + c, 1, C,
-                                           min_size(width, C - c), min_size(FP8_BLOCK, rows - r), how, n);
+                                           size_min(width, C - c), size_min(FP8_BLOCK, rows - r), how, n);
                 }
         }
         fp8_add_counts(counts, n);
@@ -190,9 +188,9 @@ void cpu_swiglu_backward_fp8(void *q, void *scales, void *qt, void *scales_t, vo
 static float fp8_weight_block(uint8_t *q, const real *w, size_t e, size_t nb, size_t kb, size_t N, size_t K,
                               size_t lo, size_t hi, float inv, uint64_t c[FP8_COUNTS]) {
     uint32_t amax = 0;
-    size_t k0 = kb * FP8_BLOCK, k1 = min_size(k0 + FP8_BLOCK, K);
-    for (size_t n = nb * FP8_BLOCK; n < min_size((nb + 1) * FP8_BLOCK, N); n++) {
-        size_t line = (e * N + n) * K, f0 = line + k0 > lo ? line + k0 : lo, f1 = min_size(line + k1, hi);
+    size_t k0 = kb * FP8_BLOCK, k1 = size_min(k0 + FP8_BLOCK, K);
+    for (size_t n = nb * FP8_BLOCK; n < size_min((nb + 1) * FP8_BLOCK, N); n++) {
+        size_t line = (e * N + n) * K, f0 = line + k0 > lo ? line + k0 : lo, f1 = size_min(line + k1, hi);
         if (f0 >= f1) continue;
         float v[FP8_BLOCK];
         for (size_t f = f0; f < f1; f++) v[f - f0] = (float)w[f];
@@ -309,8 +307,6 @@ static float fp8_scale_of(const Fp8Operand *o, size_t i, size_t kb) {
 #define FP8_NR (2 * CPU_VEC_BYTES / sizeof(float))
 #define FP8_MR CPU_GEMM_MR
 
-static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
-
 static void fp8_decode_line(float *restrict v, const uint8_t *restrict q, size_t n) {
     for (size_t i = 0; i < n; i++) v[i] = fp8_e4m3_decode(q[i]);
 }
@@ -354,14 +350,14 @@ static void fp8_gemm_tile(real *out, size_t ldo, const float *a, const float *sa
     float acc[FP8_MR][FP8_NR] = {{0}}, part[FP8_MR][FP8_NR];
     for (size_t kb = 0; kb < Kb; kb++) {
         size_t k0 = kb * FP8_BLOCK;
-        fp8_block_sums(min_size(FP8_BLOCK, K - k0), a + i0 * K + k0, K, 1, panel + k0 * FP8_NR, part[0]);
+        fp8_block_sums(size_min(FP8_BLOCK, K - k0), a + i0 * K + k0, K, 1, panel + k0 * FP8_NR, part[0]);
         for (size_t r = 0; r < FP8_MR; r++) {
             float s = sa[(i0 + r) * Kb + kb];
             for (size_t c = 0; c < FP8_NR; c++) acc[r][c] = fmaf(part[r][c], s * sb[kb * Np + j0 + c], acc[r][c]);
         }
     }
-    for (size_t r = 0; r < min_size(FP8_MR, M - i0); r++)
-        for (size_t c = 0; c < min_size(FP8_NR, N - j0); c++) {
+    for (size_t r = 0; r < size_min(FP8_MR, M - i0); r++)
+        for (size_t c = 0; c < size_min(FP8_NR, N - j0); c++) {
             real *o = out + (i0 + r) * ldo + j0 + c;
             *o = accumulate ? *o + (real)acc[r][c] : (real)acc[r][c];
         }
@@ -371,7 +367,7 @@ static void fp8_gemm_tile(real *out, size_t ldo, const float *a, const float *sa
 // each block's fp32 sum times the two blocks' scales, added to an fp32 accumulator with one fma.
 static void fp8_gemm(real *out, size_t ldo, const Fp8Operand *a, const Fp8Operand *b, size_t M, size_t N,
                      size_t K, bool accumulate) {
-    size_t Mp = round_up(M, FP8_MR), Np = round_up(N, FP8_NR), Kb = fp8_blocks(K);
+    size_t Mp = size_round_up(M, FP8_MR), Np = size_round_up(N, FP8_NR), Kb = fp8_blocks(K);
     float *av = moe_malloc(Mp * K * sizeof(float)), *sa = moe_malloc(Mp * Kb * sizeof(float)); // (Mp, K), (Mp, Kb)
     float *bp = moe_malloc(Np * K * sizeof(float)), *sb = moe_malloc(Kb * Np * sizeof(float)); // panels, (Kb, Np)
     fp8_decode_operand(av, sa, a, M, Mp, K, false);

@@ -25,14 +25,10 @@
 #define PACK_ALIGN 64
 #define PREFETCH_STEPS 8 // how far ahead packing prefetches along K
 
-static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
-static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
-static size_t ceil_div(size_t x, size_t m) { return (x + m - 1) / m; }
-
 // Pack buffers are allocated per call (per thread for A): cheap next to any product big enough
 // to be packed, and nothing outlives the call.
 static real *alloc_pack(size_t count) {
-    size_t bytes = round_up(count * sizeof(real), PACK_ALIGN);
+    size_t bytes = size_round_up(count * sizeof(real), PACK_ALIGN);
     real *p = aligned_alloc(PACK_ALIGN, bytes ? bytes : PACK_ALIGN);
     MOE_CHECK(p, "out of host memory allocating a %zu-byte gemm pack buffer", bytes);
     return p;
@@ -63,11 +59,11 @@ copy_slice(real *restrict out, const real *restrict src, size_t stride, size_t n
 static inline __attribute__((always_inline)) void
 pack_panels(View v, size_t r0, size_t d0, size_t rows, size_t depth, size_t w, real *restrict dst) {
     const real *src = v.p + r0 * v.rs + d0 * v.ds;
-    size_t panels = ceil_div(rows, w);
+    size_t panels = size_ceil_div(rows, w);
     for (size_t d = 0; d < depth; d++, src += v.ds) {
         for (size_t p = 0; p < panels; p++) {
             real *out = dst + (p * depth + d) * w;
-            size_t n = min_size(w, rows - p * w);
+            size_t n = size_min(w, rows - p * w);
             if (v.rs == 1) {
                 // Depth steps are often a page apart, beyond the hardware prefetcher's reach.
                 if (d + PREFETCH_STEPS < depth) __builtin_prefetch(src + PREFETCH_STEPS * v.ds + p * w);
@@ -131,8 +127,8 @@ typedef struct {
 // Packs the B panel holding columns j0..j0+NR for every K block (one unit of parallel work).
 static void pack_b_panel(const GemmPlan *g, size_t j0, real *b_packed) {
     for (size_t p0 = 0; p0 < g->K; p0 += g->kc) {
-        size_t kb = min_size(g->kc, g->K - p0);
-        pack_panels(g->b, j0, p0, min_size(NR, g->N - j0), kb, NR, b_packed + p0 * g->n_pad + j0 * kb);
+        size_t kb = size_min(g->kc, g->K - p0);
+        pack_panels(g->b, j0, p0, size_min(NR, g->N - j0), kb, NR, b_packed + p0 * g->n_pad + j0 * kb);
     }
 }
 
@@ -145,12 +141,12 @@ static void pack_a_block(const GemmPlan *g, size_t i0, size_t mc, size_t p0, siz
     if (first < mc) pack_panels(g->a, i0 + first, p0, mc - first, kb, MR, dst + first * kb);
 }
 
-// a_packed holds round_up(mc, MR) * kc values.
+// a_packed holds size_round_up(mc, MR) * kc values.
 static void compute_tile(const GemmPlan *g, size_t i0, size_t j0, real *a_packed) {
-    size_t mc = min_size(g->mc, g->M - i0), nc = min_size(g->nc, g->N - j0);
+    size_t mc = size_min(g->mc, g->M - i0), nc = size_min(g->nc, g->N - j0);
     real tile[MR * NR];
     for (size_t p0 = 0; p0 < g->K; p0 += g->kc) {
-        size_t kb = min_size(g->kc, g->K - p0);
+        size_t kb = size_min(g->kc, g->K - p0);
         real beta = p0 == 0 ? g->beta : 1; // later K blocks accumulate onto the first
         pack_a_block(g, i0, mc, p0, kb, a_packed);
         const real *b_block = g->b_packed + p0 * g->n_pad;
@@ -158,12 +154,12 @@ static void compute_tile(const GemmPlan *g, size_t i0, size_t j0, real *a_packed
         for (size_t jr = 0; jr < nc; jr += NR) {
             const real *b_panel = b_block + (j0 + jr) * kb;
             for (size_t ir = 0; ir < mc; ir += MR) {
-                size_t mr = min_size(MR, mc - ir);
+                size_t mr = size_min(MR, mc - ir);
                 if (g->a.ds == 1 && mr == MR)
                     kernel_a_rows(kb, g->a.p + (i0 + ir) * g->a.rs + p0, g->a.rs, b_panel, tile);
                 else
                     kernel_a_packed(kb, a_packed + ir * kb, b_panel, tile);
-                store_tile(g->C + (i0 + ir) * g->ldc + j0 + jr, g->ldc, mr, min_size(NR, nc - jr),
+                store_tile(g->C + (i0 + ir) * g->ldc + j0 + jr, g->ldc, mr, size_min(NR, nc - jr),
                            g->alpha, beta, tile);
             }
         }
@@ -173,29 +169,29 @@ static void compute_tile(const GemmPlan *g, size_t i0, size_t j0, real *a_packed
 // Tile sizes depend only on the shape. Splitting M first is free (op(B) is packed once); splitting
 // N repacks A once per column block.
 static void choose_tiles(GemmPlan *g) {
-    size_t nblocks = ceil_div(g->K, KC_MAX);
-    g->kc = ceil_div(g->K, nblocks);
-    g->mc = min_size(MC_MAX, round_up(g->M, MR));
-    g->nc = min_size(NC_MAX, round_up(g->N, NR));
-    while (ceil_div(g->M, g->mc) * ceil_div(g->N, g->nc) < MIN_TILES) {
-        if (g->mc >= 2 * MC_MIN) g->mc = round_up(g->mc / 2, MR);
-        else if (g->nc >= 2 * NC_MIN) g->nc = round_up(g->nc / 2, NR);
+    size_t nblocks = size_ceil_div(g->K, KC_MAX);
+    g->kc = size_ceil_div(g->K, nblocks);
+    g->mc = size_min(MC_MAX, size_round_up(g->M, MR));
+    g->nc = size_min(NC_MAX, size_round_up(g->N, NR));
+    while (size_ceil_div(g->M, g->mc) * size_ceil_div(g->N, g->nc) < MIN_TILES) {
+        if (g->mc >= 2 * MC_MIN) g->mc = size_round_up(g->mc / 2, MR);
+        else if (g->nc >= 2 * NC_MIN) g->nc = size_round_up(g->nc / 2, NR);
         else break;
     }
 }
 
 static void gemm_packed(GemmPlan *g) {
     choose_tiles(g);
-    g->n_pad = round_up(g->N, NR);
+    g->n_pad = size_round_up(g->N, NR);
     real *b_packed = alloc_pack(g->n_pad * g->K);
     g->b_packed = b_packed;
-    size_t n_panels = g->n_pad / NR, m_tiles = ceil_div(g->M, g->mc);
-    size_t n_tiles = m_tiles * ceil_div(g->N, g->nc);
+    size_t n_panels = g->n_pad / NR, m_tiles = size_ceil_div(g->M, g->mc);
+    size_t n_tiles = m_tiles * size_ceil_div(g->N, g->nc);
 #pragma omp parallel if (g->M * g->N * g->K >= PARALLEL_WORK)
     {
 #pragma omp for schedule(static)
         for (size_t j = 0; j < n_panels; j++) pack_b_panel(g, j * NR, b_packed);
-        real *a_packed = alloc_pack(round_up(g->mc, MR) * g->kc);
+        real *a_packed = alloc_pack(size_round_up(g->mc, MR) * g->kc);
         // Consecutive tiles share a column block, so a thread's B panels stay warm in cache.
 #pragma omp for schedule(dynamic, 1)
         for (size_t t = 0; t < n_tiles; t++)

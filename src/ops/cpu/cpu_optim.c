@@ -3,6 +3,7 @@
 // copies of the weights it updates).
 #include <math.h>
 
+#include "common/util.h"
 #include "cpu_ops.h"
 
 // Fixed-size chunks summed in order: the result does not depend on the thread count.
@@ -11,7 +12,7 @@
 void cpu_sum_squares(void *acc_, const void *x_, size_t n) {
     real *acc = acc_;
     const real *x = x_;
-    size_t n_chunks = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
+    size_t n_chunks = size_ceil_div(n, SUMSQ_CHUNK);
     double total = 0;
 #pragma omp parallel for ordered schedule(static)
     for (size_t c = 0; c < n_chunks; c++) {
