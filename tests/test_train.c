@@ -175,18 +175,20 @@ static void test_micro_batch_accumulation(void) {
 // How a test step runs its products in FP8 (NULL: all in act precision): the expert products with
 // scaling `how`, the dense linear layers' too or not, the experts' operands read from the tokens'
 // rows or not (train.fp8_fused_dispatch), the experts' SwiGLU backward making the FP8 operands or
-// not (train.fp8_fused_swiglu), and the optimizer's update making the experts' FP8 copies or not
-// (train.fp8_fused_update).
+// not (train.fp8_fused_swiglu), the optimizer's update making the experts' FP8 copies or not
+// (train.fp8_fused_update), and with the dense layers in FP8 the attention's QKV or output
+// projection in act precision all the same (train.fp8_dense_qkv, _out = false).
 typedef struct {
     Fp8Scaling how;
-    bool dense, fused, swiglu, wgrad_blocks, update;
+    bool dense, fused, swiglu, wgrad_blocks, update, act_qkv, act_out;
 } TestFp8;
 
 // What a test model of recompute mode r with products as *fp8 says (NULL: act precision) allocates.
 static ModelModes test_modes(Recompute r, const TestFp8 *fp8) {
     return fp8 ? (ModelModes){.recompute = r, .fp8 = true, .how = fp8->how, .fp8_dense = fp8->dense,
                               .fp8_fused_dispatch = fp8->fused, .fp8_fused_swiglu = fp8->swiglu,
-                              .fp8_wgrad_blocks = fp8->wgrad_blocks, .fp8_fused_update = fp8->update}
+                              .fp8_wgrad_blocks = fp8->wgrad_blocks, .fp8_fused_update = fp8->update,
+                              .fp8_act_qkv = fp8->act_qkv, .fp8_act_out = fp8->act_out}
                : (ModelModes){.recompute = r};
 }
 
@@ -259,7 +261,8 @@ static void test_recompute_bitwise(void) {
     cfgs[2].qk_norm = QK_NORM_NONE, cfgs[2].random_routing = true, cfgs[2].capacity_factor = 0.75;
     cfgs[2].n_dense_layers = 0;
     cfgs[3].norm_placement = NORM_REORDERED, cfgs[3].random_routing = true;
-    const TestFp8 fp8 = {FP8_SCALE_AMAX, true, true, true, true, true};
+    const TestFp8 fp8 = {.how = FP8_SCALE_AMAX, .dense = true, .fused = true, .swiglu = true, .wgrad_blocks = true,
+                         .update = true};
     for (int i = 0; i < 4 * 2; i++) {
         const ModelConfig *c = &cfgs[i / 2];
         const char *name = names[i / 2], *precision = i % 2 ? "FP8" : "exact";
@@ -298,13 +301,15 @@ static double rel_l2(const real *got, const real *want, size_t n) {
 // and the MLP's gate|up (T, D) and down (T, H) projections, and the backward's token-major copies of
 // the same (activations); the backward's rows of their output gradients (T, C), (T, D), (T, 2H),
 // (T, D) and token-major copies of the same (gradients). H: the dense or shared MLP's hidden width.
-static void dense_fp8_values(const ModelConfig *c, size_t T, uint64_t *activations, uint64_t *gradients) {
+// Without QKV or the output projection (fp8->act_qkv, act_out) where those run in act precision.
+static void dense_fp8_values(const ModelConfig *c, size_t T, const TestFp8 *fp8, uint64_t *activations,
+                             uint64_t *gradients) {
     size_t D = (size_t)c->d_model, C = model_qkv_width(c), Dq = (size_t)c->n_heads * c->head_dim;
     *activations = *gradients = 0;
     for (int l = 0; l < c->n_layers; l++) {
         size_t H = (size_t)(model_layer_is_moe(c, l) ? c->shared_hidden : c->dense_hidden);
-        *activations += 2 * T * (D + Dq + (H ? D + H : 0));
-        *gradients += 2 * T * (C + D + (H ? 2 * H + D : 0));
+        *activations += 2 * T * ((fp8->act_qkv ? 0 : D) + (fp8->act_out ? 0 : Dq) + (H ? D + H : 0));
+        *gradients += 2 * T * ((fp8->act_qkv ? 0 : C) + (fp8->act_out ? 0 : D) + (H ? 2 * H + D : 0));
     }
 }
 
@@ -320,7 +325,9 @@ static unsigned long long fp8_values(const uint64_t *counts, Fp8Class c) {
 // gradients within `tol` with the dense layers in FP8 but more than 1% off, within 1% without them.
 // Full and selective recompute give them bitwise (quantisation is a pure function). The dense
 // layers' quantisations add exactly their operands' values to the counters (dense_fp8_values; no
-// drops here, so the experts' count the same in both), the weights none in a step.
+// drops here, so the experts' count the same in both), the weights none in a step. With QKV or the
+// output projection in act precision (train.fp8_dense_qkv, _out = false) the counters lose exactly
+// that product's operands and the gradients move (the switch took effect).
 static void fp8_step_case(ModelConfig c, const char *config, double tol) {
     Model sizing;
     Parallel par;
@@ -332,14 +339,17 @@ static void fp8_step_case(ModelConfig c, const char *config, double tol) {
     size_t dense_len = sizing.layer[0].dense_down + (size_t)c.d_model * c.dense_hidden - dense;
     model_free(&sizing);
     test_free_parallel(&par);
-    enum { EXACT, DENSE, DENSE_FULL, DENSE_SELECTIVE, DENSE_POW2, EXPERTS, BLOCKS, RUNS };
+    enum { EXACT, DENSE, DENSE_FULL, DENSE_SELECTIVE, DENSE_POW2, EXPERTS, BLOCKS, ACT_QKV, ACT_OUT, RUNS };
     const TestFp8 modes[RUNS] = {[DENSE] = {FP8_SCALE_AMAX, true}, [DENSE_FULL] = {FP8_SCALE_AMAX, true},
                                  [DENSE_SELECTIVE] = {FP8_SCALE_AMAX, true}, [DENSE_POW2] = {FP8_SCALE_POW2, true},
                                  [EXPERTS] = {FP8_SCALE_AMAX, false},
-                                 [BLOCKS] = {FP8_SCALE_AMAX, true, .wgrad_blocks = true}};
+                                 [BLOCKS] = {FP8_SCALE_AMAX, true, .wgrad_blocks = true},
+                                 [ACT_QKV] = {FP8_SCALE_AMAX, true, .act_qkv = true},
+                                 [ACT_OUT] = {FP8_SCALE_AMAX, true, .act_out = true}};
     const Recompute recompute[RUNS] = {[DENSE_FULL] = RECOMPUTE_FULL, [DENSE_SELECTIVE] = RECOMPUTE_SELECTIVE};
     const char *names[RUNS] = {"exact", "FP8 amax", "FP8 amax, full recompute", "FP8 amax, selective recompute",
-                               "FP8 pow2", "FP8 experts only", "FP8 amax, weight gradients' inputs in 128x128 blocks"};
+                               "FP8 pow2", "FP8 experts only", "FP8 amax, weight gradients' inputs in 128x128 blocks",
+                               "FP8 amax, QKV in act precision", "FP8 amax, output projection in act precision"};
     real *grads[RUNS], *metrics[RUNS];
     uint64_t counts[RUNS][MODEL_FP8_COUNTS];
     for (int i = 0; i < RUNS; i++) {
@@ -371,15 +381,22 @@ static void fp8_step_case(ModelConfig c, const char *config, double tol) {
         CHECK_MSG(modes[i].dense ? gd > 0.01 && gd < tol : gd < 0.01,
                   "%s: %s: dense-layer gradients differ from exact ones by %.3g (relative L2)", config, names[i], gd);
     }
-    uint64_t act, grad, *with = counts[DENSE], *without = counts[EXPERTS];
-    dense_fp8_values(&c, 2 * 6, &act, &grad); // per micro-batch of 2 x 6 tokens; the step has two
-    unsigned long long more_act = fp8_values(with, FP8_CLASS_ACTIVATIONS) - fp8_values(without, FP8_CLASS_ACTIVATIONS);
-    unsigned long long more_grad = fp8_values(with, FP8_CLASS_GRADIENTS) - fp8_values(without, FP8_CLASS_GRADIENTS);
-    unsigned long long weights = fp8_values(with, FP8_CLASS_WEIGHTS) + fp8_values(without, FP8_CLASS_WEIGHTS);
-    CHECK_MSG(more_act == 2 * act && more_grad == 2 * grad && weights == 0,
-              "%s: the dense layers in FP8 counted %llu more activation values (want %llu), %llu more gradient "
-              "values (want %llu); weight values counted in the steps: %llu (want 0)", config, more_act,
-              (unsigned long long)(2 * act), more_grad, (unsigned long long)(2 * grad), weights);
+    for (int i = ACT_QKV; i <= ACT_OUT; i++)
+        CHECK_MSG(memcmp(grads[i], grads[DENSE], P * sizeof(real)), "%s: %s: the gradients of FP8 keeping everything",
+                  config, names[i]);
+    const int counted[] = {DENSE, ACT_QKV, ACT_OUT};
+    for (size_t k = 0; k < sizeof counted / sizeof *counted; k++) {
+        int i = counted[k];
+        uint64_t act, grad, *with = counts[i], *without = counts[EXPERTS];
+        dense_fp8_values(&c, 2 * 6, &modes[i], &act, &grad); // per micro-batch of 2 x 6 tokens; the step has two
+        unsigned long long more_act = fp8_values(with, FP8_CLASS_ACTIVATIONS) - fp8_values(without, FP8_CLASS_ACTIVATIONS);
+        unsigned long long more_grad = fp8_values(with, FP8_CLASS_GRADIENTS) - fp8_values(without, FP8_CLASS_GRADIENTS);
+        unsigned long long weights = fp8_values(with, FP8_CLASS_WEIGHTS) + fp8_values(without, FP8_CLASS_WEIGHTS);
+        CHECK_MSG(more_act == 2 * act && more_grad == 2 * grad && weights == 0,
+                  "%s: %s counted %llu more activation values than the experts alone (want %llu), %llu more "
+                  "gradient values (want %llu); weight values counted in the steps: %llu (want 0)", config,
+                  names[i], more_act, (unsigned long long)(2 * act), more_grad, (unsigned long long)(2 * grad), weights);
+    }
     for (int i = 0; i < RUNS; i++) free(grads[i]), free(metrics[i]);
 }
 
@@ -464,7 +481,7 @@ static void fp8_weight_copies_case(const Ops *ops, bool update, real *params, ui
     test_single_parallel(&par, &c);
     Model m;
     Optimizer o;
-    const TestFp8 fp8 = {FP8_SCALE_AMAX, true, false, true, true, update};
+    const TestFp8 fp8 = {.how = FP8_SCALE_AMAX, .dense = true, .swiglu = true, .wgrad_blocks = true, .update = update};
     model_init(&m, &c, ops, &par, B, S, 1, 1, test_modes(RECOMPUTE_NONE, &fp8));
     optim_init(&o, &m);
     model_init_weights(&m, 3);
@@ -560,7 +577,8 @@ static void plan_bytes(const ModelConfig *c, size_t B, size_t S, Recompute r, co
 // layers in FP8 or not: under full recompute, which keeps no FP8 input (nor lends scratch).
 static size_t fp8_plan_bytes(const ModelConfig *c, size_t B, size_t S, bool dense) {
     size_t all, acts, all0, acts0;
-    plan_bytes(c, B, S, RECOMPUTE_FULL, &(TestFp8){FP8_SCALE_AMAX, dense, false, true, true, true}, &all, &acts);
+    const TestFp8 fp8 = {.how = FP8_SCALE_AMAX, .dense = dense, .swiglu = true, .wgrad_blocks = true, .update = true};
+    plan_bytes(c, B, S, RECOMPUTE_FULL, &fp8, &all, &acts);
     plan_bytes(c, B, S, RECOMPUTE_FULL, NULL, &all0, &acts0);
     return (all - acts) - (all0 - acts0);
 }
@@ -621,9 +639,9 @@ static void test_fp8_kept_inputs_memory(void) {
     CHECK_MSG(acts_n1 + acts_xe < 0, "the copies keep more than the tensors they replace");
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         size_t all, acts, all0, acts0;
-        plan_bytes(cases[i].c, 2, T / 2, cases[i].r,
-                   &(TestFp8){FP8_SCALE_AMAX, cases[i].dense, cases[i].fused, true, true, true}, &all,
-                   &acts);
+        const TestFp8 fp8 = {.how = FP8_SCALE_AMAX, .dense = cases[i].dense, .fused = cases[i].fused, .swiglu = true,
+                             .wgrad_blocks = true, .update = true};
+        plan_bytes(cases[i].c, 2, T / 2, cases[i].r, &fp8, &all, &acts);
         plan_bytes(cases[i].c, 2, T / 2, cases[i].r, NULL, &all0, &acts0);
         ptrdiff_t got = (ptrdiff_t)acts - (ptrdiff_t)acts0, rest = (ptrdiff_t)(all - acts) - (ptrdiff_t)(all0 - acts0);
         bool tokens = cases[i].fused && cases[i].r != RECOMPUTE_NONE; // no copy kept: Fp8Operands.tokens
@@ -648,7 +666,8 @@ static void test_fp8_kept_inputs_step(void) {
     ModelConfig c = small_model();
     size_t P, len;
     model_sizes(&c, &P, &len);
-    const TestFp8 fp8 = {FP8_SCALE_AMAX, true, true, true, true, true};
+    const TestFp8 fp8 = {.how = FP8_SCALE_AMAX, .dense = true, .fused = true, .swiglu = true, .wgrad_blocks = true,
+                         .update = true};
     real *grads[2] = {calloc(P, sizeof(real)), calloc(P, sizeof(real))};
     real *metrics[2] = {calloc(len, sizeof(real)), calloc(len, sizeof(real))};
     uint64_t counts[MODEL_FP8_COUNTS], full_counts[MODEL_FP8_COUNTS];
@@ -658,7 +677,7 @@ static void test_fp8_kept_inputs_step(void) {
               "FP8 with kept token-major inputs differs from full recompute");
     size_t T = 2 * 6, K = (size_t)c.top_k, D = (size_t)c.d_model, He = (size_t)c.expert_hidden;
     uint64_t act, grad;
-    dense_fp8_values(&c, T, &act, &grad);
+    dense_fp8_values(&c, T, &fp8, &act, &grad);
     act += 2 * (uint64_t)(2 * T * K * (D + He)); // two MoE layers
     grad += 2 * (uint64_t)(2 * T * K * (D + 2 * He));
     CHECK_MSG(fp8_values(counts, FP8_CLASS_ACTIVATIONS) == 2 * act &&
@@ -687,7 +706,8 @@ static void test_fp8_fused_swiglu(void) {
         for (int mode = 0; mode < 4; mode++) {
             bool dispatch = mode & 1, blocks = mode & 2;
             for (int fused = 0; fused < 2; fused++) {
-                TestFp8 fp8 = {FP8_SCALE_AMAX, true, dispatch, fused, blocks, true};
+                TestFp8 fp8 = {.how = FP8_SCALE_AMAX, .dense = true, .fused = dispatch, .swiglu = fused,
+                               .wgrad_blocks = blocks, .update = true};
                 bytes[fused] = recompute_step(&c, (Recompute)r, &fp8, grads[fused], metrics[fused], counts[fused]);
             }
             CHECK_MSG(!memcmp(grads[0], grads[1], P * sizeof(real)) &&

@@ -217,7 +217,8 @@ static void *layer_f32(Model *m, void *shared, size_t n) { return shared ? share
 static int32_t *layer_i32(Model *m, int32_t *shared, size_t n) { return shared ? shared : i32_buf(m, n); }
 
 bool model_keeps_fp8_n1(const Model *m) {
-    return m->fp8 && m->fp8->dense && m->recompute == RECOMPUTE_NONE && m->cfg.norm_placement == NORM_PRE;
+    return m->fp8 && m->fp8->dense[FP8_DENSE_QKV] && m->recompute == RECOMPUTE_NONE &&
+           m->cfg.norm_placement == NORM_PRE;
 }
 
 // FP8 experts held here on one expert-parallel rank, in one exchange chunk: their rows are the
@@ -575,19 +576,18 @@ static void add_fp8_weights(Model *m, Fp8Extent *x, size_t off, size_t El, size_
     x->rows = size_max(x->rows, size_max(N, K)), x->out = size_max(x->out, N), x->in = size_max(x->in, K);
 }
 
-// Layer l's weights whose products run in FP8: with the dense layers in FP8 its attention
-// projections and its dense or shared MLP (extent `dense`); in a MoE layer its experts' (`experts`).
+// Layer l's weights whose products run in FP8: those of its attention projections and its dense or
+// shared MLP that Fp8Operands.dense puts in FP8 (extent `dense`); in a MoE layer its experts'
+// (`experts`).
 static void add_layer_fp8_weights(Model *m, int l, Fp8Extent *dense, Fp8Extent *experts) {
     const ModelConfig *c = &m->cfg;
     const LayerParams *p = &m->layer[l];
     size_t D = c->d_model, Dq = (size_t)c->n_heads * c->head_dim, El = (size_t)m->n_experts_local;
     bool moe = model_layer_is_moe(c, l);
     size_t H = (size_t)(moe ? c->shared_hidden : c->dense_hidden);
-    if (m->fp8->dense) {
-        add_fp8_weights(m, dense, p->wqkv, 1, model_qkv_width(c), D);
-        add_fp8_weights(m, dense, p->wo, 1, D, Dq);
-    }
-    if (m->fp8->dense && H) {
+    if (m->fp8->dense[FP8_DENSE_QKV]) add_fp8_weights(m, dense, p->wqkv, 1, model_qkv_width(c), D);
+    if (m->fp8->dense[FP8_DENSE_OUT]) add_fp8_weights(m, dense, p->wo, 1, D, Dq);
+    if (m->fp8->dense[FP8_DENSE_MLP] && H) {
         add_fp8_weights(m, dense, moe ? p->shared_gu : p->dense_gu, 1, 2 * H, D);
         add_fp8_weights(m, dense, moe ? p->shared_down : p->dense_down, 1, D, H);
     }
@@ -622,7 +622,10 @@ static Fp8Operands *fp8_operands_new(const Model *m, ModelModes modes) {
         moe_fatal("train.precision = fp8: the %s backend has no FP8 products here (the CUDA backend's need a "
                   "Hopper GPU, compute capability 9.0); use train.precision = bf16", m->ops->name);
     Fp8Operands *o = moe_calloc(1, sizeof *o);
-    o->how = modes.how, o->dense = modes.fp8_dense, o->fused_dispatch = modes.fp8_fused_dispatch;
+    o->how = modes.how, o->fused_dispatch = modes.fp8_fused_dispatch;
+    o->dense[FP8_DENSE_QKV] = modes.fp8_dense && !modes.fp8_act_qkv;
+    o->dense[FP8_DENSE_OUT] = modes.fp8_dense && !modes.fp8_act_out;
+    o->dense[FP8_DENSE_MLP] = modes.fp8_dense;
     o->exchange = modes.fp8_exchange, o->fused_swiglu = modes.fp8_fused_swiglu;
     o->fused_update = modes.fp8_fused_update;
     o->x_cols = modes.fp8_wgrad_blocks ? FP8_COLS_128X128 : FP8_COLS_1X128;
@@ -1136,8 +1139,10 @@ static void expert_backward(const Model *m, void *dx, void *dw, bool accumulate_
     if (dx) m->ops->grouped_matmul_backward(dx, NULL, dout, x, W(m, w), off, El, N, K, Rr, false);
 }
 
-// The FP8 operands of the dense linear layers' products; NULL: those run in act precision.
-static const Fp8Operands *dense_fp8(const Model *m) { return m->fp8 && m->fp8->dense ? m->fp8 : NULL; }
+// The FP8 operands of dense linear layer k's products; NULL: those run in act precision.
+static const Fp8Operands *dense_fp8(const Model *m, Fp8Dense k) {
+    return m->fp8 && m->fp8->dense[k] ? m->fp8 : NULL;
+}
 
 // Where a dense FP8 product of (T, width) writes: an FP8 product only writes its output (the sm90
 // kernels' epilogue adds no source here), so one that adds to its output (accumulate; every such
@@ -1153,11 +1158,11 @@ static void fp8_accumulate(const Model *m, void *out, bool accumulate, size_t n)
     if (accumulate) m->ops->add(out, out, m->fp8->sum, n);
 }
 
-// A dense linear layer, out (T, N) (= or +=) x (T, K) . w (N, K)^T with the compute weights at
+// Dense linear layer k, out (T, N) (= or +=) x (T, K) . w (N, K)^T with the compute weights at
 // offset w: in act precision, or (dense_fp8) in FP8 (fp8_forward; xq and x_t as there).
-static void dense_forward(const Model *m, void *out, const void *x, const void *xq, const Fp8Cols *x_t, size_t w,
-                          size_t T, size_t N, size_t K, bool accumulate) {
-    if (!dense_fp8(m)) {
+static void dense_forward(const Model *m, Fp8Dense k, void *out, const void *x, const void *xq, const Fp8Cols *x_t,
+                          size_t w, size_t T, size_t N, size_t K, bool accumulate) {
+    if (!dense_fp8(m, k)) {
         m->ops->matmul_forward(out, x, W(m, w), T, N, K, accumulate);
         return;
     }
@@ -1167,9 +1172,9 @@ static void dense_forward(const Model *m, void *out, const void *x, const void *
 
 // Its backward: dx (T, K) (= or += with accumulate_dx) dout . w; dw (N, K) f32 += dout^T . x (in FP8
 // from x's kept token-major copy x_t where non-NULL).
-static void dense_backward(const Model *m, void *dx, void *dw, const void *dout, const void *x, const Fp8Cols *x_t,
-                           size_t w, size_t T, size_t N, size_t K, bool accumulate_dx) {
-    if (!dense_fp8(m)) {
+static void dense_backward(const Model *m, Fp8Dense k, void *dx, void *dw, const void *dout, const void *x,
+                           const Fp8Cols *x_t, size_t w, size_t T, size_t N, size_t K, bool accumulate_dx) {
+    if (!dense_fp8(m, k)) {
         m->ops->matmul_backward(dx, dw, dout, x, W(m, w), T, N, K, accumulate_dx);
         return;
     }
@@ -1196,9 +1201,10 @@ static const void *swiglu_rows(const Fp8Operands *q) { return q ? q->rows : NULL
 static void swiglu_mlp_forward(const Model *m, void *out, const void *in, void *gu, void *hact,
                                size_t gu_w, size_t down_w, size_t T, size_t H, bool accumulate) {
     size_t D = m->cfg.d_model;
-    dense_forward(m, gu, in, NULL, NULL, gu_w, T, 2 * H, D, false);
-    swiglu_fp8(m, dense_fp8(m), hact, gu, NULL, 0, H, T);
-    dense_forward(m, out, hact, swiglu_rows(dense_fp8(m)), NULL, down_w, T, D, H, accumulate);
+    const Fp8Operands *q = dense_fp8(m, FP8_DENSE_MLP);
+    dense_forward(m, FP8_DENSE_MLP, gu, in, NULL, NULL, gu_w, T, 2 * H, D, false);
+    swiglu_fp8(m, q, hact, gu, NULL, 0, H, T);
+    dense_forward(m, FP8_DENSE_MLP, out, hact, swiglu_rows(q), NULL, down_w, T, D, H, accumulate);
 }
 
 // One MoE call's expert work on chunk [e0, e1) of its local experts (moe_exchange_pipeline): the
@@ -1411,7 +1417,8 @@ static void ffn_forward(Model *m, int l, LayerActs *x, const void *in, void *out
 // recompute's again (residual_recompute) with the same product, so the same values.
 static void attention_projection(const Model *m, LayerActs *x, const LayerParams *p, size_t T) {
     const ModelConfig *c = &m->cfg;
-    dense_forward(m, x->ap, x->att, NULL, NULL, p->wo, T, c->d_model, (size_t)c->n_heads * c->head_dim, false);
+    dense_forward(m, FP8_DENSE_OUT, x->ap, x->att, NULL, NULL, p->wo, T, c->d_model, (size_t)c->n_heads * c->head_dim,
+                  false);
 }
 
 // Attention from the layer's input `in` (with in_t non-NULL: keeping its token-major FP8 copy there;
@@ -1422,7 +1429,7 @@ static void attention_forward(Model *m, int l, LayerActs *x, const void *in, con
     const ModelConfig *c = &m->cfg;
     const LayerParams *p = &m->layer[l];
     size_t T = d.B * d.S, D = c->d_model, C = model_qkv_width(c);
-    dense_forward(m, x->qkv_raw, in, in_q, in_t, p->wqkv, T, C, D, false);
+    dense_forward(m, FP8_DENSE_QKV, x->qkv_raw, in, in_q, in_t, p->wqkv, T, C, D, false);
     ops->qkv_norm_rope_forward(x->qkv, x->qk_rstd, x->qkv_raw, W(m, p->q_norm), W(m, p->k_norm),
                                m->rope, d, c->qk_norm, (float)c->norm_eps);
     ops->attention_forward(x->att, x->att_lse, x->qkv, d);
@@ -1466,7 +1473,7 @@ static void layer_forward(Model *m, int l, const ForwardArgs *a) {
         // of its input is kept (that one pass makes both), and the experts' from the second norm
         // (norm_makes_tokens).
         const Fp8Cols *n1_t = forward_cols(&x->n1_t, a);
-        const Fp8Operands *q = dense_fp8(m) && !n1_t ? m->fp8 : NULL;
+        const Fp8Operands *q = n1_t ? NULL : dense_fp8(m, FP8_DENSE_QKV);
         const void *n1q = layer_norm_forward(m, NULL, x->n1, x->n1_rstd, in, NULL, p->attn_norm, T,
                                              q ? q->rows : NULL, q ? q->row_scales : NULL);
         attention_forward(m, l, x, x->n1, n1q, n1_t, d);
@@ -1550,9 +1557,9 @@ static void swiglu_mlp_backward(const Model *m, void *din, const void *dout, con
                                 size_t T, size_t H, bool accumulate) {
     size_t D = m->cfg.d_model;
     swiglu_recompute(m, hact, gu, T, H, NULL, 0);
-    dense_backward(m, m->s.dhact, G(m, down_w), dout, hact, NULL, down_w, T, D, H, false);
+    dense_backward(m, FP8_DENSE_MLP, m->s.dhact, G(m, down_w), dout, hact, NULL, down_w, T, D, H, false);
     m->ops->swiglu_backward(m->s.dgu, NULL, NULL, m->s.dhact, gu, NULL, T, H, NULL, 0);
-    dense_backward(m, din, G(m, gu_w), m->s.dgu, in, NULL, gu_w, T, 2 * H, D, accumulate);
+    dense_backward(m, FP8_DENSE_MLP, din, G(m, gu_w), m->s.dgu, in, NULL, gu_w, T, 2 * H, D, accumulate);
 }
 
 // Selective recompute: the router's logits, scores, choice, weights and counts again from the
@@ -1744,7 +1751,7 @@ static void attention_backward(Model *m, int l, LayerActs *x, void *din, const v
     const LayerParams *p = &m->layer[l];
     const Scratch *s = &m->s;
     size_t T = d.B * d.S, D = c->d_model, C = model_qkv_width(c);
-    dense_backward(m, s->datt, G(m, p->wo), dout, x->att, NULL, p->wo, T, D, d.Hq * d.hd, false);
+    dense_backward(m, FP8_DENSE_OUT, s->datt, G(m, p->wo), dout, x->att, NULL, p->wo, T, D, d.Hq * d.hd, false);
     if (m->recompute == RECOMPUTE_SELECTIVE) // the forward's values again (the same kernel on the same inputs)
         ops->qkv_norm_rope_forward(x->qkv, x->qk_rstd, x->qkv_raw, W(m, p->q_norm), W(m, p->k_norm), m->rope, d,
                                    c->qk_norm, (float)c->norm_eps);
@@ -1752,7 +1759,8 @@ static void attention_backward(Model *m, int l, LayerActs *x, void *din, const v
     ops->qkv_norm_rope_backward(s->dqkv, G(m, p->q_norm), G(m, p->k_norm), s->dqkv, x->qkv_raw, // in place
                                 W(m, p->q_norm), W(m, p->k_norm), x->qk_rstd, m->rope, d,
                                 c->qk_norm);
-    dense_backward(m, din, G(m, p->wqkv), s->dqkv, in, kept_cols(&x->n1_t), p->wqkv, T, C, D, accumulate);
+    dense_backward(m, FP8_DENSE_QKV, din, G(m, p->wqkv), s->dqkv, in, kept_cols(&x->n1_t), p->wqkv, T, C, D,
+                   accumulate);
 }
 
 // Selective recompute, pre-norm: a norm's output again from its kept input (the forward's kernel

@@ -80,13 +80,17 @@ typedef struct {
 // the expert products Rr received rows over El local experts with Tt = fp8_expert_cols(Rr, El)
 // columns, the dense ones T = B S tokens with Tt = fp8_expert_cols(T, 1) (one group); each buffer
 // is sized for the larger need of the two kinds.
+// The dense linear layers' products that can run in FP8 beside the experts' (Fp8Operands.dense).
+typedef enum { FP8_DENSE_QKV, FP8_DENSE_OUT, FP8_DENSE_MLP, FP8_DENSE_KINDS } Fp8Dense;
+
 typedef struct {
     Fp8Scaling how;
     Fp8ColBlocks x_cols;        // the scale blocks of the token-major copies of the products' inputs
                                 // that their weight gradients read (train.fp8_wgrad_blocks); the output
                                 // gradients' copies are in 1x128
-    bool dense;                 // the dense linear layers' products too (QKV, output projection, dense
-                                // and shared MLPs), not only the experts'
+    bool dense[FP8_DENSE_KINDS]; // which dense linear layers' products run in FP8 too, not only the
+                                 // experts': the attention's QKV and output projections, the dense
+                                 // and shared MLPs
     bool fused_dispatch;        // with one expert-parallel rank, the experts' operands and the down
                                 // projections' output gradients read from the tokens' rows
                                 // (Scratch.row_token: the dispatch and the combine's backward copy none)
@@ -215,12 +219,16 @@ typedef struct {
 // What a model allocates beyond its shape: the activations train.recompute drops, and whether the
 // expert products run in FP8 (train.precision = fp8), with which scaling (train.fp8_recipe) and
 // with the dense linear layers' products too (train.fp8_dense: QKV, output projection, dense and
-// shared MLPs; never the router nor the LM head).
+// shared MLPs; never the router nor the LM head; train.fp8_dense_qkv and _out take the attention's
+// projections out of that one at a time).
 typedef struct {
     Recompute recompute;
     bool fp8;
     Fp8Scaling how;
     bool fp8_dense;
+    bool fp8_act_qkv;        // with fp8_dense, the attention's QKV projection in act precision all the
+                             // same (train.fp8_dense_qkv = false; zero, as unset: in FP8 with the rest)
+    bool fp8_act_out;        // the same for its output projection (train.fp8_dense_out = false)
     bool fp8_fused_dispatch; // train.fp8_fused_dispatch (Fp8Operands.fused_dispatch)
     bool fp8_fused_swiglu;   // train.fp8_fused_swiglu (Fp8Operands.fused_swiglu)
     bool fp8_exchange;       // train.fp8_exchange (Fp8Operands.exchange)

@@ -102,7 +102,12 @@ static const ConfigKey KEYS[] = {
                                               "scales)"),
     BOOL(train, fp8_dense, "with precision fp8: the dense linear layers (QKV and output projections, dense and "
                            "shared MLPs) in FP8 too; false keeps them in bf16 beside FP8 experts (the router and "
-                           "the LM head always are)"),
+                           "the LM head always are): a slower step whose losses stay closer to bf16's (docs/FP8.md)"),
+    BOOL(train, fp8_dense_qkv, "with precision fp8 and train.fp8_dense: the attention's QKV projection in FP8 "
+                               "too; false keeps it alone in bf16 (to see which dense layer moves a run's "
+                               "losses, docs/FP8.md)"),
+    BOOL(train, fp8_dense_out, "with precision fp8 and train.fp8_dense: the attention's output projection in "
+                               "FP8 too; false keeps it alone in bf16 (as train.fp8_dense_qkv)"),
     BOOL(train, fp8_fused_dispatch, "with precision fp8 and one expert-parallel rank: the experts' FP8 "
                                     "inputs and output gradients quantised straight from the tokens' rows, "
                                     "so the dispatch and the combine's backward copy none (the same "
@@ -171,7 +176,8 @@ void config_defaults(Config *c) {
         .lr = 3e-3, .min_lr_ratio = 0.1, .warmup = 30, .schedule = SCHED_COSINE,
         .weight_decay = 0.1, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .clip = 1.0,
         .seed = 1, .log_every = 10, .eval_every = 100, .eval_batches = 20,
-        .ckpt_every = 200, .keep_ckpts = 2, .fp8_dense = true, .fp8_fused_dispatch = true, .fp8_fused_swiglu = true,
+        .ckpt_every = 200, .keep_ckpts = 2, .fp8_dense = true, .fp8_dense_qkv = true, .fp8_dense_out = true,
+        .fp8_fused_dispatch = true, .fp8_fused_swiglu = true,
         .fp8_wgrad_blocks = true, .fp8_fused_update = true,
     };
     snprintf(c->train.out, sizeof c->train.out, "runs/default");

@@ -40,6 +40,8 @@ typedef struct {
     Precision precision;       // the expert GEMMs' (and dense layers') number format
     Fp8Recipe fp8_recipe;      // with precision fp8: the scaling recipe
     bool fp8_dense;            // with precision fp8: the dense linear layers in FP8 too (else act precision)
+    bool fp8_dense_qkv;        // with fp8_dense: the attention's QKV projection in FP8 too (else act precision)
+    bool fp8_dense_out;        // with fp8_dense: the attention's output projection in FP8 too (else act precision)
     bool fp8_fused_dispatch;   // with precision fp8: expert operands quantised from the tokens' rows
     bool fp8_fused_swiglu;     // with precision fp8: the experts' SwiGLU backward writes FP8 operands
     bool fp8_exchange;         // with precision fp8: rows travel to the experts (and inputs are kept) as FP8

@@ -110,6 +110,18 @@ if run train.steps=30 train.precision=fp8 train.fp8_dense=false model.head_dim=1
         ok "fp8 experts only: step-30 loss $c (dense layers in FP8 $a, exact $b)"
     else bad "fp8 experts only: near exact, not the dense FP8 loss" "experts only $c, dense FP8 $a, exact $b"; fi
 else bad "fp8 experts only runs (any head width)" "$(tail -5 "$tmp/last.log")"; fi
+# train.fp8_dense_qkv / _out = false: the attention's QKV or output projection alone in act precision;
+# both false is train.fp8_dense=false bit for bit in a model with no dense or shared MLP (the default),
+# one alone another loss than either.
+if run train.steps=30 train.precision=fp8 train.fp8_dense_qkv=false train.fp8_dense_out=false \
+        train.out="$tmp/fp8_act_attn" && run train.steps=30 train.precision=fp8 train.fp8_dense_out=false \
+        train.out="$tmp/fp8_act_out"; then
+    d=$(losses "$tmp/fp8_act_out" | tail -1 | cut -d: -f2)
+    if [ "$(losses "$tmp/fp8_act_attn")" = "$(losses "$tmp/fp8_experts")" ] &&
+        awk -v a="$a" -v c="$c" -v d="$d" 'BEGIN { exit !(d != a && d != c) }'; then
+        ok "fp8 attention projections in act precision: both as fp8_dense=false bit for bit, the output one alone $d"
+    else bad "fp8 attention projections in act precision" "both: $(losses "$tmp/fp8_act_attn" | tail -1), experts only $c; out alone $d, dense FP8 $a"; fi
+else bad "fp8 attention projections in act precision run" "$(tail -5 "$tmp/last.log")"; fi
 # train.fp8_wgrad_blocks=false: the experts' weight gradients read their inputs' token-major copies in
 # 1x128 blocks, not the default 128x128: another loss, as near exact.
 if run train.steps=30 train.precision=fp8 train.fp8_wgrad_blocks=false train.out="$tmp/fp8_1x128"; then
