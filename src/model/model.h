@@ -73,6 +73,9 @@ typedef struct {
     void *scales, *scales_t;   // f32 (El, Kb, Nb), (El, Nb, Kb): q's, and those of its transpose
 } Fp8Weights;
 
+// The dense linear layers' products that can run in FP8 beside the experts' (Fp8Operands.dense).
+typedef enum { FP8_DENSE_QKV, FP8_DENSE_OUT, FP8_DENSE_MLP, FP8_DENSE_KINDS } Fp8Dense;
+
 // The FP8 products' operands (model_init with modes.fp8; docs/FP8.md): the weights of every product in FP8
 // held here, kept from one change of the compute weights to the next, and the activation operands,
 // scratch shared by every layer and product (nothing in it outlives a product). A product (N, K)
@@ -80,9 +83,6 @@ typedef struct {
 // the expert products Rr received rows over El local experts with Tt = fp8_expert_cols(Rr, El)
 // columns, the dense ones T = B S tokens with Tt = fp8_expert_cols(T, 1) (one group); each buffer
 // is sized for the larger need of the two kinds.
-// The dense linear layers' products that can run in FP8 beside the experts' (Fp8Operands.dense).
-typedef enum { FP8_DENSE_QKV, FP8_DENSE_OUT, FP8_DENSE_MLP, FP8_DENSE_KINDS } Fp8Dense;
-
 typedef struct {
     Fp8Scaling how;
     Fp8ColBlocks x_cols;        // the scale blocks of the token-major copies of the products' inputs
