@@ -44,8 +44,8 @@ void params_end_region(ParamRegistry *r, ParamRegion region, size_t multiple) {
 }
 
 bool params_part(const ParamInfo *p, size_t lo, size_t hi, size_t *a, size_t *b) {
-    *a = p->offset > lo ? p->offset : lo;
-    *b = p->offset + p->numel < hi ? p->offset + p->numel : hi;
+    *a = size_max(p->offset, lo);
+    *b = size_min(p->offset + p->numel, hi);
     return *a < *b;
 }
 

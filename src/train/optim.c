@@ -86,15 +86,15 @@ static void adamw_part(const Optimizer *o, Model *m, const OptShard *s, size_t l
                        size_t first) {
     const Ops *ops = m->ops;
     const ParamRegistry *r = &m->reg;
-    lo = lo > s->shard_begin ? lo : s->shard_begin;
-    hi = hi < s->shard_begin + s->shard ? hi : s->shard_begin + s->shard;
+    lo = size_max(lo, s->shard_begin);
+    hi = size_min(hi, s->shard_begin + s->shard);
     for (size_t i = 0; i < r->n;) {
         size_t j = i;
         while (j + 1 < r->n && r->p[j + 1].decay == r->p[i].decay &&
                r->p[j + 1].offset == r->p[j].offset + r->p[j].numel)
             j++;
-        size_t a = r->p[i].offset > lo ? r->p[i].offset : lo;
-        size_t b = r->p[j].offset + r->p[j].numel < hi ? r->p[j].offset + r->p[j].numel : hi;
+        size_t a = size_max(r->p[i].offset, lo);
+        size_t b = size_min(r->p[j].offset + r->p[j].numel, hi);
         i = j + 1;
         if (a >= b) continue;
         AdamWArgs args = adamw_args(o->train, r->p[j].decay);

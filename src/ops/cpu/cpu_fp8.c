@@ -190,7 +190,7 @@ static float fp8_weight_block(uint8_t *q, const real *w, size_t e, size_t nb, si
     uint32_t amax = 0;
     size_t k0 = kb * FP8_BLOCK, k1 = size_min(k0 + FP8_BLOCK, K);
     for (size_t n = nb * FP8_BLOCK; n < size_min((nb + 1) * FP8_BLOCK, N); n++) {
-        size_t line = (e * N + n) * K, f0 = line + k0 > lo ? line + k0 : lo, f1 = size_min(line + k1, hi);
+        size_t line = (e * N + n) * K, f0 = size_max(line + k0, lo), f1 = size_min(line + k1, hi);
         if (f0 >= f1) continue;
         float v[FP8_BLOCK];
         for (size_t f = f0; f < f1; f++) v[f - f0] = (float)w[f];
