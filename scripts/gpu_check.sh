@@ -166,8 +166,9 @@ if has fp8; then
     done
     # fp8 above runs the dense layers in FP8 too (train.fp8_dense) on cuBLASLt, and reads the experts'
     # operands from the tokens' rows (train.fp8_fused_dispatch): each left out in turn for comparison,
-    # and the attention's QKV and output projections alone (train.fp8_dense_qkv, _out).
-    for v in train.fp8_dense=false train.fp8_dense_qkv=false train.fp8_dense_out=false \
+    # the attention's QKV and output projections alone (train.fp8_dense_qkv, _out) and QKV's forward
+    # alone (train.fp8_qkv_forward).
+    for v in train.fp8_dense=false train.fp8_dense_qkv=false train.fp8_dense_out=false train.fp8_qkv_forward=false \
         train.fp8_fused_dispatch=false MOE_KERNELS=fp8_dense=cutlass; do
         if [[ $v == MOE_KERNELS=* ]]; then env "$v" timeout 240 ./moe bench configs/bench/scale-E8.json train.precision=fp8
         else timeout 240 ./moe bench configs/bench/scale-E8.json train.precision=fp8 "$v"; fi > runs/bench_scale-E8_$v.txt 2>&1

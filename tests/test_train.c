@@ -177,10 +177,11 @@ static void test_micro_batch_accumulation(void) {
 // rows or not (train.fp8_fused_dispatch), the experts' SwiGLU backward making the FP8 operands or
 // not (train.fp8_fused_swiglu), the optimizer's update making the experts' FP8 copies or not
 // (train.fp8_fused_update), and with the dense layers in FP8 the attention's QKV or output
-// projection in act precision all the same (train.fp8_dense_qkv, _out = false).
+// projection in act precision all the same (train.fp8_dense_qkv, _out = false), or QKV's forward
+// product alone (train.fp8_qkv_forward = false).
 typedef struct {
     Fp8Scaling how;
-    bool dense, fused, swiglu, wgrad_blocks, update, act_qkv, act_out;
+    bool dense, fused, swiglu, wgrad_blocks, update, act_qkv, act_out, act_qkv_forward;
 } TestFp8;
 
 // What a test model of recompute mode r with products as *fp8 says (NULL: act precision) allocates.
@@ -188,7 +189,8 @@ static ModelModes test_modes(Recompute r, const TestFp8 *fp8) {
     return fp8 ? (ModelModes){.recompute = r, .fp8 = true, .how = fp8->how, .fp8_dense = fp8->dense,
                               .fp8_fused_dispatch = fp8->fused, .fp8_fused_swiglu = fp8->swiglu,
                               .fp8_wgrad_blocks = fp8->wgrad_blocks, .fp8_fused_update = fp8->update,
-                              .fp8_act_qkv = fp8->act_qkv, .fp8_act_out = fp8->act_out}
+                              .fp8_act_qkv = fp8->act_qkv, .fp8_act_out = fp8->act_out,
+                              .fp8_act_qkv_forward = fp8->act_qkv_forward}
                : (ModelModes){.recompute = r};
 }
 
@@ -301,14 +303,16 @@ static double rel_l2(const real *got, const real *want, size_t n) {
 // and the MLP's gate|up (T, D) and down (T, H) projections, and the backward's token-major copies of
 // the same (activations); the backward's rows of their output gradients (T, C), (T, D), (T, 2H),
 // (T, D) and token-major copies of the same (gradients). H: the dense or shared MLP's hidden width.
-// Without QKV or the output projection (fp8->act_qkv, act_out) where those run in act precision.
+// Without QKV or the output projection (fp8->act_qkv, act_out) where those run in act precision,
+// without QKV's input's rows where its forward alone does (act_qkv_forward).
 static void dense_fp8_values(const ModelConfig *c, size_t T, const TestFp8 *fp8, uint64_t *activations,
                              uint64_t *gradients) {
     size_t D = (size_t)c->d_model, C = model_qkv_width(c), Dq = (size_t)c->n_heads * c->head_dim;
+    size_t qkv_in = fp8->act_qkv ? 0 : fp8->act_qkv_forward ? 1 : 2; // copies of QKV's input
     *activations = *gradients = 0;
     for (int l = 0; l < c->n_layers; l++) {
         size_t H = (size_t)(model_layer_is_moe(c, l) ? c->shared_hidden : c->dense_hidden);
-        *activations += 2 * T * ((fp8->act_qkv ? 0 : D) + (fp8->act_out ? 0 : Dq) + (H ? D + H : 0));
+        *activations += T * (qkv_in * D + 2 * ((fp8->act_out ? 0 : Dq) + (H ? D + H : 0)));
         *gradients += 2 * T * ((fp8->act_qkv ? 0 : C) + (fp8->act_out ? 0 : D) + (H ? 2 * H + D : 0));
     }
 }
@@ -327,7 +331,10 @@ static unsigned long long fp8_values(const uint64_t *counts, Fp8Class c) {
 // layers' quantisations add exactly their operands' values to the counters (dense_fp8_values; no
 // drops here, so the experts' count the same in both), the weights none in a step. With QKV or the
 // output projection in act precision (train.fp8_dense_qkv, _out = false) the counters lose exactly
-// that product's operands and the gradients move (the switch took effect).
+// that product's operands and the gradients move (the switch took effect). With QKV's forward alone
+// in act precision (train.fp8_qkv_forward = false) the loss is QKV-in-act-precision's bit for bit
+// (the same forward), the gradients neither its nor FP8's (the backward in FP8), and the counters
+// lose exactly the rows of QKV's input.
 static void fp8_step_case(ModelConfig c, const char *config, double tol) {
     Model sizing;
     Parallel par;
@@ -339,17 +346,20 @@ static void fp8_step_case(ModelConfig c, const char *config, double tol) {
     size_t dense_len = sizing.layer[0].dense_down + (size_t)c.d_model * c.dense_hidden - dense;
     model_free(&sizing);
     test_free_parallel(&par);
-    enum { EXACT, DENSE, DENSE_FULL, DENSE_SELECTIVE, DENSE_POW2, EXPERTS, BLOCKS, ACT_QKV, ACT_OUT, RUNS };
+    enum { EXACT, DENSE, DENSE_FULL, DENSE_SELECTIVE, DENSE_POW2, EXPERTS, BLOCKS, ACT_QKV, ACT_OUT, ACT_QKV_FORWARD,
+           RUNS };
     const TestFp8 modes[RUNS] = {[DENSE] = {FP8_SCALE_AMAX, true}, [DENSE_FULL] = {FP8_SCALE_AMAX, true},
                                  [DENSE_SELECTIVE] = {FP8_SCALE_AMAX, true}, [DENSE_POW2] = {FP8_SCALE_POW2, true},
                                  [EXPERTS] = {FP8_SCALE_AMAX, false},
                                  [BLOCKS] = {FP8_SCALE_AMAX, true, .wgrad_blocks = true},
                                  [ACT_QKV] = {FP8_SCALE_AMAX, true, .act_qkv = true},
-                                 [ACT_OUT] = {FP8_SCALE_AMAX, true, .act_out = true}};
+                                 [ACT_OUT] = {FP8_SCALE_AMAX, true, .act_out = true},
+                                 [ACT_QKV_FORWARD] = {FP8_SCALE_AMAX, true, .act_qkv_forward = true}};
     const Recompute recompute[RUNS] = {[DENSE_FULL] = RECOMPUTE_FULL, [DENSE_SELECTIVE] = RECOMPUTE_SELECTIVE};
     const char *names[RUNS] = {"exact", "FP8 amax", "FP8 amax, full recompute", "FP8 amax, selective recompute",
                                "FP8 pow2", "FP8 experts only", "FP8 amax, weight gradients' inputs in 128x128 blocks",
-                               "FP8 amax, QKV in act precision", "FP8 amax, output projection in act precision"};
+                               "FP8 amax, QKV in act precision", "FP8 amax, output projection in act precision",
+                               "FP8 amax, QKV's forward in act precision"};
     real *grads[RUNS], *metrics[RUNS];
     uint64_t counts[RUNS][MODEL_FP8_COUNTS];
     for (int i = 0; i < RUNS; i++) {
@@ -381,10 +391,14 @@ static void fp8_step_case(ModelConfig c, const char *config, double tol) {
         CHECK_MSG(modes[i].dense ? gd > 0.01 && gd < tol : gd < 0.01,
                   "%s: %s: dense-layer gradients differ from exact ones by %.3g (relative L2)", config, names[i], gd);
     }
-    for (int i = ACT_QKV; i <= ACT_OUT; i++)
+    for (int i = ACT_QKV; i <= ACT_QKV_FORWARD; i++)
         CHECK_MSG(memcmp(grads[i], grads[DENSE], P * sizeof(real)), "%s: %s: the gradients of FP8 keeping everything",
                   config, names[i]);
-    const int counted[] = {DENSE, ACT_QKV, ACT_OUT};
+    CHECK_MSG(metrics[ACT_QKV_FORWARD][METRIC_CE] == metrics[ACT_QKV][METRIC_CE] &&
+                  memcmp(grads[ACT_QKV_FORWARD], grads[ACT_QKV], P * sizeof(real)),
+              "%s: %s: loss %.9g against %.9g with QKV in act precision (want the same), or the same gradients",
+              config, names[ACT_QKV_FORWARD], metrics[ACT_QKV_FORWARD][METRIC_CE], metrics[ACT_QKV][METRIC_CE]);
+    const int counted[] = {DENSE, ACT_QKV, ACT_OUT, ACT_QKV_FORWARD};
     for (size_t k = 0; k < sizeof counted / sizeof *counted; k++) {
         int i = counted[k];
         uint64_t act, grad, *with = counts[i], *without = counts[EXPERTS];

@@ -626,6 +626,7 @@ static Fp8Operands *fp8_operands_new(const Model *m, ModelModes modes) {
     o->dense[FP8_DENSE_QKV] = modes.fp8_dense && !modes.fp8_act_qkv;
     o->dense[FP8_DENSE_OUT] = modes.fp8_dense && !modes.fp8_act_out;
     o->dense[FP8_DENSE_MLP] = modes.fp8_dense;
+    o->act_forward[FP8_DENSE_QKV] = modes.fp8_act_qkv_forward;
     o->exchange = modes.fp8_exchange, o->fused_swiglu = modes.fp8_fused_swiglu;
     o->fused_update = modes.fp8_fused_update;
     o->x_cols = modes.fp8_wgrad_blocks ? FP8_COLS_128X128 : FP8_COLS_1X128;
@@ -1158,12 +1159,23 @@ static void fp8_accumulate(const Model *m, void *out, bool accumulate, size_t n)
     if (accumulate) m->ops->add(out, out, m->fp8->sum, n);
 }
 
+// The FP8 operands of dense linear layer k's forward product; NULL: it runs in act precision.
+static const Fp8Operands *dense_fp8_forward(const Model *m, Fp8Dense k) {
+    const Fp8Operands *q = dense_fp8(m, k);
+    return q && !q->act_forward[k] ? q : NULL;
+}
+
 // Dense linear layer k, out (T, N) (= or +=) x (T, K) . w (N, K)^T with the compute weights at
-// offset w: in act precision, or (dense_fp8) in FP8 (fp8_forward; xq and x_t as there).
+// offset w: in act precision, or (dense_fp8_forward) in FP8 (fp8_forward; xq and x_t as there). In
+// act precision with x_t non-NULL (the backward's products in FP8: Fp8Operands.act_forward), x's
+// token-major copy is kept there all the same.
 static void dense_forward(const Model *m, Fp8Dense k, void *out, const void *x, const void *xq, const Fp8Cols *x_t,
                           size_t w, size_t T, size_t N, size_t K, bool accumulate) {
-    if (!dense_fp8(m, k)) {
+    if (!dense_fp8_forward(m, k)) {
         m->ops->matmul_forward(out, x, W(m, w), T, N, K, accumulate);
+        if (x_t)
+            m->ops->fp8_quantize_cols(x_t->q, x_t->scales, x, NULL, 1, T, K, m->fp8->how, m->fp8->x_cols,
+                                      fp8_counts(m->fp8, FP8_CLASS_ACTIVATIONS));
         return;
     }
     fp8_forward(m, fp8_target(m, out, accumulate, N), x, NULL, xq, x_t, w, NULL, 1, N, K, T);
@@ -1473,7 +1485,7 @@ static void layer_forward(Model *m, int l, const ForwardArgs *a) {
         // of its input is kept (that one pass makes both), and the experts' from the second norm
         // (norm_makes_tokens).
         const Fp8Cols *n1_t = forward_cols(&x->n1_t, a);
-        const Fp8Operands *q = n1_t ? NULL : dense_fp8(m, FP8_DENSE_QKV);
+        const Fp8Operands *q = n1_t ? NULL : dense_fp8_forward(m, FP8_DENSE_QKV);
         const void *n1q = layer_norm_forward(m, NULL, x->n1, x->n1_rstd, in, NULL, p->attn_norm, T,
                                              q ? q->rows : NULL, q ? q->row_scales : NULL);
         attention_forward(m, l, x, x->n1, n1q, n1_t, d);

@@ -91,6 +91,9 @@ typedef struct {
     bool dense[FP8_DENSE_KINDS]; // which dense linear layers' products run in FP8 too, not only the
                                  // experts': the attention's QKV and output projections, the dense
                                  // and shared MLPs
+    bool act_forward[FP8_DENSE_KINDS]; // of those, the ones whose forward product runs in act precision
+                                       // all the same, their two backward products in FP8 (the QKV
+                                       // projection with train.fp8_qkv_forward = false)
     bool fused_dispatch;        // with one expert-parallel rank, the experts' operands and the down
                                 // projections' output gradients read from the tokens' rows
                                 // (Scratch.row_token: the dispatch and the combine's backward copy none)
@@ -220,7 +223,7 @@ typedef struct {
 // expert products run in FP8 (train.precision = fp8), with which scaling (train.fp8_recipe) and
 // with the dense linear layers' products too (train.fp8_dense: QKV, output projection, dense and
 // shared MLPs; never the router nor the LM head; train.fp8_dense_qkv and _out take the attention's
-// projections out of that one at a time).
+// projections out of that one at a time, train.fp8_qkv_forward the QKV projection's forward alone).
 typedef struct {
     Recompute recompute;
     bool fp8;
@@ -229,6 +232,8 @@ typedef struct {
     bool fp8_act_qkv;        // with fp8_dense, the attention's QKV projection in act precision all the
                              // same (train.fp8_dense_qkv = false; zero, as unset: in FP8 with the rest)
     bool fp8_act_out;        // the same for its output projection (train.fp8_dense_out = false)
+    bool fp8_act_qkv_forward; // with the QKV projection in FP8, its forward product in act precision,
+                              // its backward's in FP8 (train.fp8_qkv_forward = false)
     bool fp8_fused_dispatch; // train.fp8_fused_dispatch (Fp8Operands.fused_dispatch)
     bool fp8_fused_swiglu;   // train.fp8_fused_swiglu (Fp8Operands.fused_swiglu)
     bool fp8_exchange;       // train.fp8_exchange (Fp8Operands.exchange)

@@ -108,6 +108,9 @@ static const ConfigKey KEYS[] = {
                                "losses, docs/FP8.md)"),
     BOOL(train, fp8_dense_out, "with precision fp8 and train.fp8_dense: the attention's output projection in "
                                "FP8 too; false keeps it alone in bf16 (as train.fp8_dense_qkv)"),
+    BOOL(train, fp8_qkv_forward, "with the QKV projection in FP8 (train.fp8_dense, train.fp8_dense_qkv): its "
+                                 "forward product in FP8 too; false runs that one product in bf16, its input and "
+                                 "weight gradients still in FP8 (docs/FP8.md)"),
     BOOL(train, fp8_fused_dispatch, "with precision fp8 and one expert-parallel rank: the experts' FP8 "
                                     "inputs and output gradients quantised straight from the tokens' rows, "
                                     "so the dispatch and the combine's backward copy none (the same "
@@ -177,7 +180,7 @@ void config_defaults(Config *c) {
         .weight_decay = 0.1, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .clip = 1.0,
         .seed = 1, .log_every = 10, .eval_every = 100, .eval_batches = 20,
         .ckpt_every = 200, .keep_ckpts = 2, .fp8_dense = true, .fp8_dense_qkv = true, .fp8_dense_out = true,
-        .fp8_fused_dispatch = true, .fp8_fused_swiglu = true,
+        .fp8_qkv_forward = true, .fp8_fused_dispatch = true, .fp8_fused_swiglu = true,
         .fp8_wgrad_blocks = true, .fp8_fused_update = true,
     };
     snprintf(c->train.out, sizeof c->train.out, "runs/default");

@@ -42,6 +42,8 @@ typedef struct {
     bool fp8_dense;            // with precision fp8: the dense linear layers in FP8 too (else act precision)
     bool fp8_dense_qkv;        // with fp8_dense: the attention's QKV projection in FP8 too (else act precision)
     bool fp8_dense_out;        // with fp8_dense: the attention's output projection in FP8 too (else act precision)
+    bool fp8_qkv_forward;      // with the QKV projection in FP8: its forward product too (else act precision,
+                               // its backward's in FP8)
     bool fp8_fused_dispatch;   // with precision fp8: expert operands quantised from the tokens' rows
     bool fp8_fused_swiglu;     // with precision fp8: the experts' SwiGLU backward writes FP8 operands
     bool fp8_exchange;         // with precision fp8: rows travel to the experts (and inputs are kept) as FP8

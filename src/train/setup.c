@@ -78,7 +78,8 @@ ModelModes setup_model_modes(const Config *cfg) {
     return (ModelModes){.recompute = t->recompute, .fp8 = t->precision == PRECISION_FP8,
                         .how = t->fp8_recipe == FP8_RECIPE_BLOCKWISE_POW2 ? FP8_SCALE_POW2 : FP8_SCALE_AMAX,
                         .fp8_dense = t->fp8_dense, .fp8_act_qkv = !t->fp8_dense_qkv,
-                        .fp8_act_out = !t->fp8_dense_out, .fp8_fused_dispatch = t->fp8_fused_dispatch,
+                        .fp8_act_out = !t->fp8_dense_out, .fp8_act_qkv_forward = !t->fp8_qkv_forward,
+                        .fp8_fused_dispatch = t->fp8_fused_dispatch,
                         .fp8_fused_swiglu = t->fp8_fused_swiglu,
                         .fp8_exchange = t->fp8_exchange, .fp8_wgrad_blocks = t->fp8_wgrad_blocks,
                         .fp8_fused_update = t->fp8_fused_update};
