@@ -6,7 +6,9 @@
 # Prints per pair: the final validation loss of each and their difference, the 20-step averages'
 # worst relative gap after warm-up, the per-step losses' relative gaps after warm-up as a root mean
 # square (how far the run strays from its reference step by step: a finer yardstick than the bounds'
-# verdict, for comparing recipes and run-to-run noise), and whether the first two lie within
+# verdict, for comparing recipes and run-to-run noise), the relative gap of its last full WINDOW steps
+# summed (a late drift, as when a run memorises a corpus read again less; none without a full window),
+# and whether the first two lie within
 # FINAL_BOUND and AVG_BOUND percent (defaults 0.5 and 1: issue 13's per-run bounds; a pair without
 # validation losses is judged on the averages alone), then how many pairs did and the range of the
 # rms gaps; then, over all pairs, the mean relative gap of each WINDOW-step window: the recipe's
@@ -41,14 +43,15 @@ for pair in "$@"; do
           if (n > warmup) { g = ($2 - $1) / $1; sq += g * g; m++ }
           if (n > warmup && n >= 20) { d = (sb - sa) / sa; if (d * d > w * w) { w = d; at = n } }
           wa += $1; wb += $2
-          if (n % win == 0) { printf "%d %.6f\n", n, (wb - wa) / wa >> windows; wa = 0; wb = 0 } }
+          if (n % win == 0) { last = (wb - wa) / wa; full = 1; printf "%d %.6f\n", n, last >> windows; wa = 0; wb = 0 } }
         function within(x, bound) { x = sprintf("%.2f", 100 * (x < 0 ? -x : x)); return x + 0 <= bound + 0 }
         END { printf "%s: %d steps; final validation %s against %s", name, n, vn, vr
               ok = within(w, ab)
               if (vr != "-" && vn != "-") { printf " (%+.2f%%)", 100 * (vn - vr) / vr; ok = ok && within((vn - vr) / vr, fb) }
               rms = m ? 100 * sqrt(sq / m) : 0
-              printf "; 20-step averages after step %d at worst %+.2f%% (step %d); steps after it %.2f%% rms apart; %s\n",
-                     warmup, 100 * w, at, rms, ok ? "within the bounds" : "OUTSIDE the bounds"
+              late = full ? sprintf("the last %d steps %+.2f%%; ", win, 100 * last) : ""
+              printf "; 20-step averages after step %d at worst %+.2f%% (step %d); steps after it %.2f%% rms apart; %s%s\n",
+                     warmup, 100 * w, at, rms, late, ok ? "within the bounds" : "OUTSIDE the bounds"
               printf "%d %.6f\n", ok, rms >> held }'
 done
 awk -v fb="$FINAL_BOUND" -v ab="$AVG_BOUND" '{ n++; k += $1; r = $2; if (n == 1 || r < lo) lo = r; if (n == 1 || r > hi) hi = r }
