@@ -43,13 +43,13 @@ for pair in "$@"; do
           if (n > warmup) { g = ($2 - $1) / $1; sq += g * g; m++ }
           if (n > warmup && n >= 20) { d = (sb - sa) / sa; if (d * d > w * w) { w = d; at = n } }
           wa += $1; wb += $2
-          if (n % win == 0) { last = (wb - wa) / wa; full = 1; printf "%d %.6f\n", n, last >> windows; wa = 0; wb = 0 } }
+          if (n % win == 0) { last = (wb - wa) / wa; printf "%d %.6f\n", n, last >> windows; wa = 0; wb = 0 } }
         function within(x, bound) { x = sprintf("%.2f", 100 * (x < 0 ? -x : x)); return x + 0 <= bound + 0 }
         END { printf "%s: %d steps; final validation %s against %s", name, n, vn, vr
               ok = within(w, ab)
               if (vr != "-" && vn != "-") { printf " (%+.2f%%)", 100 * (vn - vr) / vr; ok = ok && within((vn - vr) / vr, fb) }
               rms = m ? 100 * sqrt(sq / m) : 0
-              late = full ? sprintf("the last %d steps %+.2f%%; ", win, 100 * last) : ""
+              late = n >= win ? sprintf("the last %d steps %+.2f%%; ", win, 100 * last) : ""
               printf "; 20-step averages after step %d at worst %+.2f%% (step %d); steps after it %.2f%% rms apart; %s%s\n",
                      warmup, 100 * w, at, rms, late, ok ? "within the bounds" : "OUTSIDE the bounds"
               printf "%d %.6f\n", ok, rms >> held }'

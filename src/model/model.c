@@ -1080,7 +1080,16 @@ typedef struct {
     Fp8Cols t;
 } Fp8Made;
 
-// Its backward in FP8 (groups as fp8_forward's): dx (R, K) = dout . w[e] from quantised rows of dout
+// x's token-major FP8 copy into t, the weight gradient's operand (Fp8Operands.x_cols blocks, counted
+// as activations), for the El groups of off (NULL: one of all R rows), R rows of K.
+static void input_cols(const Model *m, const Fp8Cols *t, const void *x, const int32_t *off, size_t El, size_t R,
+                       size_t K) {
+    const Fp8Operands *q = m->fp8;
+    m->ops->fp8_quantize_cols(t->q, t->scales, x, off, El, R, K, q->how, q->x_cols,
+                              fp8_counts(q, FP8_CLASS_ACTIVATIONS));
+}
+
+// The backward of fp8_forward in FP8 (its groups): dx (R, K) = dout . w[e] from quantised rows of dout
 // and the weights' codes transposed here (into Fp8Operands.wt); dw (El, N, K) f32 = dout^T . x per
 // group (added to dw when accumulate_dw) from token-major copies of dout and x (either skipped when
 // NULL): x's the forward kept (x_t, x unread) or, with x_t NULL, made here; dout's two copies from
@@ -1105,9 +1114,7 @@ static void fp8_backward(const Model *m, void *dx, void *dw, bool accumulate_dw,
     else if (dx && !made) ops->fp8_quantize_rows(q->rows, q->row_scales, dout, off, El, R, N, q->how, grads);
     else if (make_t) ops->fp8_quantize_cols(dt.q, dt.scales, dout, off, El, R, N, q->how, FP8_COLS_1X128, grads);
     Fp8Cols xt = x_t ? *x_t : (Fp8Cols){.q = q->x_t, .scales = q->x_t_scales};
-    if (dw && !x_t)
-        ops->fp8_quantize_cols(xt.q, xt.scales, x, off, El, R, K, q->how, q->x_cols,
-                               fp8_counts(q, FP8_CLASS_ACTIVATIONS));
+    if (dw && !x_t) input_cols(m, &xt, x, off, El, R, K);
     if (dx) {
         ops->fp8_transpose_codes(q->wt, wq.q, El, N, K);
         fp8_product(m, dx, made ? made->rows : q->rows, q->wt, wq.scales_t, off, El, K, N, R);
@@ -1173,9 +1180,7 @@ static void dense_forward(const Model *m, Fp8Dense k, void *out, const void *x, 
                           size_t w, size_t T, size_t N, size_t K, bool accumulate) {
     if (!dense_fp8_forward(m, k)) {
         m->ops->matmul_forward(out, x, W(m, w), T, N, K, accumulate);
-        if (x_t)
-            m->ops->fp8_quantize_cols(x_t->q, x_t->scales, x, NULL, 1, T, K, m->fp8->how, m->fp8->x_cols,
-                                      fp8_counts(m->fp8, FP8_CLASS_ACTIVATIONS));
+        if (x_t) input_cols(m, x_t, x, NULL, 1, T, K);
         return;
     }
     fp8_forward(m, fp8_target(m, out, accumulate, N), x, NULL, xq, x_t, w, NULL, 1, N, K, T);
