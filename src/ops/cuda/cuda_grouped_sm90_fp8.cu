@@ -146,6 +146,14 @@ static void fp8_wgrad_run(void *dw, const void *dout_t, const void *dout_scales,
     });
 }
 
+// The weight-gradient kernel for the input's blocks (128 x 128 on 128 x 256 tiles when wide) that adds dw to
+// (ACCUMULATE) or writes it.
+template <bool ACCUMULATE>
+static decltype(&fp8_wgrad_run<Fp8Wgrad<1, ACCUMULATE>>) fp8_wgrad_pick(bool block, bool wide) {
+    if (wide) return fp8_wgrad_run<Fp8WgradWide<ACCUMULATE>>;
+    return block ? fp8_wgrad_run<Fp8Wgrad<FP8_BLOCK, ACCUMULATE>> : fp8_wgrad_run<Fp8Wgrad<1, ACCUMULATE>>;
+}
+
 // One group (offsets NULL, a dense layer's) runs on cuBLASLt where it can.
 extern "C" void cuda_fp8_grouped_matmul_wgrad(void *dw, const void *dout_t, const void *dout_scales, const void *x_t,
                                               const void *x_scales, Fp8ColBlocks x_blocks, const int32_t *offsets,
@@ -157,9 +165,6 @@ extern "C" void cuda_fp8_grouped_matmul_wgrad(void *dw, const void *dout_t, cons
         offsets = cuda_fp8_one_group(R);
     }
     bool block = x_blocks == FP8_COLS_128X128, wide = block && !cuda_ctx.fp8_wgrad_128;
-    auto run = wide    ? (accumulate ? fp8_wgrad_run<Fp8WgradWide<true>> : fp8_wgrad_run<Fp8WgradWide<false>>)
-               : block ? (accumulate ? fp8_wgrad_run<Fp8Wgrad<FP8_BLOCK, true>>
-                                     : fp8_wgrad_run<Fp8Wgrad<FP8_BLOCK, false>>)
-                       : (accumulate ? fp8_wgrad_run<Fp8Wgrad<1, true>> : fp8_wgrad_run<Fp8Wgrad<1, false>>);
+    auto run = accumulate ? fp8_wgrad_pick<true>(block, wide) : fp8_wgrad_pick<false>(block, wide);
     run(dw, dout_t, dout_scales, x_t, x_scales, offsets, E, N, K, R);
 }
