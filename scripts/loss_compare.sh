@@ -10,8 +10,10 @@
 # summed (a late drift, as when a run memorises a corpus read again less; none without a full window),
 # and whether the first two lie within
 # FINAL_BOUND and AVG_BOUND percent (defaults 0.5 and 1: issue 13's per-run bounds; a pair without
-# validation losses is judged on the averages alone), then how many pairs did and the range of the
-# rms gaps; then, over all pairs, the mean relative gap of each WINDOW-step window: the recipe's
+# validation losses is judged on the averages alone), then how many pairs did and the range and mean
+# of the rms gaps; the pairs pooled: the final validation gaps' mean and standard deviation, the
+# worst 20-step gaps' mean magnitude and largest (a recipe's spread, to set beside a rerun's with other
+# roundings); then, over all pairs, the mean relative gap of each WINDOW-step window: the recipe's
 # systematic cost, which single runs resolve only to a fraction of a percent (docs/FP8.md).
 # Example: scripts/loss_compare.sh runs/bf16-s1:runs/fp8-s1 runs/bf16-s2:runs/fp8-s2
 set -euo pipefail
@@ -46,17 +48,25 @@ for pair in "$@"; do
           if (n % win == 0) { last = (wb - wa) / wa; printf "%d %.6f\n", n, last >> windows; wa = 0; wb = 0 } }
         function within(x, bound) { x = sprintf("%.2f", 100 * (x < 0 ? -x : x)); return x + 0 <= bound + 0 }
         END { printf "%s: %d steps; final validation %s against %s", name, n, vn, vr
-              ok = within(w, ab)
-              if (vr != "-" && vn != "-") { printf " (%+.2f%%)", 100 * (vn - vr) / vr; ok = ok && within((vn - vr) / vr, fb) }
+              ok = within(w, ab); fg = "-"
+              if (vr != "-" && vn != "-") {
+                  fg = sprintf("%.4f", 100 * (vn - vr) / vr); printf " (%+.2f%%)", fg; ok = ok && within((vn - vr) / vr, fb) }
               rms = m ? 100 * sqrt(sq / m) : 0
               late = n >= win ? sprintf("the last %d steps %+.2f%%; ", win, 100 * last) : ""
               printf "; 20-step averages after step %d at worst %+.2f%% (step %d); steps after it %.2f%% rms apart; %s%s\n",
                      warmup, 100 * w, at, rms, late, ok ? "within the bounds" : "OUTSIDE the bounds"
-              printf "%d %.6f\n", ok, rms >> held }'
+              printf "%d %.6f %.6f %s\n", ok, rms, 100 * (w < 0 ? -w : w), fg >> held }'
 done
-awk -v fb="$FINAL_BOUND" -v ab="$AVG_BOUND" '{ n++; k += $1; r = $2; if (n == 1 || r < lo) lo = r; if (n == 1 || r > hi) hi = r }
-    END { printf "%d of %d pair(s) within the bounds (final validation %s%%, 20-step averages %s%%); per-step gaps %.2f-%.2f%% rms\n",
-                 k, n, fb, ab, lo, hi }' "$held"
+awk -v fb="$FINAL_BOUND" -v ab="$AVG_BOUND" '
+    { n++; k += $1; r = $2; rs += r; if (n == 1 || r < lo) lo = r; if (n == 1 || r > hi) hi = r
+      ws += $3; if ($3 > wmax) wmax = $3
+      if ($4 != "-") { f++; fs += $4; fq += $4 * $4 } }
+    END { printf "%d of %d pair(s) within the bounds (final validation %s%%, 20-step averages %s%%); ", k, n, fb, ab
+          printf "per-step gaps %.2f-%.2f%% rms (mean %.2f%%)\n", lo, hi, rs / n
+          printf "pooled: worst 20-step gaps %.2f%% on average, largest %.2f%%", ws / n, wmax
+          if (f) printf "; final validation gaps %+.2f%% on average", fs / f
+          if (f > 1) { v = (fq - fs * fs / f) / (f - 1); printf ", sd %.2f%% (%d pairs)", sqrt(v > 0 ? v : 0), f }
+          printf "\n" }' "$held"
 sort -n -s -k1,1 "$windows" | awk -v runs=$# -v win="$WINDOW" '
     { s[$1] += $2; c[$1]++; if (!($1 in lo) || $2 < lo[$1]) lo[$1] = $2; if (!($1 in hi) || $2 > hi[$1]) hi[$1] = $2 }
     $1 != last { order[++k] = $1; last = $1 }

@@ -180,8 +180,11 @@ if grep -q "30 steps; final validation .*20-step averages after step 5 at worst 
     ! grep -q "fp8 against .*exact.* worst +0.00%" <<<"$cmp_fp8" && ! grep -q "fp8 against .*exact.* 0.00% rms" <<<"$cmp_fp8" &&
     grep -qE "^1 of 2 pair\(s\) within the bounds \(final validation 0.5%, 20-step averages 0%\); per-step gaps 0.00-[0-9.]+% rms" <<<"$cmp_fp8" &&
     ! grep -q "per-step gaps 0.00-0.00%" <<<"$cmp_fp8" &&
+    grep -q "^pooled: worst 20-step gaps 0.00% on average, largest 0.00%" <<<"$cmp_same" &&
+    grep -qE "^pooled: worst 20-step gaps [0-9.]+% on average, largest [0-9.]+%" <<<"$cmp_fp8" &&
+    ! grep -q "^pooled: .*largest 0.00%" <<<"$cmp_fp8" &&
     ! scripts/loss_compare.sh "$tmp/nope:$tmp/fp8" 2>/dev/null; then
-    ok "loss_compare.sh: no gap between equal runs, fp8's gap against the exact run (20-step, per-step, last window), the bounds judged, missing runs refused"
+    ok "loss_compare.sh: no gap between equal runs, fp8's gap against the exact run (20-step, per-step, last window), the bounds judged, the pairs pooled, missing runs refused"
 else bad "loss_compare.sh" "$cmp_same / $cmp_fp8 / $cmp_long"; fi
 # A resumed fp8 run quantises its FP8 expert weights from the loaded ones (stale copies: other losses).
 fp8_run() { run train.steps=8 train.ckpt_every=4 train.eval_every=0 train.log_every=1 train.precision=fp8 "$@"; }
