@@ -54,7 +54,8 @@ FP8_FN uint8_t fp8_e4m3_encode_exact(float x) {
     uint32_t sub = (uint32_t)rintf(small * 0x1p9f); // below 2^-6: multiples of 2^-9 (8: 2^-6)
     uint32_t r = b + 0x7ffffu + ((b >> 20) & 1u); // the 23-bit mantissa rounded to 3 bits, ties to even
     uint32_t normal = ((r >> 23) - 120u) << 3 | ((r >> 20) & 7u); // exponent rebiased from 127 to 7
-    uint32_t code = a < 0x1p-6f ? sub : (normal > 0x7eu) | (b >= 0x7f800000u) ? 0x7eu : normal;
+    uint32_t saturates = (normal > 0x7eu) | (b >= 0x7f800000u); // past 448, or infinite
+    uint32_t code = a < 0x1p-6f ? sub : saturates ? 0x7eu : normal;
     return a != a ? (uint8_t)FP8_E4M3_NAN : (uint8_t)((u >> 24 & 0x80u) | code);
 }
 
