@@ -50,7 +50,7 @@ for pair in "$@"; do
         END { printf "%s: %d steps; final validation %s against %s", name, n, vn, vr
               ok = within(w, ab); fg = "-"
               if (vr != "-" && vn != "-") {
-                  fg = sprintf("%.4f", 100 * (vn - vr) / vr); printf " (%+.2f%%)", fg; ok = ok && within((vn - vr) / vr, fb) }
+                  f = (vn - vr) / vr; fg = sprintf("%.6f", 100 * f); printf " (%+.2f%%)", 100 * f; ok = ok && within(f, fb) }
               rms = m ? 100 * sqrt(sq / m) : 0
               late = n >= win ? sprintf("the last %d steps %+.2f%%; ", win, 100 * last) : ""
               printf "; 20-step averages after step %d at worst %+.2f%% (step %d); steps after it %.2f%% rms apart; %s%s\n",
